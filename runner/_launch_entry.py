@@ -1,0 +1,29 @@
+"""Script that `paddle.distributed.launch` starts in each worker process.
+
+launch wants a script path; running a module of the package as a script would put runner/ on
+sys.path and let its module names shadow others, so this file removes its own folder first.
+"""
+
+import os
+import sys
+
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)
+
+
+def _die_with_parent() -> None:
+    """If the launcher dies (SIGKILL), take this worker down too instead of orphaning it."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+if __name__ == "__main__":
+    _die_with_parent()
+    from runner.train import worker_main
+
+    sys.exit(worker_main())

@@ -1,0 +1,158 @@
+"""Starting and stopping the training processes, and adapting a plan to the local machine.
+
+The launcher runs in its own process group (so we end exactly the processes we started, never
+by name) and dies with us (PR_SET_PDEATHSIG): a killed runner never leaves training behind.
+SIGTERM/SIGINT to the runner are forwarded to the group, which makes every rank checkpoint at
+its next step end and exit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from runner.errors import HardwareError
+from runner.parallel import LaunchCommand, local_device_count
+from runner.plan import Plan
+
+GRACE_SECONDS = 60  # how long the ranks get to checkpoint after a forwarded SIGTERM
+
+
+def _term_with_parent() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def run_group(command: LaunchCommand, *, log_file: Path | None = None) -> int:
+    """Run one launch command in its own process group; forward SIGTERM/SIGINT; return rc."""
+    env = dict(os.environ) | command.env
+    out = open(log_file, "ab") if log_file else None
+    proc = subprocess.Popen(command.argv, env=env, start_new_session=True,
+                            preexec_fn=_term_with_parent if sys.platform == "linux" else None,
+                            stdout=out or None, stderr=subprocess.STDOUT if out else None)
+    pgid = os.getpgid(proc.pid)
+
+    def forward(signum, frame):
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        try:  # nothing of ours may outlive the run
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if out:
+            out.close()
+
+
+# ---- the plan's hardware vs this machine -----------------------------------------------------
+
+def local_precisions() -> list[str]:
+    """Precisions this machine's CPU can train in (bf16 needs AVX512-BF16 or AMX)."""
+    precisions = ["fp32"]
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        flags = ""
+    if "avx512_bf16" in flags or "amx_bf16" in flags:
+        precisions.append("bf16")
+    return precisions
+
+
+def check_hardware(plan: Plan, *, node_rank: int | None) -> None:
+    """Raise HardwareError if this machine cannot run its part of the plan."""
+    p, hw = plan.parallel, plan.hardware
+    have = local_device_count(hw.device)
+    if have < p.nproc_per_node:
+        raise HardwareError(f"the plan needs {p.nproc_per_node} {hw.device} device(s) per node "
+                            f"x {p.nnodes} node(s) ({hw.profile}); this machine has {have}. "
+                            "Run the commands above on the planned cluster, or add --local to "
+                            "rehearse on this machine", key="parallel.nproc_per_node")
+    if p.nnodes > 1 and node_rank is None:
+        raise HardwareError(f"the plan spans {p.nnodes} nodes; start it on each node with "
+                            "--node-rank R (commands above)", key="parallel.nnodes")
+    if hw.device == "cpu" and plan.training.precision not in local_precisions():
+        raise HardwareError(f"{plan.training.precision!r} is not supported by this CPU; "
+                            f"allowed here: {', '.join(local_precisions())}",
+                            key="training.precision")
+
+
+def localize(plan: Plan) -> tuple[Plan, list[str]]:
+    """The plan rehearsed on this machine: per-device settings kept, topology shrunk.
+
+    Keeps seq_len, micro-batch, accumulation, precision where possible and the model; moves to
+    the local device type, one node, as many processes as fit, data parallel only on CPU. Price
+    becomes 0: a rehearsal on your own machine is not billed at the cloud price.
+    """
+    import paddle
+
+    changes: list[str] = []
+    device = "gpu" if paddle.is_compiled_with_cuda() and local_device_count("gpu") else "cpu"
+    nproc = min(plan.parallel.world_size, local_device_count(device))
+    if device == "cpu":
+        nproc = min(nproc, 2)
+    par = plan.parallel
+    new_par = dataclasses.replace(par, nnodes=1, nproc_per_node=nproc, master="")
+    if device == "cpu":
+        new_par = dataclasses.replace(new_par, data_parallel_degree=nproc,
+                                      tensor_parallel_degree=1, pipeline_parallel_degree=1,
+                                      sharding="", sharding_parallel_degree=1,
+                                      sequence_parallel=False)
+    else:
+        new_par = dataclasses.replace(new_par, data_parallel_degree=nproc,
+                                      tensor_parallel_degree=1, pipeline_parallel_degree=1,
+                                      sharding_parallel_degree=1,
+                                      sharding="" if nproc == 1 else par.sharding
+                                      if par.sharding else "", sequence_parallel=False)
+        if new_par.sharding and new_par.sharding_parallel_degree == 1:
+            new_par = dataclasses.replace(new_par, sharding="")
+    for f in dataclasses.fields(par):
+        old, new = getattr(par, f.name), getattr(new_par, f.name)
+        if old != new:
+            changes.append(f"parallel.{f.name}: {old!r} -> {new!r}")
+    t = plan.training
+    precisions = local_precisions() if device == "cpu" else plan.hardware.precisions
+    new_t = t
+    if t.precision not in precisions:
+        fallback = "bf16" if "bf16" in precisions and t.precision != "fp32" else "fp32"
+        new_t = dataclasses.replace(t, precision=fallback,
+                                    fp16_opt_level=t.fp16_opt_level if fallback != "fp32"
+                                    else "O1")
+        changes.append(f"training.precision: {t.precision!r} -> {fallback!r}")
+    hw = plan.hardware
+    new_hw = dataclasses.replace(hw, device=device, profile=f"local-{device}", offer="local",
+                                 precisions=precisions, spot=False, price_per_node_hour=0.0,
+                                 peak_tflops=0.0 if device != hw.device else hw.peak_tflops)
+    for f in ("device", "profile", "price_per_node_hour"):
+        if getattr(hw, f) != getattr(new_hw, f):
+            changes.append(f"hardware.{f}: {getattr(hw, f)!r} -> {getattr(new_hw, f)!r}")
+    budget = dataclasses.replace(plan.budget, max_cost=0.0)
+    if plan.budget.max_cost:
+        changes.append("budget.max_cost: not enforced locally (price 0)")
+    from runner.plan import EstimateSection
+
+    if plan.estimate.source != "none":
+        changes.append("estimate: dropped (it describes the planned cluster, not this machine)")
+    new_plan = dataclasses.replace(plan, parallel=new_par, training=new_t, hardware=new_hw,
+                                   budget=budget, estimate=EstimateSection(),
+                                   job=dataclasses.replace(plan.job, target_tokens=0))
+    old_batch, new_batch = plan.global_batch_size, new_plan.global_batch_size
+    if old_batch != new_batch:
+        changes.append(f"global batch: {old_batch} -> {new_batch} sequences per step "
+                       "(per-device settings kept)")
+    return new_plan, changes

@@ -1,0 +1,220 @@
+"""Every number the runner reports is computed here: tokens/s, MFU, memory, time and money.
+
+Cost is billed wall-clock time (including start-up and work lost to preemption, summed over
+all attempts of the run) x price per node-hour x nodes: what the cloud bill says, not the
+sum of step times.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from runner.model import training_flops_per_token
+from runner.plan import Plan
+
+WARMUP_STEPS = 2  # steps after (re)start excluded from throughput summaries (compile, caches)
+
+
+def peak_memory_gb(device: str) -> tuple[float, str]:
+    """(peak GB, how it was measured): allocator peak on GPU, peak RSS of this process on CPU."""
+    if device == "gpu":
+        import paddle
+
+        return paddle.device.cuda.max_memory_allocated() / 1e9, "allocator peak"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9, "peak RSS"
+
+
+def mfu(*, flops_per_token: float, tokens_per_second: float, devices: int,
+        peak_tflops: float) -> float:
+    """Model FLOPs utilisation, PaLM definition: achieved model FLOP/s over peak FLOP/s."""
+    if peak_tflops <= 0 or devices <= 0:
+        return 0.0
+    return flops_per_token * tokens_per_second / (peak_tflops * 1e12 * devices)
+
+
+class BillingLog:
+    """Wall-clock time of every attempt of a run, in `<run_dir>/billing.json`.
+
+    The parent `runner execute` opens an attempt before launching (so start-up is billed);
+    rank 0 touches it after every step (atomic write), so a SIGKILL loses at most one step of
+    billed time. Total billed time = sum over attempts of (last_seen - start).
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.attempts: list[dict] = []
+        if self.path.exists():
+            self.attempts = json.loads(self.path.read_text())["attempts"]
+
+    def start_attempt(self, now: float | None = None) -> float:
+        now = time.time() if now is None else now
+        self.attempts.append({"start": now, "last_seen": now})
+        self._save()
+        return now
+
+    def touch(self, now: float | None = None) -> None:
+        if self.attempts:
+            self.attempts[-1]["last_seen"] = time.time() if now is None else now
+            self._save()
+
+    def previous_seconds(self) -> float:
+        """Billed seconds of all attempts but the current (last) one."""
+        return sum(a["last_seen"] - a["start"] for a in self.attempts[:-1])
+
+    def total_seconds(self) -> float:
+        return sum(a["last_seen"] - a["start"] for a in self.attempts)
+
+    def _save(self) -> None:
+        from runner.tomlconf import write_text_atomic
+
+        write_text_atomic(self.path, json.dumps({"attempts": self.attempts}))
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int
+    loss: float
+    learning_rate: float
+    step_time_s: float
+    tokens: int            # real (non-padding) label tokens in the global batch
+    padded_tokens: int     # padding positions in the global batch
+    tokens_per_second: float
+    mfu: float
+    peak_memory_gb: float
+    elapsed_hours: float   # billed wall-clock hours of the run so far, all attempts
+    cost: float            # billed cost so far, in the plan's currency
+    projected_cost: float  # cost at max_steps at the current pace
+    epoch: float
+
+
+class RunMeter:
+    """Accumulates step records for one attempt and turns them into the run's numbers."""
+
+    def __init__(self, plan: Plan, *, attempt_start: float, previous_seconds: float,
+                 tokens_before: int, padded_before: int, first_step: int):
+        self.plan = plan
+        self.attempt_start = attempt_start
+        self.previous_seconds = previous_seconds
+        self.tokens_total = tokens_before
+        self.padded_total = padded_before
+        self.first_step = first_step
+        self.records: list[StepRecord] = []
+        self.flops_per_token = training_flops_per_token(plan.model, plan.training.seq_len)
+        self.checkpoint_seconds: list[float] = []
+
+    # -- money and time --
+    def billed_seconds(self, now: float | None = None) -> float:
+        now = time.time() if now is None else now
+        return self.previous_seconds + (now - self.attempt_start)
+
+    def cost_of_seconds(self, seconds: float) -> float:
+        hw = self.plan.hardware
+        return hw.price_per_node_hour * self.plan.parallel.nnodes * seconds / 3600.0
+
+    def cost_so_far(self, now: float | None = None) -> float:
+        return self.cost_of_seconds(self.billed_seconds(now))
+
+    def typical_step_seconds(self) -> float:
+        """A cautious per-step time for the budget guard: the slowest of the recent steps."""
+        recent = [r.step_time_s for r in self.records[-5:]]
+        return max(recent) if recent else 0.0
+
+    # -- per step --
+    def record(self, *, step: int, loss: float, lr: float, step_time: float, tokens: int,
+               padded: int, epoch: float) -> StepRecord:
+        self.tokens_total += tokens
+        self.padded_total += padded
+        tps = tokens / step_time if step_time > 0 else 0.0
+        peak, _ = peak_memory_gb(self.plan.hardware.device)
+        cost = self.cost_so_far()
+        done = step + 1
+        pace = self.typical_step_seconds() or step_time
+        remaining = max(0, self.plan.training.max_steps - done) * pace
+        record = StepRecord(
+            step=step, loss=loss, learning_rate=lr, step_time_s=step_time, tokens=tokens,
+            padded_tokens=padded, tokens_per_second=tps,
+            mfu=mfu(flops_per_token=self.flops_per_token, tokens_per_second=tps,
+                    devices=self.plan.parallel.world_size,
+                    peak_tflops=self.plan.hardware.peak_tflops),
+            peak_memory_gb=peak, elapsed_hours=self.billed_seconds() / 3600.0, cost=cost,
+            projected_cost=cost + self.cost_of_seconds(remaining), epoch=epoch)
+        self.records.append(record)
+        return record
+
+    def steady(self) -> list[StepRecord]:
+        """Records after warm-up (all of them if the attempt was too short to drop any)."""
+        steady = self.records[WARMUP_STEPS:]
+        return steady or self.records
+
+    def summary(self) -> dict:
+        steady = self.steady()
+        times = [r.step_time_s for r in steady]
+        step_time = statistics.median(times) if times else 0.0
+        tokens_per_step = statistics.median([r.tokens for r in steady]) if steady else 0
+        tps = tokens_per_step / step_time if step_time else 0.0
+        billed = self.billed_seconds()
+        cost = self.cost_of_seconds(billed)
+        peak, how = peak_memory_gb(self.plan.hardware.device)
+        return {
+            "steps_this_attempt": len(self.records),
+            "tokens_trained": self.tokens_total,
+            "padded_tokens": self.padded_total,
+            "useful_token_fraction": self.tokens_total / max(1, self.tokens_total +
+                                                             self.padded_total),
+            "step_time_s": step_time,
+            "step_time_spread_s": (max(times) - min(times)) if times else 0.0,
+            "tokens_per_second": tps,
+            "mfu": mfu(flops_per_token=self.flops_per_token, tokens_per_second=tps,
+                       devices=self.plan.parallel.world_size,
+                       peak_tflops=self.plan.hardware.peak_tflops),
+            "peak_memory_gb": peak,
+            "peak_memory_method": how,
+            "billed_hours": billed / 3600.0,
+            "cost": cost,
+            "currency": self.plan.hardware.currency,
+            "cost_per_million_tokens": cost / self.tokens_total * 1e6 if self.tokens_total
+            else 0.0,
+            "checkpoint_seconds_median": statistics.median(self.checkpoint_seconds)
+            if self.checkpoint_seconds else 0.0,
+            "final_loss": self.records[-1].loss if self.records else None,
+        }
+
+
+class MetricsWriter:
+    """JSON lines (one object per logged step) plus VisualDL scalars, rank 0 only."""
+
+    def __init__(self, run_dir: Path, *, enabled: bool):
+        self.enabled = enabled
+        self._vdl = None
+        self._file = None
+        if not enabled:
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._file = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        try:
+            from visualdl import LogWriter
+
+            self._vdl = LogWriter(logdir=str(run_dir / "visualdl"))
+        except Exception:  # VisualDL is optional: JSON lines are the record of truth
+            self._vdl = None
+
+    def write(self, record: StepRecord) -> None:
+        if not self.enabled:
+            return
+        self._file.write(json.dumps(asdict(record)) + "\n")
+        self._file.flush()
+        if self._vdl is not None:
+            for key in ("loss", "learning_rate", "tokens_per_second", "mfu", "cost"):
+                self._vdl.add_scalar(tag=f"train/{key}", value=getattr(record, key),
+                                     step=record.step)
+
+    def close(self) -> None:
+        if self._file:
+            self._file.close()
+        if self._vdl is not None:
+            self._vdl.close()

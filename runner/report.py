@@ -1,0 +1,85 @@
+"""Planned vs actual: a pure function from (plan, result, billing) to rows, then rendering."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tabulate import tabulate
+
+from runner.plan import Plan
+
+
+@dataclass(frozen=True)
+class Row:
+    metric: str
+    unit: str
+    planned: float | None
+    actual: float | None
+
+    @property
+    def ratio(self) -> float | None:
+        if self.planned and self.actual is not None:
+            return self.actual / self.planned
+        return None
+
+
+def planned_vs_actual(plan: Plan, result: dict, billed_seconds: float) -> dict:
+    """Everything the end-of-run report says, as data (written to report.json)."""
+    m = result["measured"]
+    cur = plan.hardware.currency
+    est = plan.estimate
+    price_hour = plan.hardware.price_per_node_hour * plan.parallel.nnodes
+    cost = price_hour * billed_seconds / 3600
+    tokens = m["tokens_trained"]
+    rows = [
+        Row("tokens/s (whole job)", "tokens/s", est.tokens_per_second, m["tokens_per_second"]),
+        Row("step time (median)", "s", est.step_time_s, m["step_time_s"]),
+        Row(f"peak memory per device ({m['peak_memory_method']})", "GB", est.peak_memory_gb,
+            m["peak_memory_gb"]),
+        Row("MFU", "%", est.mfu * 100, m["mfu"] * 100),
+        Row("cost per million tokens", cur, est.cost_per_million_tokens,
+            cost / tokens * 1e6 if tokens else None),
+        Row("total cost (billed wall-clock)", cur, est.cost, cost),
+        Row("hours (billed wall-clock)", "h", est.hours, billed_seconds / 3600),
+        Row("tokens trained", "tokens", float(plan.training.max_steps * plan.tokens_per_step),
+            float(tokens)),
+    ]
+    return {
+        "plan": plan.name,
+        "planned_source": est.source,
+        "planned_measured_fields": est.measured,
+        "actual_source": "measured",
+        "currency": cur,
+        "finished": result["finished"],
+        "stop_reason": result["stop_reason"],
+        "completed_steps": result["completed_steps"],
+        "max_steps": result["max_steps"],
+        "useful_token_fraction": m["useful_token_fraction"],
+        "padded_tokens": m["padded_tokens"],
+        "rows": [{"metric": r.metric, "unit": r.unit, "planned": r.planned, "actual": r.actual,
+                  "actual_over_planned": r.ratio} for r in rows],
+    }
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value == 0:
+        return "0"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
+def render(report: dict) -> str:
+    source = report["planned_source"]
+    planned_head = f"planned ({source})" if source != "none" else "planned (none given)"
+    table = [[r["metric"], r["unit"], _fmt(r["planned"] or None), _fmt(r["actual"]),
+              _fmt(r["actual_over_planned"])] for r in report["rows"]]
+    head = ["metric", "unit", planned_head, "actual (measured)", "actual/planned"]
+    status = ("finished" if report["finished"] else f"stopped: {report['stop_reason']}")
+    lines = [f"plan {report['plan']}: {status} after {report['completed_steps']}/"
+             f"{report['max_steps']} steps; useful (non-padding) tokens "
+             f"{report['useful_token_fraction']:.1%}",
+             tabulate(table, headers=head, tablefmt="github", disable_numparse=True)]
+    return "\n".join(lines)

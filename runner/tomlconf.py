@@ -1,0 +1,185 @@
+"""Strict mapping between TOML tables and typed dataclasses, and atomic TOML writes.
+
+Every dataclass field is declared with `setting(default, "doc", ...)`; `from_table` rejects
+unknown keys (with a did-you-mean hint), wrong types, values outside `Literal` choices and
+out-of-range numbers, each as one `UserError` line naming the file and the dotted key.
+The planner's spec and the runner's plan both use this module, so the rules are the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import tempfile
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+import tomli
+import tomli_w
+
+from runner.errors import UserError
+
+T = TypeVar("T")
+
+
+def setting(default: Any, doc: str, *, min: float | None = None, max: float | None = None,
+            min_exclusive: bool = False) -> Any:
+    """A documented dataclass field with an optional numeric range."""
+    meta = {"doc": doc, "min": min, "max": max, "min_exclusive": min_exclusive}
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def read_toml(path: Path, error: type[UserError] = UserError) -> dict:
+    """Parse a TOML file; a missing file or a syntax error becomes one clear line."""
+    try:
+        with open(path, "rb") as handle:
+            return tomli.load(handle)
+    except FileNotFoundError:
+        raise error("file not found", file=str(path)) from None
+    except IsADirectoryError:
+        raise error("is a directory, expected a TOML file", file=str(path)) from None
+    except tomli.TOMLDecodeError as exc:
+        raise error(f"malformed TOML: {exc}", file=str(path)) from None
+    except UnicodeDecodeError:
+        raise error("not UTF-8 text; TOML files must be UTF-8", file=str(path)) from None
+
+
+def write_toml_atomic(path: Path, data: dict, header: str = "") -> None:
+    """Write TOML to a temporary file in the same folder, fsync, then rename over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = header + tomli_w.dumps(data)
+    write_text_atomic(path, text)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _describe(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if origin in (list, typing.List):
+        return f"a list of {_describe(get_args(tp)[0])}"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in get_args(tp) if a is not type(None))
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+        tp, getattr(tp, "__name__", str(tp)))
+
+
+def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
+    """Return (ok, value) for `value` checked against the annotation `tp`."""
+    origin = get_origin(tp)
+    if origin is Literal:
+        return (value in get_args(tp) and type(value) is type(get_args(tp)[0])), value
+    if origin in (list, typing.List):
+        if not isinstance(value, list):
+            return False, value
+        (item_tp,) = get_args(tp)
+        items = []
+        for item in value:
+            ok, item = _coerce(item, item_tp)
+            if not ok:
+                return False, value
+            items.append(item)
+        return True, items
+    if origin in (typing.Union, types.UnionType):
+        for arg in get_args(tp):
+            ok, coerced = _coerce(value, arg)
+            if ok:
+                return True, coerced
+        return False, value
+    if tp is bool:
+        return isinstance(value, bool), value
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False, value
+        return True, float(value)
+    if tp is str:
+        return isinstance(value, str), value
+    return False, value
+
+
+def _check_range(value: Any, meta: dict) -> str | None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    if isinstance(value, float) and math.isnan(value):
+        return "must be a number, not nan"
+    low, high = meta.get("min"), meta.get("max")
+    if low is not None:
+        if meta.get("min_exclusive") and not value > low:
+            return f"must be > {low}"
+        if not meta.get("min_exclusive") and value < low:
+            return f"must be >= {low}"
+    if high is not None and value > high:
+        return f"must be <= {high}"
+    return None
+
+
+def unknown_key_error(key: str, allowed: list[str], *, file: str, prefix: str,
+                      error: type[UserError]) -> UserError:
+    close = difflib.get_close_matches(key, allowed, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return error(f"unknown key{hint}; allowed: {', '.join(sorted(allowed))}",
+                 file=file, key=f"{prefix}{key}")
+
+
+def from_table(cls: type[T], table: Any, *, file: str, section: str,
+               error: type[UserError] = UserError) -> T:
+    """Build the dataclass `cls` from one TOML table, strictly."""
+    if not isinstance(table, dict):
+        raise error(f"must be a table ([{section}])", file=file, key=section)
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    prefix = f"{section}." if section else ""
+    for key in table:
+        if key not in fields:
+            raise unknown_key_error(key, list(fields), file=file, prefix=prefix, error=error)
+    values = {}
+    for name, field in fields.items():
+        if name not in table:
+            continue
+        ok, value = _coerce(table[name], hints[name])
+        if not ok:
+            raise error(f"{table[name]!r} is not {_describe(hints[name])}", file=file,
+                        key=f"{prefix}{name}")
+        problem = _check_range(value, field.metadata)
+        if problem:
+            raise error(f"{value!r} {problem}", file=file, key=f"{prefix}{name}")
+        values[name] = value
+    return cls(**values)
+
+
+def to_table(obj: Any) -> dict:
+    """Dataclass to a plain dict fit for tomli_w (nested dataclasses become tables)."""
+    out = {}
+    for field in dataclasses.fields(obj):
+        value = getattr(obj, field.name)
+        if dataclasses.is_dataclass(value):
+            value = to_table(value)
+        out[field.name] = value
+    return out
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    return {f.name: f.metadata.get("doc", "") for f in dataclasses.fields(cls)}

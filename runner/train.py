@@ -1,0 +1,433 @@
+"""The training loop: one process (rank) of a run. Reads top to bottom.
+
+    train()                      build everything, resume, loop, final checkpoint, result
+      train_step()               accumulation micro-steps -> clip -> optimizer step
+        forward_backward()       one micro-batch: autocast forward, loss, (scaled) backward
+
+Every rank runs this; rank 0 also logs and writes. The plan is the only input: the loop never
+re-decides anything the planner chose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from runner import checkpoint as ckpt
+from runner.data import BatchSource, DeterministicSampler, TokenDataset, open_prepared
+from runner.metrics import BillingLog, MetricsWriter, RunMeter
+from runner.model import build_model
+from runner.parallel import build_strategy
+from runner.plan import Plan, TrainingSection, load_plan
+from runner.tomlconf import write_text_atomic
+
+STOP_SIGNAL, STOP_BUDGET, STOP_HOURS = 0, 1, 2
+STOP_REASONS = {STOP_SIGNAL: "signal (preemption notice)", STOP_BUDGET: "budget.max_cost",
+                STOP_HOURS: "budget.max_hours"}
+
+
+# ---- schedule --------------------------------------------------------------------------------
+
+def learning_rate_at(step: int, t: TrainingSection) -> float:
+    """Linear warm-up, then cosine/linear decay to min_learning_rate; a function of step only,
+    so a resumed run needs no scheduler state."""
+    if step < t.warmup_steps:
+        return t.learning_rate * (step + 1) / t.warmup_steps
+    if t.lr_scheduler_type == "constant":
+        return t.learning_rate
+    span = max(1, t.max_steps - t.warmup_steps)
+    progress = min(1.0, (step - t.warmup_steps) / span)
+    if t.lr_scheduler_type == "linear":
+        decay = 1.0 - progress
+    else:
+        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return t.min_learning_rate + (t.learning_rate - t.min_learning_rate) * decay
+
+
+def dropout_seed(seed: int, step: int, rank: int, world: int) -> int:
+    """Dropout masks depend on (seed, step, rank) only: resuming needs no RNG state."""
+    return (seed * 1_000_003 + step * world + rank) % (2**31 - 1)
+
+
+# ---- distributed environment -----------------------------------------------------------------
+
+@dataclass
+class RankInfo:
+    rank: int = 0
+    world: int = 1
+    batch_rank: int = 0       # which slice of the global batch this rank trains on
+    data_parallel_rank: int = 0
+    shard: ckpt.ShardId = ckpt.ShardId()
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(plan: Plan) -> RankInfo:
+    import paddle
+
+    if plan.hardware.device == "cpu":
+        paddle.set_device("cpu")
+    if plan.parallel.world_size == 1:
+        return RankInfo()
+    from paddle.distributed import fleet
+
+    fleet.init(is_collective=True, strategy=build_strategy(plan))
+    hcg = fleet.get_hybrid_communicate_group()
+    dp_rank = hcg.get_data_parallel_rank()
+    sd_rank = hcg.get_sharding_parallel_rank()
+    shard = ckpt.ShardId(hcg.get_model_parallel_rank(), hcg.get_stage_id(), sd_rank)
+    info = RankInfo(rank=paddle.distributed.get_rank(), world=paddle.distributed.get_world_size(),
+                    batch_rank=dp_rank * plan.parallel.sharding_parallel_degree + sd_rank,
+                    data_parallel_rank=dp_rank, shard=shard)
+    if plan.parallel.tensor_parallel_degree > 1:
+        from paddlenlp.trainer.trainer_utils import set_hyrbid_parallel_seed
+
+        set_hyrbid_parallel_seed(plan.job.seed, info.batch_rank, shard.tensor_rank,
+                                 shard.pipeline_rank)
+    return info
+
+
+# ---- construction ----------------------------------------------------------------------------
+
+def build_optimizer(plan: Plan, model):
+    import paddle
+
+    t = plan.training
+    # No weight decay on biases and layer norms (matched by structured name, applied by
+    # Paddle's internal parameter name).
+    no_decay = {p.name for n, p in model.named_parameters() if n.endswith("bias") or "norm" in n}
+    clip = paddle.nn.ClipGradByGlobalNorm(t.max_grad_norm) if t.max_grad_norm > 0 else None
+    return paddle.optimizer.AdamW(
+        learning_rate=t.learning_rate, parameters=model.parameters(), beta1=t.adam_beta1,
+        beta2=t.adam_beta2, weight_decay=t.weight_decay, grad_clip=clip,
+        apply_decay_param_fun=lambda name: name not in no_decay,
+        multi_precision=t.fp16_opt_level == "O2")
+
+
+def build_scaler(plan: Plan):
+    import paddle
+
+    if plan.training.precision != "fp16":
+        return None
+    return paddle.amp.GradScaler(init_loss_scaling=plan.training.scale_loss)
+
+
+def amp_context(plan: Plan):
+    import paddle
+
+    t = plan.training
+    if t.precision == "fp32":
+        return contextlib.nullcontext()
+    return paddle.amp.auto_cast(enable=True, level=t.fp16_opt_level,
+                                dtype="float16" if t.precision == "fp16" else "bfloat16")
+
+
+@dataclass
+class Trainer:
+    plan: Plan
+    rank: RankInfo
+    model: object
+    optimizer: object
+    scaler: object | None
+    batches: BatchSource
+
+    # ---- one optimizer step ----
+    def forward_backward(self, step: int, micro: int, *, sync: bool) -> float:
+        import paddle
+
+        batch = self.batches.micro_batch(step, micro)
+        inputs = paddle.to_tensor(batch.input_ids)
+        labels = paddle.to_tensor(batch.labels)
+        no_sync = getattr(self.model, "no_sync", None)
+        sync_ctx = contextlib.nullcontext() if sync or no_sync is None else no_sync()
+        with sync_ctx:
+            with amp_context(self.plan):
+                loss, _ = self.model(inputs, labels=labels)
+            loss = loss / self.plan.training.gradient_accumulation_steps
+            if self.scaler is not None:
+                self.scaler.scale(loss).backward()
+            else:
+                loss.backward()
+        return float(loss)
+
+    def train_step(self, step: int) -> float:
+        """Accumulate gradients over the micro-batches, then one optimizer update."""
+        import paddle
+
+        t = self.plan.training
+        self.optimizer.set_lr(learning_rate_at(step, t))
+        paddle.seed(dropout_seed(self.plan.job.seed, step, self.rank.rank, self.rank.world))
+        if self.plan.parallel.pipeline_parallel_degree > 1:
+            return self._pipeline_step(step)
+        loss = 0.0
+        for micro in range(t.gradient_accumulation_steps):
+            loss += self.forward_backward(step, micro,
+                                          sync=micro == t.gradient_accumulation_steps - 1)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.clear_grad()
+        return loss
+
+    def _pipeline_step(self, step: int) -> float:
+        """Pipeline parallel: PaddleNLP's PipelineParallel runs the 1F1B schedule itself."""
+        import numpy as np
+        import paddle
+
+        t = self.plan.training
+        parts = [self.batches.micro_batch(step, m) for m in range(t.gradient_accumulation_steps)]
+        inputs = paddle.to_tensor(np.concatenate([p.input_ids for p in parts]))
+        labels = paddle.to_tensor(np.concatenate([p.labels for p in parts]))
+        with amp_context(self.plan):
+            loss = self.model.train_batch([inputs, labels], optimizer=self.optimizer,
+                                          scaler=self.scaler)
+        return float(loss)
+
+    def global_loss(self, loss: float) -> float:
+        """Mean loss over data-parallel ranks (for logging; the gradients are already synced)."""
+        if self.rank.world == 1:
+            return loss
+        import paddle
+        import paddle.distributed as dist
+
+        value = paddle.to_tensor([loss], dtype="float32")
+        dist.all_reduce(value)
+        return value.item() / self.rank.world
+
+    # ---- checkpoints ----
+    def save(self, root: Path, step: int, state: dict) -> float:
+        started = time.time()
+        tmp = Path(root) / f"step_{step:08d}.tmp"
+        if self.rank.is_main:
+            ckpt.begin(root, step)
+        barrier(self.rank)
+        writer = self.rank.data_parallel_rank == 0
+        scaler_state = self.scaler.state_dict() if self.scaler is not None else None
+        ckpt.write_shard(tmp, self.rank.shard, model_state=self.model.state_dict(),
+                         optimizer_state=self.optimizer.state_dict(), scaler_state=scaler_state,
+                         write_model=writer and (self.rank.shard.sharding_rank == 0 or
+                                                 self.plan.parallel.sharding == "stage3"),
+                         write_optimizer=writer)
+        barrier(self.rank)
+        if self.rank.is_main:
+            ckpt.commit(tmp, state, keep_last=self.plan.checkpoint.keep_last)
+        barrier(self.rank)
+        return time.time() - started
+
+    def restore(self, path: Path) -> None:
+        model_state, optimizer_state, scaler_state = ckpt.load_shard(path, self.rank.shard)
+        self.model.set_state_dict(model_state)
+        self.optimizer.set_state_dict(optimizer_state)
+        if self.scaler is not None and scaler_state is not None:
+            self.scaler.load_state_dict(scaler_state)
+
+
+def barrier(rank: RankInfo) -> None:
+    if rank.world > 1:
+        import paddle.distributed as dist
+
+        dist.barrier()
+
+
+def agree_on_stop(flags: list[int], rank: RankInfo) -> list[int]:
+    """Every rank must stop at the same step: take the max of each flag over all ranks."""
+    if rank.world == 1:
+        return flags
+    import paddle
+    import paddle.distributed as dist
+
+    tensor = paddle.to_tensor(flags, dtype="int32")
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return [int(v) for v in tensor.numpy()]
+
+
+class StopSignal:
+    """SIGTERM/SIGINT (a spot preemption notice) asks for a checkpoint at the next step end."""
+
+    def __init__(self):
+        self.received = 0
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.received = signum
+
+
+# ---- the run ---------------------------------------------------------------------------------
+
+def build_trainer(plan: Plan, data_dir: Path, rank: RankInfo) -> Trainer:
+    import paddle
+    from paddle.utils import unique_name
+
+    data = open_prepared(data_dir)
+    if data.meta["vocab_size"] > plan.model.vocab_size:
+        raise RuntimeError("prepared data vocabulary exceeds model.vocab_size")
+    dataset = TokenDataset(data, seq_len=plan.training.seq_len, packing=plan.training.packing)
+    sampler = DeterministicSampler(
+        dataset.num_samples, seed=plan.job.seed, micro_batch=plan.training
+        .per_device_train_batch_size, accumulation=plan.training.gradient_accumulation_steps,
+        batch_ranks=plan.parallel.batch_ranks)
+    paddle.seed(plan.job.seed)
+    with unique_name.guard():  # stable parameter names -> optimizer state keys match on resume
+        model = build_model(plan.model, plan.parallel, seq_len=plan.training.seq_len)
+        optimizer = build_optimizer(plan, model)
+    scaler = build_scaler(plan)
+    if plan.training.fp16_opt_level == "O2":
+        dtype = "float16" if plan.training.precision == "fp16" else "bfloat16"
+        model, optimizer = paddle.amp.decorate(models=model, optimizers=optimizer, level="O2",
+                                               dtype=dtype, master_weight=True)
+    return Trainer(plan, rank, model, optimizer, scaler, BatchSource(dataset, sampler,
+                                                                     rank=rank.batch_rank))
+
+
+def distribute(trainer: Trainer) -> None:
+    """Wrap model/optimizer/scaler for fleet (after restoring plain state dicts)."""
+    if trainer.rank.world == 1:
+        return
+    from paddle.distributed import fleet
+
+    plan = trainer.plan
+    if plan.parallel.sharding in ("stage2", "stage3"):
+        from paddle.distributed.sharding import group_sharded_parallel
+
+        level = "os_g" if plan.parallel.sharding == "stage2" else "p_g_os"
+        trainer.model, trainer.optimizer, trainer.scaler = group_sharded_parallel(
+            trainer.model, trainer.optimizer, level, scaler=trainer.scaler)
+        return
+    trainer.model = fleet.distributed_model(trainer.model)
+    trainer.optimizer = fleet.distributed_optimizer(trainer.optimizer)
+    if trainer.scaler is not None:
+        trainer.scaler = fleet.distributed_scaler(trainer.scaler)
+
+
+def log_line(plan: Plan, rec) -> str:
+    cur = plan.hardware.currency
+    return (f"step {rec.step + 1}/{plan.training.max_steps} | loss {rec.loss:.4f} | "
+            f"lr {rec.learning_rate:.2e} | {rec.step_time_s * 1000:.0f} ms/step | "
+            f"{rec.tokens_per_second:,.0f} tok/s | MFU {rec.mfu * 100:.2f}% | "
+            f"mem {rec.peak_memory_gb:.2f} GB | cost {rec.cost:.4f} {cur} | "
+            f"projected {rec.projected_cost:.4f} {cur}   (all measured)")
+
+
+def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
+    """Run (or resume) the plan on this rank; returns the result dict rank 0 also writes."""
+    stop_signal = StopSignal()
+    rank = init_distributed(plan)
+    trainer = build_trainer(plan, data_dir, rank)
+    billing = BillingLog(run_dir / "billing.json")
+    attempt_start = billing.attempts[-1]["start"] if billing.attempts else time.time()
+
+    root = run_dir / "checkpoints"
+    start_step, tokens_before, padded_before = 0, 0, 0
+    latest = ckpt.latest_checkpoint(root)
+    if latest is not None:
+        state = ckpt.read_state(latest)
+        trainer.restore(latest)
+        start_step, tokens_before, padded_before = (state["step"], state["tokens_trained"],
+                                                    state["padded_tokens"])
+    distribute(trainer)
+
+    meter = RunMeter(plan, attempt_start=attempt_start,
+                     previous_seconds=billing.previous_seconds(), tokens_before=tokens_before,
+                     padded_before=padded_before, first_step=start_step)
+    writer = MetricsWriter(run_dir, enabled=rank.is_main)
+    budget, t = plan.budget, plan.training
+    if rank.is_main:
+        resumed = f", resumed from {latest.name}" if latest else ""
+        print(f"training {plan.name}: {t.max_steps} steps x {plan.tokens_per_step} tokens, "
+              f"world size {rank.world}{resumed}", flush=True)
+    alerted = False
+    stop_reason = ""
+    last_saved = start_step if latest else -1
+    step = start_step
+    while step < t.max_steps:
+        began = time.perf_counter()
+        loss = trainer.train_step(step)
+        loss = trainer.global_loss(loss)  # float() above synchronised the device
+        step_time = time.perf_counter() - began
+        real, padded = trainer.batches.step_token_counts(step)
+        record = meter.record(step=step, loss=loss, lr=learning_rate_at(step, t),
+                              step_time=step_time, tokens=real, padded=padded,
+                              epoch=trainer.batches.sampler.epoch_at(step + 1))
+        step += 1
+        if rank.is_main:
+            billing.touch()
+            if step % t.logging_steps == 0 or step == t.max_steps:
+                writer.write(record)
+                print(log_line(plan, record), flush=True)
+
+        # Would the next step (and the checkpoint after it) cross a limit? Decide on rank 0,
+        # agree on all ranks, so every rank stops after the same step.
+        flags = [0, 0, 0]
+        flags[STOP_SIGNAL] = int(bool(stop_signal.received))
+        if rank.is_main and step < t.max_steps:
+            next_seconds = meter.typical_step_seconds() + (meter.checkpoint_seconds[-1] if
+                                                           meter.checkpoint_seconds else 0.0)
+            if budget.max_cost > 0:
+                spent = meter.cost_so_far()
+                if spent + meter.cost_of_seconds(next_seconds) > budget.max_cost:
+                    flags[STOP_BUDGET] = 1
+                elif not alerted and spent >= budget.alert_at * budget.max_cost:
+                    alerted = True
+                    print(f"WARNING: spent {spent:.4f} {budget.currency} (measured), "
+                          f"{spent / budget.max_cost:.0%} of budget.max_cost "
+                          f"{budget.max_cost} {budget.currency}", flush=True)
+            if budget.max_hours > 0 and (meter.billed_seconds() + next_seconds) / 3600 > \
+                    budget.max_hours:
+                flags[STOP_HOURS] = 1
+        flags = agree_on_stop(flags, rank)
+        stopping = any(flags) and step < t.max_steps
+        if stopping:
+            stop_reason = next(STOP_REASONS[i] for i, f in enumerate(flags) if f)
+        if step % plan.checkpoint.interval_steps == 0 or stopping or step == t.max_steps:
+            state = {"step": step, "tokens_trained": meter.tokens_total,
+                     "padded_tokens": meter.padded_total, "plan_fingerprint": plan.fingerprint(),
+                     "billed_seconds": meter.billed_seconds(), "loss": loss,
+                     "saved_at": time.time()}
+            meter.checkpoint_seconds.append(trainer.save(root, step, state))
+            last_saved = step
+        if stopping:
+            if rank.is_main:
+                print(f"stopping after step {step}: {stop_reason}; checkpoint saved",
+                      flush=True)
+            break
+    writer.close()
+    result = {"plan": plan.name, "completed_steps": step, "max_steps": t.max_steps,
+              "finished": step >= t.max_steps, "stop_reason": stop_reason or
+              ("finished" if step >= t.max_steps else ""), "last_checkpoint_step": last_saved,
+              "resumed_from_step": start_step, "world_size": rank.world,
+              "measured": meter.summary(), "last_step": asdict(meter.records[-1])
+              if meter.records else None}
+    if rank.is_main:
+        billing.touch()
+        write_text_atomic(run_dir / "result.json", json.dumps(result, indent=1))
+    return result
+
+
+def worker_main(argv: list[str] | None = None) -> int:
+    """Entry of each launched process (see runner/_launch_entry.py)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="runner-worker")
+    parser.add_argument("--plan", required=True, type=Path)
+    parser.add_argument("--data-dir", required=True, type=Path)
+    parser.add_argument("--run-dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    plan = load_plan(args.plan)
+    result = train(plan, data_dir=args.data_dir, run_dir=args.run_dir)
+    # A stop for a signal exits non-zero so that launchers and schedulers see an interruption.
+    return 0 if result["finished"] or result["stop_reason"] != STOP_REASONS[STOP_SIGNAL] else 143
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main())
