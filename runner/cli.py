@@ -147,23 +147,33 @@ def execute(args) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     write_plan(plan, effective_plan, header=f"# effective plan of this run (from {args.plan})\n")
     ckpt.remove_incomplete(run_dir / "checkpoints")
-    billing.start_attempt()
+    attempt_start = billing.start_attempt()
     if not needs_launch:
         rc = run_in_process(plan, data.path, run_dir)
     else:
-        rc = run_group(commands[args.node_rank or 0])
+        rc = run_group(commands[args.node_rank or 0], group_file=run_dir / "launcher.json")
     billing.touch()
-    if rc not in (0, 143):
+    result = read_result(run_dir, since=attempt_start)
+    if result is None:
         tail = last_log_lines(log_dir)
         print(f"training failed (exit {rc}); last lines of the rank logs:\n{tail}",
               file=sys.stderr)
         return 1
     status = report(plan, run_dir, args)
-    if args.export and rc == 0:
+    if args.export and result["finished"]:
         from runner.export import export_model
 
         print(f"exported for inference: {export_model(plan, run_dir)}")
-    return 143 if rc == 143 else status
+    interrupted = not result["finished"] and result["stop_reason"].startswith("signal")
+    return 143 if interrupted else status
+
+
+def read_result(run_dir: Path, *, since: float) -> dict | None:
+    """The result rank 0 wrote in this attempt, or None if the attempt crashed before that."""
+    path = run_dir / "result.json"
+    if not path.exists() or path.stat().st_mtime < since:
+        return None
+    return json.loads(path.read_text())
 
 
 def print_cluster_commands(plan: Plan, args) -> None:
@@ -181,11 +191,10 @@ def print_cluster_commands(plan: Plan, args) -> None:
 
 
 def run_in_process(plan: Plan, data_dir: Path, run_dir: Path) -> int:
-    from runner.train import STOP_REASONS, STOP_SIGNAL, train
+    from runner.train import train
 
-    result = train(plan, data_dir=data_dir, run_dir=run_dir)
-    interrupted = not result["finished"] and result["stop_reason"] == STOP_REASONS[STOP_SIGNAL]
-    return 143 if interrupted else 0
+    train(plan, data_dir=data_dir, run_dir=run_dir)
+    return 0
 
 
 def dry_run(plan: Plan, data) -> int:

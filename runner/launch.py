@@ -9,6 +9,7 @@ its next step end and exit.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -31,14 +32,21 @@ def _term_with_parent() -> None:
         pass
 
 
-def run_group(command: LaunchCommand, *, log_file: Path | None = None) -> int:
-    """Run one launch command in its own process group; forward SIGTERM/SIGINT; return rc."""
+def run_group(command: LaunchCommand, *, log_file: Path | None = None,
+              group_file: Path | None = None) -> int:
+    """Run one launch command in its own process group; forward SIGTERM/SIGINT; return rc.
+
+    `group_file` records the group id so operators (and tests) can end exactly this group.
+    """
     env = dict(os.environ) | command.env
     out = open(log_file, "ab") if log_file else None
     proc = subprocess.Popen(command.argv, env=env, start_new_session=True,
                             preexec_fn=_term_with_parent if sys.platform == "linux" else None,
                             stdout=out or None, stderr=subprocess.STDOUT if out else None)
     pgid = os.getpgid(proc.pid)
+    if group_file is not None:
+        group_file.write_text(json.dumps({"launcher_pid": proc.pid, "process_group": pgid,
+                                          "runner_pid": os.getpid()}))
 
     def forward(signum, frame):
         try:

@@ -111,7 +111,9 @@ def launch_commands(plan: Plan, *, plan_path: Path, data_dir: Path, run_dir: Pat
     for node in range(p.nnodes):
         argv = [python, "-m", "paddle.distributed.launch",
                 "--nnodes", str(p.nnodes), "--nproc_per_node", str(p.nproc_per_node),
-                "--log_dir", str(log_dir)]
+                "--log_dir", str(log_dir),
+                # a failed rank ends the run; resuming is the runner's job, from a checkpoint
+                "--max_restart", "0"]
         if p.nnodes > 1:
             argv += ["--master", master or p.master or "<NODE0_IP>:8090", "--rank", str(node)]
         if plan.hardware.device in ("gpu", "xpu"):

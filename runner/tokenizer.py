@@ -63,9 +63,10 @@ def train_sentencepiece(documents: list[str], *, vocab_size: int, out_dir: Path,
                 shuffle_input_sentence=True, num_threads=max(1, min(4, os.cpu_count() or 1)),
                 max_sentence_length=1 << 16, minloglevel=2)
         except RuntimeError as exc:
+            reason = str(exc).strip().splitlines()[-1]
             raise DataError(f"cannot train a {vocab_size}-piece sentencepiece model on this "
-                            f"corpus ({str(exc).strip().splitlines()[-1]}); lower "
-                            "model.vocab_size or use a larger corpus",
+                            f"corpus: {reason}; choose another model.vocab_size (Chinese "
+                            "text needs a piece for every frequent character)",
                             key="model.vocab_size") from None
         text_file.unlink()
         if out_dir.exists():  # another process finished first

@@ -321,9 +321,9 @@ def log_line(plan: Plan, rec) -> str:
 
 def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
     """Run (or resume) the plan on this rank; returns the result dict rank 0 also writes."""
-    stop_signal = StopSignal()
     rank = init_distributed(plan)
     trainer = build_trainer(plan, data_dir, rank)
+    stop_signal = StopSignal()  # after importing paddle, which installs its own handlers
     billing = BillingLog(run_dir / "billing.json")
     attempt_start = billing.attempts[-1]["start"] if billing.attempts else time.time()
 

