@@ -24,6 +24,9 @@ def _die_with_parent() -> None:
 
 if __name__ == "__main__":
     _die_with_parent()
+    from runner import quiet_third_party_warnings
+
+    quiet_third_party_warnings()
     from runner.train import worker_main
 
     sys.exit(worker_main())

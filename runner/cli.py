@@ -16,6 +16,7 @@ from pathlib import Path
 
 from runner import __version__
 from runner import checkpoint as ckpt
+from runner import quiet_third_party_warnings
 from runner.errors import BudgetError, PlanError, UserError
 from runner.plan import Plan, load_plan, write_plan
 
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    quiet_third_party_warnings()
     try:
         return execute(args)
     except UserError as exc:

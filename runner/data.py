@@ -81,17 +81,21 @@ def tokenize_documents(documents: list[str], spec: str, model_file: Path | None,
         return [ids for part in pool.imap(_encode_chunk, chunks) for ids in part]
 
 
-def job_tokenizer(plan: Plan, corpus: Corpus) -> tuple[JobTokenizer, Path | None]:
-    """The plan's tokenizer; trains (or reuses) the sentencepiece model when asked to."""
-    cache = Path(plan.job.cache_dir)
+def job_tokenizer(*, tokenizer: str, vocab_size: int, cache_dir: str | Path,
+                  corpus: Corpus) -> tuple[JobTokenizer, Path | None]:
+    """The job's tokenizer; trains (or reuses) the sentencepiece model when asked to.
+
+    Shared by the runner (data preparation) and the planner (corpus statistics), so both
+    measure with the same tokenizer from the same cache.
+    """
     model_file = None
-    if plan.job.tokenizer == "sentencepiece":
-        key = f"{corpus.stats.sha256[:16]}-v{plan.model.vocab_size}"
-        model_file = train_sentencepiece(corpus.documents, vocab_size=plan.model.vocab_size,
-                                         out_dir=cache / "tokenizers" / key)
-    tok = load_tokenizer(plan.job.tokenizer, model_file=model_file)
-    if tok.vocab_size > plan.model.vocab_size:
-        raise DataError(f"{plan.model.vocab_size} is smaller than the tokenizer's vocabulary "
+    if tokenizer == "sentencepiece":
+        key = f"{corpus.stats.sha256[:16]}-v{vocab_size}"
+        model_file = train_sentencepiece(corpus.documents, vocab_size=vocab_size,
+                                         out_dir=Path(cache_dir) / "tokenizers" / key)
+    tok = load_tokenizer(tokenizer, model_file=model_file)
+    if tok.vocab_size > vocab_size:
+        raise DataError(f"{vocab_size} is smaller than the tokenizer's vocabulary "
                         f"({tok.vocab_size}); allowed: >= {tok.vocab_size}",
                         key="model.vocab_size")
     return tok, model_file
@@ -100,7 +104,9 @@ def job_tokenizer(plan: Plan, corpus: Corpus) -> tuple[JobTokenizer, Path | None
 def prepare_data(plan: Plan, *, workers: int | None = None, log=print) -> PreparedData:
     """Read, tokenize and store the corpus once; later calls reuse the cache."""
     corpus = read_corpus(plan.job.corpus, max_documents=plan.job.max_documents)
-    tok, model_file = job_tokenizer(plan, corpus)
+    tok, model_file = job_tokenizer(tokenizer=plan.job.tokenizer,
+                                    vocab_size=plan.model.vocab_size,
+                                    cache_dir=plan.job.cache_dir, corpus=corpus)
     key = hashlib.sha256(f"{corpus.stats.sha256}|{tok.fingerprint}|{FORMAT}{VERSION}"
                          .encode()).hexdigest()[:20]
     out = Path(plan.job.cache_dir) / "data" / key

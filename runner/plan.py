@@ -23,7 +23,7 @@ from runner.tomlconf import (from_table, read_toml, setting, to_table, unknown_k
 
 SCHEMA_VERSION = 1
 Precision = Literal["fp32", "fp16", "bf16"]
-Device = Literal["cpu", "gpu", "xpu"]
+Device = Literal["cpu", "gpu", "xpu", "npu"]
 Recompute = Literal["none", "full", "full_attn", "core_attn"]
 Sharding = Literal["", "stage1", "stage2", "stage3"]
 

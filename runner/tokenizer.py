@@ -61,7 +61,8 @@ def train_sentencepiece(documents: list[str], *, vocab_size: int, out_dir: Path,
                 unk_id=0, pad_id=1, bos_id=-1, eos_id=-1, pad_piece="<pad>",
                 user_defined_symbols=SPECIAL_PIECES, input_sentence_size=seed_text_limit,
                 shuffle_input_sentence=True, num_threads=max(1, min(4, os.cpu_count() or 1)),
-                max_sentence_length=1 << 16, minloglevel=2)
+                max_sentence_length=1 << 16, minloglevel=2,
+                hard_vocab_limit=False)  # a small local sample may not support the full vocab
         except RuntimeError as exc:
             reason = str(exc).strip().splitlines()[-1]
             raise DataError(f"cannot train a {vocab_size}-piece sentencepiece model on this "

@@ -1,0 +1,159 @@
+"""Hardware profiles and priced offers, read from hardware_profiles/*.toml (data, not code).
+
+A profile is one accelerator: specs, peak TFLOPS per precision, efficiency calibration and its
+`[[offers]]`. Extra price lists (e.g. from `planner prices import`) live in
+hardware_profiles/offers/*.toml, each offer naming its `profile`. Calibrations written by
+`planner calibrate` live in hardware_profiles/local/<profile>.toml and override [efficiency].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from runner.errors import UserError
+from runner.tomlconf import from_table, read_toml, setting
+
+PROFILE_DIR = Path(__file__).resolve().parents[1] / "hardware_profiles"
+
+
+class ProfileError(UserError):
+    """A hardware profile or price list is malformed."""
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    max: float = setting(0.5, "Highest achievable fraction of peak FLOP/s.", min=0, max=1)
+    half_tokens: float = setting(2048.0, "Tokens per micro-batch at which efficiency halves.",
+                                 min=0)
+    half_hidden: float = setting(384.0, "Hidden size per tensor-parallel rank at which "
+                                        "efficiency halves.", min=0)
+    comm_overlap: float = setting(0.5, "Share of data-parallel gradient sync hidden behind "
+                                       "backward compute.", min=0, max=1)
+    memory_overhead_gb: float = setting(1.5, "Framework memory per device beyond the model "
+                                              "(CUDA context, workspaces; Python+Paddle on CPU).",
+                                        min=0)
+    fragmentation: float = setting(1.1, "Allocator margin on activations and logits.", min=1)
+    source: str = setting("uncalibrated prior", "Where these numbers come from.")
+    calibrated_on: str = setting("", "Machine fingerprint of a calibration (if any).")
+    calibrated_at: str = setting("", "Date of the calibration (if any).")
+    fit_error: float = setting(0.0, "Median absolute relative error of the fit.", min=0)
+
+
+@dataclass(frozen=True)
+class Offer:
+    provider: str = setting("", "Cloud provider or 'owned'.")
+    instance: str = setting("", "Instance type or machine description.")
+    kind: Literal["cloud", "on_prem"] = setting("cloud", "Rented cloud capacity or owned "
+                                                         "hardware costed by electricity.")
+    gpus_per_node: int = setting(1, "Devices per node.", min=1)
+    inter_node_gbits_per_s: float = setting(0.0, "Network bandwidth between nodes, Gbit/s.",
+                                            min=0)
+    on_demand_per_hour: float = setting(0.0, "On-demand price per node-hour.", min=0)
+    spot_per_hour: float = setting(0.0, "Spot price per node-hour (0 = no spot).", min=0)
+    electricity_per_kwh: float = setting(0.0, "on_prem: electricity price per kWh.", min=0)
+    pue: float = setting(1.0, "on_prem: power usage effectiveness.", min=1)
+    host_power_w: float = setting(0.0, "on_prem: host power per node beyond the devices.",
+                                  min=0)
+    amortization_per_gpu_hour: float = setting(0.0, "on_prem: hardware cost per device-hour.",
+                                               min=0)
+    currency: str = setting("USD", "Currency of the prices.")
+    source: str = setting("", "Where the price comes from.")
+    as_of: str = setting("", "Date of the price.")
+    profile: str = setting("", "Profile name (only in hardware_profiles/offers/*.toml).")
+
+    @property
+    def key(self) -> str:
+        return f"{self.provider}/{self.instance}"
+
+    def node_price_per_hour(self, *, spot: bool, tdp_w: float) -> float:
+        """Price of one node-hour in self.currency; on_prem = energy x PUE + amortisation."""
+        if self.kind == "on_prem":
+            watts = self.gpus_per_node * tdp_w + self.host_power_w
+            return watts / 1000 * self.pue * self.electricity_per_kwh + \
+                self.amortization_per_gpu_hour * self.gpus_per_node
+        return self.spot_per_hour if spot else self.on_demand_per_hour
+
+    @property
+    def has_spot(self) -> bool:
+        return self.kind == "cloud" and self.spot_per_hour > 0
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str = setting("", "Profile name (file stem).")
+    vendor: str = setting("", "Vendor.")
+    device: Literal["cpu", "gpu", "xpu", "npu"] = setting("gpu", "Device type.")
+    memory_gb: float = setting(0.0, "Memory per device, GB.", min=0)
+    memory_bandwidth_gbytes_per_s: float = setting(0.0, "Memory bandwidth, GB/s.", min=0)
+    intra_node_gbytes_per_s: float = setting(0.0, "Device-to-device bandwidth in a node, GB/s.",
+                                             min=0)
+    intra_node_link: str = setting("", "Link type.")
+    tdp_w: float = setting(0.0, "Board power, W.", min=0)
+    verified: bool = setting(True, "False when figures are unverified leads.")
+    source: str = setting("", "Where the specs come from.")
+    peak_tflops: dict = field(default_factory=dict)
+    efficiency: Efficiency = field(default_factory=Efficiency)
+    offers: tuple[Offer, ...] = ()
+
+    def peak_for(self, precision: str) -> float:
+        """Dense peak TFLOPS used by `precision`; fp32 matmuls use TF32 where it exists
+        (Paddle enables TF32 for cuBLAS by default)."""
+        if precision == "fp32":
+            return self.peak_tflops.get("tf32") or self.peak_tflops.get("fp32", 0.0)
+        return self.peak_tflops.get(precision, 0.0)
+
+    @property
+    def precisions(self) -> list[str]:
+        return [p for p in ("fp32", "fp16", "bf16") if self.peak_tflops.get(p) or
+                (p == "fp32" and self.peak_tflops.get("tf32"))]
+
+
+def _load_offer(table: dict, *, file: str, index: int) -> Offer:
+    return from_table(Offer, table, file=file, section=f"offers[{index}]", error=ProfileError)
+
+
+def load_profile(path: Path) -> Profile:
+    data = read_toml(path, ProfileError)
+    file = str(path)
+    data = dict(data)
+    peaks = data.pop("peak_tflops", {})
+    eff = from_table(Efficiency, data.pop("efficiency", {}), file=file, section="efficiency",
+                     error=ProfileError)
+    offers = tuple(_load_offer(o, file=file, index=i) for i, o in
+                   enumerate(data.pop("offers", [])))
+    for key, value in peaks.items():
+        if key not in ("fp32", "tf32", "fp16", "bf16") or isinstance(value, bool) or \
+                not isinstance(value, (int, float)) or value <= 0:
+            raise ProfileError(f"{value!r}: allowed keys fp32, tf32, fp16, bf16 with positive "
+                               "numbers", file=file, key=f"peak_tflops.{key}")
+    base = from_table(Profile, data, file=file, section="", error=ProfileError)
+    if base.name != path.stem:
+        raise ProfileError(f"{base.name!r} must equal the file name {path.stem!r}", file=file,
+                           key="name")
+    return dataclasses.replace(base, peak_tflops={k: float(v) for k, v in peaks.items()},
+                               efficiency=eff, offers=offers)
+
+
+def load_profiles(directory: Path = PROFILE_DIR) -> dict[str, Profile]:
+    """All profiles, with extra offer files and local calibrations merged in."""
+    profiles = {p.stem: load_profile(p) for p in sorted(Path(directory).glob("*.toml"))}
+    for price_file in sorted((Path(directory) / "offers").glob("*.toml")):
+        data = read_toml(price_file, ProfileError)
+        for i, table in enumerate(data.get("offers", [])):
+            offer = _load_offer(table, file=str(price_file), index=i)
+            if offer.profile not in profiles:
+                raise ProfileError(f"{offer.profile!r} is not a profile; allowed: "
+                                   f"{', '.join(profiles)}", file=str(price_file),
+                                   key=f"offers[{i}].profile")
+            prof = profiles[offer.profile]
+            profiles[offer.profile] = dataclasses.replace(prof, offers=prof.offers + (offer,))
+    for calib in sorted((Path(directory) / "local").glob("*.toml")):
+        if calib.stem in profiles:
+            data = read_toml(calib, ProfileError)
+            eff = from_table(Efficiency, data.get("efficiency", {}), file=str(calib),
+                             section="efficiency", error=ProfileError)
+            profiles[calib.stem] = dataclasses.replace(profiles[calib.stem], efficiency=eff)
+    return profiles

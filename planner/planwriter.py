@@ -1,0 +1,87 @@
+"""Turn one chosen candidate into the runner's plan (runner.plan is the schema)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+
+from planner import __version__
+from planner.search import Decision
+from planner.spec import Spec
+from runner.plan import (BudgetSection, CheckpointSection, EstimateSection, HardwareSection,
+                         JobSection, ParallelSection, Plan, ProvenanceSection, TrainingSection)
+
+
+def _sig(x: float, digits: int = 6) -> float:
+    """Round to significant digits: plans are read by people; 3.3600000000000003 is noise."""
+    return float(f"{x:.{digits}g}")
+
+
+def candidate_plan(spec: Spec, row: dict, *, target: float, notes: list[str] | None = None,
+                   measured: list[str] | None = None, probes: int = 0) -> Plan:
+    choice = row["offer_choice"]
+    prof, offer = choice.profile, choice.offer
+    steps = int(row["steps"])
+    tr = spec.training
+    precision = row["precision"]
+    interval_steps = row["checkpoint_interval_h"] * 3600 / row["step_time_s"]
+    interval_steps = max(1, min(steps, int(interval_steps) if math.isfinite(interval_steps)
+                                else steps))
+    cur = spec.constraints.currency
+    price_note = (f"price {offer.node_price_per_hour(spot=row['spot'], tdp_w=prof.tdp_w):g} "
+                  f"{offer.currency}/node-hour x rate {choice.rate:g} {cur}/{offer.currency}"
+                  + (f" ({spec.rates_source})" if offer.currency != cur and spec.rates_source
+                     else ""))
+    return Plan(
+        name=spec.job.name,
+        job=JobSection(corpus=list(spec.job.corpus), tokenizer=spec.job.tokenizer,
+                       target_tokens=int(target), seed=spec.job.seed,
+                       cache_dir=spec.job.cache_dir),
+        model=spec.model_section(),
+        training=TrainingSection(
+            seq_len=row["seq"], per_device_train_batch_size=row["micro"],
+            gradient_accumulation_steps=row["acc"], max_steps=steps,
+            learning_rate=tr.learning_rate, min_learning_rate=tr.min_learning_rate,
+            warmup_steps=max(1, int(steps * tr.warmup_fraction)),
+            weight_decay=tr.weight_decay, precision=precision,
+            fp16_opt_level=tr.fp16_opt_level if precision != "fp32" else "O1",
+            packing=tr.packing, logging_steps=max(1, min(100, steps // 100 or 1))),
+        parallel=ParallelSection(
+            nnodes=row["nodes"], nproc_per_node=row["gpus_per_node"],
+            data_parallel_degree=row["dp"], tensor_parallel_degree=row["tp"],
+            pipeline_parallel_degree=row["pp"], sharding=row["sharding"],
+            sharding_parallel_degree=row["shard_degree"], recompute=row["recompute"],
+            sequence_parallel=bool(row["sp"])),
+        hardware=HardwareSection(
+            profile=prof.name, offer=offer.key, device=prof.device if prof.device in
+            ("cpu", "gpu", "xpu", "npu") else "gpu", precisions=prof.precisions,
+            peak_tflops=prof.peak_for(precision), memory_gb=prof.memory_gb, tdp_w=prof.tdp_w,
+            spot=bool(row["spot"]), price_per_node_hour=_sig(row["price_node_hour"]), currency=cur),
+        checkpoint=CheckpointSection(interval_steps=interval_steps, keep_last=2),
+        budget=BudgetSection(max_cost=spec.constraints.budget, currency=cur,
+                             max_hours=spec.constraints.deadline_hours),
+        estimate=EstimateSection(
+            source="probe" if measured else "model",
+            tokens_per_second=_sig(row["tokens_per_s"]), step_time_s=_sig(row["step_time_s"]),
+            peak_memory_gb=_sig(row["memory_gb"]), mfu=_sig(row["mfu"]),
+            hours=_sig(row["hours"]), cost=_sig(row["cost"]),
+            cost_per_million_tokens=_sig(row["cost_per_million_tokens"]),
+            energy_kwh=_sig(row["energy_kwh"]), measured=measured or []),
+        provenance=ProvenanceSection(
+            created_by=f"planner {__version__}",
+            created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            spec=spec.path, spec_sha256=spec.sha256, prices_source=offer.source,
+            prices_as_of=offer.as_of, probes=probes, notes=[price_note, *(notes or [])]),
+    )
+
+
+def decision_notes(decision: Decision, describe) -> list[str]:
+    """Short, human notes on the alternatives, kept in the plan's provenance."""
+    from planner.search import runner_up
+
+    notes = [f"binding constraint: {decision.binding}"]
+    other = runner_up(decision)
+    if other is not None:
+        notes.append(f"runner-up: {describe(other)}")
+    notes.append(f"pareto front (cost vs hours, modelled): {len(decision.pareto)} plans")
+    return notes

