@@ -185,6 +185,8 @@ def useful_fraction(checkpoint_hours, interval_hours, failures_per_hour, restart
     Clipped at 1% so a hopeless configuration stays finite (it will not be chosen)."""
     tau = np.asarray(interval_hours, dtype=float)
     lam = np.asarray(failures_per_hour, dtype=float)
-    lost = np.where(np.isfinite(tau), checkpoint_hours / tau + lam * (tau / 2 + restart_hours),
+    finite = np.isfinite(tau)
+    safe_tau = np.where(finite, tau, 1.0)
+    lost = np.where(finite, checkpoint_hours / safe_tau + lam * (safe_tau / 2 + restart_hours),
                     0.0)
     return np.clip(1.0 - lost, 0.01, 1.0)

@@ -1,0 +1,223 @@
+"""Planner: spec loading (table-driven bad specs), currency rules, infeasibility, price import,
+and the CLI end to end on the embedded bank-FAQ spec."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tomli
+import tomli_w
+
+from conftest import REPO, merge, run_cli
+from planner.hardware import load_profiles
+from planner.prices import import_catalog
+from planner.search import allowed_offers, decide, evaluate_space
+from planner.spec import EMBEDDED_SPEC, SpecError, spec_from_dict
+from runner.plan import load_plan
+
+BANK = tomli.loads(EMBEDDED_SPEC.read_text())
+
+BAD_SPECS = [
+    ("unknown-section", {"constrains": {}}, "constrains", "did you mean 'constraints'"),
+    ("unknown-key", {"constraints": {"budjet": 5}}, "constraints.budjet", "unknown"),
+    ("budget-string", {"constraints": {"budget": "12k"}}, "constraints.budget", "a number"),
+    ("negative-budget", {"constraints": {"budget": -1}}, "constraints.budget", ">= 0"),
+    ("bad-currency", {"constraints": {"currency": "yuan"}}, "constraints.currency", "ISO"),
+    ("unknown-size", {"model": {"size": "gpt-huge"}}, "model.size", "allowed"),
+    ("no-target", {"job": {"target_tokens": 0, "epochs": 0}}, "job.target_tokens", "epochs"),
+    ("seq-too-long", {"constraints": {"seq_lens": [4096]}}, "constraints.seq_lens",
+     "max_position_embeddings"),
+    ("empty-seq", {"constraints": {"seq_lens": []}}, "constraints.seq_lens", "at least one"),
+    ("bad-precision", {"constraints": {"precisions": ["int8"]}}, "constraints.precisions",
+     "allowed"),
+    ("batch-range-inverted", {"constraints": {"global_batch_tokens_min": 10,
+                                              "global_batch_tokens_max": 5}},
+     "constraints.global_batch_tokens_max", "below"),
+    ("bad-micro", {"search": {"micro_batch_sizes": [0, 2]}}, "search.micro_batch_sizes",
+     "positive"),
+    ("bad-stage", {"search": {"sharding": ["stage4"]}}, "search.sharding", "allowed"),
+    ("bad-recompute", {"search": {"recompute": ["selective"]}}, "search.recompute", "allowed"),
+    ("nothing-rentable", {"constraints": {"spot": False, "on_demand": False}},
+     "constraints.spot", "nothing"),
+    ("bad-rate", {"rates": {"USD": -7}}, "rates.USD", "positive"),
+    ("bad-rate-code", {"rates": {"dollar": 7}}, "rates.dollar", "ISO code"),
+    ("headroom-range", {"constraints": {"memory_headroom": 1.5}},
+     "constraints.memory_headroom", "<= 1.0"),
+    ("heads-vs-hidden", {"model": {"num_attention_heads": 7}}, "model.num_attention_heads",
+     "does not divide"),
+    ("list-type", {"constraints": {"seq_lens": 1024}}, "constraints.seq_lens", "a list"),
+]
+
+
+@pytest.mark.parametrize("overrides,key,word", [b[1:] for b in BAD_SPECS],
+                         ids=[b[0] for b in BAD_SPECS])
+def test_bad_spec_is_rejected(overrides, key, word):
+    with pytest.raises(SpecError) as info:
+        spec_from_dict(merge(BANK, overrides), file="spec.toml")
+    message = str(info.value)
+    assert message.startswith(f"spec.toml: {key}:"), message
+    assert word in message, message
+
+
+def small_spec(**overrides):
+    """The bank-FAQ spec restricted to two cloud offers (fast to evaluate)."""
+    return spec_from_dict(merge(BANK, merge({"constraints": {"profiles": ["a100-80gb", "t4"]}},
+                                            overrides)), file="spec.toml")
+
+
+def plan_for(spec):
+    offers = allowed_offers(spec, load_profiles())
+    table = evaluate_space(spec, offers, spec.job.target_tokens)
+    return decide(spec, table, spec.job.target_tokens), table
+
+
+def test_currency_needs_an_explicit_rate():
+    no_rate = copy.deepcopy(BANK)
+    del no_rate["rates"]
+    spec = spec_from_dict(merge(no_rate, {"constraints": {"profiles": ["t4"]}}), file="s.toml")
+    with pytest.raises(SpecError, match=r"rates\.USD.*CNY per USD"):
+        allowed_offers(spec, load_profiles())
+
+
+def test_costs_scale_exactly_with_the_rate():
+    low, _ = plan_for(small_spec(rates={"USD": 1.0}, constraints={"budget": 0}))
+    high, _ = plan_for(small_spec(rates={"USD": 7.0}, constraints={"budget": 0}))
+    assert high.table["cost"] == pytest.approx(7.0 * low.table["cost"])
+
+
+def test_chosen_is_cheapest_feasible_and_on_the_pareto_front():
+    decision, table = plan_for(small_spec())
+    assert decision.chosen is not None
+    feasible = decision.feasible
+    assert table["cost"][decision.chosen] == table["cost"][feasible].min()
+    assert table["fits"][decision.chosen]
+    assert decision.chosen in set(decision.pareto.tolist()) or \
+        table["cost"][decision.pareto[0]] == table["cost"][decision.chosen]
+    # the front is sorted by cost and strictly faster along it
+    hours = table["hours"][decision.pareto]
+    assert np.all(np.diff(hours) < 0)
+
+
+def test_budget_too_small_says_what_it_buys_and_what_is_needed():
+    decision, table = plan_for(small_spec(constraints={"budget": 10.0}))
+    assert decision.chosen is None
+    text = " ".join(decision.problems)
+    assert "cannot reach" in text and "minimum budget for the target" in text
+    cheapest = table["cost"][table["fits"]].min()
+    assert f"{cheapest:,.0f} CNY" in text
+
+
+def test_deadline_too_short_gives_fastest_plan():
+    decision, _ = plan_for(small_spec(constraints={"deadline_hours": 0.5, "budget": 0}))
+    assert decision.chosen is None
+    assert "fastest plan takes" in " ".join(decision.problems)
+
+
+def test_model_too_big_for_any_device():
+    decision, _ = plan_for(small_spec(model={"size": "gpt-13b"},
+                                      constraints={"profiles": ["t4"], "max_nodes": 1,
+                                                   "seq_lens": [1024],
+                                                   "global_batch_tokens_min": 0,
+                                                   "global_batch_tokens_max": 0}))
+    assert decision.chosen is None
+    assert "nothing fits in device memory" in decision.problems[0]
+
+
+def test_memory_rules_hold_in_the_chosen_plan():
+    decision, table = plan_for(small_spec())
+    row = table.row(decision.chosen)
+    prof = row["offer_choice"].profile
+    assert row["memory_gb"] <= prof.memory_gb * 0.9
+    assert row["world"] == row["dp"] * row["tp"] * row["pp"] * row["shard_degree"]
+    assert 131072 <= row["tokens_per_step"] <= 524288
+
+
+CSV = """InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,AvailabilityZone
+p4de.24xlarge,A100-80GB,8.0,96.0,1152.0,x,40.97,7.1,us-east-1,us-east-1a
+p4de.24xlarge,A100-80GB,8.0,96.0,1152.0,x,41.50,6.2,us-west-2,us-west-2b
+g4dn.xlarge,T4,1.0,4.0,16.0,x,0.526,,us-east-1,us-east-1a
+m5.large,,,2.0,8.0,,0.096,0.04,us-east-1,us-east-1a
+weird.1x,TPU-v9,1.0,4.0,16.0,x,9.0,1.0,us-east-1,us-east-1a
+"""
+
+
+def test_prices_import(tmp_path):
+    csv_file = tmp_path / "aws_catalog.csv"
+    csv_file.write_text(CSV)
+    profiles_dir = tmp_path / "profiles"
+    out, count, skipped = import_catalog(csv_file, as_of="2025-06-01", directory=profiles_dir)
+    assert count == 2 and len(skipped) == 2
+    offers = {o["instance"]: o for o in tomli.loads(out.read_text())["offers"]}
+    p4de = offers["p4de.24xlarge"]
+    assert (p4de["profile"], p4de["provider"], p4de["gpus_per_node"]) == ("a100-80gb", "aws", 8)
+    assert p4de["on_demand_per_hour"] == 40.97 and p4de["spot_per_hour"] == 6.2  # lowest
+    assert offers["g4dn.xlarge"]["spot_per_hour"] == 0.0  # no spot price given
+    bad = tmp_path / "bad.csv"
+    bad.write_text("InstanceType,Price\nx,1\n")
+    with pytest.raises(Exception, match="missing column"):
+        import_catalog(bad, directory=profiles_dir)
+
+
+@pytest.fixture(scope="module")
+def optimized(tmp_path_factory):
+    """`planner optimize --budget 12000` from a fresh directory: the README's first command."""
+    work = tmp_path_factory.mktemp("optimize")
+    proc = run_cli("planner", "optimize", "--budget", "12000", "--plot", "pareto.png",
+                   cwd=work)
+    return work, proc
+
+
+def test_optimize_bank_faq_end_to_end(optimized):
+    work, proc = optimized
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "tokens per character" in out and "(measured" in out
+    assert "all numbers modelled" in out and "Best plan per offer" in out
+    plan = load_plan(work / "plans" / "bank_faq.toml")
+    assert plan.estimate.source == "model" and plan.estimate.cost <= 12000
+    assert plan.budget.currency == plan.hardware.currency == "CNY"
+    assert plan.training.max_steps * plan.tokens_per_step >= 50e9
+    assert plan.provenance.spec == "embedded:bank_faq"
+    assert (work / "pareto.png").stat().st_size > 10_000
+    text = (work / "plans" / "bank_faq.toml").read_text()
+    assert str(REPO) not in text  # no machine paths in plans
+
+
+def test_estimate_of_the_written_plan_agrees(optimized):
+    work, _ = optimized
+    proc = run_cli("planner", "estimate", "--plan", "plans/bank_faq.toml", "--json", cwd=work)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(proc.stdout)
+    plan = load_plan(work / "plans" / "bank_faq.toml")
+    assert data["chosen"][f"cost CNY"] == pytest.approx(plan.estimate.cost, rel=1e-3, abs=1)
+
+
+def test_explain_and_runner_dry_run_accept_the_plan(optimized):
+    work, _ = optimized
+    proc = run_cli("planner", "explain", "plans/bank_faq.toml", cwd=work)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "AMP memory" in proc.stdout and "7 days" in proc.stdout
+    dry = run_cli("runner", "execute", "plans/bank_faq.toml", "--dry-run", cwd=work)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    assert "dry run OK" in dry.stdout and "paddle.distributed.launch" in dry.stdout
+
+
+def test_optimize_impossible_budget_exits_1_without_plan(tmp_path):
+    proc = run_cli("planner", "optimize", "--budget", "1", "--hardware", "t4", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "NO PLAN" in proc.stdout and "minimum budget" in proc.stdout
+    assert not (tmp_path / "plans").exists()
+
+
+def test_optimize_bad_spec_file_exit_2(tmp_path):
+    (tmp_path / "planner.toml").write_text("[job]\nname = 'x'\n[constraints]\nbudjet = 3\n")
+    proc = run_cli("planner", "optimize", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("error: planner.toml: constraints.budjet: unknown key "
+                                   "(did you mean 'budget'?); allowed: " +
+                                   proc.stderr.split("allowed: ")[1].strip())
+    assert "Traceback" not in proc.stderr
