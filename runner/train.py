@@ -346,6 +346,12 @@ def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
         resumed = f", resumed from {latest.name}" if latest else ""
         print(f"training {plan.name}: {t.max_steps} steps x {plan.tokens_per_step} tokens, "
               f"world size {rank.world}{resumed}", flush=True)
+    # A progress bar when a person watches rank 0 (launch redirects ranks to log files).
+    progress = None
+    if rank.is_main and sys.stdout.isatty():
+        from tqdm import tqdm
+
+        progress = tqdm(total=t.max_steps, initial=start_step, unit="step", dynamic_ncols=True)
     alerted = False
     stop_reason = ""
     last_saved = start_step if latest else -1
@@ -362,9 +368,16 @@ def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
         step += 1
         if rank.is_main:
             billing.touch()
+            if progress is not None:
+                progress.update(1)
+                progress.set_postfix(loss=f"{loss:.3f}", tok_s=f"{record.tokens_per_second:,.0f}",
+                                     cost=f"{record.cost:.4f}", refresh=False)
             if step % t.logging_steps == 0 or step == t.max_steps:
                 writer.write(record)
-                print(log_line(plan, record), flush=True)
+                if progress is not None:
+                    progress.write(log_line(plan, record))
+                else:
+                    print(log_line(plan, record), flush=True)
 
         # Would the next step (and the checkpoint after it) cross a limit? Decide on rank 0,
         # agree on all ranks, so every rank stops after the same step.
@@ -402,6 +415,8 @@ def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
                       flush=True)
             break
     writer.close()
+    if progress is not None:
+        progress.close()
     result = {"plan": plan.name, "completed_steps": step, "max_steps": t.max_steps,
               "finished": step >= t.max_steps, "stop_reason": stop_reason or
               ("finished" if step >= t.max_steps else ""), "last_checkpoint_step": last_saved,

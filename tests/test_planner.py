@@ -221,3 +221,21 @@ def test_optimize_bad_spec_file_exit_2(tmp_path):
                                    "(did you mean 'budget'?); allowed: " +
                                    proc.stderr.split("allowed: ")[1].strip())
     assert "Traceback" not in proc.stderr
+
+
+def test_spec_lookup_order(tmp_path):
+    from planner.spec import load_spec
+
+    assert load_spec(cwd=tmp_path).path == "embedded:bank_faq"
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "x"\n[tool.planner.job]\nname = "from_pyproject"\n'
+        'target_tokens = 1e9\n[tool.planner.model]\nsize = "gpt-tiny"\n'
+        '[tool.planner.constraints]\nseq_lens = [128]\n')
+    spec = load_spec(cwd=tmp_path)
+    assert spec.job.name == "from_pyproject" and spec.path.endswith("[tool.planner]")
+    (tmp_path / "planner.toml").write_text('[job]\nname = "from_file"\ntarget_tokens = 1e9\n'
+                                           '[model]\nsize = "gpt-tiny"\n'
+                                           '[constraints]\nseq_lens = [128]\n')
+    assert load_spec(cwd=tmp_path).job.name == "from_file"
+    overridden = load_spec(cwd=tmp_path, overrides={"constraints.budget": 5.0})
+    assert overridden.constraints.budget == 5.0
