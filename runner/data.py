@@ -280,6 +280,8 @@ class BatchSource:
 
     def step_token_counts(self, step: int) -> tuple[int, int]:
         """(real, padded) label tokens of the whole global batch of `step`, on every rank."""
+        if self.dataset.packing:
+            return self.sampler.global_batch * self.dataset.seq_len, 0
         real = sum(self.dataset.sample_real_tokens(i) for i in self.sampler.step_indices(step))
         total = self.sampler.global_batch * self.dataset.seq_len
         return real, total - real

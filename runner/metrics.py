@@ -57,10 +57,16 @@ class BillingLog:
         self._save()
         return now
 
-    def touch(self, now: float | None = None) -> None:
-        if self.attempts:
-            self.attempts[-1]["last_seen"] = time.time() if now is None else now
-            self._save()
+    def touch(self, now: float | None = None, *, min_interval: float = 0.0) -> None:
+        """Record that the attempt is still running; skip the write if the last one is
+        younger than `min_interval` seconds (keeps fsyncs off the training hot path)."""
+        if not self.attempts:
+            return
+        now = time.time() if now is None else now
+        if now - self.attempts[-1]["last_seen"] < min_interval:
+            return
+        self.attempts[-1]["last_seen"] = now
+        self._save()
 
     def previous_seconds(self) -> float:
         """Billed seconds of all attempts but the current (last) one."""

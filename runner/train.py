@@ -367,7 +367,7 @@ def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
                               epoch=trainer.batches.sampler.epoch_at(step + 1))
         step += 1
         if rank.is_main:
-            billing.touch()
+            billing.touch(min_interval=1.0)  # a SIGKILL loses at most ~1 s of billed time
             if progress is not None:
                 progress.update(1)
                 progress.set_postfix(loss=f"{loss:.3f}", tok_s=f"{record.tokens_per_second:,.0f}",

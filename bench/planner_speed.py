@@ -1,0 +1,81 @@
+"""Planner speed (benchmark 4 of bench/README.md): wall time of the model-only search on the
+bank-FAQ spec over all shipped offers, and how it grows with offers and with the space.
+
+Corpus statistics are computed once first (cached) and excluded: this times the search
+(`evaluate_space` + `decide`), median of several repeats. Prints a table and writes
+bench/results/planner_speed.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from tabulate import tabulate
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+
+
+def time_search(spec, offers, target, repeats: int) -> tuple[float, int]:
+    from planner.search import decide, evaluate_space
+
+    times, n = [], 0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        table = evaluate_space(spec, offers, target)
+        decide(spec, table, target)
+        times.append(time.perf_counter() - start)
+        n = len(table)
+    return statistics.median(times), n
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    args = parser.parse_args()
+    repeats = 2 if args.quick else 5
+
+    from planner.cli import plan_space
+    from planner.hardware import load_profiles
+    from planner.search import allowed_offers
+    from planner.spec import load_spec
+
+    spec = load_spec(None, cwd=REPO / "bench")  # the embedded bank-FAQ spec
+    _, target, _, _ = plan_space(spec, log=lambda *a: None)  # warms the statistics cache
+    offers = allowed_offers(spec, load_profiles())
+    rows = []
+    for count in sorted({1, 4, len(offers) // 2, len(offers)}):
+        seconds, n = time_search(spec, offers[:count], target, repeats)
+        rows.append({"offers": count, "space": "bank-FAQ spec", "candidates": n,
+                     "search_s": seconds})
+    wide = dataclasses.replace(spec, search=dataclasses.replace(
+        spec.search, micro_batch_sizes=[1, 2, 4, 8, 16, 32, 64, 128],
+        node_counts=[1, 2, 4, 8, 16, 32]), constraints=dataclasses.replace(
+        spec.constraints, max_nodes=32, seq_lens=[256, 512, 1024],
+        global_batch_tokens_min=0, global_batch_tokens_max=0))
+    seconds, n = time_search(wide, offers, target, repeats)
+    rows.append({"offers": len(offers), "space": "wide (no batch range, 32 nodes, 3 seq)",
+                 "candidates": n, "search_s": seconds})
+    print(tabulate([[r["offers"], r["space"], f"{r['candidates']:,}", f"{r['search_s']:.2f}",
+                     f"{r['candidates'] / r['search_s']:,.0f}"] for r in rows],
+                   headers=["offers", "space", "candidates", "search s (median)",
+                            "candidates/s"], tablefmt="github"))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "planner_speed.json"
+    out.write_text(json.dumps({"date": dt.datetime.now().isoformat(timespec="seconds"),
+                               "repeats": repeats, "rows": rows,
+                               "command": "python bench/planner_speed.py" +
+                               (" --quick" if args.quick else "")}, indent=1))
+    print(f"wrote {out.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
