@@ -1,5 +1,6 @@
 # Two entry points for a new user (see README):
-#   make demo   set everything up, plan the bank-FAQ job, then run the CPU plan for real
+#   make demo   set everything up, plan the bank-FAQ job, autotune a small GPT on this CPU
+#               with real probes, then train that plan for real with the runner
 #   make test   set everything up and run the test suite
 PYTHON ?= python3
 VENV   ?= .venv
@@ -17,7 +18,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 demo: setup
 	$(BIN)/planner optimize --budget 12000
-	$(BIN)/runner execute plans/cpu_tiny_dp2.toml
+	$(BIN)/planner optimize --spec planner/specs/cpu_demo.toml --probes 6
+	$(BIN)/runner execute plans/cpu_demo.toml
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--top", type=int, default=None, help="rows in the candidate table")
     opt.add_argument("--json", action="store_true", help="machine-readable output")
     opt.add_argument("--plot", type=Path, default=None, help="save the Pareto front (PNG)")
+    _tune_args(opt)
 
     est = sub.add_parser("estimate", help="evaluate one fully given configuration")
     _spec_args(est)
@@ -50,6 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--json", action="store_true")
 
     sub.add_parser("profiles", help="list hardware profiles and offers")
+
+    cal = sub.add_parser("calibrate", help="probe this machine, fit and save its efficiency")
+    _spec_args(cal)
+    _tune_args(cal, default_probes=6)
+
+    hist = sub.add_parser("history", help="the autotuning study's trials")
+    _spec_args(hist)
+    hist.add_argument("--storage", default="", help="study storage (default: the run's SQLite)")
+    hist.add_argument("--plot", type=Path, default=None, help="save optimisation history PNG")
 
     prices = sub.add_parser("prices", help="price lists")
     prices_sub = prices.add_subparsers(dest="prices_command", required=True)
@@ -74,6 +85,22 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
                    help="allow spot capacity")
     p.add_argument("--no-spot", dest="spot", action="store_false", help="on-demand only")
     p.add_argument("--target-tokens", type=float, default=None, help="job.target_tokens")
+
+
+def _tune_args(p: argparse.ArgumentParser, default_probes: int = 0) -> None:
+    p.add_argument("--probes", type=int, default=default_probes,
+                   help="real probe runs on this machine (0 = model only)")
+    p.add_argument("--probe-time", type=float, default=900.0,
+                   help="total probe wall time, seconds")
+    p.add_argument("--trials", type=int, default=200, help="Optuna trials in all")
+    p.add_argument("--storage", default="", help="Optuna storage: RDB URL or journal file "
+                                                  "(default: SQLite in runs/autotune/<name>/)")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed")
+    p.add_argument("--multi-objective", action="store_true",
+                   help="NSGA-II on (cost, hours) instead of TPE on cost")
+    p.add_argument("--local-profile", default="",
+                   help="profile of this machine's devices (default: cpu without a GPU)")
+    p.add_argument("--probe-timeout", type=float, default=180.0, help="seconds per probe")
 
 
 def spec_overrides(args) -> dict:
@@ -114,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_explain(args)
         if args.command == "profiles":
             return cmd_profiles()
+        if args.command == "calibrate":
+            return cmd_calibrate(args)
+        if args.command == "history":
+            return cmd_history(args)
         if args.command == "prices":
             return cmd_prices_import(args)
     except UserError as exc:
@@ -170,10 +201,17 @@ def cmd_optimize(args) -> int:
         plot_pareto(decision, str(args.plot), cur)
     out = args.out or Path("plans") / f"{spec.job.name}.toml"
     plan = None
-    if decision.chosen is not None:
+    tuned = None
+    if args.probes and decision.chosen is not None:
+        tuned = run_autotune(spec, decision, target, args, log=(lambda *a: None) if quiet
+                             else print)
+    if tuned is not None and tuned[0] is not None:
+        plan = tuned[0]
+    elif decision.chosen is not None:
         row = decision.table.row(decision.chosen)
         notes = decision_notes(decision, lambda i: describe(decision.table, i, cur))
         plan = candidate_plan(spec, row, target=target, notes=notes)
+    if plan is not None:
         write_plan(plan, out, header=f"# Written by planner {__version__} from {spec.path}. "
                                      "Numbers in [estimate] are modelled unless listed in "
                                      "estimate.measured.\n")
@@ -221,6 +259,174 @@ def optimize_json(spec, stats, target, decision, timings, out) -> dict:
         "pareto": candidate_records(table, decision.pareto, cur, decision.chosen),
         "timings": timings, "plan": str(out) if out else None,
     }
+
+
+# ---- autotuning -------------------------------------------------------------------------------
+
+def local_profile_name(args) -> str:
+    import paddle
+
+    if args.local_profile:
+        return args.local_profile
+    return "" if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() else "cpu"
+
+
+def run_autotune(spec, decision, target, args, *, log=print):
+    """Probe locally runnable candidates, calibrate, and return (plan or None, outcome)."""
+    import dataclasses as dc
+
+    import numpy as np
+    from tabulate import tabulate
+
+    from planner import calibration
+    from planner.autotune import TuneSettings, measured_cost, tune
+    from planner.planwriter import candidate_plan, decision_notes
+    from planner.report import describe, layout
+
+    table = decision.table
+    local = local_profile_name(args)
+    offers_local = [i for i, c in enumerate(table.offers) if c.profile.name == local]
+    if not local or not offers_local:
+        used = {c.profile.name: c.profile.efficiency_for("fp16").source for c in table.offers}
+        which = local or "unknown GPU; pass --local-profile"
+        log(f"no planned offer runs on this machine's devices ({which}): planning from the "
+            "model only; efficiency calibrations used: "
+            + "; ".join(f"{k}: {v}" for k, v in used.items()))
+        return None
+    local_rows = np.flatnonzero(np.isin(table["offer"], offers_local) & table["fits"])
+    settings = TuneSettings(probes=args.probes, probe_time_s=args.probe_time,
+                            trials=args.trials, seed=args.seed, storage=args.storage,
+                            multi_objective=args.multi_objective,
+                            timeout_s=args.probe_timeout)
+    work = Path("runs") / "autotune" / spec.job.name
+    count = [0]
+
+    def progress(result, tbl, row, cached=False):
+        count[0] += 1
+        r = tbl.row(row)
+        what = (f"{r['offer_choice'].offer.instance}, {r['precision']}, seq {r['seq']}, micro "
+                f"{r['micro']} x acc {r['acc']}, recompute {r['recompute']}")
+        if result.ok:
+            err = (tbl["step_time_s"][row] - result.step_time_s) / result.step_time_s
+            log(f"probe {count[0]}{' (cached)' if cached else ''}: {what}: "
+                f"{result.step_time_s * 1000:.0f} ms/step measured, "
+                f"{tbl['step_time_s'][row] * 1000:.0f} modelled ({err:+.0%}), "
+                f"{result.peak_memory_gb:.2f} GB peak RSS")
+        else:
+            log(f"probe {count[0]}: {what}: {result.status.upper()} ({result.detail[:120]})")
+
+    log(f"autotuning on {local}: {len(local_rows):,} runnable candidates, at most "
+        f"{settings.probes} probes / {settings.probe_time_s:g} s")
+    outcome = tune(spec, table, local_rows, target=target, work_dir=work, settings=settings,
+                   progress=progress)
+    log(f"study {outcome.study_name} in {outcome.storage}: {len(outcome.probed)} configuration(s) "
+        f"measured, {outcome.reused} reused from the probe cache, probe time "
+        f"{outcome.probe_wall_s:.0f} s")
+    rows = []
+    for i, r in sorted(outcome.probed.items(), key=lambda kv: measured_cost(table, *kv)[0]):
+        row = table.row(i)
+        cost, hours = measured_cost(table, i, r)
+        rows.append([("*" if i == outcome.best_row else ""), row["offer_choice"].offer.instance,
+                     row["precision"], row["seq"], f"{row['micro']}x{row['acc']}", layout(row),
+                     row["recompute"], f"{row['step_time_s'] * 1000:.0f}",
+                     f"{r.step_time_s * 1000:.0f}", f"{row['memory_gb']:.2f}",
+                     f"{r.peak_memory_gb:.2f}", f"{row['cost']:.4g}", f"{cost:.4g}"])
+    cur = spec.constraints.currency
+    if rows:
+        log(tabulate(rows, headers=["", "offer", "prec", "seq", "micro x acc", "layout",
+                                    "recompute", "step ms modelled", "step ms measured",
+                                    "mem GB modelled", "mem GB measured (RSS)",
+                                    f"cost {cur} modelled", f"cost {cur} measured"],
+                     tablefmt="github"))
+    profile = table.offers[offers_local[0]].profile
+    fitted = calibration.fit(table, outcome.probed, profile,
+                             fingerprint=outcome.study_name.rsplit("-", 1)[-1])
+    if fitted is not None:
+        path = calibration.write(fitted)
+        log(f"calibrated {profile.name}: "
+            + ", ".join(f"{p} max {e.max:.3f} half_tokens {e.half_tokens:,.0f}"
+                        for p, e in fitted.by_precision.items())
+            + f"; step-time fit error median {fitted.fit_error:.1%}, worst "
+            f"{fitted.worst_error:.1%} on {fitted.points} probes; written to "
+            f"{os.path.relpath(path)}")
+    if outcome.best_row is None:
+        log("no probed configuration met the constraints: keeping the model's choice")
+        return None
+    best = outcome.best_row
+    result = outcome.probed[best]
+    cost, hours = measured_cost(table, best, result)
+    row = table.row(best)
+    row = row | {"step_time_s": result.step_time_s, "tokens_per_s": result.tokens_per_second *
+                 row["nodes"], "memory_gb": result.peak_memory_gb, "cost": cost,
+                 "hours": hours, "cost_per_million_tokens": cost / target * 1e6,
+                 "mfu": row["mfu"] * row["step_time_s"] / result.step_time_s}
+    notes = decision_notes(decision, lambda i: describe(table, i, cur))
+    notes.append(f"autotuned: study {outcome.study_name}, {len(outcome.probed)} probes, "
+                 f"{outcome.probe_wall_s:.0f} s of probes; model's choice was "
+                 f"{describe(table, decision.chosen, cur)}")
+    if fitted is not None:
+        notes.append(f"calibration: {profile.name} fit error {fitted.fit_error:.1%}")
+    plan = candidate_plan(spec, row, target=target, notes=notes,
+                          measured=["tokens_per_second", "step_time_s", "peak_memory_gb",
+                                    "mfu", "hours", "cost", "cost_per_million_tokens"],
+                          probes=len(outcome.probed))
+    log(f"chosen after probes: {describe(table, best, cur).rsplit(':', 1)[0]}: "
+        f"{cost:.4g} {cur}, {hours:.3g} h (measured step time)")
+    return plan, outcome
+
+
+def cmd_calibrate(args) -> int:
+    from planner.spec import load_spec
+
+    spec = load_spec(args.spec, overrides=spec_overrides(args))
+    stats, target, decision, _ = plan_space(spec)
+    if decision.chosen is None and not decision.table["fits"].any():
+        raise UserError("no candidate fits on this machine to probe", file=spec.path)
+    if decision.chosen is None:  # calibrating needs runnable configurations, not a budget
+        import numpy as np
+
+        decision.chosen = int(np.flatnonzero(decision.table["fits"])[0])
+    run_autotune(spec, decision, target, args)
+    return 0
+
+
+def cmd_history(args) -> int:
+    from tabulate import tabulate
+
+    from planner.autotune import history_rows, study_name
+    from planner.probes import hardware_fingerprint
+    from planner.spec import load_spec
+
+    spec = load_spec(args.spec, overrides=spec_overrides(args))
+    name = study_name(spec, hardware_fingerprint())
+    storage = args.storage or f"sqlite:///{Path('runs') / 'autotune' / spec.job.name / 'study.db'}"
+    try:
+        rows = history_rows(storage, name)
+    except KeyError:
+        raise UserError(f"no study {name!r} in {storage}; run 'planner optimize --probes N' "
+                        "first", key="--storage") from None
+    print(tabulate(rows, headers="keys", tablefmt="github"))
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        values = [r["measured cost"] for r in rows]
+        best, xs, ys = float("inf"), [], []
+        for r, v in zip(rows, values):
+            if v is not None:
+                best = min(best, v)
+                xs.append(r["trial"])
+                ys.append(best)
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.step(xs, ys, where="post")
+        ax.set_xlabel("trial")
+        ax.set_ylabel(f"best measured cost, {spec.constraints.currency}")
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+        print(f"wrote {args.plot}")
+    return 0
 
 
 # ---- estimate ----------------------------------------------------------------------------------

@@ -96,7 +96,12 @@ class Profile:
     source: str = setting("", "Where the specs come from.")
     peak_tflops: dict = field(default_factory=dict)
     efficiency: Efficiency = field(default_factory=Efficiency)
+    efficiency_by_precision: dict = field(default_factory=dict)  # precision -> Efficiency
     offers: tuple[Offer, ...] = ()
+
+    def efficiency_for(self, precision: str) -> Efficiency:
+        """Calibrated per precision where a calibration exists, else the profile default."""
+        return self.efficiency_by_precision.get(precision, self.efficiency)
 
     def peak_for(self, precision: str) -> float:
         """Dense peak TFLOPS used by `precision`; fp32 matmuls use TF32 where it exists
@@ -152,8 +157,22 @@ def load_profiles(directory: Path = PROFILE_DIR) -> dict[str, Profile]:
             profiles[offer.profile] = dataclasses.replace(prof, offers=prof.offers + (offer,))
     for calib in sorted((Path(directory) / "local").glob("*.toml")):
         if calib.stem in profiles:
-            data = read_toml(calib, ProfileError)
-            eff = from_table(Efficiency, data.get("efficiency", {}), file=str(calib),
-                             section="efficiency", error=ProfileError)
-            profiles[calib.stem] = dataclasses.replace(profiles[calib.stem], efficiency=eff)
+            profiles[calib.stem] = apply_calibration(profiles[calib.stem], calib)
     return profiles
+
+
+def apply_calibration(profile: Profile, path: Path) -> Profile:
+    """Merge a calibration file: [efficiency] and optional [efficiency_<precision>] tables."""
+    data = read_toml(path, ProfileError)
+    allowed = ["efficiency", "efficiency_fp32", "efficiency_fp16", "efficiency_bf16"]
+    for key in data:
+        if key not in allowed:
+            raise ProfileError(f"unknown table; allowed: {', '.join(allowed)}", file=str(path),
+                               key=key)
+    base = from_table(Efficiency, data.get("efficiency", {}), file=str(path),
+                      section="efficiency", error=ProfileError) if "efficiency" in data \
+        else profile.efficiency
+    by_precision = {key.split("_", 1)[1]: from_table(Efficiency, data[key], file=str(path),
+                                                     section=key, error=ProfileError)
+                    for key in allowed[1:] if key in data}
+    return dataclasses.replace(profile, efficiency=base, efficiency_by_precision=by_precision)

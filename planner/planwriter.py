@@ -45,7 +45,7 @@ def candidate_plan(spec: Spec, row: dict, *, target: float, notes: list[str] | N
             warmup_steps=max(1, int(steps * tr.warmup_fraction)),
             weight_decay=tr.weight_decay, precision=precision,
             fp16_opt_level=tr.fp16_opt_level if precision != "fp32" else "O1",
-            packing=tr.packing, logging_steps=max(1, min(100, steps // 100 or 1))),
+            packing=tr.packing, logging_steps=max(1, min(100, steps // 20))),
         parallel=ParallelSection(
             nnodes=row["nodes"], nproc_per_node=row["gpus_per_node"],
             data_parallel_degree=row["dp"], tensor_parallel_degree=row["tp"],

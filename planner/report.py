@@ -17,6 +17,11 @@ def _fmt_tokens(x: float) -> str:
     return f"{x:.0f}"
 
 
+def money(x: float) -> str:
+    """Amounts: thousands separators when large, 4 significant digits when small."""
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.4g}"
+
+
 def layout(row: dict) -> str:
     parts = [f"dp{row['dp']}"]
     if row["tp"] > 1:
@@ -33,7 +38,7 @@ def describe(table: CandidateTable, i: int, currency: str) -> str:
     return (f"{r['offer_choice'].label} {'spot' if r['spot'] else 'on-demand'}, "
             f"{r['nodes']} node(s) x {r['gpus_per_node']}, {r['precision']}, seq {r['seq']}, "
             f"micro {r['micro']} x acc {r['acc']}, {layout(r)}, recompute {r['recompute']}: "
-            f"{r['cost']:,.0f} {currency}, {r['hours']:,.1f} h (modelled)")
+            f"{money(r['cost'])} {currency}, {r['hours']:,.3g} h (modelled)")
 
 
 def candidate_records(table: CandidateTable, rows, currency: str, chosen: int | None) -> list:
@@ -49,8 +54,8 @@ def candidate_records(table: CandidateTable, rows, currency: str, chosen: int | 
             "prec": r["precision"], "seq": r["seq"], "micro x acc": f"{r['micro']}x{r['acc']}",
             "layout": layout(r), "recompute": r["recompute"],
             "mem GB": round(r["memory_gb"], 1), "tokens/s": round(r["tokens_per_s"]),
-            "MFU %": round(100 * r["mfu"], 1), "hours": round(r["hours"], 1),
-            f"cost {currency}": round(r["cost"], 0),
+            "MFU %": round(100 * r["mfu"], 1), "hours": float(f"{r['hours']:.3g}"),
+            f"cost {currency}": float(f"{r['cost']:.4g}"),
             f"{currency}/Mtok": round(r["cost_per_million_tokens"], 4),
         })
     return out
@@ -88,7 +93,7 @@ def per_offer_records(decision: Decision, spec_budget: float, deadline: float,
                         "price source": f"{choice.offer.source[:40]} ({choice.offer.as_of})"})
             continue
         out.append({"offer": choice.label, "status": status,
-                    "cost": f"{r['cost']:,.0f} {currency}", "hours": f"{r['hours']:,.1f}",
+                    "cost": f"{money(r['cost'])} {currency}", "hours": f"{r['hours']:,.3g}",
                     "config": f"{'spot' if r['spot'] else 'on-demand'} {r['nodes']}x"
                               f"{r['gpus_per_node']} {r['precision']} {layout(r)}",
                     "price source": f"{choice.offer.source[:40]} ({choice.offer.as_of})"})

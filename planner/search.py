@@ -148,7 +148,11 @@ def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
     shard_degree = np.where(sharded, batch_ranks, 1)
     mixed = g["precision_code"] > 0
     tokens_per_step = g["micro"] * g["acc"] * g["seq"] * batch_ranks
-    eff = prof.efficiency
+    eff = prof.efficiency  # framework constants (memory overhead, comm overlap)
+    per_precision = [prof.efficiency_for(p) for p in PRECISIONS]
+
+    def by_precision(attr: str) -> np.ndarray:
+        return np.array([getattr(e, attr) for e in per_precision])[g["precision_code"]]
 
     # memory
     mem = cm.memory_per_device_bytes(
@@ -165,8 +169,9 @@ def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
     tokens_per_rank = g["micro"] * g["acc"] * g["seq"]
     efficiency = cm.compute_efficiency(micro_batch=g["micro"], seq_len=g["seq"],
                                        hidden_per_tp=m.hidden_size / g["tp"],
-                                       eff_max=eff.max, half_tokens=eff.half_tokens,
-                                       half_hidden=eff.half_hidden)
+                                       eff_max=by_precision("max"),
+                                       half_tokens=by_precision("half_tokens"),
+                                       half_hidden=by_precision("half_hidden"))
     t_compute = tokens_per_rank * f_hw / (g["tp"] * g["pp"]) / (peak * efficiency)
 
     # communication
@@ -202,7 +207,8 @@ def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
            "shard_degree": shard_degree, "stage_code": g["stage_code"],
            "recompute_code": g["recompute_code"], "sp": g["sp"],
            "tokens_per_step": tokens_per_step, "memory_gb": mem / cm.GB, "fits": fits,
-           "efficiency": efficiency, "step_time_s": step_time,
+           "efficiency": efficiency, "hidden_per_tp": m.hidden_size / g["tp"],
+           "step_time_s": step_time,
            "compute_s": t_compute, "comm_s": t_tp + t_pp + (1 - eff.comm_overlap) * t_dp,
            "tokens_per_s": tokens_per_s, "steps": steps, "train_hours": train_hours,
            "mfu": mfu}

@@ -27,6 +27,10 @@ if __name__ == "__main__":
     from runner import quiet_third_party_warnings
 
     quiet_third_party_warnings()
+    if sys.argv[1:2] == ["probe"]:
+        from runner.probe import probe_main
+
+        sys.exit(probe_main(sys.argv[2:]))
     from runner.train import worker_main
 
     sys.exit(worker_main())

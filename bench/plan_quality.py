@@ -1,0 +1,231 @@
+"""Plan quality, tuning cost and prediction accuracy on this machine (benchmarks 1 and 2).
+
+1. An exhaustive probe grid over the CPU job's space (planner/specs/cpu_demo.toml: processes,
+   precision, seq_len, micro-batch, accumulation, recompute) measures the true cost per token
+   of every configuration (longer probes: the ground truth). Then, each from scratch:
+   (a) our planner: Optuna study seeded by the model, at most 8 short probes;
+   (b) a Paddle-auto_tuner-style grid walk: its order (larger micro-batch first, no recompute
+       first) and pruning rules (OOM at micro m prunes larger m; a fitting config without
+       recompute prunes the same with recompute: "bigger is faster"), same probe budget,
+       ranked by measured tokens/s (it has no price);
+   (c) the source article's hand-picked configuration scaled to this machine (micro 16,
+       accumulation 2, all devices, 16-bit where supported, the longest seq_len);
+   (d) the analytic model alone (shipped profile prior, no probes).
+   Regret = true cost per token of the pick / the grid's best - 1.
+2. For every grid configuration: modelled vs measured step time and peak memory, before and
+   after calibration, with the calibration fitted on a random half and scored on the other.
+
+Prints tables and writes bench/results/plan_quality.json. `--quick` uses a smaller grid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from tabulate import tabulate
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+SPEC = REPO / "planner" / "specs" / "cpu_demo.toml"
+
+
+def shipped_profiles():
+    """Profiles as shipped (no local calibration), so (d) is the model alone."""
+    from planner.hardware import load_profiles
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for f in (REPO / "hardware_profiles").glob("*.toml"):
+            (Path(tmp) / f.name).write_text(f.read_text())
+        return load_profiles(Path(tmp))
+
+
+def space(quick: bool):
+    from planner.search import allowed_offers, decide, evaluate_space
+    from planner.spec import load_spec
+
+    overrides = {}
+    if quick:
+        overrides = {"constraints.seq_lens": [64], "constraints.precisions": ["fp32"],
+                     "search.recompute": ["none", "full"]}
+    spec = load_spec(str(SPEC), overrides=overrides)
+    offers = allowed_offers(spec, shipped_profiles())
+    target = spec.job.target_tokens
+    table = evaluate_space(spec, offers, target)
+    return spec, table, decide(spec, table, target), target
+
+
+def true_cost(table, i, step_time: float) -> float:
+    """Cost per million tokens at a measured step time (price x nodes x time / tokens)."""
+    return table["price_node_hour"][i] * table["nodes"][i] * step_time / 3600 / \
+        table["tokens_per_step"][i] * 1e6
+
+
+def describe(table, i) -> str:
+    r = table.row(int(i))
+    return (f"{r['gpus_per_node']}p {r['precision']} s{r['seq']} m{r['micro']}x{r['acc']} "
+            f"{r['recompute']}")
+
+
+def auto_tuner_walk(spec, table, rows, target, probe, budget: int):
+    """Paddle auto_tuner's order and pruning, on the same probe mechanism; best tokens/s."""
+    from planner.planwriter import candidate_plan
+
+    order = sorted(rows, key=lambda i: (-table["gpus_per_node"][i], table["precision_code"][i],
+                                        -table["seq"][i], -table["micro"][i],
+                                        table["recompute_code"][i], table["acc"][i]))
+    tried, ooms, fits_no_recompute, results = 0, [], set(), {}
+    wall = 0.0
+    for i in order:
+        if tried >= budget:
+            break
+        rest = (table["gpus_per_node"][i], table["precision_code"][i], table["seq"][i],
+                table["acc"][i])
+        if any(rest == o[0] and table["micro"][i] >= o[1] for o in ooms):
+            continue  # prune_by_mbs
+        if table["recompute_code"][i] > 0 and (rest, table["micro"][i]) in fits_no_recompute:
+            continue  # prune_by_recompute: "no recompute is faster"
+        result = probe.run(candidate_plan(spec, table.row(int(i)), target=target))
+        tried += 1
+        wall += result.wall_s
+        if result.status == "oom":
+            ooms.append((rest, table["micro"][i]))
+            continue
+        if result.ok:
+            results[int(i)] = result
+            if table["recompute_code"][i] == 0:
+                fits_no_recompute.add((rest, table["micro"][i]))
+    best = max(results, key=lambda i: results[i].tokens_per_second) if results else None
+    return best, wall, tried
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller grid, shorter probes")
+    parser.add_argument("--probes", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    from planner import calibration
+    from planner.autotune import TuneSettings, tune
+    from planner.planwriter import candidate_plan
+    from planner.probes import LocalProbe, ProbeCache
+
+    spec, table, decision, target = space(args.quick)
+    rows = np.flatnonzero(table["fits"])
+    work = Path(tempfile.mkdtemp(prefix="plan_quality-"))
+    grid_probe = LocalProbe(work / "grid", steps=4 if args.quick else 8, warmup=2)
+    short = dict(steps=3, warmup=1)
+
+    # ---- ground truth: every configuration, longer probes ----
+    grid, grid_wall = {}, 0.0
+    started = time.time()
+    for n, i in enumerate(rows, 1):
+        result = grid_probe.run(candidate_plan(spec, table.row(int(i)), target=target))
+        grid_wall += result.wall_s
+        grid[int(i)] = result
+        print(f"grid {n}/{len(rows)} {describe(table, i)}: {result.status} "
+              f"{result.step_time_s * 1000:.0f} ms", flush=True)
+    ok = {i: r for i, r in grid.items() if r.ok}
+    truth = {i: true_cost(table, i, r.step_time_s) for i, r in ok.items()}
+    best_true = min(truth.values())
+    best_row = min(truth, key=truth.get)
+
+    def regret(i):
+        return truth[i] / best_true - 1 if i in truth else float("nan")
+
+    # ---- (a) our planner ----
+    tuned_spec = dataclasses.replace(spec, job=dataclasses.replace(spec.job,
+                                                                   cache_dir=str(work / "c")))
+    settings = TuneSettings(probes=args.probes, trials=400, seed=args.seed, **short)
+    ours = tune(tuned_spec, table, rows, target=target, work_dir=work / "ours",
+                settings=settings, backend=LocalProbe(work / "ours", **short),
+                cache=ProbeCache(work / "ours" / "cache.jsonl"))
+    # ---- (b) auto_tuner-style walk ----
+    walk_best, walk_wall, walk_tried = auto_tuner_walk(
+        spec, table, rows, target, LocalProbe(work / "walk", **short), args.probes)
+    # ---- (c) the article's configuration, scaled ----
+    article = [i for i in rows if table["micro"][i] == 16 and table["acc"][i] == 2 and
+               table["gpus_per_node"][i] == table["gpus_per_node"][rows].max() and
+               table["seq"][i] == table["seq"][rows].max() and table["recompute_code"][i] == 0]
+    article = sorted(article, key=lambda i: -table["precision_code"][i])[:1]
+    # ---- (d) the model alone ----
+    model_pick = decision.chosen
+
+    results = [
+        ("(a) planner, <= %d probes" % args.probes, ours.best_row, ours.probe_wall_s,
+         len(ours.probed)),
+        ("(b) auto_tuner-style walk", walk_best, walk_wall, walk_tried),
+        ("(c) article's config, scaled", article[0] if article else None, 0.0, 0),
+        ("(d) analytic model alone", model_pick, 0.0, 0),
+        ("exhaustive grid (truth)", best_row, grid_wall, len(rows)),
+    ]
+    quality = [{"method": name, "pick": describe(table, i) if i is not None else "-",
+                "true cost USD/Mtok": truth.get(i) if i is not None else None,
+                "regret": regret(i) if i is not None else None, "probes": probes,
+                "probe wall s": wall, "share of grid probe time": wall / grid_wall}
+               for name, i, wall, probes in results]
+    print(tabulate([[q["method"], q["pick"], f"{q['true cost USD/Mtok']:.5f}" if
+                     q["true cost USD/Mtok"] else "-",
+                     f"{q['regret']:.1%}" if q["regret"] is not None else "-", q["probes"],
+                     f"{q['probe wall s']:.0f}", f"{q['share of grid probe time']:.1%}"]
+                    for q in quality],
+                   headers=["method", "pick", "true USD/Mtok (measured)", "regret", "probes",
+                            "probe s", "of grid time"], tablefmt="github"))
+
+    # ---- 2. prediction accuracy, held-out calibration ----
+    keys = sorted(ok)
+    random.Random(args.seed).shuffle(keys)
+    train, test = keys[: len(keys) // 2], keys[len(keys) // 2:]
+    profile = table.offers[int(table["offer"][keys[0]])].profile
+    fitted = calibration.fit(table, {i: ok[i] for i in train}, profile, fingerprint="bench")
+
+    def ape(pred, meas):
+        return abs(pred - meas) / meas
+
+    before = [ape(table["step_time_s"][i], ok[i].step_time_s) for i in test]
+    after = [ape(calibration.predicted_step(table, i, fitted.by_precision[
+        ("fp32", "fp16", "bf16")[table["precision_code"][i]]]), ok[i].step_time_s)
+        for i in test if ("fp32", "fp16", "bf16")[table["precision_code"][i]] in
+        fitted.by_precision]
+    memory = [ape(table["memory_gb"][i], ok[i].peak_memory_gb) for i in keys]
+    accuracy = {
+        "held_out_configs": len(test), "calibration_configs": len(train),
+        "step_time_ape_before_median": statistics.median(before),
+        "step_time_ape_before_worst": max(before),
+        "step_time_ape_after_median": statistics.median(after),
+        "step_time_ape_after_worst": max(after),
+        "memory_ape_median": statistics.median(memory), "memory_ape_worst": max(memory),
+        "oom_or_failed_in_grid": len(grid) - len(ok),
+    }
+    print(tabulate([[k, f"{v:.1%}" if "ape" in k else v] for k, v in accuracy.items()],
+                   headers=["prediction accuracy (modelled vs measured)", "value"],
+                   tablefmt="github"))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "plan_quality.json"
+    out.write_text(json.dumps({
+        "date": dt.datetime.now().isoformat(timespec="seconds"), "quick": args.quick,
+        "command": "python bench/plan_quality.py" + (" --quick" if args.quick else ""),
+        "grid_size": len(rows), "grid_wall_s": time.time() - started, "quality": quality,
+        "accuracy": accuracy,
+        "grid": [{"config": describe(table, i), "status": r.status,
+                  "measured_step_s": r.step_time_s, "modelled_step_s":
+                  float(table["step_time_s"][i]), "measured_memory_gb": r.peak_memory_gb,
+                  "modelled_memory_gb": float(table["memory_gb"][i]),
+                  "true_cost_per_mtok": truth.get(i)} for i, r in grid.items()]},
+        indent=1))
+    print(f"wrote {out.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

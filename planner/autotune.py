@@ -1,0 +1,273 @@
+"""Autotuning: an Optuna study over the locally runnable candidates, driven by real probes.
+
+- One study per (spec hash, hardware fingerprint), in persistent storage: SQLite in the run
+  directory by default, any RDB URL, or an Optuna journal file (several machines, one study).
+  Re-running resumes; a configuration already probed (in this study or the probe cache) is
+  never probed again.
+- The analytic model's best candidates are enqueued first; then TPE (or NSGA-II for the
+  cost/time front) explores. Infeasible trials (predicted or measured OOM, over budget) are
+  reported as trial constraints (`Trial.set_constraint`), so they inform the sampler instead of scoring zero.
+- Safe monotonic pruning only: OOM at micro-batch m implies OOM above m with the rest equal,
+  and OOM with some recompute implies OOM with less. Priors such as "bigger is faster" are
+  never used to skip a probe.
+- Measured step times calibrate the profile's efficiency curve (planner.calibration).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from planner.planwriter import candidate_plan
+from planner.probes import LocalProbe, ProbeCache, ProbeResult, config_key
+from planner.search import CandidateTable
+from planner.spec import Spec
+
+DIMENSIONS = ("seq", "micro", "acc", "precision_code", "offer", "recompute_code", "tp", "pp",
+              "stage_code", "sp", "nodes")
+CONSTRAINT_ATTR = "constraint"
+
+
+@dataclass
+class TuneSettings:
+    probes: int = 8                 # real probe runs at most
+    probe_time_s: float = 600.0     # total probe wall time at most
+    trials: int = 200               # trials in all (model-only ones included)
+    seed: int = 0
+    storage: str = ""               # '' = sqlite file in the work dir; URL; or *.journal path
+    multi_objective: bool = False   # NSGA-II on (cost, hours)
+    enqueue: int = 3                # analytic best candidates tried first
+    steps: int = 5
+    warmup: int = 2
+    timeout_s: float = 180.0
+
+
+@dataclass
+class TuneOutcome:
+    study_name: str
+    storage: str
+    probed: dict[int, ProbeResult] = field(default_factory=dict)   # row -> result
+    reused: int = 0
+    probe_wall_s: float = 0.0
+    best_row: int | None = None
+
+
+def _rdb_storage(url: str, attempts: int = 8):
+    """RDBStorage, retried: planners starting together race to create the schema."""
+    import random
+
+    import optuna
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
+    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    for attempt in range(attempts):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        except (IntegrityError, OperationalError):
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.2 + random.random() * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def storage_for(settings: TuneSettings, work_dir: Path):
+    if not settings.storage:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite:///{work_dir / 'study.db'}"
+        return _rdb_storage(url), url
+    if "://" in settings.storage:
+        return _rdb_storage(settings.storage), settings.storage
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    return JournalStorage(JournalFileBackend(settings.storage)), settings.storage
+
+
+def study_name(spec: Spec, fingerprint: str) -> str:
+    return f"{spec.job.name}-{spec.sha256[:10]}-{fingerprint.split()[0]}"
+
+
+def _key_of_row(table: CandidateTable, i: int) -> tuple:
+    return tuple(int(table[d][i]) for d in DIMENSIONS)
+
+
+def _choices(table: CandidateTable, rows: np.ndarray) -> dict[str, list[int]]:
+    return {d: sorted({int(v) for v in table[d][rows]}) for d in DIMENSIONS}
+
+
+def implied_oom(table: CandidateTable, i: int, ooms: list[int]) -> bool:
+    """Safe rule: OOM at (micro m, recompute r) implies OOM at micro >= m, recompute <= r."""
+    for j in ooms:
+        same = all(table[d][i] == table[d][j] for d in DIMENSIONS
+                   if d not in ("micro", "recompute_code"))
+        if same and table["micro"][i] >= table["micro"][j] and \
+                table["recompute_code"][i] <= table["recompute_code"][j]:
+            return True
+    return False
+
+
+def measured_cost(table: CandidateTable, i: int, result: ProbeResult) -> tuple[float, float]:
+    """(cost, hours) with the measured step time in place of the modelled one."""
+    scale = result.step_time_s / table["step_time_s"][i]
+    startup = table["hours"][i] - table["train_hours"][i] / table["useful_fraction"][i]
+    hours = table["train_hours"][i] * scale / table["useful_fraction"][i] + startup
+    return table["price_node_hour"][i] * table["nodes"][i] * hours, hours
+
+
+def tune(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: float,
+         work_dir: Path, settings: TuneSettings, backend: LocalProbe | None = None,
+         cache: ProbeCache | None = None, progress=None) -> TuneOutcome:
+    """Run (or resume) the study; returns what was probed. `local_rows` index `table`."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    backend = backend or LocalProbe(work_dir, steps=settings.steps, warmup=settings.warmup,
+                                    timeout_s=settings.timeout_s)
+    cache = cache or ProbeCache(Path(spec.job.cache_dir) / "probes.jsonl")
+    fingerprint = backend.fingerprint
+    storage, url = storage_for(settings, work_dir)
+    name = study_name(spec, fingerprint)
+
+    # Constraints go through Trial.set_constraint (Optuna 5): feasible when <= 0; the samplers
+    # read them, so infeasible trials steer the search instead of scoring zero.
+    if settings.multi_objective:
+        sampler = optuna.samplers.NSGAIISampler(seed=settings.seed)
+        directions = ["minimize", "minimize"]
+    else:
+        sampler = optuna.samplers.TPESampler(seed=settings.seed,
+                                             n_startup_trials=max(2, settings.enqueue))
+        directions = ["minimize"]
+    study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+                                directions=directions, load_if_exists=True)
+    rows_by_key = {_key_of_row(table, int(i)): int(i) for i in local_rows}
+    choices = _choices(table, local_rows)
+    outcome = TuneOutcome(name, url)
+
+    # What this study already knows (resume): never probe a configuration twice.
+    done: dict[tuple, dict] = {}
+    for t in study.get_trials(deepcopy=False):
+        a = t.user_attrs
+        if t.state == optuna.trial.TrialState.COMPLETE and "row_key" in a and \
+                a.get("status") != "repeat":
+            done[tuple(a["row_key"])] = {"values": list(t.values), "status": a.get("status"),
+                                         "violation": a.get(CONSTRAINT_ATTR, [0.0])[0],
+                                         "number": t.number, "probe": a.get("probe")}
+    ooms = [rows_by_key[k] for k, d in done.items()
+            if d["status"] == "oom" and k in rows_by_key]
+    for key, d in done.items():
+        if key in rows_by_key and d["status"] == "ok":
+            outcome.probed[rows_by_key[key]] = ProbeResult(**d["probe"])
+
+    if not done:  # seed with the model's best, cheapest first
+        order = local_rows[np.argsort(table["cost"][local_rows])]
+        for i in order[:settings.enqueue]:
+            study.enqueue_trial({d: int(table[d][i]) for d in DIMENSIONS if
+                                 len(choices[d]) > 1}, skip_if_exists=True)
+
+    budget, deadline = spec.constraints.budget, spec.constraints.deadline_hours
+    probes_run = 0
+    start_trials = len(study.trials)
+    worst = float(np.max(table["cost"][local_rows])) * 10
+    while len(study.trials) - start_trials < settings.trials:
+        if probes_run >= settings.probes or outcome.probe_wall_s >= settings.probe_time_s:
+            break
+        if sum(k in rows_by_key for k in done) >= len(rows_by_key):
+            break  # every local configuration has been tried
+        trial = study.ask()
+        params = {d: (trial.suggest_categorical(d, choices[d]) if len(choices[d]) > 1
+                      else choices[d][0]) for d in DIMENSIONS}
+        key = tuple(int(params[d]) for d in DIMENSIONS)
+        row = rows_by_key.get(key)
+
+        def finish(values, violation, status, **attrs):
+            trial.set_user_attr(CONSTRAINT_ATTR, [violation])
+            trial.set_constraint("memory_budget_deadline", violation)
+            trial.set_user_attr("status", status)
+            trial.set_user_attr("row_key", list(key))
+            for k, v in attrs.items():
+                trial.set_user_attr(k, v)
+            study.tell(trial, values if settings.multi_objective else values[0])
+            if status != "repeat":
+                done.setdefault(key, {"values": values, "status": status,
+                                      "violation": violation, "number": trial.number,
+                                      "probe": attrs.get("probe")})
+
+        if row is None:  # not a valid layout under Paddle's rules / the batch range
+            finish([worst, worst], 1.0, "invalid")
+            continue
+        modelled = {"modelled_step_s": float(table["step_time_s"][row]),
+                    "modelled_memory_gb": float(table["memory_gb"][row]),
+                    "modelled_cost": float(table["cost"][row])}
+        if key in done:  # the sampler proposed a configuration we already know: no probe
+            prev = done[key]
+            values = prev["values"] + [prev["values"][-1]] * (2 - len(prev["values"]))
+            finish(values, prev["violation"], "repeat", repeat_of=prev["number"],
+                   repeat_status=prev["status"], **modelled)
+            continue
+        if not table["fits"][row]:
+            finish([worst, worst], 1.0, "predicted oom", **modelled)
+            continue
+        if implied_oom(table, row, ooms):
+            finish([worst, worst], 1.0, "oom (implied)", **modelled)
+            continue
+        plan = candidate_plan(spec, table.row(row), target=target)
+        result = cache.get(fingerprint, config_key(plan))
+        cached = result is not None
+        if not cached:
+            result = backend.run(plan)
+            probes_run += 1
+            outcome.probe_wall_s += result.wall_s
+            cache.put(result)
+        else:
+            outcome.reused += 1
+        if progress is not None:
+            progress(result, table, row, cached)
+        attrs = modelled | {"probe": result.__dict__}
+        if not result.ok:
+            if result.status == "oom":
+                ooms.append(row)
+            finish([worst, worst], 1.0, result.status, **attrs)
+            continue
+        outcome.probed[row] = result
+        cost, hours = measured_cost(table, row, result)
+        violation = max(0.0, (cost - budget) / budget if budget else 0.0,
+                        (hours - deadline) / deadline if deadline else 0.0)
+        finish([cost, hours], violation, "ok", measured_cost=cost, measured_hours=hours,
+               **attrs)
+    ok = [(measured_cost(table, i, r)[0], i) for i, r in outcome.probed.items()
+          if _within(spec, *measured_cost(table, i, r))]
+    outcome.best_row = min(ok)[1] if ok else None
+    return outcome
+
+
+def _within(spec: Spec, cost: float, hours: float) -> bool:
+    c = spec.constraints
+    return (not c.budget or cost <= c.budget) and (not c.deadline_hours or
+                                                   hours <= c.deadline_hours)
+
+
+def history_rows(storage, name: str) -> list[dict]:
+    """The study's trials for `planner history`."""
+    import optuna
+
+    study = optuna.load_study(study_name=name, storage=storage)
+    rows = []
+    for t in study.trials:
+        a = t.user_attrs
+        probe = a.get("probe") or {}
+        measured = probe.get("step_time_s") or 0.0
+        modelled = a.get("modelled_step_s") or 0.0
+        rows.append({
+            "trial": t.number, "status": a.get("status", t.state.name.lower()),
+            "config": {k: v for k, v in t.params.items()},
+            "modelled step s": round(modelled, 4) if modelled else None,
+            "measured step s": round(measured, 4) if measured else None,
+            "error %": round(100 * (modelled - measured) / measured, 1)
+            if measured and modelled else None,
+            "measured cost": a.get("measured_cost"),
+        })
+    return rows
+

@@ -1,0 +1,129 @@
+"""Fit a profile's efficiency curve to probe measurements, and write it as a local override.
+
+The cost model's compute time is FLOPs / (peak x eff(T, H)) with
+eff = max · T/(T + T½) · H/(H + H½) (planner.costmodel.compute_efficiency). From a measured
+step time we subtract the modelled non-compute part (communication, optimizer) to get the
+efficiency the hardware really reached, then fit `max` and `T½` per precision by least squares
+in log space (`H½` keeps its prior: the probes of one model all share h, so it is not
+identifiable from them). The fit error is the median absolute relative error of the step
+times the calibrated model predicts for the probed points.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tomli_w
+
+from planner.hardware import PROFILE_DIR, Efficiency, Profile
+from planner.probes import ProbeResult
+from planner.search import PRECISIONS, CandidateTable
+from runner.tomlconf import write_text_atomic
+
+
+@dataclass(frozen=True)
+class Calibration:
+    profile: str
+    by_precision: dict          # precision -> Efficiency
+    points: int
+    fit_error: float            # median |predicted - measured| / measured, step time
+    worst_error: float
+
+
+def _achieved_efficiency(table: CandidateTable, i: int, measured_step: float) -> float | None:
+    other = table["step_time_s"][i] - table["compute_s"][i]  # pp = 1 on probed hardware
+    compute = measured_step - other
+    if compute <= 0:
+        return None
+    return float(table["efficiency"][i] * table["compute_s"][i] / compute)
+
+
+def _curve(params, tokens, hidden, half_hidden):
+    emax, half_tokens = params
+    return emax * tokens / (tokens + half_tokens) * hidden / (hidden + half_hidden)
+
+
+def predicted_step(table: CandidateTable, i: int, eff: Efficiency) -> float:
+    tokens = table["micro"][i] * table["seq"][i]
+    hidden = _hidden_per_tp(table, i)
+    new = _curve((eff.max, eff.half_tokens), tokens, hidden, eff.half_hidden)
+    other = table["step_time_s"][i] - table["compute_s"][i]
+    return float(table["compute_s"][i] * table["efficiency"][i] / new + other)
+
+
+def _hidden_per_tp(table: CandidateTable, i: int) -> float:
+    # efficiency = emax·T/(T+t½)·H/(H+h½) was evaluated with the model's h / tp
+    return float(table.columns.get("hidden_per_tp", np.full(len(table), np.nan))[i])
+
+
+def fit(table: CandidateTable, probed: dict[int, ProbeResult], profile: Profile,
+        *, fingerprint: str) -> Calibration | None:
+    from scipy.optimize import least_squares
+
+    by_precision = {}
+    for code, precision in enumerate(PRECISIONS):
+        rows = [(i, r) for i, r in probed.items() if r.ok and table["precision_code"][i] == code]
+        points = []
+        for i, r in rows:
+            achieved = _achieved_efficiency(table, i, r.step_time_s)
+            if achieved:
+                points.append((table["micro"][i] * table["seq"][i], _hidden_per_tp(table, i),
+                               achieved))
+        if not points:
+            continue
+        prior = profile.efficiency_for(precision)
+        tokens = np.array([p[0] for p in points], dtype=float)
+        hidden = np.array([p[1] for p in points], dtype=float)
+        achieved = np.array([p[2] for p in points])
+        distinct = len(set(tokens.tolist()))
+
+        def residual(params):
+            return np.log(_curve(params, tokens, hidden, prior.half_hidden)) - np.log(achieved)
+
+        if distinct >= 2:
+            sol = least_squares(residual, x0=[min(0.99, prior.max), prior.half_tokens],
+                                bounds=([1e-4, 1.0], [1.0, 1e7]))
+            emax, half = sol.x
+        else:  # one work size: only the level is identifiable
+            half = prior.half_tokens
+            sol = least_squares(lambda p: residual([p[0], half]), x0=[min(0.99, prior.max)],
+                                bounds=([1e-4], [1.0]))
+            emax = sol.x[0]
+        by_precision[precision] = dataclasses.replace(
+            prior, max=float(emax), half_tokens=float(half),
+            source=f"calibrated from {len(points)} probe(s) on this machine",
+            calibrated_on=fingerprint, calibrated_at=dt.date.today().isoformat())
+    if not by_precision:
+        return None
+    errors = []
+    for i, r in probed.items():
+        precision = PRECISIONS[table["precision_code"][i]]
+        if r.ok and precision in by_precision:
+            errors.append(abs(predicted_step(table, i, by_precision[precision]) -
+                              r.step_time_s) / r.step_time_s)
+    fit_error = statistics.median(errors) if errors else 0.0
+    by_precision = {p: dataclasses.replace(e, fit_error=round(fit_error, 4))
+                    for p, e in by_precision.items()}
+    return Calibration(profile.name, by_precision, len(errors), fit_error,
+                       max(errors) if errors else 0.0)
+
+
+def apply(profile: Profile, calibration: Calibration) -> Profile:
+    return dataclasses.replace(profile, efficiency_by_precision=dict(calibration.by_precision))
+
+
+def write(calibration: Calibration, directory: Path = PROFILE_DIR) -> Path:
+    """hardware_profiles/local/<profile>.toml: [efficiency_<precision>] per fitted precision."""
+    data = {f"efficiency_{p}": dataclasses.asdict(e) for p, e in
+            calibration.by_precision.items()}
+    header = (f"# Calibration of profile '{calibration.profile}' written by the planner on "
+              f"{dt.date.today().isoformat()} from {calibration.points} probe(s); median "
+              f"step-time error {calibration.fit_error:.1%}. Machine-specific: not in git.\n")
+    path = Path(directory) / "local" / f"{calibration.profile}.toml"
+    write_text_atomic(path, header + tomli_w.dumps(data))
+    return path

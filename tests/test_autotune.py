@@ -1,0 +1,176 @@
+"""Autotuning: probe failure classification (real probes), the Optuna study's behaviour with a
+scripted backend (resume, no repeated probe, safe OOM pruning, two planners on one SQLite
+study), and calibration."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tomli_w
+
+from conftest import BASE_PLAN, merge
+from planner.autotune import TuneSettings, implied_oom, tune
+from planner.calibration import fit
+from planner.hardware import load_profiles
+from planner.probes import LocalProbe, ProbeCache, ProbeResult, config_key
+from planner.search import allowed_offers, decide, evaluate_space
+from planner.spec import load_spec
+from runner.plan import plan_from_dict
+
+CPU_SPEC = Path(__file__).resolve().parents[1] / "planner" / "specs" / "cpu_demo.toml"
+
+# ---- real probes -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tiny_plan(tmp_path):
+    return plan_from_dict(merge(BASE_PLAN, {"job": {"output_dir": str(tmp_path / "run")}}))
+
+
+def test_probe_ok_measures(tiny_plan, tmp_path):
+    result = LocalProbe(tmp_path, steps=3, warmup=1, fingerprint="fp").run(tiny_plan)
+    assert result.status == "ok", result.detail
+    assert result.step_time_s > 0 and result.tokens_per_second > 0
+    assert result.peak_memory_gb > 0.1
+
+
+def test_probe_oom_is_classified(tiny_plan, tmp_path):
+    big = plan_from_dict(merge(BASE_PLAN, {"training": {"per_device_train_batch_size": 512}}))
+    result = LocalProbe(tmp_path, steps=2, warmup=1, memory_limit_gb=0.7,
+                        fingerprint="fp").run(big)
+    assert result.status == "oom", result.detail
+    assert "MemoryError" in result.detail or "ResourceExhausted" in result.detail
+
+
+def test_probe_crash_is_classified(tiny_plan, tmp_path):
+    result = LocalProbe(tmp_path, steps=2, warmup=1, fault="crash",
+                        fingerprint="fp").run(tiny_plan)
+    assert result.status == "crash" and "injected crash" in result.detail
+
+
+def test_probe_hang_times_out_and_leaves_nothing_running(tiny_plan, tmp_path):
+    result = LocalProbe(tmp_path, steps=2, warmup=1, fault="hang", timeout_s=20,
+                        fingerprint="fp").run(tiny_plan)
+    assert result.status == "timeout"
+    assert 20 <= result.wall_s < 40
+
+
+# ---- the study, with a scripted backend ------------------------------------------------------
+
+
+class ScriptedProbe:
+    """Measures 'step time = modelled x 1.3'; OOM above micro 16 in fp32 with no recompute."""
+
+    fingerprint = "scripted"
+
+    def __init__(self, log: list | None = None):
+        self.calls = log if log is not None else []
+
+    def run(self, plan):
+        key = config_key(plan)
+        self.calls.append(key)
+        t = plan.training
+        if t.per_device_train_batch_size > 16 and plan.parallel.recompute == "none" and \
+                t.precision == "fp32":
+            return ProbeResult(key, "oom", fingerprint=self.fingerprint, wall_s=1.0)
+        step = plan.estimate.step_time_s * 1.3
+        return ProbeResult(key, "ok", step_time_s=step, tokens_per_second=plan.tokens_per_step
+                           / step, peak_memory_gb=plan.estimate.peak_memory_gb,
+                           fingerprint=self.fingerprint, wall_s=1.0)
+
+
+def cpu_space():
+    spec = load_spec(str(CPU_SPEC))
+    offers = allowed_offers(spec, load_profiles())
+    target = spec.job.target_tokens
+    table = evaluate_space(spec, offers, target)
+    decision = decide(spec, table, target)
+    rows = np.flatnonzero(table["fits"])
+    return spec, table, decision, rows, target
+
+
+def run_tune(tmp_path, probes, log, seed=0, storage=""):
+    spec, table, _, rows, target = cpu_space()
+    settings = TuneSettings(probes=probes, trials=300, seed=seed, storage=storage)
+    cache = ProbeCache(tmp_path / f"cache-{seed}.jsonl")
+    return tune(spec, table, rows, target=target, work_dir=tmp_path, settings=settings,
+                backend=ScriptedProbe(log), cache=cache), table
+
+
+def test_study_probes_within_budget_and_resumes_without_repeats(tmp_path):
+    calls: list = []
+    first, table = run_tune(tmp_path, 4, calls)
+    assert len(calls) == 4
+    second, _ = run_tune(tmp_path, 4, calls)  # same storage: resumes
+    assert len(calls) == 8
+    assert len(set(calls)) == 8  # no configuration probed twice
+    assert len(second.probed) >= len(first.probed)
+    assert second.best_row is not None
+    # the best measured configuration is the cheapest measured one
+    costs = {i: table["cost"][i] * r.step_time_s / table["step_time_s"][i]
+             for i, r in second.probed.items()}
+    assert second.best_row == min(costs, key=costs.get) or \
+        abs(costs[second.best_row] - min(costs.values())) < 1e-3 * min(costs.values())
+
+
+def test_oom_implication_is_monotone():
+    spec, table, _, rows, _ = cpu_space()
+    dims = ["seq", "acc", "precision_code", "offer", "tp", "pp", "stage_code", "sp", "nodes"]
+    for base in [i for i in rows if table["micro"][i] == 16 and table["recompute_code"][i] == 0]:
+        same = [i for i in rows if all(table[x][i] == table[x][base] for x in dims)]
+        bigger = [i for i in same if table["micro"][i] > 16 and table["recompute_code"][i] == 0]
+        smaller = [i for i in same if table["micro"][i] < 16]
+        more_recompute = [i for i in same if table["micro"][i] == 16 and
+                          table["recompute_code"][i] > 0]
+        if bigger and smaller and more_recompute:
+            break
+    else:
+        pytest.fail("the cpu_demo space has no micro-16 candidate with neighbours")
+    assert all(implied_oom(table, i, [base]) for i in bigger)
+    assert not any(implied_oom(table, i, [base]) for i in smaller)
+    assert not any(implied_oom(table, i, [base]) for i in more_recompute)  # may fit
+
+
+def _worker(path: str, seed: int, queue) -> None:
+    try:
+        outcome, _ = run_tune(Path(path), 3, [], seed=seed,
+                              storage=f"sqlite:///{Path(path) / 'shared.db'}")
+        queue.put(("ok", len(outcome.probed)))
+    except Exception as exc:  # report to the parent
+        queue.put(("error", repr(exc)))
+
+
+def test_two_planners_share_one_sqlite_study(tmp_path):
+    import optuna
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(str(tmp_path), seed, queue)) for seed in (1, 2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    results = [queue.get(timeout=10) for _ in procs]
+    assert all(status == "ok" for status, _ in results), results
+    studies = optuna.get_all_study_summaries(storage=f"sqlite:///{tmp_path / 'shared.db'}")
+    assert len(studies) == 1
+    study = optuna.load_study(study_name=studies[0].study_name,
+                              storage=f"sqlite:///{tmp_path / 'shared.db'}")
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(complete) == len(study.trials)  # nothing left half-done or corrupt
+
+
+def test_calibration_recovers_a_uniform_slowdown():
+    """If every probe is 30% slower than modelled, the fitted curve predicts that."""
+    spec, table, _, rows, _ = cpu_space()
+    profile = table.offers[0].profile
+    chosen = [i for i in rows if table["precision_code"][i] == 0][:: max(1, len(rows) // 12)]
+    probed = {int(i): ProbeResult("k", "ok", step_time_s=float(table["step_time_s"][i]) * 1.3)
+              for i in chosen}
+    calib = fit(table, probed, profile, fingerprint="fp")
+    assert calib is not None and "fp32" in calib.by_precision
+    assert calib.fit_error < 0.10
+    assert calib.by_precision["fp32"].max < profile.efficiency_for("fp32").max
