@@ -118,11 +118,18 @@ def main() -> int:
     one_proc = {"parallel": {"nproc_per_node": 1, "data_parallel_degree": 1}}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        long = {"model": {"max_position_embeddings": 256}}
         rows = [
             run_variant("dp2_packed", {}, steps, work),
             run_variant("dp1_packed", one_proc, steps, work),
             run_variant("dp1_padded", one_proc | {"training": {"packing": False}}, steps,
                         work),
+            # longer windows: the article pads each sentence to max_length
+            run_variant("dp1_packed_s256", one_proc | long | {
+                "training": {"seq_len": 256, "per_device_train_batch_size": 2}}, steps, work),
+            run_variant("dp1_padded_s256", one_proc | long | {
+                "training": {"seq_len": 256, "per_device_train_batch_size": 2,
+                             "packing": False}}, steps, work),
         ]
         bare = python_json(BARE_LOOP, rows[1]["plan"], str(max(20, steps // 2)))
     peak = python_json(PEAK)["peak_tflops"]
@@ -140,6 +147,9 @@ def main() -> int:
         "packed_over_padded_useful_tokens_per_s": packed["useful_tokens_per_s"] /
         padded["useful_tokens_per_s"],
         "padded_useful_fraction": padded["useful_fraction"],
+        "packed_over_padded_useful_tokens_per_s_seq256": rows[3]["useful_tokens_per_s"] /
+        rows[4]["useful_tokens_per_s"],
+        "padded_useful_fraction_seq256": rows[4]["useful_fraction"],
         "runner_overhead_vs_bare_loop": packed["step_time_s"] / bare_step - 1,
         "bare_loop_step_time_s": bare_step,
         "matmul_peak_tflops_all_threads": peak, "matmul_peak_tflops_one_thread": peak_1t,

@@ -76,24 +76,11 @@ class SyntheticBatches:
 
 
 def run_probe(plan, *, steps: int, warmup: int, memory_limit_gb: float, fault: str) -> dict:
-    from runner.train import Trainer, build_optimizer, build_scaler, distribute, init_distributed
-
-    import paddle
-    from paddle.utils import unique_name
-
-    from runner.model import build_model
+    from runner.train import Trainer, build_training_state, distribute, init_distributed
 
     started = time.time()
     rank = init_distributed(plan)
-    paddle.seed(plan.job.seed)
-    with unique_name.guard():
-        model = build_model(plan.model, plan.parallel, seq_len=plan.training.seq_len)
-        optimizer = build_optimizer(plan, model)
-    scaler = build_scaler(plan)
-    if plan.training.fp16_opt_level == "O2":
-        dtype = "float16" if plan.training.precision == "fp16" else "bfloat16"
-        model, optimizer = paddle.amp.decorate(models=model, optimizers=optimizer, level="O2",
-                                               dtype=dtype, master_weight=True)
+    model, optimizer, scaler = build_training_state(plan)
     trainer = Trainer(plan, rank, model, optimizer, scaler,
                       SyntheticBatches(plan, plan.job.seed + rank.rank))
     distribute(trainer)

@@ -266,9 +266,6 @@ class StopSignal:
 # ---- the run ---------------------------------------------------------------------------------
 
 def build_trainer(plan: Plan, data_dir: Path, rank: RankInfo) -> Trainer:
-    import paddle
-    from paddle.utils import unique_name
-
     data = open_prepared(data_dir)
     if data.meta["vocab_size"] > plan.model.vocab_size:
         raise RuntimeError("prepared data vocabulary exceeds model.vocab_size")
@@ -277,6 +274,16 @@ def build_trainer(plan: Plan, data_dir: Path, rank: RankInfo) -> Trainer:
         dataset.num_samples, seed=plan.job.seed, micro_batch=plan.training
         .per_device_train_batch_size, accumulation=plan.training.gradient_accumulation_steps,
         batch_ranks=plan.parallel.batch_ranks)
+    model, optimizer, scaler = build_training_state(plan)
+    return Trainer(plan, rank, model, optimizer, scaler, BatchSource(dataset, sampler,
+                                                                     rank=rank.batch_rank))
+
+
+def build_training_state(plan: Plan):
+    """Model, optimizer and loss scaler exactly as a run builds them (probes use this too)."""
+    import paddle
+    from paddle.utils import unique_name
+
     paddle.seed(plan.job.seed)
     with unique_name.guard():  # stable parameter names -> optimizer state keys match on resume
         model = build_model(plan.model, plan.parallel, seq_len=plan.training.seq_len)
@@ -286,8 +293,7 @@ def build_trainer(plan: Plan, data_dir: Path, rank: RankInfo) -> Trainer:
         dtype = "float16" if plan.training.precision == "fp16" else "bfloat16"
         model, optimizer = paddle.amp.decorate(models=model, optimizers=optimizer, level="O2",
                                                dtype=dtype, master_weight=True)
-    return Trainer(plan, rank, model, optimizer, scaler, BatchSource(dataset, sampler,
-                                                                     rank=rank.batch_rank))
+    return model, optimizer, scaler
 
 
 def distribute(trainer: Trainer) -> None:
