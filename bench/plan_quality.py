@@ -163,7 +163,7 @@ def main() -> int:
 
     results = [
         ("(a) planner, <= %d probes" % args.probes, ours.best_row, ours.probe_wall_s,
-         len(ours.probed)),
+         ours.probes_run),
         ("(b) auto_tuner-style walk", walk_best, walk_wall, walk_tried),
         ("(c) article's config, scaled", article[0] if article else None, 0.0, 0),
         ("(d) analytic model alone", model_pick, 0.0, 0),

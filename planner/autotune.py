@@ -10,6 +10,8 @@
 - Safe monotonic pruning only: OOM at micro-batch m implies OOM above m with the rest equal,
   and OOM with some recompute implies OOM with less. Priors such as "bigger is faster" are
   never used to skip a probe.
+- Short probes are noisy (10-15% on a shared CPU), so the last `confirm` probes re-measure the
+  best finalists with 3x longer probes and the pick uses the pooled measurement.
 - Measured step times calibrate the profile's efficiency curve (planner.calibration).
 """
 
@@ -40,6 +42,7 @@ class TuneSettings:
     storage: str = ""               # '' = sqlite file in the work dir; URL; or *.journal path
     multi_objective: bool = False   # NSGA-II on (cost, hours)
     enqueue: int = 3                # analytic best candidates tried first
+    confirm: int = 2                # of the probes, kept to re-measure the best finalists
     steps: int = 5
     warmup: int = 2
     timeout_s: float = 180.0
@@ -51,6 +54,7 @@ class TuneOutcome:
     storage: str
     probed: dict[int, ProbeResult] = field(default_factory=dict)   # row -> result
     reused: int = 0
+    probes_run: int = 0             # real probe subprocesses started by this call
     probe_wall_s: float = 0.0
     best_row: int | None = None
 
@@ -171,8 +175,10 @@ def tune(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: f
     probes_run = 0
     start_trials = len(study.trials)
     worst = float(np.max(table["cost"][local_rows])) * 10
+    confirm = settings.confirm if settings.probes >= 2 * settings.confirm + 1 else 0
+    explore = settings.probes - confirm
     while len(study.trials) - start_trials < settings.trials:
-        if probes_run >= settings.probes or outcome.probe_wall_s >= settings.probe_time_s:
+        if probes_run >= explore or outcome.probe_wall_s >= settings.probe_time_s:
             break
         if sum(k in rows_by_key for k in done) >= len(rows_by_key):
             break  # every local configuration has been tried
@@ -237,6 +243,21 @@ def tune(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: f
                         (hours - deadline) / deadline if deadline else 0.0)
         finish([cost, hours], violation, "ok", measured_cost=cost, measured_hours=hours,
                **attrs)
+    finalists = sorted((measured_cost(table, i, r)[0], i) for i, r in outcome.probed.items()
+                       if r.measured_steps <= settings.steps)[:confirm]
+    if len(finalists) > 1:  # re-measuring a lone finalist cannot change the pick
+        for _, i in finalists:
+            if outcome.probe_wall_s >= settings.probe_time_s:
+                break
+            again = backend.run(candidate_plan(spec, table.row(i), target=target),
+                                steps=3 * settings.steps)
+            probes_run += 1
+            outcome.probe_wall_s += again.wall_s
+            if again.ok:
+                outcome.probed[i] = outcome.probed[i].pooled_with(again)
+                if progress is not None:
+                    progress(outcome.probed[i], table, i, False)
+    outcome.probes_run = probes_run
     ok = [(measured_cost(table, i, r)[0], i) for i, r in outcome.probed.items()
           if _within(spec, *measured_cost(table, i, r))]
     outcome.best_row = min(ok)[1] if ok else None

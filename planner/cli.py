@@ -273,7 +273,6 @@ def local_profile_name(args) -> str:
 
 def run_autotune(spec, decision, target, args, *, log=print):
     """Probe locally runnable candidates, calibrate, and return (plan or None, outcome)."""
-    import dataclasses as dc
 
     import numpy as np
     from tabulate import tabulate
@@ -319,9 +318,9 @@ def run_autotune(spec, decision, target, args, *, log=print):
         f"{settings.probes} probes / {settings.probe_time_s:g} s")
     outcome = tune(spec, table, local_rows, target=target, work_dir=work, settings=settings,
                    progress=progress)
-    log(f"study {outcome.study_name} in {outcome.storage}: {len(outcome.probed)} configuration(s) "
-        f"measured, {outcome.reused} reused from the probe cache, probe time "
-        f"{outcome.probe_wall_s:.0f} s")
+    log(f"study {outcome.study_name} in {outcome.storage}: {len(outcome.probed)} "
+        f"configuration(s) measured, {outcome.probes_run} probe(s) run now, {outcome.reused} "
+        f"reused from the probe cache, probe time {outcome.probe_wall_s:.0f} s")
     rows = []
     for i, r in sorted(outcome.probed.items(), key=lambda kv: measured_cost(table, *kv)[0]):
         row = table.row(i)

@@ -67,6 +67,18 @@ class ProbeResult:
     wall_s: float = 0.0
     detail: str = ""
     fingerprint: str = ""
+    measured_steps: int = 0
+
+    def pooled_with(self, other: "ProbeResult") -> "ProbeResult":
+        """Both measurements of one configuration, weighted by their measured steps."""
+        import dataclasses
+
+        n1, n2 = max(1, self.measured_steps), max(1, other.measured_steps)
+        step = (self.step_time_s * n1 + other.step_time_s * n2) / (n1 + n2)
+        return dataclasses.replace(
+            self, step_time_s=step, tokens_per_second=self.tokens_per_second *
+            self.step_time_s / step, measured_steps=n1 + n2, wall_s=self.wall_s + other.wall_s,
+            peak_memory_gb=max(self.peak_memory_gb, other.peak_memory_gb))
 
     @property
     def ok(self) -> bool:
@@ -74,7 +86,9 @@ class ProbeResult:
 
 
 class ProbeBackend(Protocol):
-    def run(self, plan: Plan) -> ProbeResult: ...
+    fingerprint: str
+
+    def run(self, plan: Plan, *, steps: int | None = None) -> ProbeResult: ...
 
 
 class LocalProbe:
@@ -88,7 +102,8 @@ class LocalProbe:
         self.memory_limit_gb, self.fault = memory_limit_gb, fault
         self.fingerprint = fingerprint or hardware_fingerprint()
 
-    def run(self, plan: Plan) -> ProbeResult:
+    def run(self, plan: Plan, *, steps: int | None = None) -> ProbeResult:
+        """Probe `plan` for `steps` measured steps (default: this backend's)."""
         key = config_key(plan)
         name = hashlib.sha256(key.encode()).hexdigest()[:12]
         folder = self.work_dir / "probes" / f"{name}-{int(time.time() * 1000)}"
@@ -96,7 +111,7 @@ class LocalProbe:
         plan_path, out = folder / "plan.toml", folder / "result.json"
         write_plan(plan, plan_path)
         command = probe_command(plan, plan_path=plan_path, out=out, log_dir=folder / "logs",
-                                steps=self.steps, warmup=self.warmup,
+                                steps=steps or self.steps, warmup=self.warmup,
                                 memory_limit_gb=self.memory_limit_gb, fault=self.fault)
         started = time.time()
         with open(folder / "probe.log", "wb") as log:
@@ -136,7 +151,8 @@ class LocalProbe:
                            step_time_spread=data["step_time_spread"],
                            tokens_per_second=data["tokens_per_second"],
                            peak_memory_gb=data["peak_memory_gb"], wall_s=wall,
-                           fingerprint=self.fingerprint)
+                           fingerprint=self.fingerprint,
+                           measured_steps=len(data["step_times_s"]) - data["warmup_steps"])
 
 
 class ProbeCache:

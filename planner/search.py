@@ -13,7 +13,6 @@ front are pure functions of it; rendering lives in planner.report.
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field
 

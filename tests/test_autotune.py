@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tomli_w
 
 from conftest import BASE_PLAN, merge
 from planner.autotune import TuneSettings, implied_oom, tune
@@ -69,7 +68,7 @@ class ScriptedProbe:
     def __init__(self, log: list | None = None):
         self.calls = log if log is not None else []
 
-    def run(self, plan):
+    def run(self, plan, *, steps=None):
         key = config_key(plan)
         self.calls.append(key)
         t = plan.training
@@ -79,7 +78,7 @@ class ScriptedProbe:
         step = plan.estimate.step_time_s * 1.3
         return ProbeResult(key, "ok", step_time_s=step, tokens_per_second=plan.tokens_per_step
                            / step, peak_memory_gb=plan.estimate.peak_memory_gb,
-                           fingerprint=self.fingerprint, wall_s=1.0)
+                           fingerprint=self.fingerprint, wall_s=1.0, measured_steps=steps or 5)
 
 
 def cpu_space():
@@ -103,7 +102,7 @@ def run_tune(tmp_path, probes, log, seed=0, storage=""):
 def test_study_probes_within_budget_and_resumes_without_repeats(tmp_path):
     calls: list = []
     first, table = run_tune(tmp_path, 4, calls)
-    assert len(calls) == 4
+    assert len(calls) == 4  # 4 probes < 2 x confirm + 1: all explore
     second, _ = run_tune(tmp_path, 4, calls)  # same storage: resumes
     assert len(calls) == 8
     assert len(set(calls)) == 8  # no configuration probed twice
@@ -114,6 +113,15 @@ def test_study_probes_within_budget_and_resumes_without_repeats(tmp_path):
              for i, r in second.probed.items()}
     assert second.best_row == min(costs, key=costs.get) or \
         abs(costs[second.best_row] - min(costs.values())) < 1e-3 * min(costs.values())
+
+
+def test_finalists_are_re_measured_and_pooled(tmp_path):
+    calls: list = []
+    outcome, _ = run_tune(tmp_path, 7, calls)
+    assert len(calls) == 7  # 5 exploring + 2 confirming
+    assert len(set(calls)) == 5  # the confirmations re-measure two explored configurations
+    pooled = [r for r in outcome.probed.values() if r.measured_steps > 5]
+    assert len(pooled) == 2 and all(r.measured_steps == 5 + 15 for r in pooled)
 
 
 def test_oom_implication_is_monotone():

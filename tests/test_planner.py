@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tomli
-import tomli_w
 
 from conftest import REPO, merge, run_cli
 from planner.hardware import load_profiles
@@ -193,7 +191,7 @@ def test_estimate_of_the_written_plan_agrees(optimized):
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(proc.stdout)
     plan = load_plan(work / "plans" / "bank_faq.toml")
-    assert data["chosen"][f"cost CNY"] == pytest.approx(plan.estimate.cost, rel=1e-3, abs=1)
+    assert data["chosen"]["cost CNY"] == pytest.approx(plan.estimate.cost, rel=1e-3, abs=1)
 
 
 def test_explain_and_runner_dry_run_accept_the_plan(optimized):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import run_cli
 from runner.launch import local_precisions
 
 pytestmark = pytest.mark.e2e
@@ -90,7 +90,6 @@ def test_two_process_data_parallel(write_plan, tmp_path):
     assert result["measured"]["tokens_trained"] == 6 * (4 * 2 * 2) * 32  # micro x acc x dp
     logs = sorted(p.name for p in (run / "logs" / "attempt_001").glob("workerlog.*"))
     assert logs == ["workerlog.0", "workerlog.1"]
-    assert "paddle.distributed.launch" in (run / "plan.toml").read_text() or True
     assert json.loads((run / "launcher.json").read_text())["process_group"] > 0
 
 
