@@ -189,13 +189,18 @@ def tune(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: f
         row = rows_by_key.get(key)
 
         def finish(values, violation, status, **attrs):
-            trial.set_user_attr(CONSTRAINT_ATTR, [violation])
-            trial.set_constraint("memory_budget_deadline", violation)
-            trial.set_user_attr("status", status)
-            trial.set_user_attr("row_key", list(key))
-            for k, v in attrs.items():
-                trial.set_user_attr(k, v)
-            study.tell(trial, values if settings.multi_objective else values[0])
+            try:
+                trial.set_user_attr(CONSTRAINT_ATTR, [violation])
+                trial.set_constraint("memory_budget_deadline", violation)
+                trial.set_user_attr("status", status)
+                trial.set_user_attr("row_key", list(key))
+                for k, v in attrs.items():
+                    trial.set_user_attr(k, v)
+                study.tell(trial, values if settings.multi_objective else values[0])
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # Another planner sharing the study took the same (enqueued) trial and
+                # finished it first; our measurement stays in the probe cache.
+                pass
             if status != "repeat":
                 done.setdefault(key, {"values": values, "status": status,
                                       "violation": violation, "number": trial.number,

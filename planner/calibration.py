@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import tomli_w
 
-from planner.hardware import PROFILE_DIR, Efficiency, Profile
+from planner.hardware import PROFILE_DIR, Efficiency, Profile, calibration_dir
 from planner.probes import ProbeResult
 from planner.search import PRECISIONS, CandidateTable
 from runner.tomlconf import write_text_atomic
@@ -124,6 +124,6 @@ def write(calibration: Calibration, directory: Path = PROFILE_DIR) -> Path:
     header = (f"# Calibration of profile '{calibration.profile}' written by the planner on "
               f"{dt.date.today().isoformat()} from {calibration.points} probe(s); median "
               f"step-time error {calibration.fit_error:.1%}. Machine-specific: not in git.\n")
-    path = Path(directory) / "local" / f"{calibration.profile}.toml"
+    path = calibration_dir(directory) / f"{calibration.profile}.toml"
     write_text_atomic(path, header + tomli_w.dumps(data))
     return path

@@ -3,7 +3,8 @@
 A profile is one accelerator: specs, peak TFLOPS per precision, efficiency calibration and its
 `[[offers]]`. Extra price lists (e.g. from `planner prices import`) live in
 hardware_profiles/offers/*.toml, each offer naming its `profile`. Calibrations written by
-`planner calibrate` live in hardware_profiles/local/<profile>.toml and override [efficiency].
+`planner calibrate` live in hardware_profiles/local/<profile>.toml (or $GPTPLAN_CALIBRATION_DIR)
+and override [efficiency].
 """
 
 from __future__ import annotations
@@ -17,6 +18,15 @@ from runner.errors import UserError
 from runner.tomlconf import from_table, read_toml, setting
 
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "hardware_profiles"
+# Machine-specific calibrations; GPTPLAN_CALIBRATION_DIR moves them (tests, shared setups).
+LOCAL_CALIBRATION_ENV = "GPTPLAN_CALIBRATION_DIR"
+
+
+def calibration_dir(profile_dir: Path = PROFILE_DIR) -> Path:
+    import os
+
+    override = os.environ.get(LOCAL_CALIBRATION_ENV)
+    return Path(override) if override else Path(profile_dir) / "local"
 
 
 class ProfileError(UserError):
@@ -155,7 +165,7 @@ def load_profiles(directory: Path = PROFILE_DIR) -> dict[str, Profile]:
                                    key=f"offers[{i}].profile")
             prof = profiles[offer.profile]
             profiles[offer.profile] = dataclasses.replace(prof, offers=prof.offers + (offer,))
-    for calib in sorted((Path(directory) / "local").glob("*.toml")):
+    for calib in sorted(calibration_dir(directory).glob("*.toml")):
         if calib.stem in profiles:
             profiles[calib.stem] = apply_calibration(profiles[calib.stem], calib)
     return profiles

@@ -182,3 +182,34 @@ def test_calibration_recovers_a_uniform_slowdown():
     assert calib is not None and "fp32" in calib.by_precision
     assert calib.fit_error < 0.10
     assert calib.by_precision["fp32"].max < profile.efficiency_for("fp32").max
+
+
+def test_optimize_with_probes_end_to_end(tmp_path):
+    """The README's autotuning loop on this CPU: real probes, calibration, a probe-based plan,
+    a resumable study and its history."""
+    import json
+
+    from conftest import run_cli
+    from runner.plan import load_plan
+
+    env = {"GPTPLAN_CALIBRATION_DIR": str(tmp_path / "calib")}
+    args = ("planner", "optimize", "--spec", str(CPU_SPEC), "--probes", "3", "--seed", "1")
+    proc = run_cli(*args, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "probe 1" in proc.stdout and "step ms measured" in proc.stdout
+    plan = load_plan(tmp_path / "plans" / "cpu_demo.toml")
+    assert plan.estimate.source == "probe" and "step_time_s" in plan.estimate.measured
+    assert plan.provenance.probes >= 1
+    assert (tmp_path / "calib" / "cpu.toml").exists()
+    again = run_cli(*args[:-4], "--probes", "1", "--seed", "1", cwd=tmp_path,
+                    env=env)  # resumes: the 3 known configurations are not probed again
+    assert again.returncode == 0
+    assert "configuration(s) measured" in again.stdout
+    hist = run_cli("planner", "history", "--spec", str(CPU_SPEC), "--plot", "h.png",
+                   cwd=tmp_path, env=env)
+    assert hist.returncode == 0, hist.stderr[-2000:]
+    assert "measured step s" in hist.stdout and (tmp_path / "h.png").exists()
+    cache = [json.loads(line) for line in
+             (tmp_path / ".cache" / "gptplan" / "probes.jsonl").read_text().splitlines()]
+    keys = [c["key"] for c in cache]
+    assert len(keys) == len(set(keys))  # nothing probed twice across the two runs
