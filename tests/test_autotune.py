@@ -213,3 +213,18 @@ def test_optimize_with_probes_end_to_end(tmp_path):
              (tmp_path / ".cache" / "gptplan" / "probes.jsonl").read_text().splitlines()]
     keys = [c["key"] for c in cache]
     assert len(keys) == len(set(keys))  # nothing probed twice across the two runs
+
+
+def test_multi_objective_study_runs(tmp_path):
+    spec, table, _, rows, target = cpu_space()
+    calls: list = []
+    settings = TuneSettings(probes=5, trials=200, seed=3, multi_objective=True)
+    outcome = tune(spec, table, rows, target=target, work_dir=tmp_path, settings=settings,
+                   backend=ScriptedProbe(calls), cache=ProbeCache(tmp_path / "c.jsonl"))
+    # 3 exploring probes (+2 confirmations when two configurations fit); never a repeat
+    assert 3 <= len(calls) <= 5 and len(set(calls)) == 3
+    import optuna
+
+    study = optuna.load_study(study_name=outcome.study_name, storage=outcome.storage)
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert done and all(len(t.values) == 2 for t in done)  # (cost, hours)
