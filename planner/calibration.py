@@ -58,7 +58,7 @@ def predicted_step(table: CandidateTable, i: int, eff: Efficiency) -> float:
 
 def _hidden_per_tp(table: CandidateTable, i: int) -> float:
     # efficiency = emax·T/(T+t½)·H/(H+h½) was evaluated with the model's h / tp
-    return float(table.columns.get("hidden_per_tp", np.full(len(table), np.nan))[i])
+    return float(table["hidden_per_tp"][i])
 
 
 def fit(table: CandidateTable, probed: dict[int, ProbeResult], profile: Profile,

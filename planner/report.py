@@ -89,16 +89,18 @@ def per_offer_records(decision: Decision, spec_budget: float, deadline: float,
                 "misses deadline" if deadline and r["hours"] > deadline else "excluded"
         else:
             out.append({"offer": choice.label, "status": "does not fit" if mine.any() else
-                        "no valid layout", "cost": "", "hours": "", "config": "",
+                        "no valid layout", "_cost": float("inf"), "cost": "", "hours": "",
+                        "config": "",
                         "price source": f"{choice.offer.source[:40]} ({choice.offer.as_of})"})
             continue
-        out.append({"offer": choice.label, "status": status,
+        out.append({"offer": choice.label, "status": status, "_cost": r["cost"],
                     "cost": f"{money(r['cost'])} {currency}", "hours": f"{r['hours']:,.3g}",
                     "config": f"{'spot' if r['spot'] else 'on-demand'} {r['nodes']}x"
                               f"{r['gpus_per_node']} {r['precision']} {layout(r)}",
                     "price source": f"{choice.offer.source[:40]} ({choice.offer.as_of})"})
-    out.sort(key=lambda x: (x["status"] != "ok", float(x["cost"].split()[0].replace(",", ""))
-                            if x["cost"] else float("inf")))
+    out.sort(key=lambda x: (x["status"] != "ok", x["_cost"]))
+    for record in out:  # the number served the ordering; the tables show the formatted text
+        del record["_cost"]
     return out
 
 

@@ -104,7 +104,7 @@ def localize(plan: Plan) -> tuple[Plan, list[str]]:
     """The plan rehearsed on this machine: per-device settings kept, topology shrunk.
 
     Keeps seq_len, micro-batch, accumulation, precision where possible and the model; moves to
-    the local device type, one node, as many processes as fit, data parallel only on CPU. Price
+    the local device type, one node, as many processes as fit, data parallel only. Price
     becomes 0: a rehearsal on your own machine is not billed at the cloud price.
     """
     import paddle
@@ -115,20 +115,11 @@ def localize(plan: Plan) -> tuple[Plan, list[str]]:
     if device == "cpu":
         nproc = min(nproc, 2)
     par = plan.parallel
-    new_par = dataclasses.replace(par, nnodes=1, nproc_per_node=nproc, master="")
-    if device == "cpu":
-        new_par = dataclasses.replace(new_par, data_parallel_degree=nproc,
-                                      tensor_parallel_degree=1, pipeline_parallel_degree=1,
-                                      sharding="", sharding_parallel_degree=1,
-                                      sequence_parallel=False)
-    else:
-        new_par = dataclasses.replace(new_par, data_parallel_degree=nproc,
-                                      tensor_parallel_degree=1, pipeline_parallel_degree=1,
-                                      sharding_parallel_degree=1,
-                                      sharding="" if nproc == 1 else par.sharding
-                                      if par.sharding else "", sequence_parallel=False)
-        if new_par.sharding and new_par.sharding_parallel_degree == 1:
-            new_par = dataclasses.replace(new_par, sharding="")
+    # One node, data parallel only: tensor/pipeline/sharding layouts need the planned devices.
+    new_par = dataclasses.replace(par, nnodes=1, nproc_per_node=nproc, master="",
+                                  data_parallel_degree=nproc, tensor_parallel_degree=1,
+                                  pipeline_parallel_degree=1, sharding="",
+                                  sharding_parallel_degree=1, sequence_parallel=False)
     for f in dataclasses.fields(par):
         old, new = getattr(par, f.name), getattr(new_par, f.name)
         if old != new:
