@@ -1,13 +1,15 @@
 """Real probe runs of candidate configurations on the local devices, classified and cached.
 
 A probe is the runner's own training step (runner.probe) in a subprocess with its own process
-group and a hard timeout; 2+ processes go through paddle.distributed.launch. The result is
+group and a hard timeout, served by a persistent worker per parallel layout (one Paddle import
+for many configurations) unless a fresh process is needed; 2+ processes go through paddle.distributed.launch. The result is
 classified from the probe's structured JSON and the exit status (never by grepping logs):
 ok, oom, crash, timeout, killed. Results are cached by (configuration, hardware fingerprint).
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -20,7 +22,8 @@ from pathlib import Path
 from typing import Protocol
 
 from runner.plan import Plan, write_plan
-from runner.probe import probe_command
+from runner.probe import layout_key, probe_command, request_path, serve_command
+from runner.tomlconf import write_text_atomic
 
 
 def hardware_fingerprint() -> str:
@@ -91,16 +94,50 @@ class ProbeBackend(Protocol):
     def run(self, plan: Plan, *, steps: int | None = None) -> ProbeResult: ...
 
 
+@dataclass
+class _Worker:
+    """A served probe worker (runner.probe --serve) for one parallel layout."""
+    proc: subprocess.Popen
+    queue_dir: Path
+    log: Path
+    next_request: int = 0
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the probe's own group, nothing else
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(lines[-3:])[-400:]
+
+
 class LocalProbe:
-    """Runs probes on this machine; one subprocess group per probe, ended by its group id."""
+    """Runs probes on this machine, each process group ended by its group id (never by name).
+
+    By default probes are served by a persistent worker per parallel layout (one Paddle import,
+    one fleet initialisation, many configurations); after a failed probe the worker is ended and
+    the next probe starts a fresh one. `persistent=False`, or a memory limit (which needs a
+    fresh address space), runs every probe in its own new processes.
+    """
 
     def __init__(self, work_dir: Path, *, steps: int = 5, warmup: int = 2,
                  timeout_s: float = 180.0, memory_limit_gb: float = 0.0, fault: str = "",
-                 fingerprint: str | None = None):
+                 fingerprint: str | None = None, persistent: bool = True):
         self.work_dir = Path(work_dir)
         self.steps, self.warmup, self.timeout_s = steps, warmup, timeout_s
         self.memory_limit_gb, self.fault = memory_limit_gb, fault
+        self.persistent = persistent and memory_limit_gb <= 0
         self.fingerprint = fingerprint or hardware_fingerprint()
+        self._workers: dict[tuple, _Worker] = {}
+        atexit.register(self.close)
 
     def run(self, plan: Plan, *, steps: int | None = None) -> ProbeResult:
         """Probe `plan` for `steps` measured steps (default: this backend's)."""
@@ -110,39 +147,100 @@ class LocalProbe:
         folder.mkdir(parents=True, exist_ok=True)
         plan_path, out = folder / "plan.toml", folder / "result.json"
         write_plan(plan, plan_path)
+        steps = steps or self.steps
+        if self.persistent:
+            rc, timed_out, wall, log = self._run_served(plan, plan_path, out, steps)
+        else:
+            rc, timed_out, wall, log = self._run_fresh(plan, plan_path, out, folder, steps)
+        return self._classify(key, out, rc, timed_out, wall, log)
+
+    def _run_fresh(self, plan, plan_path, out, folder, steps):
         command = probe_command(plan, plan_path=plan_path, out=out, log_dir=folder / "logs",
-                                steps=steps or self.steps, warmup=self.warmup,
+                                steps=steps, warmup=self.warmup,
                                 memory_limit_gb=self.memory_limit_gb, fault=self.fault)
         started = time.time()
-        with open(folder / "probe.log", "wb") as log:
+        log = folder / "probe.log"
+        with open(log, "wb") as handle:
             proc = subprocess.Popen(command.argv, env=dict(os.environ) | command.env,
-                                    stdout=log, stderr=subprocess.STDOUT,
+                                    stdout=handle, stderr=subprocess.STDOUT,
                                     start_new_session=True)
             try:
-                rc = proc.wait(timeout=self.timeout_s)
-                timed_out = False
+                rc, timed_out = proc.wait(timeout=self.timeout_s), False
             except subprocess.TimeoutExpired:
-                timed_out = True
-                rc = None
+                rc, timed_out = None, True
             finally:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # the probe's own group, nothing else
-                except ProcessLookupError:
-                    pass
-                proc.wait()
+                _end_group(proc)
+        return rc, timed_out, time.time() - started, log
+
+    def _worker_for(self, plan: Plan) -> _Worker:
+        layout = layout_key(plan)
+        worker = self._workers.get(layout)
+        if worker is not None and worker.proc.poll() is None:
+            return worker
+        tag = hashlib.sha256(repr(layout).encode()).hexdigest()[:8]
+        folder = self.work_dir / "workers" / f"{tag}-{int(time.time() * 1000)}"
+        queue = folder / "queue"
+        queue.mkdir(parents=True, exist_ok=True)
+        command = serve_command(plan, queue_dir=queue, log_dir=folder / "logs",
+                                parent_pid=os.getpid())
+        log = folder / "worker.log"
+        with open(log, "wb") as handle:
+            proc = subprocess.Popen(command.argv, env=dict(os.environ) | command.env,
+                                    stdout=handle, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        self._workers[layout] = worker = _Worker(proc, queue, log)
+        return worker
+
+    def _run_served(self, plan, plan_path, out, steps):
+        """One request to the layout's worker; its start-up counts in the first probe's wall."""
+        started = time.time()
+        worker = self._worker_for(plan)
+        request = {"plan": str(plan_path), "out": str(out), "steps": steps,
+                   "warmup": self.warmup, "fault": self.fault}
+        write_text_atomic(request_path(worker.queue_dir, worker.next_request),
+                          json.dumps(request))
+        worker.next_request += 1
+        rc, timed_out = None, False
+        while not out.exists():
+            rc = worker.proc.poll()
+            if rc is not None:
+                break
+            if time.time() - started > self.timeout_s:
+                timed_out = True
+                break
+            time.sleep(0.01)
         wall = time.time() - started
+        failed = timed_out or rc is not None or json.loads(out.read_text())["status"] != "ok"
+        if failed:  # a worker that failed a probe is not trusted with the next one
+            _end_group(worker.proc)
+            rc = worker.proc.returncode if rc is None and not timed_out else rc
+            self._workers.pop(layout_key(plan), None)
+        return rc, timed_out, wall, worker.log
+
+    def close(self) -> None:
+        """Ask every worker to stop, then end its process group."""
+        for worker in self._workers.values():
+            if worker.proc.poll() is None:
+                try:
+                    write_text_atomic(request_path(worker.queue_dir, worker.next_request),
+                                      json.dumps({"stop": True}))
+                    worker.proc.wait(timeout=10)
+                except (OSError, subprocess.TimeoutExpired):
+                    pass
+            _end_group(worker.proc)
+        self._workers.clear()
+
+    def _classify(self, key: str, out: Path, rc, timed_out: bool, wall: float,
+                  log: Path) -> ProbeResult:
         data = json.loads(out.read_text()) if out.exists() else None
         if timed_out:
             return ProbeResult(key, "timeout", wall_s=wall, fingerprint=self.fingerprint,
-                               detail=f"no result within {self.timeout_s:g} s; "
-                                      f"log: {folder / 'probe.log'}")
+                               detail=f"no result within {self.timeout_s:g} s; log: {log}")
         if data is None:
-            tail = " | ".join((folder / "probe.log").read_text(errors="replace")
-                              .strip().splitlines()[-3:])
             status = "oom" if rc in (-signal.SIGKILL, 137) else "killed" if rc and rc < 0 \
                 else "crash"
             return ProbeResult(key, status, wall_s=wall, fingerprint=self.fingerprint,
-                               detail=f"exit {rc}, no result; last lines: {tail[-400:]}")
+                               detail=f"exit {rc}, no result; last lines: {_log_tail(log)}")
         if data["status"] != "ok":
             return ProbeResult(key, data["status"], wall_s=wall, fingerprint=self.fingerprint,
                                detail=data.get("error", "") + " | " +

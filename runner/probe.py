@@ -11,6 +11,12 @@ structured output; the planner adds "timeout" and "killed" from the exit status:
   crash  any other exception (with the last lines of the traceback)
 
 Multi-process probes go through paddle.distributed.launch like a run; rank 0 writes the JSON.
+
+`--queue-dir DIR` keeps a probe worker alive across many configurations of one parallel layout, so
+the ~5 s of importing Paddle and PaddleNLP and initialising fleet is paid once, not per probe:
+the planner writes numbered requests into DIR, every rank runs them in order, rank 0 writes each
+result. Peak memory is reset per probe (/proc/self/clear_refs), and a worker exits after any
+failed probe (its state is suspect), so the planner starts a fresh one for the next request.
 """
 
 from __future__ import annotations
@@ -39,6 +45,39 @@ def _rss_bytes() -> int:
 def _vms_bytes() -> int:
     with open("/proc/self/statm") as handle:
         return int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def reset_peak_rss() -> None:
+    """Start a new peak-RSS window (Linux >= 4.0): a served probe reports its own peak only."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss_bytes() -> int:
+    """VmHWM: the peak RSS since the last reset (or since the process started)."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def release_memory() -> None:
+    """Give the last probe's memory back to the system before the next one is measured."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def limit_memory(limit_gb: float) -> None:
@@ -88,11 +127,16 @@ class SyntheticBatches:
         return MicroBatch(ids[:, :-1], ids[:, 1:], ids.shape[0] * t.seq_len, 0)
 
 
-def run_probe(plan, *, steps: int, warmup: int, memory_limit_gb: float, fault: str) -> dict:
+def run_probe(plan, *, steps: int, warmup: int, memory_limit_gb: float, fault: str,
+              rank=None) -> dict:
+    """Build the plan's training state and time `warmup + steps` steps; `rank` is given when
+    the process (a served worker) has initialised its distributed environment already."""
     from runner.train import Trainer, build_training_state, distribute, init_distributed
 
     started = time.time()
-    rank = init_distributed(plan)
+    if rank is None:
+        rank = init_distributed(plan)
+    reset_peak_rss()
     model, optimizer, scaler = build_training_state(plan)
     trainer = Trainer(plan, rank, model, optimizer, scaler,
                       SyntheticBatches(plan, plan.job.seed + rank.rank))
@@ -117,20 +161,30 @@ def run_probe(plan, *, steps: int, warmup: int, memory_limit_gb: float, fault: s
             "step_times_s": times, "warmup_steps": warmup, "step_time_s": median,
             "step_time_spread": (max(measured) - min(measured)) / median if median else 0.0,
             "tokens_per_step": tokens, "tokens_per_second": tokens / median,
-            "peak_memory_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
+            "peak_memory_gb": peak_rss_bytes() / 1e9,
             "peak_memory_method": "peak RSS" if plan.hardware.device == "cpu" else
             "allocator peak", "wall_s": time.time() - started}
 
 
 def probe_command(plan, *, plan_path: Path, out: Path, log_dir: Path, steps: int,
                   warmup: int, memory_limit_gb: float = 0.0, fault: str = ""):
-    """The argv of a probe: in-process module for one device, launch for several."""
-    from runner.parallel import ENTRY_SCRIPT, LaunchCommand, thread_env
-
+    """The argv of one probe in its own processes."""
     args = ["--plan", str(plan_path), "--out", str(out), "--steps", str(steps),
             "--warmup", str(warmup), "--memory-limit-gb", str(memory_limit_gb)]
     if fault:
         args += ["--fault", fault]
+    return _command(plan, args, log_dir)
+
+
+def serve_command(plan, *, queue_dir: Path, log_dir: Path, parent_pid: int):
+    """The argv of a probe worker for the plan's parallel layout, serving `queue_dir`."""
+    return _command(plan, ["--queue-dir", str(queue_dir), "--parent-pid", str(parent_pid)], log_dir)
+
+
+def _command(plan, args: list[str], log_dir: Path):
+    """In-process module for one device, paddle.distributed.launch for several."""
+    from runner.parallel import ENTRY_SCRIPT, LaunchCommand, thread_env
+
     if plan.parallel.world_size == 1:
         return LaunchCommand(0, [sys.executable, "-m", "runner.probe", *args], {})
     p = plan.parallel
@@ -142,26 +196,97 @@ def probe_command(plan, *, plan_path: Path, out: Path, log_dir: Path, steps: int
     return LaunchCommand(0, argv + [str(ENTRY_SCRIPT), "probe", *args], thread_env(plan))
 
 
+def layout_key(plan) -> tuple:
+    """What a served worker fixes at start-up (fleet is initialised once): device and layout."""
+    p = plan.parallel
+    return (plan.hardware.device, p.nnodes, p.nproc_per_node, p.data_parallel_degree,
+            p.tensor_parallel_degree, p.pipeline_parallel_degree, p.sharding,
+            p.sharding_parallel_degree)
+
+
+def request_path(queue_dir: Path, number: int) -> Path:
+    return Path(queue_dir) / f"{number:06d}.request.json"
+
+
+def _failure(exc: BaseException) -> dict:
+    status = "oom" if is_oom(exc) else "crash"
+    return {"status": status, "error": f"{type(exc).__name__}: {str(exc)[:500]}",
+            "traceback_tail": traceback.format_exc().strip().splitlines()[-6:]}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def serve(queue_dir: Path, *, parent_pid: int = 0, poll_s: float = 0.01) -> int:
+    """Run numbered probe requests from `queue_dir` in order until a stop request or a failure.
+
+    A request is JSON {"plan", "out", "steps", "warmup", "fault"} or {"stop": true}; the
+    planner writes it atomically after the plan file. Every rank reads the same sequence.
+    The worker also ends when the planner (`parent_pid`) is gone, so none is left behind.
+    """
+    rank, layout, number = None, None, 0
+    is_rank0 = os.environ.get("PADDLE_TRAINER_ID", "0") == "0"
+    while True:
+        path = request_path(queue_dir, number)
+        waited = 0
+        while not path.exists():
+            time.sleep(poll_s)
+            waited += 1
+            if parent_pid and waited % 100 == 0 and not _alive(parent_pid):
+                return 0
+        request = json.loads(path.read_text())
+        if request.get("stop"):
+            return 0
+        plan = load_plan(Path(request["plan"]))
+        try:
+            if layout is not None and layout_key(plan) != layout:
+                raise RuntimeError(f"worker serves layout {layout}, not {layout_key(plan)}")
+            if rank is None:
+                from runner.train import init_distributed
+
+                rank, layout = init_distributed(plan), layout_key(plan)
+            result = run_probe(plan, steps=request["steps"], warmup=request["warmup"],
+                               memory_limit_gb=0.0, fault=request.get("fault", ""), rank=rank)
+        except Exception as exc:  # classify, report, and end this worker: its state is suspect
+            if is_rank0:
+                write_text_atomic(Path(request["out"]), json.dumps(_failure(exc)))
+            return 3
+        if is_rank0:
+            write_text_atomic(Path(request["out"]), json.dumps(result))
+        release_memory()
+        number += 1
+
+
 def probe_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="runner-probe", description=__doc__.splitlines()[0])
-    parser.add_argument("--plan", required=True, type=Path)
-    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--queue-dir", type=Path, metavar="DIR",
+                        help="serve numbered probe requests from DIR (one worker, many probes)")
+    parser.add_argument("--parent-pid", type=int, default=0,
+                        help="with --queue-dir: stop when this process is gone")
+    parser.add_argument("--plan", type=Path)
+    parser.add_argument("--out", type=Path)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--memory-limit-gb", type=float, default=0.0)
     parser.add_argument("--fault", choices=FAULTS, default="")
     args = parser.parse_args(argv)
+    if args.queue_dir:
+        return serve(args.queue_dir, parent_pid=args.parent_pid)
+    if not (args.plan and args.out):
+        parser.error("--plan and --out are required (or --queue-dir DIR)")
     plan = load_plan(args.plan)
     try:
         result = run_probe(plan, steps=args.steps, warmup=args.warmup,
                            memory_limit_gb=args.memory_limit_gb, fault=args.fault)
-    except BaseException as exc:  # classify, then report; the parent reads the JSON
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        status = "oom" if is_oom(exc) else "crash"
-        tail = traceback.format_exc().strip().splitlines()[-6:]
-        result = {"status": status, "error": f"{type(exc).__name__}: {str(exc)[:500]}",
-                  "traceback_tail": tail}
+    except Exception as exc:  # classify, then report; the parent reads the JSON
+        result = _failure(exc)
         if os.environ.get("PADDLE_TRAINER_ID", "0") == "0":
             write_text_atomic(args.out, json.dumps(result))
         return 3

@@ -5,6 +5,7 @@ study), and calibration."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,60 @@ def test_probe_hang_times_out_and_leaves_nothing_running(tiny_plan, tmp_path):
                         fingerprint="fp").run(tiny_plan)
     assert result.status == "timeout"
     assert 20 <= result.wall_s < 40
+
+
+def test_served_worker_measures_like_a_fresh_process_and_survives_failures(tiny_plan,
+                                                                           tmp_path):
+    fresh = LocalProbe(tmp_path / "fresh", steps=3, warmup=1, fingerprint="fp",
+                       persistent=False).run(tiny_plan)
+    probe = LocalProbe(tmp_path / "served", steps=3, warmup=1, fingerprint="fp")
+    try:
+        first, second = probe.run(tiny_plan), probe.run(tiny_plan)
+        assert first.status == second.status == "ok", first.detail + second.detail
+        # one worker served both, and the second paid no start-up
+        assert len(list((tmp_path / "served" / "workers").iterdir())) == 1
+        assert second.wall_s < first.wall_s
+        # the peak is reset per probe: the same as a fresh process, not the worker's lifetime
+        assert abs(second.peak_memory_gb - fresh.peak_memory_gb) < 0.1 * fresh.peak_memory_gb
+        probe.fault = "crash"
+        crashed = probe.run(tiny_plan)
+        assert crashed.status == "crash" and "injected crash" in crashed.detail
+        probe.fault = ""
+        assert probe.run(tiny_plan).ok  # a fresh worker took over
+        assert len(list((tmp_path / "served" / "workers").iterdir())) == 2
+    finally:
+        probe.close()
+
+
+def test_served_worker_ends_with_its_planner(tiny_plan, tmp_path):
+    """A planner killed with SIGKILL (no clean-up runs) leaves no probe worker behind."""
+    import subprocess
+    import sys
+    import time
+
+    script = f"""
+import os, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from conftest import BASE_PLAN
+from runner.plan import plan_from_dict
+from planner.probes import LocalProbe
+probe = LocalProbe({str(tmp_path)!r}, steps=1, warmup=1, fingerprint="fp")
+assert probe.run(plan_from_dict(BASE_PLAN)).ok
+print(next(iter(probe._workers.values())).proc.pid, flush=True)
+os.kill(os.getpid(), 9)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    worker_pid = int(done.stdout.split()[0])
+    for _ in range(100):
+        try:
+            os.kill(worker_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.killpg(worker_pid, 9)  # its own group: clean up before failing
+        pytest.fail("the probe worker outlived its planner")
 
 
 # ---- the study, with a scripted backend ------------------------------------------------------
