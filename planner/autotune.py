@@ -4,8 +4,9 @@
   directory by default, any RDB URL, or an Optuna journal file (several machines, one study).
   Re-running resumes; a configuration already probed (in this study or the probe cache) is
   never probed again.
-- The analytic model's best candidates are enqueued first; then TPE (or NSGA-II for the
-  cost/time front) explores. Infeasible trials (predicted or measured OOM, over budget) are
+- The analytic model's best candidates are enqueued first. Then the sampler, TPE (or NSGA-II
+  for the cost/time front), and the model take turns: every other probe is the candidate the
+  model, re-calibrated on all probes so far, ranks cheapest among those not yet tried. Infeasible trials (predicted or measured OOM, over budget) are
   reported as trial constraints (`Trial.set_constraint`), so they inform the sampler instead of scoring zero.
 - Safe monotonic pruning only: OOM at micro-batch m implies OOM above m with the rest equal,
   and OOM with some recompute implies OOM with less. Priors such as "bigger is faster" are
@@ -25,7 +26,7 @@ import numpy as np
 
 from planner.planwriter import candidate_plan
 from planner.probes import LocalProbe, ProbeCache, ProbeResult, config_key
-from planner.search import CandidateTable
+from planner.search import PRECISIONS, CandidateTable
 from planner.spec import Spec
 
 DIMENSIONS = ("seq", "micro", "acc", "precision_code", "offer", "recompute_code", "tp", "pp",
@@ -43,6 +44,7 @@ class TuneSettings:
     multi_objective: bool = False   # NSGA-II on (cost, hours)
     enqueue: int = 3                # analytic best candidates tried first
     confirm: int = 2                # of the probes, kept to re-measure the best finalists
+    guided: bool = True             # after the seeds, every other probe: calibrated model's pick
     steps: int = 5
     warmup: int = 2
     timeout_s: float = 180.0
@@ -113,12 +115,61 @@ def implied_oom(table: CandidateTable, i: int, ooms: list[int]) -> bool:
     return False
 
 
-def measured_cost(table: CandidateTable, i: int, result: ProbeResult) -> tuple[float, float]:
-    """(cost, hours) with the measured step time in place of the modelled one."""
-    scale = result.step_time_s / table["step_time_s"][i]
+def cost_at_step(table: CandidateTable, i: int, step_s: float) -> tuple[float, float]:
+    """(cost, hours) of row i if a step took `step_s` instead of the modelled step time."""
+    scale = step_s / table["step_time_s"][i]
     startup = table["hours"][i] - table["train_hours"][i] / table["useful_fraction"][i]
     hours = table["train_hours"][i] * scale / table["useful_fraction"][i] + startup
     return table["price_node_hour"][i] * table["nodes"][i] * hours, hours
+
+
+def measured_cost(table: CandidateTable, i: int, result: ProbeResult) -> tuple[float, float]:
+    """(cost, hours) with the measured step time in place of the modelled one."""
+    return cost_at_step(table, i, result.step_time_s)
+
+
+def calibrated_costs(table: CandidateTable, rows: np.ndarray,
+                     probed: dict[int, ProbeResult]) -> np.ndarray:
+    """Modelled cost of `rows` after fitting each profile's efficiency to the probes so far
+    (rows of a precision no probe has measured keep the prior)."""
+    from planner.calibration import fit, predicted_step
+
+    costs = table["cost"][rows].astype(float)
+    profiles = {table.offers[int(table["offer"][i])].profile.name:
+                table.offers[int(table["offer"][i])].profile for i in rows}
+    for name, profile in profiles.items():
+        mine = {i: r for i, r in probed.items()
+                if table.offers[int(table["offer"][i])].profile.name == name}
+        fitted = fit(table, mine, profile, fingerprint="study") if mine else None
+        if fitted is None:
+            continue
+        for k, i in enumerate(rows):
+            eff = fitted.by_precision.get(PRECISIONS[table["precision_code"][i]])
+            if eff is not None and table.offers[int(table["offer"][i])].profile.name == name:
+                costs[k] = cost_at_step(table, int(i), predicted_step(table, int(i), eff))[0]
+    return costs
+
+
+def _waiting(study) -> bool:
+    import optuna
+
+    return bool(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+
+
+def _enqueue_calibrated_best(study, table: CandidateTable, rows: np.ndarray,
+                             probed: dict[int, ProbeResult], done: dict, ooms: list[int],
+                             choices: dict) -> tuple | None:
+    """Enqueue the cheapest candidate not yet tried, by the model calibrated on the probes so
+    far: after every measurement the model re-ranks what is left. Returns its key."""
+    fresh = np.array([i for i in rows if table["fits"][i] and
+                      _key_of_row(table, int(i)) not in done and
+                      not implied_oom(table, int(i), ooms)], dtype=int)
+    if not fresh.size:
+        return None
+    best = int(fresh[np.argmin(calibrated_costs(table, fresh, probed))])
+    study.enqueue_trial({d: int(table[d][best]) for d in DIMENSIONS if len(choices[d]) > 1},
+                        skip_if_exists=True)
+    return _key_of_row(table, best)
 
 
 def tune(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: float,
@@ -128,8 +179,22 @@ def tune(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: f
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    owned = backend is None
     backend = backend or LocalProbe(work_dir, steps=settings.steps, warmup=settings.warmup,
                                     timeout_s=settings.timeout_s)
+    try:
+        return _tune(spec, table, local_rows, target=target, work_dir=work_dir,
+                     settings=settings, backend=backend, cache=cache, progress=progress)
+    finally:
+        if owned:
+            backend.close()
+
+
+def _tune(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: float,
+          work_dir: Path, settings: TuneSettings, backend: LocalProbe,
+          cache: ProbeCache | None, progress) -> TuneOutcome:
+    import optuna
+
     cache = cache or ProbeCache(Path(spec.job.cache_dir) / "probes.jsonl")
     fingerprint = backend.fingerprint
     storage, url = storage_for(settings, work_dir)
@@ -177,11 +242,16 @@ def tune(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: f
     worst = float(np.max(table["cost"][local_rows])) * 10
     confirm = settings.confirm if settings.probes >= 2 * settings.confirm + 1 else 0
     explore = settings.probes - confirm
+    guided_turn, guided_key = False, None
     while len(study.trials) - start_trials < settings.trials:
         if probes_run >= explore or outcome.probe_wall_s >= settings.probe_time_s:
             break
         if sum(k in rows_by_key for k in done) >= len(rows_by_key):
             break  # every local configuration has been tried
+        if settings.guided and guided_turn and not _waiting(study):
+            guided_key = _enqueue_calibrated_best(study, table, local_rows, outcome.probed,
+                                                  done, ooms, choices)
+            guided_turn = False
         trial = study.ask()
         params = {d: (trial.suggest_categorical(d, choices[d]) if len(choices[d]) > 1
                       else choices[d][0]) for d in DIMENSIONS}
@@ -224,6 +294,7 @@ def tune(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: f
         if implied_oom(table, row, ooms):
             finish([worst, worst], 1.0, "oom (implied)", **modelled)
             continue
+        guided_turn = key != guided_key  # after the sampler's probe, the model picks next
         plan = candidate_plan(spec, table.row(row), target=target)
         result = cache.get(fingerprint, config_key(plan))
         cached = result is not None

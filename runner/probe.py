@@ -235,12 +235,15 @@ def serve(queue_dir: Path, *, parent_pid: int = 0, poll_s: float = 0.01) -> int:
     is_rank0 = os.environ.get("PADDLE_TRAINER_ID", "0") == "0"
     while True:
         path = request_path(queue_dir, number)
-        waited = 0
+        idle_since = time.monotonic()
+        checked = idle_since
         while not path.exists():
-            time.sleep(poll_s)
-            waited += 1
-            if parent_pid and waited % 100 == 0 and not _alive(parent_pid):
-                return 0
+            idle = time.monotonic() - idle_since
+            time.sleep(poll_s if idle < 1 else 5 * poll_s)  # idle workers barely wake
+            if parent_pid and time.monotonic() - checked > 1:
+                checked = time.monotonic()
+                if not _alive(parent_pid):
+                    return 0
         request = json.loads(path.read_text())
         if request.get("stop"):
             return 0

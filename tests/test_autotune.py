@@ -179,6 +179,40 @@ def test_finalists_are_re_measured_and_pooled(tmp_path):
     assert len(pooled) == 2 and all(r.measured_steps == 5 + 15 for r in pooled)
 
 
+class SkewedProbe(ScriptedProbe):
+    """Small micro-batches run much slower than the prior says: the calibration must learn it."""
+
+    def run(self, plan, *, steps=None):
+        key = config_key(plan)
+        self.calls.append(key)
+        t = plan.training
+        step = plan.estimate.step_time_s * (3.0 if t.per_device_train_batch_size <= 8 else 0.8)
+        return ProbeResult(key, "ok", step_time_s=step, tokens_per_second=plan.tokens_per_step
+                           / step, peak_memory_gb=plan.estimate.peak_memory_gb,
+                           fingerprint=self.fingerprint, wall_s=1.0, measured_steps=steps or 5)
+
+
+def test_after_the_seeds_the_recalibrated_model_picks_the_next_probe(tmp_path):
+    from planner.autotune import calibrated_costs
+    from planner.planwriter import candidate_plan
+
+    spec, table, _, rows, target = cpu_space()
+    calls: list = []
+    settings = TuneSettings(probes=4, trials=300, seed=0, enqueue=3)
+    outcome = tune(spec, table, rows, target=target, work_dir=tmp_path, settings=settings,
+                   backend=SkewedProbe(calls), cache=ProbeCache(tmp_path / "c.jsonl"))
+    key_to_row = {config_key(candidate_plan(spec, table.row(int(i)), target=target)): int(i)
+                  for i in rows}
+    seeds = [key_to_row[k] for k in calls[:3]]
+    assert seeds == [int(i) for i in rows[np.argsort(table["cost"][rows])][:3]]
+    probed = {i: outcome.probed[i] for i in seeds}
+    untried = np.array([i for i in rows if int(i) not in seeds])
+    expected = int(untried[np.argmin(calibrated_costs(table, untried, probed))])
+    assert key_to_row[calls[3]] == expected
+    # and the calibration did change the ranking: the prior alone would pick another
+    assert expected != int(untried[np.argmin(table["cost"][untried])])
+
+
 def test_oom_implication_is_monotone():
     spec, table, _, rows, _ = cpu_space()
     dims = ["seq", "acc", "precision_code", "offer", "tp", "pp", "stage_code", "sp", "nodes"]
