@@ -68,7 +68,7 @@ def main() -> int:
                    headers=["offers", "space", "candidates", "search s (median)",
                             "candidates/s"], tablefmt="github"))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "planner_speed.json"
+    out = RESULTS / ("planner_speed_quick.json" if args.quick else "planner_speed.json")
     out.write_text(json.dumps({"date": dt.datetime.now().isoformat(timespec="seconds"),
                                "repeats": repeats, "rows": rows,
                                "command": "python bench/planner_speed.py" +

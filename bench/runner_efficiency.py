@@ -166,7 +166,7 @@ def main() -> int:
     print(tabulate([[k, f"{v:.4g}"] for k, v in summary.items()], tablefmt="github",
                    headers=["summary (all measured)", "value"]))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "runner_efficiency.json"
+    out = RESULTS / ("runner_efficiency_quick.json" if args.quick else "runner_efficiency.json")
     out.write_text(json.dumps({"date": dt.datetime.now().isoformat(timespec="seconds"),
                                "quick": args.quick, "rows": rows, "summary": summary,
                                "command": "python bench/runner_efficiency.py" +

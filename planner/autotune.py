@@ -6,8 +6,9 @@
   never probed again.
 - The analytic model's best candidates are enqueued first. Then the sampler, TPE (or NSGA-II
   for the cost/time front), and the model take turns: every other probe is the candidate the
-  model, re-calibrated on all probes so far, ranks cheapest among those not yet tried. Infeasible trials (predicted or measured OOM, over budget) are
-  reported as trial constraints (`Trial.set_constraint`), so they inform the sampler instead of scoring zero.
+  model, re-calibrated on all probes so far, ranks cheapest among those not yet tried.
+  Infeasible trials (predicted or measured OOM, over budget) are reported as trial
+  constraints (`Trial.set_constraint`), so they inform the sampler instead of scoring zero.
 - Safe monotonic pruning only: OOM at micro-batch m implies OOM above m with the rest equal,
   and OOM with some recompute implies OOM with less. Priors such as "bigger is faster" are
   never used to skip a probe.

@@ -2,8 +2,9 @@
 
 A probe is the runner's own training step (runner.probe) in a subprocess with its own process
 group and a hard timeout, served by a persistent worker per parallel layout (one Paddle import
-for many configurations) unless a fresh process is needed; 2+ processes go through paddle.distributed.launch. The result is
-classified from the probe's structured JSON and the exit status (never by grepping logs):
+for many configurations) unless a fresh process is needed; 2+ processes go through
+paddle.distributed.launch. The result is classified from the probe's structured JSON and the
+exit status (never by grepping logs):
 ok, oom, crash, timeout, killed. Results are cached by (configuration, hardware fingerprint).
 """
 
@@ -71,6 +72,7 @@ class ProbeResult:
     detail: str = ""
     fingerprint: str = ""
     measured_steps: int = 0
+    mean_step_time_s: float = 0.0   # what a run pays for; step_time_s (median) ranks robustly
 
     def pooled_with(self, other: "ProbeResult") -> "ProbeResult":
         """Both measurements of one configuration, weighted by their measured steps."""
@@ -78,8 +80,10 @@ class ProbeResult:
 
         n1, n2 = max(1, self.measured_steps), max(1, other.measured_steps)
         step = (self.step_time_s * n1 + other.step_time_s * n2) / (n1 + n2)
+        mean = (self.mean_step_time_s * n1 + other.mean_step_time_s * n2) / (n1 + n2)
         return dataclasses.replace(
-            self, step_time_s=step, tokens_per_second=self.tokens_per_second *
+            self, step_time_s=step, mean_step_time_s=mean,
+            tokens_per_second=self.tokens_per_second *
             self.step_time_s / step, measured_steps=n1 + n2, wall_s=self.wall_s + other.wall_s,
             peak_memory_gb=max(self.peak_memory_gb, other.peak_memory_gb))
 
@@ -250,7 +254,8 @@ class LocalProbe:
                            tokens_per_second=data["tokens_per_second"],
                            peak_memory_gb=data["peak_memory_gb"], wall_s=wall,
                            fingerprint=self.fingerprint,
-                           measured_steps=len(data["step_times_s"]) - data["warmup_steps"])
+                           measured_steps=len(data["step_times_s"]) - data["warmup_steps"],
+                           mean_step_time_s=data["mean_step_time_s"])
 
 
 class ProbeCache:

@@ -159,6 +159,7 @@ def run_probe(plan, *, steps: int, warmup: int, memory_limit_gb: float, fault: s
     tokens = plan.tokens_per_step
     return {"status": "ok", "rank": rank.rank, "world_size": rank.world,
             "step_times_s": times, "warmup_steps": warmup, "step_time_s": median,
+            "mean_step_time_s": statistics.fmean(measured),
             "step_time_spread": (max(measured) - min(measured)) / median if median else 0.0,
             "tokens_per_step": tokens, "tokens_per_second": tokens / median,
             "peak_memory_gb": peak_rss_bytes() / 1e9,
@@ -178,7 +179,8 @@ def probe_command(plan, *, plan_path: Path, out: Path, log_dir: Path, steps: int
 
 def serve_command(plan, *, queue_dir: Path, log_dir: Path, parent_pid: int):
     """The argv of a probe worker for the plan's parallel layout, serving `queue_dir`."""
-    return _command(plan, ["--queue-dir", str(queue_dir), "--parent-pid", str(parent_pid)], log_dir)
+    return _command(plan, ["--queue-dir", str(queue_dir), "--parent-pid", str(parent_pid)],
+                    log_dir)
 
 
 def _command(plan, args: list[str], log_dir: Path):
