@@ -4,7 +4,8 @@
   directory by default, any RDB URL, or an Optuna journal file (several machines, one study).
   Re-running resumes; a configuration already probed (in this study or the probe cache) is
   never probed again.
-- The analytic model's best candidates are enqueued first. Then the sampler, TPE (or NSGA-II
+- The analytic model's best candidates at distinct work sizes (tokens per micro-batch, 2x
+  apart) are enqueued first, so the first calibration sees the efficiency curve's shape. Then the sampler, TPE (or NSGA-II
   for the cost/time front), and the model take turns: every other probe is the candidate the
   model, re-calibrated on all probes so far, ranks cheapest among those not yet tried.
   Infeasible trials (predicted or measured OOM, over budget) are reported as trial
@@ -151,6 +152,22 @@ def calibrated_costs(table: CandidateTable, rows: np.ndarray,
     return costs
 
 
+def seed_rows(table: CandidateTable, rows: np.ndarray, n: int) -> list[int]:
+    """The model's cheapest candidates, each at least 2x apart in tokens per micro-batch from
+    the others: the probes then span the efficiency curve, so the first calibration can see
+    its shape (the priors' weakest part), not one point of it three times."""
+    order = [int(i) for i in rows[np.argsort(table["cost"][rows], kind="stable")]]
+    work = {i: float(table["micro"][i] * table["seq"][i]) for i in order}
+    chosen: list[int] = []
+    for i in order:
+        if len(chosen) == n:
+            break
+        if all(abs(np.log2(work[i] / work[j])) >= 1 for j in chosen):
+            chosen.append(i)
+    chosen += [i for i in order if i not in chosen][:n - len(chosen)]  # too few work sizes
+    return chosen
+
+
 def _waiting(study) -> bool:
     import optuna
 
@@ -231,9 +248,8 @@ def _tune(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: 
         if key in rows_by_key and d["status"] == "ok":
             outcome.probed[rows_by_key[key]] = ProbeResult(**d["probe"])
 
-    if not done:  # seed with the model's best, cheapest first
-        order = local_rows[np.argsort(table["cost"][local_rows])]
-        for i in order[:settings.enqueue]:
+    if not done:  # seed with the model's best at distinct work sizes, cheapest first
+        for i in seed_rows(table, local_rows, settings.enqueue):
             study.enqueue_trial({d: int(table[d][i]) for d in DIMENSIONS if
                                  len(choices[d]) > 1}, skip_if_exists=True)
 

@@ -1,10 +1,11 @@
 """Fit a profile's efficiency curve to probe measurements, and write it as a local override.
 
 The cost model's compute time is FLOPs / (peak x eff(T, H)) with
-eff = max · T/(T + T½) · H/(H + H½) (planner.costmodel.compute_efficiency). From a measured
-step time we subtract the modelled non-compute part (communication, optimizer) to get the
-efficiency the hardware really reached, then fit `max` and `T½` per precision by least squares
-in log space (`H½` keeps its prior: the probes of one model all share h, so it is not
+eff = max · T/(T + T½) · H/(H + H½) · 1/(1 + T/R) (planner.costmodel.compute_efficiency).
+From a measured step time we subtract the modelled non-compute part (communication, optimizer)
+to get the efficiency the hardware really reached, then fit per precision by least squares in
+log space: `max` always, `T½` with two or more work sizes T among the probes, and the roll-off
+`R` with three or more (fitted as 1/R, so "no roll-off" is the bound 0). `H½` keeps its prior: the probes of one model all share h, so it is not
 identifiable from them). The fit error is the median absolute relative error of the step
 times the calibrated model predicts for the probed points.
 """
@@ -44,14 +45,21 @@ def _achieved_efficiency(table: CandidateTable, i: int, measured_step: float) ->
 
 
 def _curve(params, tokens, hidden, half_hidden):
-    emax, half_tokens = params
-    return emax * tokens / (tokens + half_tokens) * hidden / (hidden + half_hidden)
+    """planner.costmodel.compute_efficiency with (max, T½, 1/R) as the fitted parameters."""
+    emax, half_tokens, inverse_rolloff = params
+    return emax * tokens / (tokens + half_tokens) * hidden / (hidden + half_hidden) / \
+        (1.0 + tokens * inverse_rolloff)
+
+
+def _inverse(rolloff: float) -> float:
+    return 1.0 / rolloff if rolloff > 0 else 0.0
 
 
 def predicted_step(table: CandidateTable, i: int, eff: Efficiency) -> float:
     tokens = table["micro"][i] * table["seq"][i]
     hidden = _hidden_per_tp(table, i)
-    new = _curve((eff.max, eff.half_tokens), tokens, hidden, eff.half_hidden)
+    new = _curve((eff.max, eff.half_tokens, _inverse(eff.rolloff_tokens)), tokens, hidden,
+                 eff.half_hidden)
     other = table["step_time_s"][i] - table["compute_s"][i]
     return float(table["compute_s"][i] * table["efficiency"][i] / new + other)
 
@@ -85,17 +93,23 @@ def fit(table: CandidateTable, probed: dict[int, ProbeResult], profile: Profile,
         def residual(params):
             return np.log(_curve(params, tokens, hidden, prior.half_hidden)) - np.log(achieved)
 
-        if distinct >= 2:
-            sol = least_squares(residual, x0=[min(0.99, prior.max), prior.half_tokens],
+        emax, half, inverse = min(0.99, prior.max), prior.half_tokens, \
+            _inverse(prior.rolloff_tokens)
+        if distinct >= 3:  # rise and fall with work size: all three are identifiable
+            sol = least_squares(residual, x0=[emax, half, max(inverse, 1e-6)],
+                                bounds=([1e-4, 1.0, 0.0], [1.0, 1e7, 1 / 64]))
+            emax, half, inverse = sol.x
+        elif distinct == 2:
+            sol = least_squares(lambda p: residual([p[0], p[1], inverse]), x0=[emax, half],
                                 bounds=([1e-4, 1.0], [1.0, 1e7]))
             emax, half = sol.x
         else:  # one work size: only the level is identifiable
-            half = prior.half_tokens
-            sol = least_squares(lambda p: residual([p[0], half]), x0=[min(0.99, prior.max)],
+            sol = least_squares(lambda p: residual([p[0], half, inverse]), x0=[emax],
                                 bounds=([1e-4], [1.0]))
             emax = sol.x[0]
+        rolloff = 1.0 / inverse if inverse > 1e-9 else 0.0
         by_precision[precision] = dataclasses.replace(
-            prior, max=float(emax), half_tokens=float(half),
+            prior, max=float(emax), half_tokens=float(half), rolloff_tokens=float(rolloff),
             source=f"calibrated from {len(points)} probe(s) on this machine",
             calibrated_on=fingerprint, calibrated_at=dt.date.today().isoformat())
     if not by_precision:

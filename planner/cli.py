@@ -343,7 +343,8 @@ def run_autotune(spec, decision, target, args, *, log=print):
     if fitted is not None:
         path = calibration.write(fitted)
         log(f"calibrated {profile.name}: "
-            + ", ".join(f"{p} max {e.max:.3f} half_tokens {e.half_tokens:,.0f}"
+            + ", ".join(f"{p} max {e.max:.3f} half_tokens {e.half_tokens:,.0f} rolloff_tokens "
+                        f"{e.rolloff_tokens:,.0f}"
                         for p, e in fitted.by_precision.items())
             + f"; step-time fit error median {fitted.fit_error:.1%}, worst "
             f"{fitted.worst_error:.1%} on {fitted.points} probes; written to "

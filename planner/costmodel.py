@@ -144,15 +144,20 @@ def memory_per_device_bytes(shape: ModelShape, *, seq_len, micro_batch, accumula
 # ---- time --------------------------------------------------------------------------------------
 
 def compute_efficiency(*, micro_batch, seq_len, hidden_per_tp, eff_max, half_tokens,
-                       half_hidden):
+                       half_hidden, rolloff_tokens=0.0):
     """Achieved/peak FLOP/s as a function of work per device (calibrated per profile).
 
     Small micro-batches (few tokens per GEMM) and small hidden sizes run far below peak:
-    eff = eff_max · T/(T + T½) · H/(H + H½), T = b·s tokens per micro-batch, H = h/t.
+    eff = eff_max · T/(T + T½) · H/(H + H½) · 1/(1 + T/R), T = b·s tokens per micro-batch,
+    H = h/t. The last factor is empirical (no paper): on CPUs, efficiency falls again once a
+    micro-batch's working set outgrows the caches; R = 0 (the GPU priors) leaves it out, and
+    calibration fits it from probes.
     """
     tokens = np.asarray(micro_batch, dtype=float) * np.asarray(seq_len, dtype=float)
     hid = np.asarray(hidden_per_tp, dtype=float)
-    return eff_max * tokens / (tokens + half_tokens) * hid / (hid + half_hidden)
+    rolloff = np.asarray(rolloff_tokens, dtype=float)
+    falloff = np.where(rolloff > 0, 1.0 / (1.0 + tokens / np.maximum(rolloff, 1e-9)), 1.0)
+    return eff_max * tokens / (tokens + half_tokens) * hid / (hid + half_hidden) * falloff
 
 
 def ring_allreduce_seconds(bytes_, ranks, bandwidth_bytes_per_s):

@@ -40,6 +40,9 @@ class Efficiency:
                                  min=0)
     half_hidden: float = setting(384.0, "Hidden size per tensor-parallel rank at which "
                                         "efficiency halves.", min=0)
+    rolloff_tokens: float = setting(0.0, "Tokens per micro-batch beyond which efficiency falls "
+                                         "again (the working set outgrows the caches, seen on "
+                                         "CPUs); 0 = never.", min=0)
     comm_overlap: float = setting(0.5, "Share of data-parallel gradient sync hidden behind "
                                        "backward compute.", min=0, max=1)
     memory_overhead_gb: float = setting(1.5, "Framework memory per device beyond the model "

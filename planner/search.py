@@ -170,7 +170,8 @@ def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
                                        hidden_per_tp=m.hidden_size / g["tp"],
                                        eff_max=by_precision("max"),
                                        half_tokens=by_precision("half_tokens"),
-                                       half_hidden=by_precision("half_hidden"))
+                                       half_hidden=by_precision("half_hidden"),
+                                       rolloff_tokens=by_precision("rolloff_tokens"))
     t_compute = tokens_per_rank * f_hw / (g["tp"] * g["pp"]) / (peak * efficiency)
 
     # communication

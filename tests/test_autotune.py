@@ -193,7 +193,7 @@ class SkewedProbe(ScriptedProbe):
 
 
 def test_after_the_seeds_the_recalibrated_model_picks_the_next_probe(tmp_path):
-    from planner.autotune import calibrated_costs
+    from planner.autotune import calibrated_costs, seed_rows
     from planner.planwriter import candidate_plan
 
     spec, table, _, rows, target = cpu_space()
@@ -204,7 +204,7 @@ def test_after_the_seeds_the_recalibrated_model_picks_the_next_probe(tmp_path):
     key_to_row = {config_key(candidate_plan(spec, table.row(int(i)), target=target)): int(i)
                   for i in rows}
     seeds = [key_to_row[k] for k in calls[:3]]
-    assert seeds == [int(i) for i in rows[np.argsort(table["cost"][rows])][:3]]
+    assert seeds == seed_rows(table, rows, 3)
     probed = {i: outcome.probed[i] for i in seeds}
     untried = np.array([i for i in rows if int(i) not in seeds])
     expected = int(untried[np.argmin(calibrated_costs(table, untried, probed))])
@@ -271,6 +271,46 @@ def test_calibration_recovers_a_uniform_slowdown():
     assert calib is not None and "fp32" in calib.by_precision
     assert calib.fit_error < 0.10
     assert calib.by_precision["fp32"].max < profile.efficiency_for("fp32").max
+
+
+def test_calibration_learns_that_large_micro_batches_run_slower():
+    """A CPU whose efficiency falls once a micro-batch outgrows the caches: the prior (rising
+    curve only) ranks the largest micro-batch first; the calibrated curve must not."""
+    import dataclasses
+
+    from planner.calibration import predicted_step
+
+    spec, table, _, rows, _ = cpu_space()
+    profile = table.offers[0].profile
+    fp32 = [int(i) for i in rows if table["precision_code"][i] == 0]
+    truth = dataclasses.replace(profile.efficiency_for("fp32"), rolloff_tokens=1000.0)
+    probed = {i: ProbeResult("k", "ok", step_time_s=predicted_step(table, i, truth))
+              for i in fp32[::3]}
+    assert len({int(table["micro"][i] * table["seq"][i]) for i in probed}) >= 3
+    calib = fit(table, probed, profile, fingerprint="fp")
+    fitted = calib.by_precision["fp32"]
+    assert 500 < fitted.rolloff_tokens < 2000 and calib.fit_error < 0.02
+    held_out = [i for i in fp32 if i not in probed]
+    worst = max(abs(predicted_step(table, i, fitted) / predicted_step(table, i, truth) - 1)
+                for i in held_out)
+    assert worst < 0.03
+    # and a machine without the fall keeps none
+    flat = {i: ProbeResult("k", "ok", step_time_s=float(table["step_time_s"][i]))
+            for i in fp32[::3]}
+    assert fit(table, flat, profile, fingerprint="fp").by_precision["fp32"].rolloff_tokens == 0 \
+        or fit(table, flat, profile, fingerprint="fp").by_precision["fp32"].rolloff_tokens > 1e5
+
+
+def test_seeds_span_work_sizes():
+    from planner.autotune import seed_rows
+
+    spec, table, _, rows, _ = cpu_space()
+    seeds = seed_rows(table, rows, 3)
+    assert seeds[0] == int(rows[np.argmin(table["cost"][rows])])
+    work = [float(table["micro"][i] * table["seq"][i]) for i in seeds]
+    assert all(abs(np.log2(a / b)) >= 1 for k, a in enumerate(work) for b in work[k + 1:])
+    costs = [table["cost"][i] for i in seeds]
+    assert costs == sorted(costs)
 
 
 def test_optimize_with_probes_end_to_end(tmp_path):
