@@ -5,9 +5,10 @@
   Re-running resumes; a configuration already probed (in this study or the probe cache) is
   never probed again.
 - The analytic model's best candidates at distinct work sizes (tokens per micro-batch, 2x
-  apart) are enqueued first, so the first calibration sees the efficiency curve's shape. Then the sampler, TPE (or NSGA-II
-  for the cost/time front), and the model take turns: every other probe is the candidate the
-  model, re-calibrated on all probes so far, ranks cheapest among those not yet tried.
+  apart) are enqueued first, so the first calibration sees the efficiency curve's shape. Then
+  the sampler, TPE (or NSGA-II for the cost/time front), and the model take turns: every
+  other probe is the candidate the model, re-calibrated on all probes so far, ranks cheapest
+  among those not yet tried.
   Infeasible trials (predicted or measured OOM, over budget) are reported as trial
   constraints (`Trial.set_constraint`), so they inform the sampler instead of scoring zero.
 - Safe monotonic pruning only: OOM at micro-batch m implies OOM above m with the rest equal,
@@ -136,18 +137,17 @@ def calibrated_costs(table: CandidateTable, rows: np.ndarray,
     (rows of a precision no probe has measured keep the prior)."""
     from planner.calibration import fit, predicted_step
 
+    def profile_of(i):
+        return table.offers[int(table["offer"][i])].profile
+
     costs = table["cost"][rows].astype(float)
-    profiles = {table.offers[int(table["offer"][i])].profile.name:
-                table.offers[int(table["offer"][i])].profile for i in rows}
-    for name, profile in profiles.items():
-        mine = {i: r for i, r in probed.items()
-                if table.offers[int(table["offer"][i])].profile.name == name}
+    for name, profile in {profile_of(i).name: profile_of(i) for i in rows}.items():
+        mine = {i: r for i, r in probed.items() if profile_of(i).name == name}
         fitted = fit(table, mine, profile, fingerprint="study") if mine else None
-        if fitted is None:
-            continue
         for k, i in enumerate(rows):
-            eff = fitted.by_precision.get(PRECISIONS[table["precision_code"][i]])
-            if eff is not None and table.offers[int(table["offer"][i])].profile.name == name:
+            eff = fitted.by_precision.get(PRECISIONS[table["precision_code"][i]]) \
+                if fitted and profile_of(i).name == name else None
+            if eff is not None:
                 costs[k] = cost_at_step(table, int(i), predicted_step(table, int(i), eff))[0]
     return costs
 

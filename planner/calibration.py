@@ -5,7 +5,8 @@ eff = max · T/(T + T½) · H/(H + H½) · 1/(1 + T/R) (planner.costmodel.comput
 From a measured step time we subtract the modelled non-compute part (communication, optimizer)
 to get the efficiency the hardware really reached, then fit per precision by least squares in
 log space: `max` always, `T½` with two or more work sizes T among the probes, and the roll-off
-`R` with three or more (fitted as 1/R, so "no roll-off" is the bound 0). `H½` keeps its prior: the probes of one model all share h, so it is not
+`R` with three or more (fitted as 1/R, so "no roll-off" is the bound 0). `H½` keeps its
+prior: the probes of one model all share h, so it is not
 identifiable from them). The fit error is the median absolute relative error of the step
 times the calibrated model predicts for the probed points.
 """

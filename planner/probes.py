@@ -100,7 +100,7 @@ class ProbeBackend(Protocol):
 
 @dataclass
 class _Worker:
-    """A served probe worker (runner.probe --serve) for one parallel layout."""
+    """A served probe worker (runner.probe --queue-dir) for one parallel layout."""
     proc: subprocess.Popen
     queue_dir: Path
     log: Path

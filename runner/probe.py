@@ -221,8 +221,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # exists, owned by someone else
+        pass
     return True
 
 

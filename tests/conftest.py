@@ -70,3 +70,11 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,
     full_env = dict(os.environ) | (env or {})
     return subprocess.run([sys.executable, "-m", *args], cwd=cwd or REPO, capture_output=True,
                           text=True, timeout=timeout, env=full_env)
+
+
+@pytest.fixture(autouse=True)
+def _no_machine_calibration(tmp_path_factory, monkeypatch):
+    """Tests see the shipped profiles only, never this machine's hardware_profiles/local/
+    calibration (a `planner calibrate` or `make demo` run would otherwise change results)."""
+    if "GPTPLAN_CALIBRATION_DIR" not in os.environ:
+        monkeypatch.setenv("GPTPLAN_CALIBRATION_DIR", str(tmp_path_factory.mktemp("calib")))
