@@ -8,9 +8,8 @@ Sources (see ../shared/REFERENCES.md section 1):
          Clusters": parameter count (eq. 2), FLOPs per iteration with/without recompute (eq. 3),
          pipeline bubble (p-1)/m.
 - [P22]  Chowdhery et al. 2022, PaLM, appendix B: model FLOPs per token 6N + 12·L·h·s and MFU.
-- [K22]  Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-         Models", table 2: activation memory per layer.
-- [Z20]  Rajbhandari et al. 2020, ZeRO: bytes per parameter of model states under sharding.
+- [K22], [Z20]: memory per device (activations, model states) lives in runner.memory, shared
+         with the runner's local rehearsal, and is re-exported here.
 - [YD]   Young 1974 / Daly 2006: optimal checkpoint interval sqrt(2·delta/lambda).
 The model FLOPs and parameter count are shared with the runner (runner.model), so MFU means the
 same thing in a plan and in a run report.
@@ -18,33 +17,15 @@ same thing in a plan and in a run report.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from runner.model import parameter_count, training_flops_per_token
+from runner.memory import (GB, ModelShape, activation_bytes_per_layer,  # noqa: F401
+                           memory_per_device_bytes, model_state_bytes_per_param)
+from runner.model import training_flops_per_token
 from runner.plan import ModelSection
 
-GB = 1e9
 RECOMPUTE_MODES = ("none", "core_attn", "full_attn", "full")
 SHARDING_STAGES = ("", "stage1", "stage2", "stage3")
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    layers: int
-    hidden: int
-    heads: int
-    ffn: int
-    vocab: int
-    params_total: int
-    params_body: int  # without embeddings
-
-    @classmethod
-    def from_section(cls, m: ModelSection) -> "ModelShape":
-        return cls(m.num_hidden_layers, m.hidden_size, m.num_attention_heads,
-                   m.intermediate_size, m.vocab_size, parameter_count(m),
-                   parameter_count(m, include_embeddings=False))
 
 
 # ---- FLOPs -------------------------------------------------------------------------------------
@@ -71,74 +52,6 @@ def recompute_extra_flops_per_token(shape: ModelShape, seq_len, recompute_code):
     code = np.asarray(recompute_code)
     return np.select([code == 0, code == 1, code == 2, code == 3],
                      [0.0 * s, attn_core, full_attn, full])
-
-
-# ---- memory ------------------------------------------------------------------------------------
-
-def model_state_bytes_per_param(mixed_precision, stage_code, shard_degree):
-    """[Z20] bytes per parameter for weights + grads + AdamW states on one rank.
-
-    Mixed precision (fp16/bf16): 2 + 2 + 12 (fp32 master, momentum, variance). fp32: 4 + 4 + 8.
-    stage1 shards optimizer states, stage2 also grads, stage3 also weights, over shard_degree.
-    """
-    mixed = np.asarray(mixed_precision, dtype=bool)
-    w = np.where(mixed, 2.0, 4.0)
-    g = np.where(mixed, 2.0, 4.0)
-    o = np.where(mixed, 12.0, 8.0)
-    d = np.asarray(shard_degree, dtype=float)
-    stage = np.asarray(stage_code)
-    return np.select([stage == 0, stage == 1, stage == 2, stage == 3],
-                     [w + g + o, w + g + o / d, w + (g + o) / d, (w + g + o) / d])
-
-
-def activation_bytes_per_layer(shape: ModelShape, seq_len, micro_batch, tp, seq_parallel,
-                               recompute_code, act_bytes):
-    """[K22] table 2, scaled from 16-bit to `act_bytes` per element.
-
-    none:      s·b·h·(34 + 5·a·s/h)            (tp: 10 + 24/t + 5as/(ht); tp+sp: all / t)
-    core_attn: drops the 5·a·s/h term (selective recompute)
-    full_attn: keeps layer input, MLP and norms: s·b·h·23 (/t where split)
-    full:      only each layer's input, 2·s·b·h
-    """
-    s = np.asarray(seq_len, dtype=float)
-    b = np.asarray(micro_batch, dtype=float)
-    t = np.asarray(tp, dtype=float)
-    sp = np.asarray(seq_parallel, dtype=bool)
-    h, a = shape.hidden, shape.heads
-    sbh = s * b * h
-    attn_scores = 5.0 * a * s / h
-    linear_part = np.where(sp, 34.0 / t, np.where(t > 1, 10.0 + 24.0 / t, 34.0))
-    scores_part = attn_scores / t
-    code = np.asarray(recompute_code)
-    per_layer_16bit = np.select(
-        [code == 0, code == 1, code == 2, code == 3],
-        [sbh * (linear_part + scores_part), sbh * linear_part,
-         sbh * np.where(sp, 23.0 / t, np.where(t > 1, 4.0 + 19.0 / t, 23.0)), 2.0 * sbh])
-    return per_layer_16bit * (np.asarray(act_bytes, dtype=float) / 2.0)
-
-
-def memory_per_device_bytes(shape: ModelShape, *, seq_len, micro_batch, accumulation, tp, pp,
-                            stage_code, shard_degree, recompute_code, seq_parallel,
-                            mixed_precision, overhead_gb, fragmentation):
-    """Peak bytes on the busiest device: model states + activations + logits + overhead.
-
-    Pipeline: the first stage holds activations of min(p, m) micro-batches in flight (1F1B),
-    i.e. about L layers' worth [K22]. Logits b·s·V/t in fp32 plus their gradient live on the
-    last stage. A fragmentation margin multiplies the dynamic part.
-    """
-    t = np.asarray(tp, dtype=float)
-    p = np.asarray(pp, dtype=float)
-    params_per_device = shape.params_total / (t * p)
-    states = params_per_device * model_state_bytes_per_param(mixed_precision, stage_code,
-                                                             shard_degree)
-    act_bytes = np.where(np.asarray(mixed_precision, dtype=bool), 2.0, 4.0)
-    per_layer = activation_bytes_per_layer(shape, seq_len, micro_batch, tp, seq_parallel,
-                                           recompute_code, act_bytes)
-    in_flight = np.minimum(p, np.asarray(accumulation, dtype=float))
-    activations = per_layer * (shape.layers / p) * in_flight
-    logits = 2.0 * 4.0 * np.asarray(micro_batch) * np.asarray(seq_len) * shape.vocab / t
-    dynamic = (activations + logits) * fragmentation
-    return states + dynamic + overhead_gb * GB
 
 
 # ---- time --------------------------------------------------------------------------------------
