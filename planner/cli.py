@@ -173,7 +173,8 @@ def plan_space(spec, *, log=print):
                               vocab_size=model.vocab_size, cache_dir=spec.job.cache_dir,
                               sample_documents=spec.job.sample_documents,
                               declared_bytes=spec.job.corpus_bytes,
-                              seq_lens=spec.constraints.seq_lens, log=log)
+                              seq_lens=spec.constraints.seq_lens,
+                              tokens_per_char=spec.job.tokens_per_char, log=log)
     timings["corpus_statistics_s"] = time.perf_counter() - t0
     target = target_tokens(spec, stats)
     t1 = time.perf_counter()
@@ -205,21 +206,26 @@ def cmd_optimize(args) -> int:
     if args.probes and decision.chosen is not None:
         tuned = run_autotune(spec, decision, target, args, log=(lambda *a: None) if quiet
                              else print)
+    from planner import dataprep
+
+    data_report = dataprep.report(stats, target, decision, cache_dir=spec.job.cache_dir,
+                                  currency=cur)
     if tuned is not None and tuned[0] is not None:
         plan = tuned[0]
     elif decision.chosen is not None:
         row = decision.table.row(decision.chosen)
         notes = decision_notes(decision, lambda i: describe(decision.table, i, cur))
-        plan = candidate_plan(spec, row, target=target, notes=notes)
+        plan = candidate_plan(spec, row, target=target, notes=notes + data_report["notes"])
     if plan is not None:
         write_plan(plan, out, header=f"# Written by planner {__version__} from {spec.path}. "
                                      "Numbers in [estimate] are modelled unless listed in "
                                      "estimate.measured.\n")
     if quiet:
         print(json.dumps(optimize_json(spec, stats, target, decision, timings, out if plan
-                                       else None), indent=1))
+                                       else None) | data_report["json"], indent=1))
     else:
         print(render_stats(stats, target))
+        print("\n".join(data_report["lines"]))
         print()
         print(render_candidates(decision, cur, args.top or spec.search.top))
         print()
@@ -247,9 +253,7 @@ def optimize_json(spec, stats, target, decision, timings, out) -> dict:
     return {
         "spec": spec.path, "currency": cur, "target_tokens": target,
         "numbers": "modelled (analytic cost model) unless marked measured",
-        "corpus": asdict(stats) | {"tokens_per_character_source": "measured",
-                                   "total_tokens_source": "extrapolated" if stats.extrapolated
-                                   else "measured"},
+        "corpus": asdict(stats),
         "chosen": candidate_records(table, [decision.chosen], cur, decision.chosen)[0]
         if decision.chosen is not None else None,
         "problems": decision.problems, "binding": decision.binding,

@@ -318,9 +318,10 @@ def distribute(trainer: Trainer) -> None:
 
 def log_line(plan: Plan, rec) -> str:
     cur = plan.hardware.currency
+    mfu = f"MFU {rec.mfu * 100:.2f}%" if plan.hardware.peak_tflops > 0 else "MFU peak unknown"
     return (f"step {rec.step + 1}/{plan.training.max_steps} | loss {rec.loss:.4f} | "
             f"lr {rec.learning_rate:.2e} | {rec.step_time_s * 1000:.0f} ms/step | "
-            f"{rec.tokens_per_second:,.0f} tok/s | MFU {rec.mfu * 100:.2f}% | "
+            f"{rec.tokens_per_second:,.0f} tok/s | {mfu} | "
             f"mem {rec.peak_memory_gb:.2f} GB | cost {rec.cost:.4f} {cur} | "
             f"projected {rec.projected_cost:.4f} {cur}   (all measured)")
 
