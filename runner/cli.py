@@ -128,6 +128,14 @@ def execute(args) -> int:
     data = prepare_data(plan)
     print(f"data: {data.num_tokens:,} tokens ({data.meta['num_documents']:,} documents, "
           f"{data.meta['tokens_per_character']:.3f} tokens/char, measured) in {data.path}")
+    if not plan.training.packing:
+        from runner.data import truncation_loss
+
+        lost = truncation_loss(data, plan.training.seq_len)
+        if lost > 0:
+            print(f"truncation: training.packing = false cuts documents to seq_len + 1 = "
+                  f"{plan.training.seq_len + 1} tokens: {lost:.1%} of the corpus tokens are "
+                  "never trained on (measured); packing loses none")
     attempt = len(billing.attempts) + 1
     log_dir = run_dir / "logs" / f"attempt_{attempt:03d}"
     commands = launch_commands(plan, plan_path=effective_plan, data_dir=data.path,

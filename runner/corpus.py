@@ -37,6 +37,7 @@ READER_VERSION = 2
 # silently dropping most of it.
 MAX_INVALID_FRACTION = 0.5
 MAX_JSON_BYTES = 512 * 2**20
+SAMPLE_LINE_BYTES = 1 << 20  # most bytes read per random position when sampling
 HISTOGRAM_EDGES = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 
 
@@ -308,8 +309,8 @@ def sample_documents(paths: list[Path], *, max_chars: int, seed: int = 0, dedupe
         for doc in docs:
             if chars >= max_chars:
                 break
-            out.append(doc)
-            chars += len(doc)
+            out.append(doc[:max_chars - chars])  # one huge document gives a bounded piece
+            chars += len(out[-1])
         return out
     out, chars, attempts = [], 0, 0
     handles = {}
@@ -324,10 +325,11 @@ def sample_documents(paths: list[Path], *, max_chars: int, seed: int = 0, dedupe
             handle = handles.get(p) or handles.setdefault(p, open(p, "rb"))
             handle.seek(where)
             if where:
-                handle.readline()  # finish the line we landed in
-            raw = handle.readline()
+                handle.readline(SAMPLE_LINE_BYTES)  # finish the line we landed in
+            raw = handle.readline(SAMPLE_LINE_BYTES)  # a huge line gives a bounded piece
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8", errors="strict" if raw.endswith(b"\n") else
+                                  "ignore")
             except UnicodeDecodeError:
                 continue
             if p.suffix == ".jsonl":

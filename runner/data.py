@@ -167,8 +167,8 @@ def _tokenizer_dir(*, tokenizer: str, vocab_size: int, cache_dir: str | Path,
         for d in documents:
             if chars >= SAMPLE_CHARS:
                 break
-            keep.append(d)
-            chars += len(d)
+            keep.append(d[:SAMPLE_CHARS - chars])
+            chars += len(keep[-1])
         documents = keep
     log(f"training the tokenizer on a sample of {len(documents):,} documents "
         f"({sum(map(len, documents)):,} characters)")
@@ -407,6 +407,14 @@ def _record_throughput(cache_dir: Path, meta: dict) -> None:
         "bytes": prep["bytes"], "workers": prep["workers"], "cpus": prep["cpus"],
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     write_text_atomic(path, json.dumps(data, indent=1))
+
+
+def truncation_loss(data: PreparedData, seq_len: int) -> float:
+    """Share of the tokens a non-packed run never sees: each document is cut to seq_len + 1."""
+    offsets = np.load(data.path / "docs.npy", mmap_mode="r")
+    lengths = np.diff(offsets)
+    total = int(lengths.sum())
+    return float(1.0 - np.minimum(lengths, seq_len + 1).sum() / total) if total else 0.0
 
 
 def open_prepared(path: str | Path) -> PreparedData:

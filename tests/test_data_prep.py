@@ -194,3 +194,33 @@ def test_split_long_keeps_every_character():
     text = ("这是一句话。" * 3000) + "x" * 10_000
     pieces = corpus_mod.split_long(text, 4000)
     assert "".join(pieces) == text and max(map(len, pieces)) <= 4000
+
+
+def test_truncation_loss_of_a_non_packed_run(tmp_path):
+    from runner.data import truncation_loss
+
+    path = write_corpus(list(peoples_daily_1998())[:300], tmp_path / "zh.txt")
+    data = prepare_data(_plan(tmp_path / "cache", [str(path)], 3000), workers=1, **QUIET,
+                        progress=False)
+    lengths = np.diff(np.load(data.path / "docs.npy"))
+    assert truncation_loss(data, int(lengths.max())) == 0.0
+    short = truncation_loss(data, 16)
+    assert short == pytest.approx(1 - np.minimum(lengths, 17).sum() / lengths.sum())
+    assert 0 < short < 1
+
+
+def test_one_huge_line_trains_and_says_so(tmp_path, monkeypatch):
+    """A corpus that is one line far over sentencepiece's 64 KB sentence limit: the sample is
+    bounded and cut into pieces for training, so training works."""
+    from runner import tokenizer as tok_mod
+
+    monkeypatch.setattr(data_mod, "SAMPLE_CHARS", 150_000)
+    text = "".join(list(peoples_daily_1998())[:600])
+    assert len(text.encode()) > 3 * 65536
+    path = tmp_path / "one_line.txt"
+    path.write_text(text + "\n", encoding="utf-8")
+    directory = data_mod.ensure_tokenizer(tokenizer="sentencepiece", vocab_size=3000,
+                                          cache_dir=tmp_path / "cache", patterns=[str(path)])
+    manifest = read_manifest(directory)
+    assert manifest["sample_characters"] <= 150_000
+    assert tok_mod.TRAIN_PIECE_CHARS * 3 < 65536  # pieces stay under the sentence limit
