@@ -35,6 +35,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -75,14 +76,19 @@ _worker_encoder = None
 
 
 def _init_worker(spec: str, model_dir: str | None) -> None:
+    """Load the encoder; a failure is kept and raised by the first task (a pool whose
+    initializer raises would restart its workers forever)."""
     global _worker_encoder
     from runner.tokenizer import _worker_quiet
 
     _worker_quiet()
-    if model_dir:
-        _worker_encoder = FastEncoder(Path(model_dir))
-    else:
-        _worker_encoder = _SlowEncoder(load_tokenizer(spec))
+    try:
+        if model_dir:
+            _worker_encoder = FastEncoder(Path(model_dir))
+        else:
+            _worker_encoder = _SlowEncoder(load_tokenizer(spec))
+    except Exception as exc:  # noqa: BLE001 - re-raised in the parent through the first task
+        _worker_encoder = exc
 
 
 class _SlowEncoder:
@@ -101,7 +107,9 @@ def _encode_items(job: tuple[list[tuple[str, bool, bool]], int]):
     the finished documents within flat, documents that tokenized to nothing)."""
     items, eod = job
     enc = _worker_encoder
-    assert enc is not None
+    if isinstance(enc, Exception) or enc is None:
+        raise DataError(f"the tokenizer worker could not load the tokenizer: {enc!r}",
+                        key="job.tokenizer")
     ids = enc.encode_batch([text for text, _, _ in items])
     parts, ends, empty, pos = [], [], 0, 0
     eod_arr = np.asarray([eod], dtype=enc.dtype)
@@ -297,8 +305,11 @@ def _stream_prepare(paths, tmp: Path, *, job, dedupe: bool, info: dict, model_di
         f"worker(s), tokenizer {info['name']}")
     dtype = np.uint16 if info["vocab_size"] < 65535 else np.int32
     t0 = time.perf_counter()
-    bar = tqdm(total=size, unit="B", unit_scale=True, desc="tokenizing", mininterval=2.0,
-               disable=None if progress else True, leave=False)
+    # bytes read and tokenized (the two are pipelined), MB/s, ETA; documents as a postfix.
+    # Not a terminal (a log file): a line every 30 s instead of a live bar.
+    bar = tqdm(total=size, unit="B", unit_scale=True, desc="reading + tokenizing",
+               mininterval=2.0 if sys.stderr.isatty() else 30.0, disable=not progress,
+               leave=False)
     docs_iter = iter_documents(paths, stats, dedupe=dedupe, max_documents=job.max_documents,
                                progress=bar.update)
     chunks = _chunks(docs_iter, info["eod_id"])
