@@ -155,7 +155,7 @@ def run_baseline(corpus: str, model_file: str, workers: int, out_dir: str) -> di
             np.asarray(ids, dtype=np.uint16).tofile(fout)
             lengths.append(len(ids))
             tokens += len(ids)
-            if i % 20000 == 0:
+            if i % 5000 == 0:
                 progress.write_text(json.dumps({"bytes": done,
                                                 "seconds": time.perf_counter() - t0}))
     seconds = time.perf_counter() - t0
@@ -170,11 +170,13 @@ def measure(cmd: list[str], *, time_limit: float, progress_file: Path | None = N
 
     start = time.perf_counter()
     load_before = os.getloadavg()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    err_file = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err_file, text=True,
                             start_new_session=True)
     root = psutil.Process(proc.pid)
     peak = 0
     timeline = []  # (seconds, summed RSS) samples
+    window = [None, None]
     cpu = {}
     stopped = False
     while proc.poll() is None:
@@ -192,6 +194,15 @@ def measure(cmd: list[str], *, time_limit: float, progress_file: Path | None = N
             timeline.append((time.perf_counter() - start, rss))
         except psutil.Error:
             pass
+        if progress_file is not None and progress_file.exists():
+            try:
+                part = json.loads(progress_file.read_text())
+            except (json.JSONDecodeError, OSError):
+                part = None
+            if part:  # tokenizing window: bytes and tree CPU seconds from first to last report
+                point = (part["bytes"], sum(cpu.values()))
+                window[0] = window[0] or point
+                window[1] = point
         if time.perf_counter() - start > time_limit:
             os.killpg(proc.pid, 15)
             stopped = True
@@ -203,6 +214,13 @@ def measure(cmd: list[str], *, time_limit: float, progress_file: Path | None = N
     for line in out.splitlines():
         if line.startswith("RESULT "):
             result = json.loads(line[7:])
+    if not result and not stopped:  # it failed: keep the reason
+        err_file.seek(0)
+        noise = ("DEBUG", "jieba", "prefix dict", "Loading model", "ccache")
+        result["error"] = [x for x in err_file.read().splitlines()
+                           if x.strip() and not any(n in x for n in noise)][-12:]
+        result["exit_status"] = proc.returncode
+    err_file.close()
     if stopped and progress_file is not None and progress_file.exists():
         part = json.loads(progress_file.read_text())
         result = {"bytes": part["bytes"], "seconds_tokenizing": part["seconds"]}
@@ -212,6 +230,9 @@ def measure(cmd: list[str], *, time_limit: float, progress_file: Path | None = N
     for q in range(4):  # peak RSS in each quarter of the run: flat when memory is bounded
         part = [r for t, r in timeline if q * wall / 4 <= t < (q + 1) * wall / 4]
         quarters.append(max(part) / 1e9 if part else None)
+    if window[0] and window[1] and window[1][1] > window[0][1]:
+        result["tokenizing_mb_per_cpu_second"] = (window[1][0] - window[0][0]) / 1e6 / \
+            (window[1][1] - window[0][1])
     result.update({"wall_seconds": wall, "peak_rss_tree_gb": peak / 1e9,
                    "peak_rss_tree_gb_by_quarter": quarters,
                    "cpu_seconds_tree": sum(cpu.values()), "stopped_at_time_limit": stopped,
@@ -376,6 +397,9 @@ def run_size(gb: float, work: Path, args) -> dict:
             side["tokenizing_mb_per_s"] = side["bytes"] / 1e6 / side["seconds_tokenizing"]
     if ours.get("tokenizing_mb_per_s") and base.get("tokenizing_mb_per_s"):
         row["speedup_tokenizing"] = ours["tokenizing_mb_per_s"] / base["tokenizing_mb_per_s"]
+    if ours.get("tokenizing_mb_per_cpu_second") and base.get("tokenizing_mb_per_cpu_second"):
+        row["speedup_per_cpu_second"] = ours["tokenizing_mb_per_cpu_second"] / \
+            base["tokenizing_mb_per_cpu_second"]
     return row
 
 
@@ -416,6 +440,8 @@ def print_runs(report: dict) -> None:
                          "peak RSS of tree, GB": f"{s['peak_rss_tree_gb']:.2f}",
                          "tokenizing MB/s": f"{s.get('tokenizing_mb_per_s', 0):.2f}"
                          + (" (partial)" if s.get("partial") else ""),
+                         "tokenizing MB per CPU-s":
+                             f"{s.get('tokenizing_mb_per_cpu_second', 0):.3f}",
                          "tokenizer training s": f"{s.get('seconds_tokenizer_training', 0):.0f}",
                          "wall s": f"{s['wall_seconds']:.0f}",
                          "load avg": f"{s['load_average_before']:.1f}-"

@@ -305,6 +305,7 @@ def _stream_prepare(paths, tmp: Path, *, job, dedupe: bool, info: dict, model_di
         f"worker(s), tokenizer {info['name']}")
     dtype = np.uint16 if info["vocab_size"] < 65535 else np.int32
     t0 = time.perf_counter()
+    cpu0 = _cpu_seconds()
     # bytes read and tokenized (the two are pipelined), MB/s, ETA; documents as a postfix.
     # Not a terminal (a log file): a line every 30 s instead of a live bar.
     bar = tqdm(total=size, unit="B", unit_scale=True, desc="reading + tokenizing",
@@ -336,6 +337,7 @@ def _stream_prepare(paths, tmp: Path, *, job, dedupe: bool, info: dict, model_di
             _run_pool(chunks, write, workers=workers, spec=job.tokenizer, model_dir=model_dir)
     bar.close()
     seconds = time.perf_counter() - t0
+    cpu = _cpu_seconds() - cpu0  # this process + its reaped workers: load-independent
     if num_docs == 0:
         raise DataError(f"every document tokenized to nothing ({stats.summary()})",
                         key="job.corpus")
@@ -361,7 +363,9 @@ def _stream_prepare(paths, tmp: Path, *, job, dedupe: bool, info: dict, model_di
             "corpus": corpus_stats,
             "preparation": {"seconds": round(seconds, 3), "bytes": stats.bytes,
                             "workers": workers, "cpus": os.cpu_count() or 1,
-                            "bytes_per_second": stats.bytes / max(seconds, 1e-9)}}
+                            "bytes_per_second": stats.bytes / max(seconds, 1e-9),
+                            "cpu_seconds": round(cpu, 3),
+                            "bytes_per_cpu_second": stats.bytes / max(cpu, 1e-9)}}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False))
     log(f"prepared {num_tokens:,} tokens from {stats.summary()} in {seconds:.1f} s "
         f"({stats.bytes / 1e6 / max(seconds, 1e-9):.2f} MB/s measured)")
@@ -399,6 +403,14 @@ def _run_pool(chunks, write, *, workers: int, spec: str, model_dir) -> None:
         pool.join()
 
 
+def _cpu_seconds() -> float:
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def _record_throughput(cache_dir: Path, meta: dict) -> None:
     """Keep the last measured preparation throughput per tokenizer scheme (the planner uses it
     to put data preparation into the plan)."""
@@ -412,9 +424,9 @@ def _record_throughput(cache_dir: Path, meta: dict) -> None:
         data = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         data = {}
-    cores = max(1, min(prep["workers"], prep["cpus"]))
     data[meta["tokenizer_scheme"] or "other"] = {
-        "bytes_per_second_per_core": prep["bytes_per_second"] / cores,
+        # per CPU-second of the whole process tree: what one core does, whatever the load
+        "bytes_per_second_per_core": prep["bytes_per_cpu_second"],
         "bytes": prep["bytes"], "workers": prep["workers"], "cpus": prep["cpus"],
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     write_text_atomic(path, json.dumps(data, indent=1))

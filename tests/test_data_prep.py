@@ -126,6 +126,7 @@ def test_streaming_preparation_round_trips_and_splits_a_huge_line(tmp_path, monk
         assert arr[-1] == data.meta["eod_id"]
         assert tok.decode(arr[:-1]) == text
     assert data.meta["preparation"]["bytes_per_second"] > 0
+    assert data.meta["preparation"]["bytes_per_cpu_second"] > 0
     assert any("script mix" in m for m in messages)
     # A cache hit neither re-reads nor re-hashes the corpus, and says it reused
     monkeypatch.setattr(data_mod, "iter_documents",
