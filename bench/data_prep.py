@@ -238,7 +238,7 @@ def measure(cmd: list[str], *, time_limit: float, progress_file: Path | None = N
                    "cpu_seconds_tree": sum(cpu.values()), "stopped_at_time_limit": stopped,
                    "load_average_before": load_before[0],
                    "load_average_after": os.getloadavg()[0],
-                   "log": [line for line in out.splitlines() if not line.startswith("RESULT")][-8:]})
+                   "log": [x for x in out.splitlines() if not x.startswith("RESULT")][-8:]})
     return result
 
 

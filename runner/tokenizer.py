@@ -8,7 +8,8 @@
   with spaces and encoded by a unigram sentencepiece model. Trained here with identity
   normalisation (full-width characters stay full-width), byte fallback (a rare character
   becomes its UTF-8 bytes, never `<unk>`) and "▁▂" (word separator + space) as one
-  user-defined piece, so a space costs one piece instead of two ("▁", "▂"). Every text decodes back exactly.
+  user-defined piece, so a space costs one piece instead of two ("▁", "▂"). Every text
+  decodes back exactly.
 - **bpe** (mostly Latin or other scripts): a GPT-2-style byte-level BPE (trained with the
   `tokenizers` package, loaded with PaddleNLP's `GPTTokenizer`): exact round trip by
   construction, and jieba's word splitting does not cost English a piece per space.
