@@ -96,16 +96,40 @@ def _grid(**dims) -> dict[str, np.ndarray]:
     return {n: m.ravel() for n, m in zip(names, mesh)}
 
 
+def _accumulations(lo: np.ndarray, hi: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the accumulation values searched: every value in [lo, hi] is valid; the time
+    per token never rises with accumulation (the bubble (m+p-1)/m and the once-per-step
+    gradient sync are amortised over more micro-batches; memory stops growing at m = p), so
+    the search evaluates both ends of the range, the powers of two between them and the
+    largest multiple of each row's pp (the interleaved schedule's rule). Returns (row index,
+    accumulation) pairs."""
+    rows, values = [], []
+    powers = np.array([2**i for i in range(int(math.log2(max(cap, 1))) + 1)])
+    for extra in (lo, hi):
+        ok = (extra >= 1) & (extra >= lo) & (extra <= hi)
+        rows.append(np.flatnonzero(ok))
+        values.append(extra[ok])
+    for pw in powers:
+        ok = (pw > lo) & (pw < hi)
+        rows.append(np.flatnonzero(ok))
+        values.append(np.full(int(ok.sum()), pw))
+    r, v = np.concatenate(rows), np.concatenate(values)
+    pairs = np.unique(np.stack([r, v]), axis=1)
+    return pairs[0], pairs[1]
+
+
 def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
                    ) -> dict[str, np.ndarray]:
     """All valid candidates on one offer, evaluated. Cheap integer rules filter first."""
+    from runner.plan import (sequence_parallel_fits, tensor_parallel_fits_node,
+                             virtual_pipeline_fits)
+
     m = spec.model_section()
-    shape = cm.ModelShape.from_section(m)
     prof, offer = choice.profile, choice.offer
     c, s = spec.constraints, spec.search
     gpn = offer.gpus_per_node
     precisions = [PRECISIONS.index(p) for p in c.precisions if p in prof.precisions]
-    tps = [t for t in s.tensor_parallel if t <= gpn and all(
+    tps = [t for t in s.tensor_parallel if tensor_parallel_fits_node(t, gpn) and all(
         x % t == 0 for x in (m.num_attention_heads, m.hidden_size, m.intermediate_size,
                              m.vocab_size))]
     if prof.device == "cpu":
@@ -117,38 +141,91 @@ def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
     nodes = sorted({n for n in s.node_counts if n <= c.max_nodes})
     if not offer.inter_node_gbits_per_s:  # unknown network: plan single-node only
         nodes = [n for n in nodes if n == 1]
-    accs = s.accumulation_steps or _powers_of_two_up_to(1024)
+    vpps = sorted(set(s.virtual_pp) | {1})
     if not (precisions and tps and pps and stages and nodes):
         return {}
     g = _grid(nodes=nodes, precision_code=precisions, seq=c.seq_lens, micro=s.micro_batch_sizes,
-              tp=tps, pp=pps, stage_code=stages,
+              tp=tps, pp=pps, vpp=vpps, stage_code=stages,
               recompute_code=[cm.RECOMPUTE_MODES.index(r) for r in s.recompute],
-              sp=[int(v) for v in s.sequence_parallel], acc=accs)
+              sp=[int(v) for v in s.sequence_parallel])
     world = g["nodes"] * gpn
     model_ranks = g["tp"] * g["pp"]
     ok = (world % model_ranks == 0)
     batch_ranks = np.where(ok, world // np.maximum(model_ranks, 1), 0)
     ok &= ~((g["stage_code"] > 0) & (batch_ranks <= 1))          # sharding over 1 rank
     ok &= ~((g["pp"] > 1) & (g["stage_code"] >= 2))               # PaddleNLP: pp + stage2/3
-    ok &= ~((g["sp"] == 1) & (g["tp"] == 1))                      # sp needs tp
-    ok &= ~((g["pp"] > 1) & (g["acc"] < g["pp"]))                 # fill the pipeline
-    ok &= g["tp"] <= gpn                                          # tp inside a node
+    ok &= sequence_parallel_fits(g["micro"], g["seq"], g["tp"], g["sp"])
+    ok &= tensor_parallel_fits_node(g["tp"], gpn)
+    ok &= (g["vpp"] == 1) | ((g["pp"] > 2) & (m.num_hidden_layers % (g["pp"] * g["vpp"]) == 0))
+    g = {k: v[ok] for k, v in g.items()}
+    batch_ranks = batch_ranks[ok]
+    # accumulation: every value meeting the global-batch range (see _accumulations)
+    per_acc = g["micro"] * g["seq"] * batch_ranks
+    if s.accumulation_steps:
+        accs = np.array(sorted(set(s.accumulation_steps)))
+        rows = np.repeat(np.arange(len(per_acc)), len(accs))
+        acc = np.tile(accs, len(per_acc))
+    else:
+        lo = np.maximum(1, -(-c.global_batch_tokens_min // np.maximum(per_acc, 1)))
+        lo = np.where(g["pp"] > 1, np.maximum(lo, g["pp"]), lo)
+        hi = (c.global_batch_tokens_max // np.maximum(per_acc, 1) if c.global_batch_tokens_max
+              else np.full(len(per_acc), max(1024, int(lo.max(initial=1)))))
+        rows, acc = _accumulations(lo, np.minimum(hi, 4096), 1024)
+    g = {k: v[rows] for k, v in g.items()}
+    g["acc"] = acc
+    batch_ranks = batch_ranks[rows]
     tokens_per_step = g["micro"] * g["acc"] * g["seq"] * batch_ranks
-    ok &= tokens_per_step >= c.global_batch_tokens_min
+    ok = tokens_per_step >= c.global_batch_tokens_min
     if c.global_batch_tokens_max:
         ok &= tokens_per_step <= c.global_batch_tokens_max
+    ok &= ~((g["pp"] > 1) & (g["acc"] < g["pp"]))                 # fill the pipeline
+    ok &= virtual_pipeline_fits(m.num_hidden_layers, g["pp"], g["vpp"], g["acc"])
     g = {k: v[ok] for k, v in g.items()}
+    batch_ranks = batch_ranks[ok]
     if not len(g["nodes"]):
         return {}
+    # sharding degree: all batch ranks, or (hybrid) the batch ranks inside one node with data
+    # parallel across nodes (sharding_parallel_degree < batch ranks)
+    in_node = np.maximum(1, gpn // (g["tp"] * g["pp"]))
+    hybrid_ok = (g["stage_code"] > 0) & (in_node > 1) & (in_node < batch_ranks) & \
+        (batch_ranks % in_node == 0)
+    extra = np.flatnonzero(hybrid_ok)
+    g = {k: np.concatenate([v, v[extra]]) for k, v in g.items()}
+    shard_degree = np.concatenate([np.where(g["stage_code"][:len(batch_ranks)] > 0,
+                                            batch_ranks, 1), in_node[extra]])
+    batch_ranks = np.concatenate([batch_ranks, batch_ranks[extra]])
+    g["shard_degree"] = shard_degree
+    g["dp"] = batch_ranks // shard_degree
+    g["flash"] = np.full(len(batch_ranks), 0)
+    if prof.flash_attention and m.hidden_size // m.num_attention_heads <= 256:
+        g["flash"] = (g["precision_code"] > 0).astype(int)  # fp16/bf16 only
+    out = evaluate_layouts(m, prof, offer, g, memory_headroom=c.memory_headroom)
+    out["offer"] = np.full(len(out["nodes"]), index)
+    steps = np.ceil(target / out["tokens_per_step"])
+    out["steps"] = steps
+    out["train_hours"] = steps * out["step_time_s"] / 3600
+    return _price(spec, choice, cm.ModelShape.from_section(m), out)
+
+
+def evaluate_layouts(m, prof: Profile, offer: Offer, g: dict, *, efficiency=None,
+                     overlap=None, memory_headroom: float = 0.9) -> dict[str, np.ndarray]:
+    """The cost model on explicit layouts (one row per entry of the columns in `g`: nodes,
+    precision_code, seq, micro, acc, tp, pp, vpp, stage_code, shard_degree, dp,
+    recompute_code, sp, flash). Returns per-row memory, step time and its parts, tokens/s and
+    MFU. `efficiency` overrides the profile's (max, half_tokens, half_hidden) per precision
+    (used by the fitting script); `overlap` the share of gradient sync hidden behind compute.
+    """
+    shape = cm.ModelShape.from_section(m)
+    gpn = offer.gpus_per_node
+    g = {k: np.asarray(v) for k, v in g.items()}
     world = g["nodes"] * gpn
-    batch_ranks = world // (g["tp"] * g["pp"])
-    sharded = g["stage_code"] > 0
-    dp = np.where(sharded, 1, batch_ranks)
-    shard_degree = np.where(sharded, batch_ranks, 1)
+    batch_ranks = g["dp"] * g["shard_degree"]
     mixed = g["precision_code"] > 0
     tokens_per_step = g["micro"] * g["acc"] * g["seq"] * batch_ranks
     eff = prof.efficiency  # framework constants (memory overhead, comm overlap)
     per_precision = [prof.efficiency_for(p) for p in PRECISIONS]
+    if efficiency is not None:
+        per_precision = [efficiency] * len(PRECISIONS)
 
     def by_precision(attr: str) -> np.ndarray:
         return np.array([getattr(e, attr) for e in per_precision])[g["precision_code"]]
@@ -156,23 +233,25 @@ def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
     # memory
     mem = cm.memory_per_device_bytes(
         shape, seq_len=g["seq"], micro_batch=g["micro"], accumulation=g["acc"], tp=g["tp"],
-        pp=g["pp"], stage_code=g["stage_code"], shard_degree=shard_degree,
+        pp=g["pp"], stage_code=g["stage_code"], shard_degree=g["shard_degree"],
         recompute_code=g["recompute_code"], seq_parallel=g["sp"], mixed_precision=mixed,
-        overhead_gb=eff.memory_overhead_gb, fragmentation=eff.fragmentation)
-    fits = mem <= prof.memory_gb * cm.GB * c.memory_headroom
+        overhead_gb=eff.memory_overhead_gb, fragmentation=eff.fragmentation,
+        flash_attention=g["flash"], virtual_pp=g["vpp"])
+    fits = mem <= prof.memory_gb * cm.GB * memory_headroom
 
     # compute
     peak = np.array([prof.peak_for(p) for p in PRECISIONS])[g["precision_code"]] * 1e12
     f_model = cm.model_flops_per_token(m, g["seq"])
-    f_hw = f_model + cm.recompute_extra_flops_per_token(shape, g["seq"], g["recompute_code"])
+    f_hw = f_model + cm.recompute_extra_flops_per_token(shape, g["seq"], g["recompute_code"],
+                                                        g["flash"])
     tokens_per_rank = g["micro"] * g["acc"] * g["seq"]
-    efficiency = cm.compute_efficiency(micro_batch=g["micro"], seq_len=g["seq"],
-                                       hidden_per_tp=m.hidden_size / g["tp"],
-                                       eff_max=by_precision("max"),
-                                       half_tokens=by_precision("half_tokens"),
-                                       half_hidden=by_precision("half_hidden"),
-                                       rolloff_tokens=by_precision("rolloff_tokens"))
-    t_compute = tokens_per_rank * f_hw / (g["tp"] * g["pp"]) / (peak * efficiency)
+    efficiency_ = cm.compute_efficiency(micro_batch=g["micro"], seq_len=g["seq"],
+                                        hidden_per_tp=m.hidden_size / g["tp"],
+                                        eff_max=by_precision("max"),
+                                        half_tokens=by_precision("half_tokens"),
+                                        half_hidden=by_precision("half_hidden"),
+                                        rolloff_tokens=by_precision("rolloff_tokens"))
+    t_compute = tokens_per_rank * f_hw / (g["tp"] * g["pp"]) / (peak * efficiency_)
 
     # communication
     act_bytes = np.where(mixed, 2.0, 4.0)
@@ -182,37 +261,32 @@ def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
     t_tp = (m.num_hidden_layers / g["pp"]) * g["acc"] * 4 * \
         cm.ring_allreduce_seconds(tp_bytes, g["tp"], intra)
     pp_link = np.where(g["nodes"] > 1, inter, intra)
-    t_pp = np.where(g["pp"] > 1, 2.0 * g["acc"] * tp_bytes / pp_link, 0.0)
-    grad_bytes_device = shape.params_total / (g["tp"] * g["pp"]) * act_bytes
-    ranks_in_node = np.maximum(1, gpn // (g["tp"] * g["pp"]))
-    t_dp = cm.ring_allreduce_seconds(grad_bytes_device, np.minimum(batch_ranks, ranks_in_node),
-                                     intra)
-    t_dp = t_dp + np.where(g["nodes"] > 1, cm.ring_allreduce_seconds(
-        shape.params_total * act_bytes, g["nodes"], inter), 0.0)
-    t_dp = t_dp * np.where(g["stage_code"] == 3, 2.0, 1.0)  # stage3 re-gathers parameters
-    t_opt = shape.params_total / (g["tp"] * g["pp"] * shard_degree) * 16 * 3 / \
+    p2p_bytes = tp_bytes / np.where(g["sp"] > 0, g["tp"], 1)
+    t_pp = np.where(g["pp"] > 1, 2.0 * g["acc"] * g["vpp"] * p2p_bytes / pp_link, 0.0)
+    t_dp = cm.gradient_sync_seconds(
+        params=shape.params_total, grad_bytes=act_bytes, tp=g["tp"], pp=g["pp"], dp=g["dp"],
+        shard_degree=g["shard_degree"], stage_code=g["stage_code"], accumulation=g["acc"],
+        gpus_per_node=gpn, intra_bytes_per_s=intra, inter_bytes_per_s=inter)
+    t_opt = shape.params_total / (g["tp"] * g["pp"] * g["shard_degree"]) * 16 * 3 / \
         (prof.memory_bandwidth_gbytes_per_s * 1e9)
-    step_time = (t_compute + t_tp) * cm.pipeline_bubble_factor(g["pp"], g["acc"]) + t_pp + \
-        (1 - eff.comm_overlap) * t_dp + t_opt
+    hidden_share = eff.comm_overlap if overlap is None else overlap
+    bubble = cm.pipeline_bubble_factor(g["pp"], g["acc"], g["vpp"])
+    step_time = (t_compute + t_tp) * bubble + t_pp + (1 - hidden_share) * t_dp + t_opt
 
     tokens_per_s = tokens_per_step / step_time
-    steps = np.ceil(target / tokens_per_step)
-    train_hours = steps * step_time / 3600
     mfu = f_model * tokens_per_s / (world * peak)
-
-    out = {"offer": np.full(len(step_time), index), "nodes": g["nodes"],
-           "gpus_per_node": np.full(len(step_time), gpn), "world": world,
-           "precision_code": g["precision_code"], "seq": g["seq"], "micro": g["micro"],
-           "acc": g["acc"], "tp": g["tp"], "pp": g["pp"], "dp": dp,
-           "shard_degree": shard_degree, "stage_code": g["stage_code"],
-           "recompute_code": g["recompute_code"], "sp": g["sp"],
-           "tokens_per_step": tokens_per_step, "memory_gb": mem / cm.GB, "fits": fits,
-           "efficiency": efficiency, "hidden_per_tp": m.hidden_size / g["tp"],
-           "step_time_s": step_time,
-           "compute_s": t_compute, "comm_s": t_tp + t_pp + (1 - eff.comm_overlap) * t_dp,
-           "tokens_per_s": tokens_per_s, "steps": steps, "train_hours": train_hours,
-           "mfu": mfu}
-    return _price(spec, choice, shape, out)
+    n = len(step_time)
+    return {"nodes": g["nodes"], "gpus_per_node": np.full(n, gpn), "world": world,
+            "precision_code": g["precision_code"], "seq": g["seq"], "micro": g["micro"],
+            "acc": g["acc"], "tp": g["tp"], "pp": g["pp"], "vpp": g["vpp"], "dp": g["dp"],
+            "shard_degree": g["shard_degree"], "stage_code": g["stage_code"],
+            "recompute_code": g["recompute_code"], "sp": g["sp"], "flash": g["flash"],
+            "tokens_per_step": tokens_per_step, "memory_gb": mem / cm.GB, "fits": fits,
+            "efficiency": efficiency_, "hidden_per_tp": m.hidden_size / g["tp"],
+            "step_time_s": step_time, "compute_s": t_compute,
+            "comm_s": t_tp + t_pp + (1 - hidden_share) * t_dp,
+            "dp_sync_s": t_dp, "tokens_per_s": tokens_per_s,
+            "tokens_per_s_per_device": tokens_per_s / world, "mfu": mfu}
 
 
 def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) -> dict:
@@ -224,7 +298,10 @@ def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) ->
     if spec.constraints.spot and offer.has_spot:
         modes.append(True)
     parts = []
-    checkpoint_hours = shape.params_total * 16 / (sp.checkpoint_gbytes_per_s * 1e9) / 3600
+    checkpoint_hours = cm.checkpoint_write_hours(
+        state_bytes=shape.params_total * 16.0, nodes=rows["nodes"],
+        node_gbytes_per_s=sp.checkpoint_gbytes_per_s,
+        storage_cap_gbytes_per_s=offer.storage_gbytes_per_s)
     restart_hours = sp.restart_minutes / 60
     for spot in modes:
         r = dict(rows)

@@ -34,6 +34,10 @@ def strategy_settings(plan: Plan) -> dict:
             "micro_batch_size": t.per_device_train_batch_size,
         }
         settings["hybrid_configs"]["pp_configs"] = {"delay_scale_loss": False}
+        if p.virtual_pp_degree > 1:
+            # the interleaved schedule: PipelineLayer(num_virtual_pipeline_stages=v), set
+            # through GPTConfig.virtual_pp_degree in runner.model; recorded here for the log
+            settings["virtual_pp_degree"] = p.virtual_pp_degree
     if p.tensor_parallel_degree > 1:
         settings["tensor_parallel_configs"] = {"tensor_init_seed": plan.job.seed}
         settings["hybrid_configs"]["mp_configs"] = {

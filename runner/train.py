@@ -286,7 +286,9 @@ def build_training_state(plan: Plan):
 
     paddle.seed(plan.job.seed)
     with unique_name.guard():  # stable parameter names -> optimizer state keys match on resume
-        model = build_model(plan.model, plan.parallel, seq_len=plan.training.seq_len)
+        model = build_model(plan.model, plan.parallel, seq_len=plan.training.seq_len,
+                            use_flash_attention=plan.training.use_flash_attention,
+                            precision=plan.training.precision)
         optimizer = build_optimizer(plan, model)
     scaler = build_scaler(plan)
     if plan.training.fp16_opt_level == "O2":
