@@ -45,11 +45,13 @@ def candidate_plan(spec: Spec, row: dict, *, target: float, notes: list[str] | N
             warmup_steps=max(1, int(steps * tr.warmup_fraction)),
             weight_decay=tr.weight_decay, precision=precision,
             fp16_opt_level=tr.fp16_opt_level if precision != "fp32" else "O1",
+            use_flash_attention=bool(row.get("flash", 0)),
             packing=tr.packing, logging_steps=max(1, min(100, steps // 20))),
         parallel=ParallelSection(
             nnodes=row["nodes"], nproc_per_node=row["gpus_per_node"],
             data_parallel_degree=row["dp"], tensor_parallel_degree=row["tp"],
-            pipeline_parallel_degree=row["pp"], sharding=row["sharding"],
+            pipeline_parallel_degree=row["pp"], virtual_pp_degree=row.get("vpp", 1),
+            sharding=row["sharding"],
             sharding_parallel_degree=row["shard_degree"], recompute=row["recompute"],
             sequence_parallel=bool(row["sp"])),
         hardware=HardwareSection(

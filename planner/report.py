@@ -27,9 +27,11 @@ def layout(row: dict) -> str:
     if row["tp"] > 1:
         parts.append(f"tp{row['tp']}" + ("+sp" if row["sp"] else ""))
     if row["pp"] > 1:
-        parts.append(f"pp{row['pp']}")
+        parts.append(f"pp{row['pp']}" + (f"v{row['vpp']}" if row.get("vpp", 1) > 1 else ""))
     if row["sharding"]:
         parts.append(f"{row['sharding']}x{row['shard_degree']}")
+    if row.get("flash"):
+        parts.append("flash")
     return " ".join(parts)
 
 

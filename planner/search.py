@@ -196,8 +196,15 @@ def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
     batch_ranks = np.concatenate([batch_ranks, batch_ranks[extra]])
     g["shard_degree"] = shard_degree
     g["dp"] = batch_ranks // shard_degree
+    if s.sharding_degrees:
+        keep = (g["stage_code"] == 0) | np.isin(shard_degree, s.sharding_degrees)
+        g = {k: v[keep] for k, v in g.items()}
+        batch_ranks = batch_ranks[keep]
+        if not len(batch_ranks):
+            return {}
     g["flash"] = np.full(len(batch_ranks), 0)
-    if prof.flash_attention and m.hidden_size // m.num_attention_heads <= 256:
+    if s.flash_attention and prof.flash_attention and \
+            m.hidden_size // m.num_attention_heads <= 256:
         g["flash"] = (g["precision_code"] > 0).astype(int)  # fp16/bf16 only
     out = evaluate_layouts(m, prof, offer, g, memory_headroom=c.memory_headroom)
     out["offer"] = np.full(len(out["nodes"]), index)
@@ -417,7 +424,51 @@ def decide(spec: Spec, table: CandidateTable, target: float) -> Decision:
         problems.append("no single plan meets both budget and deadline: the cheapest takes "
                         f"{table['hours'][cheapest]:,.1f} h, the fastest costs "
                         f"{table['cost'][fastest]:,.0f} {cur} (modelled)")
+    cap_note = node_cap_relief(spec, table, target, int(table["nodes"][fastest]))
+    if cap_note:
+        problems.append(cap_note)
     return Decision(None, table, feasible, pareto, target, problems)
+
+
+def node_cap(spec: Spec) -> int:
+    """The most nodes the search may use: constraints.max_nodes and search.node_counts."""
+    return min(spec.constraints.max_nodes, max(spec.search.node_counts))
+
+
+def node_cap_relief(spec: Spec, table: CandidateTable, target: float,
+                    fastest_nodes: int) -> str:
+    """When no plan meets the deadline/budget and the fastest one already uses the node cap,
+    say so, and what 8x the cap would buy (re-evaluated, modelled)."""
+    import dataclasses
+
+    cap = node_cap(spec)
+    if fastest_nodes < cap:
+        return ""
+    wider_counts = sorted(set(spec.search.node_counts) | {cap * 2, cap * 4, cap * 8})
+    wider = dataclasses.replace(
+        spec, constraints=dataclasses.replace(spec.constraints, max_nodes=cap * 8),
+        search=dataclasses.replace(spec.search, node_counts=wider_counts))
+    big = evaluate_space(wider, table.offers, target)
+    if not len(big):
+        return ""
+    c, cur = spec.constraints, spec.constraints.currency
+    head = (f"constraints.max_nodes = {c.max_nodes} / search.node_counts (most "
+            f"{max(spec.search.node_counts)}) cap the job at {cap} nodes, and the fastest plan "
+            f"uses all {cap}")
+    ok = feasible_mask(wider, big)
+    if ok.any():
+        best = int(ranked(big, ok)[0])
+        return (f"{head}; with up to {cap * 8} nodes a plan meets the limits: "
+                f"{int(big['nodes'][best])} nodes, {big['hours'][best]:,.1f} h, "
+                f"{big['cost'][best]:,.0f} {cur} (modelled); raise constraints.max_nodes "
+                "and search.node_counts")
+    fits = big["fits"]
+    if not fits.any():
+        return ""
+    fastest = int(np.flatnonzero(fits)[np.argmin(big["hours"][fits])])
+    return (f"{head}; even {int(big['nodes'][fastest])} nodes would take "
+            f"{big['hours'][fastest]:,.1f} h and cost {big['cost'][fastest]:,.0f} {cur} "
+            "(modelled)")
 
 
 def _binding_constraint(spec: Spec, table: CandidateTable, chosen: int) -> str:

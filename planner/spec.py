@@ -91,6 +91,11 @@ class SearchSpec:
                                             "stage; > 1 = interleaved schedule, Paddle needs "
                                             "pp > 2).")
     sharding: list[str] = setting(["", "stage1", "stage2", "stage3"], "Sharding stages.")
+    sharding_degrees: list[int] = setting([], "Sharding degrees ([] = all batch ranks, and the "
+                                              "batch ranks of one node with data parallel "
+                                              "across nodes).")
+    flash_attention: bool = setting(True, "Use flash attention where the device and "
+                                          "precision support it.")
     recompute: list[str] = setting(["none", "core_attn", "full_attn", "full"],
                                    "Recompute granularities.")
     sequence_parallel: list[bool] = setting([False, True], "Sequence parallel choices.")

@@ -54,6 +54,17 @@ def strategy_settings(plan: Plan) -> dict:
     return settings
 
 
+def sharding_groups(plan: Plan) -> dict[str, str]:
+    """Which communication groups stage2/3 group-sharded training uses: always the sharding
+    group; with hybrid data parallel x sharding (data_parallel_degree > 1) also the data
+    group, across which the sharded gradients are all-reduced (group_sharded_parallel's
+    `group` and `dp_group`)."""
+    groups = {"group": "sharding"}
+    if plan.parallel.sharding and plan.parallel.data_parallel_degree > 1:
+        groups["dp_group"] = "data"
+    return groups
+
+
 def build_strategy(plan: Plan):
     """A real fleet.DistributedStrategy (imports paddle)."""
     from paddle.distributed import fleet

@@ -23,7 +23,7 @@ from runner import checkpoint as ckpt
 from runner.data import BatchSource, DeterministicSampler, TokenDataset, open_prepared
 from runner.metrics import BillingLog, MetricsWriter, RunMeter
 from runner.model import build_model
-from runner.parallel import build_strategy
+from runner.parallel import build_strategy, sharding_groups
 from runner.plan import Plan, TrainingSection, load_plan
 from runner.tomlconf import write_text_atomic
 
@@ -309,8 +309,12 @@ def distribute(trainer: Trainer) -> None:
         from paddle.distributed.sharding import group_sharded_parallel
 
         level = "os_g" if plan.parallel.sharding == "stage2" else "p_g_os"
+        hcg = fleet.get_hybrid_communicate_group()
+        by_name = {"sharding": hcg.get_sharding_parallel_group,
+                   "data": hcg.get_data_parallel_group}
+        groups = {k: by_name[v]() for k, v in sharding_groups(plan).items()}
         trainer.model, trainer.optimizer, trainer.scaler = group_sharded_parallel(
-            trainer.model, trainer.optimizer, level, scaler=trainer.scaler)
+            trainer.model, trainer.optimizer, level, scaler=trainer.scaler, **groups)
         return
     trainer.model = fleet.distributed_model(trainer.model)
     trainer.optimizer = fleet.distributed_optimizer(trainer.optimizer)
