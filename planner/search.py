@@ -292,7 +292,8 @@ def evaluate_layouts(m, prof: Profile, offer: Offer, g: dict, *, efficiency=None
             "efficiency": efficiency_, "hidden_per_tp": m.hidden_size / g["tp"],
             "step_time_s": step_time, "compute_s": t_compute,
             "comm_s": t_tp + t_pp + (1 - hidden_share) * t_dp,
-            "dp_sync_s": t_dp, "tokens_per_s": tokens_per_s,
+            "dp_sync_s": t_dp, "tp_s": t_tp, "pp_s": t_pp, "opt_s": t_opt, "bubble": bubble,
+            "tokens_per_s": tokens_per_s,
             "tokens_per_s_per_device": tokens_per_s / world, "mfu": mfu}
 
 
