@@ -152,6 +152,30 @@ def gradient_sync_seconds(*, params, grad_bytes, tp, pp, dp, shard_degree, stage
     return np.where(stage == 0, plain, sharded + np.where(dp > 1, across, 0.0))
 
 
+# ---- uncertainty -------------------------------------------------------------------------------
+
+def interval_from_throughput(*, tokens_per_s, hours, fixed_hours, cost, p10_ratio, p90_ratio):
+    """The 80% interval (p10..p90) on modelled throughput, hours and cost.
+
+    p10_ratio/p90_ratio are the 10th/90th percentiles of measured/modelled tokens/s from the
+    fit's leave-one-out residuals (hardware profile [efficiency]). Time that scales with
+    throughput (training, checkpoints, lost work) scales by 1/ratio; fixed time (start-up)
+    does not; cost follows hours. The fast end of throughput is the short, cheap end:
+    hours_p10 comes from throughput_p90.
+    """
+    tps = np.asarray(tokens_per_s, dtype=float)
+    h = np.asarray(hours, dtype=float)
+    fixed = np.asarray(fixed_hours, dtype=float)
+    lo, hi = np.asarray(p10_ratio, dtype=float), np.asarray(p90_ratio, dtype=float)
+    variable = np.maximum(h - fixed, 0.0)
+    per_hour = np.asarray(cost, dtype=float) / np.maximum(h, 1e-12)
+    hours_p10 = variable / hi + fixed
+    hours_p90 = variable / lo + fixed
+    return {"tokens_per_s_p10": tps * lo, "tokens_per_s_p90": tps * hi,
+            "hours_p10": hours_p10, "hours_p90": hours_p90,
+            "cost_p10": per_hour * hours_p10, "cost_p90": per_hour * hours_p90}
+
+
 # ---- spot and checkpoints ------------------------------------------------------------------
 
 def checkpoint_write_hours(*, state_bytes, nodes, node_gbytes_per_s,

@@ -17,6 +17,15 @@ def _sig(x: float, digits: int = 6) -> float:
     return float(f"{x:.{digits}g}")
 
 
+def _interval_source(prof, precision: str) -> str:
+    eff = prof.efficiency_for(precision)
+    where = (f"p10/p90 of leave-one-out residuals of {eff.fit_rows} published runs "
+             f"(hardware_profiles/published_runs.csv, fitted {eff.calibrated_at})"
+             if eff.fit_rows else "no published runs for this hardware: the default "
+             "(wide) spread of an uncalibrated prior")
+    return f"80% interval on throughput x{eff.throughput_p10:g}..x{eff.throughput_p90:g}: {where}"
+
+
 def candidate_plan(spec: Spec, row: dict, *, target: float, notes: list[str] | None = None,
                    measured: list[str] | None = None, probes: int = 0) -> Plan:
     choice = row["offer_choice"]
@@ -68,7 +77,12 @@ def candidate_plan(spec: Spec, row: dict, *, target: float, notes: list[str] | N
             peak_memory_gb=_sig(row["memory_gb"]), mfu=_sig(row["mfu"]),
             hours=_sig(row["hours"]), cost=_sig(row["cost"]),
             cost_per_million_tokens=_sig(row["cost_per_million_tokens"]),
-            energy_kwh=_sig(row["energy_kwh"]), measured=measured or []),
+            energy_kwh=_sig(row["energy_kwh"]),
+            tokens_per_second_p10=_sig(row["tokens_per_s_p10"]),
+            tokens_per_second_p90=_sig(row["tokens_per_s_p90"]),
+            hours_p10=_sig(row["hours_p10"]), hours_p90=_sig(row["hours_p90"]),
+            cost_p10=_sig(row["cost_p10"]), cost_p90=_sig(row["cost_p90"]),
+            interval=_interval_source(prof, precision), measured=measured or []),
         provenance=ProvenanceSection(
             created_by=f"planner {__version__}",
             created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

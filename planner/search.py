@@ -326,6 +326,12 @@ def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) ->
         r["hours"] = hours
         r["price_node_hour"] = np.full(n, price)
         r["cost"] = price * r["nodes"] * hours
+        lo = np.array([prof.efficiency_for(p).throughput_p10 for p in PRECISIONS])
+        hi = np.array([prof.efficiency_for(p).throughput_p90 for p in PRECISIONS])
+        r.update(cm.interval_from_throughput(
+            tokens_per_s=r["tokens_per_s"], hours=hours, fixed_hours=sp.startup_minutes / 60,
+            cost=r["cost"], p10_ratio=lo[r["precision_code"]],
+            p90_ratio=hi[r["precision_code"]]))
         r["energy_kwh"] = r["world"] * prof.tdp_w * hours / 1000 * \
             (offer.pue if offer.kind == "on_prem" else 1.0)
         parts.append(r)

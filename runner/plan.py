@@ -170,6 +170,15 @@ class EstimateSection:
     cost: float = setting(0.0, "Total cost in budget.currency.", min=0)
     cost_per_million_tokens: float = setting(0.0, "Cost per 1e6 training tokens.", min=0)
     energy_kwh: float = setting(0.0, "Energy, kWh (modelled from TDP).", min=0)
+    tokens_per_second_p10: float = setting(0.0, "80% interval on tokens_per_second, low end "
+                                                "(0 = none given).", min=0)
+    tokens_per_second_p90: float = setting(0.0, "80% interval, high end.", min=0)
+    hours_p10: float = setting(0.0, "80% interval on hours, low end.", min=0)
+    hours_p90: float = setting(0.0, "80% interval on hours, high end.", min=0)
+    cost_p10: float = setting(0.0, "80% interval on cost, low end (budget.currency).", min=0)
+    cost_p90: float = setting(0.0, "80% interval on cost, high end.", min=0)
+    interval: str = setting("", "Where the interval comes from (calibration residuals of a "
+                                "fit to published runs, or the measured spread of probes).")
     measured: list[str] = setting([], "Which of the fields above were measured by probes.")
 
 
