@@ -24,6 +24,7 @@ from planner.hardware import Offer, Profile
 from planner.spec import Spec
 
 PRECISIONS = ("fp32", "fp16", "bf16")
+DIAGNOSTIC_COLUMNS = frozenset({"tp_s", "pp_s", "opt_s", "bubble", "tokens_per_s_per_device"})
 
 
 @dataclass(frozen=True)
@@ -96,24 +97,21 @@ def _grid(**dims) -> dict[str, np.ndarray]:
     return {n: m.ravel() for n, m in zip(names, mesh)}
 
 
-def _accumulations(lo: np.ndarray, hi: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, the accumulation values searched: every value in [lo, hi] is valid; the time
-    per token never rises with accumulation (the bubble (m+p-1)/m and the once-per-step
-    gradient sync are amortised over more micro-batches; memory stops growing at m = p), so
-    the search evaluates both ends of the range, the powers of two between them and the
-    largest multiple of each row's pp (the interleaved schedule's rule). Returns (row index,
-    accumulation) pairs."""
-    rows, values = [], []
-    powers = np.array([2**i for i in range(int(math.log2(max(cap, 1))) + 1)])
-    for extra in (lo, hi):
-        ok = (extra >= 1) & (extra >= lo) & (extra <= hi)
-        rows.append(np.flatnonzero(ok))
-        values.append(extra[ok])
-    for pw in powers:
-        ok = (pw > lo) & (pw < hi)
-        rows.append(np.flatnonzero(ok))
-        values.append(np.full(int(ok.sum()), pw))
-    r, v = np.concatenate(rows), np.concatenate(values)
+def _accumulations(lo: np.ndarray, hi: np.ndarray, pp: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the accumulation values evaluated out of the valid range [lo, hi].
+
+    Every value in the range is valid and searched, but the time per token never rises with
+    accumulation (the bubble (m + (p-1)/v)/m and the once-per-step gradient sync shrink per
+    micro-batch; memory stops growing at m = p), so within one layout the largest valid value
+    is never beaten and the smallest is the smallest global batch. Both are evaluated, plus,
+    for pipelines, the largest multiple of pp (the interleaved schedule's rule). Returns
+    (row index, accumulation) pairs."""
+    ok = hi >= lo
+    mult = (hi // np.maximum(pp, 1)) * pp
+    candidates = [lo, hi, np.where((pp > 1) & (mult >= lo), mult, lo)]
+    r = np.concatenate([np.flatnonzero(ok)] * len(candidates))
+    v = np.concatenate([c[ok] for c in candidates])
     pairs = np.unique(np.stack([r, v]), axis=1)
     return pairs[0], pairs[1]
 
@@ -170,7 +168,7 @@ def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
         lo = np.where(g["pp"] > 1, np.maximum(lo, g["pp"]), lo)
         hi = (c.global_batch_tokens_max // np.maximum(per_acc, 1) if c.global_batch_tokens_max
               else np.full(len(per_acc), max(1024, int(lo.max(initial=1)))))
-        rows, acc = _accumulations(lo, np.minimum(hi, 4096), 1024)
+        rows, acc = _accumulations(lo, np.minimum(hi, 4096), g["pp"])
     g = {k: v[rows] for k, v in g.items()}
     g["acc"] = acc
     batch_ranks = batch_ranks[rows]
@@ -342,7 +340,9 @@ def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) ->
 
 def evaluate_space(spec: Spec, offers: list[OfferChoice], target: float) -> CandidateTable:
     tables = [evaluate_offer(spec, choice, i, target) for i, choice in enumerate(offers)]
-    tables = [t for t in tables if t]
+    # diagnostics of single evaluations (planner explain, the published-run fit) stay out of
+    # the big table: concatenating a million rows is memory-bound
+    tables = [{k: v for k, v in t.items() if k not in DIAGNOSTIC_COLUMNS} for t in tables if t]
     if not tables:
         return CandidateTable(offers, {})
     columns = {k: np.concatenate([t[k] for t in tables]) for k in tables[0]}
@@ -372,12 +372,11 @@ def ranked(table: CandidateTable, mask: np.ndarray) -> np.ndarray:
 def pareto_front(table: CandidateTable, mask: np.ndarray) -> np.ndarray:
     """Rows not beaten on both cost and hours (cheapest first)."""
     idx = ranked(table, mask)
-    front, best_hours = [], math.inf
-    for i in idx:
-        if table["hours"][i] < best_hours:
-            front.append(i)
-            best_hours = table["hours"][i]
-    return np.array(front, dtype=int)
+    if not len(idx):
+        return np.zeros(0, dtype=int)
+    hours = table["hours"][idx]
+    before = np.concatenate([[math.inf], np.minimum.accumulate(hours)[:-1]])
+    return idx[hours < before].astype(int)
 
 
 @dataclass

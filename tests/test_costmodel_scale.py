@@ -81,7 +81,7 @@ def test_search_time_of_pp8_layout_reflects_the_shard():
     assert len(t)
     i = 0
     # the gradient sync is a small part of the step when only the shard crosses nodes
-    assert t["dp_sync_s"][i] < 0.05 * t["step_time_s"][i]
+    assert t["dp_sync_s"][i] < 0.1 * t["step_time_s"][i]  # the whole model: about 50%
 
 
 # ---- checkpoints: every node writes its own shards ----------------------------------------------
