@@ -19,10 +19,14 @@ def _sig(x: float, digits: int = 6) -> float:
 
 def _interval_source(prof, precision: str) -> str:
     eff = prof.efficiency_for(precision)
-    where = (f"p10/p90 of leave-one-out residuals of {eff.fit_rows} published runs "
-             f"(hardware_profiles/published_runs.csv, fitted {eff.calibrated_at})"
-             if eff.fit_rows else "no published runs for this hardware: the default "
-             "(wide) spread of an uncalibrated prior")
+    if eff.calibrated_on:
+        where = f"measured spread of the probes around the calibration ({eff.source})"
+    elif eff.fit_rows:
+        where = (f"p10/p90 of leave-one-out residuals of {eff.fit_rows} published runs "
+                 f"(hardware_profiles/published_runs.csv, fitted {eff.calibrated_at})")
+    else:
+        where = "no published runs for this hardware: the default (wide) spread of an " \
+                "uncalibrated prior"
     return f"80% interval on throughput x{eff.throughput_p10:g}..x{eff.throughput_p90:g}: {where}"
 
 
