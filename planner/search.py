@@ -24,7 +24,8 @@ from planner.hardware import Offer, Profile
 from planner.spec import Spec
 
 PRECISIONS = ("fp32", "fp16", "bf16")
-DIAGNOSTIC_COLUMNS = frozenset({"tp_s", "pp_s", "opt_s", "bubble", "tokens_per_s_per_device"})
+DIAGNOSTIC_COLUMNS = frozenset({"tp_s", "pp_s", "opt_s", "bubble", "tokens_per_s_per_device",
+                                "dp_sync_s"})
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class CandidateTable:
 
     offers: list[OfferChoice]
     columns: dict[str, np.ndarray] = field(default_factory=dict)
+    fixed_hours: float = 0.0  # paid hours that do not scale with throughput (start-up)
 
     def __len__(self) -> int:
         return len(next(iter(self.columns.values()))) if self.columns else 0
@@ -58,10 +60,29 @@ class CandidateTable:
         out["precision"] = PRECISIONS[out["precision_code"]]
         out["sharding"] = cm.SHARDING_STAGES[out["stage_code"]]
         out["recompute"] = cm.RECOMPUTE_MODES[out["recompute_code"]]
+        out.update({k: v[0].item() for k, v in self.intervals(np.array([i])).items()})
         return out
 
+    def intervals(self, idx: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """The 80% interval (tokens_per_s/hours/cost _p10/_p90) of rows `idx` (all if None).
+
+        Computed on demand: it depends only on each row's point estimate and its profile's
+        calibration spread (planner.costmodel.interval_from_throughput), so a million-row
+        table need not carry six more columns."""
+        idx = np.arange(len(self)) if idx is None else np.asarray(idx, dtype=int)
+        lo = np.array([[c.profile.efficiency_for(p).throughput_p10 for p in PRECISIONS]
+                       for c in self.offers])
+        hi = np.array([[c.profile.efficiency_for(p).throughput_p90 for p in PRECISIONS]
+                       for c in self.offers])
+        offer, prec = self["offer"][idx], self["precision_code"][idx]
+        return cm.interval_from_throughput(
+            tokens_per_s=self["tokens_per_s"][idx], hours=self["hours"][idx],
+            fixed_hours=self.fixed_hours, cost=self["cost"][idx], p10_ratio=lo[offer, prec],
+            p90_ratio=hi[offer, prec])
+
     def select(self, mask: np.ndarray) -> "CandidateTable":
-        return CandidateTable(self.offers, {k: v[mask] for k, v in self.columns.items()})
+        return CandidateTable(self.offers, {k: v[mask] for k, v in self.columns.items()},
+                              self.fixed_hours)
 
 
 def allowed_offers(spec: Spec, profiles: dict[str, Profile]) -> list[OfferChoice]:
@@ -324,12 +345,6 @@ def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) ->
         r["hours"] = hours
         r["price_node_hour"] = np.full(n, price)
         r["cost"] = price * r["nodes"] * hours
-        lo = np.array([prof.efficiency_for(p).throughput_p10 for p in PRECISIONS])
-        hi = np.array([prof.efficiency_for(p).throughput_p90 for p in PRECISIONS])
-        r.update(cm.interval_from_throughput(
-            tokens_per_s=r["tokens_per_s"], hours=hours, fixed_hours=sp.startup_minutes / 60,
-            cost=r["cost"], p10_ratio=lo[r["precision_code"]],
-            p90_ratio=hi[r["precision_code"]]))
         r["energy_kwh"] = r["world"] * prof.tdp_w * hours / 1000 * \
             (offer.pue if offer.kind == "on_prem" else 1.0)
         parts.append(r)
@@ -344,10 +359,10 @@ def evaluate_space(spec: Spec, offers: list[OfferChoice], target: float) -> Cand
     # the big table: concatenating a million rows is memory-bound
     tables = [{k: v for k, v in t.items() if k not in DIAGNOSTIC_COLUMNS} for t in tables if t]
     if not tables:
-        return CandidateTable(offers, {})
+        return CandidateTable(offers, {}, spec.spot.startup_minutes / 60)
     columns = {k: np.concatenate([t[k] for t in tables]) for k in tables[0]}
     columns["cost_per_million_tokens"] = columns["cost"] / target * 1e6
-    return CandidateTable(offers, columns)
+    return CandidateTable(offers, columns, spec.spot.startup_minutes / 60)
 
 
 # ---- choosing ----------------------------------------------------------------------------------

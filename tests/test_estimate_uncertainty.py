@@ -82,12 +82,12 @@ def test_every_candidate_carries_an_interval_around_its_estimate():
     spec = spec_from_dict(merge(BANK, {"constraints": {"profiles": ["a100-80gb", "t4"]}}),
                           file="spec.toml")
     table = evaluate_space(spec, allowed_offers(spec, load_profiles()), spec.job.target_tokens)
+    iv = table.intervals()
     for point, lo, hi in (("tokens_per_s", "tokens_per_s_p10", "tokens_per_s_p90"),
                           ("hours", "hours_p10", "hours_p90"),
                           ("cost", "cost_p10", "cost_p90")):
-        assert (table[lo] <= table[point] + 1e-9).all() and (table[point] <= table[hi] + 1e-9
-                                                             ).all()
-        assert (table[hi] > table[lo]).all()
+        assert (iv[lo] <= table[point] + 1e-9).all() and (table[point] <= iv[hi] + 1e-9).all()
+        assert (iv[hi] > iv[lo]).all()
     d = decide(spec, table, spec.job.target_tokens)
     from planner.planwriter import candidate_plan
     from planner.report import candidate_records, render_choice
