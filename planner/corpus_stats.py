@@ -75,13 +75,20 @@ def epochs_warning(stats: CorpusStatistics, target_tokens: float) -> str | None:
     if not math.isfinite(epochs) or epochs <= EPOCHS_WARN:
         return None
     fresh = fresh_equivalent_tokens(stats.total_tokens, epochs)
-    return (f"warning: {target_tokens:,.3g} target tokens repeat the corpus "
-            f"({stats.total_tokens:,.3g} tokens, {stats.total_tokens_source}) {epochs:,.1f} "
+    return (f"warning: {_tokens(target_tokens)} target tokens repeat the corpus "
+            f"({_tokens(stats.total_tokens)} tokens, {stats.total_tokens_source}) {epochs:,.1f} "
             f"times. Up to about {EPOCHS_WARN:.0f} epochs is nearly as good as fresh data; "
             f"after that repeated tokens are worth sharply less (Muennighoff et al. 2023): "
-            f"these are worth about {fresh:,.3g} fresh tokens "
+            f"these are worth about {_tokens(fresh)} fresh tokens "
             f"({fresh / target_tokens:.0%} of the target; modelled). More text, or a smaller "
             "target, spends the budget better.")
+
+
+def _tokens(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.3g}"
 
 
 def _padding_tables(lengths: np.ndarray, seq_lens: list[int]) -> tuple[dict, dict]:

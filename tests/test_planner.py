@@ -177,7 +177,7 @@ def test_optimize_bank_faq_end_to_end(optimized):
     assert "all numbers modelled" in out and "Best plan per offer" in out
     # 50B tokens on ~10 GB of text repeat it about 18 times: warned, in fresh-data terms
     assert "Muennighoff" in out and "fresh tokens" in out
-    assert "data preparation before training" in out
+    assert "data preparation" in out and "MB/s per core" in out
     plan = load_plan(work / "plans" / "bank_faq.toml")
     assert plan.estimate.source == "model" and plan.estimate.cost <= 12000
     assert plan.budget.currency == plan.hardware.currency == "CNY"
