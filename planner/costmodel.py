@@ -10,6 +10,9 @@ Sources (see ../shared/REFERENCES.md section 1):
 - [P22]  Chowdhery et al. 2022, PaLM, appendix B: model FLOPs per token 6N + 12·L·h·s and MFU.
 - [K22], [Z20]: memory per device (activations, model states) lives in runner.memory, shared
          with the runner's local rehearsal, and is re-exported here.
+- compute_efficiency, ring_allreduce_seconds and recompute_extra_flops_per_token live in
+         runner.steptime (the runner models its
+         local rehearsal with them) and are re-exported here.
 - [YD]   Young 1974 / Daly 2006: optimal checkpoint interval sqrt(2·delta/lambda).
 The model FLOPs and parameter count are shared with the runner (runner.model), so MFU means the
 same thing in a plan and in a run report.
@@ -23,6 +26,8 @@ from runner.memory import (GB, ModelShape, activation_bytes_per_layer,  # noqa: 
                            memory_per_device_bytes, model_state_bytes_per_param)
 from runner.model import training_flops_per_token
 from runner.plan import ModelSection
+from runner.steptime import (compute_efficiency, recompute_extra_flops_per_token,  # noqa: F401
+                             ring_allreduce_seconds)
 
 RECOMPUTE_MODES = ("none", "core_attn", "full_attn", "full")
 SHARDING_STAGES = ("", "stage1", "stage2", "stage3")
@@ -37,48 +42,7 @@ def model_flops_per_token(m: ModelSection, seq_len):
     return base + 12.0 * m.num_hidden_layers * m.hidden_size * seq_len
 
 
-def recompute_extra_flops_per_token(shape: ModelShape, seq_len, recompute_code):
-    """Extra forward work recompute adds per token (hardware FLOPs - model FLOPs).
-
-    full: one more forward of every layer, 2·N_body + 4·L·h·s ([N21] eq. 3 factor 4/3);
-    full_attn: the attention block's forward, 8·L·h² + 4·L·h·s;
-    core_attn: only the score/value matmuls, 4·L·h·s ([K22] selective recompute).
-    """
-    L, h = shape.layers, shape.hidden
-    s = np.asarray(seq_len, dtype=float)
-    attn_core = 4.0 * L * h * s
-    full = 2.0 * shape.params_body + attn_core
-    full_attn = 8.0 * L * h * h + attn_core
-    code = np.asarray(recompute_code)
-    return np.select([code == 0, code == 1, code == 2, code == 3],
-                     [0.0 * s, attn_core, full_attn, full])
-
-
 # ---- time --------------------------------------------------------------------------------------
-
-def compute_efficiency(*, micro_batch, seq_len, hidden_per_tp, eff_max, half_tokens,
-                       half_hidden, rolloff_tokens=0.0):
-    """Achieved/peak FLOP/s as a function of work per device (calibrated per profile).
-
-    Small micro-batches (few tokens per GEMM) and small hidden sizes run far below peak:
-    eff = eff_max · T/(T + T½) · H/(H + H½) · 1/(1 + T/R), T = b·s tokens per micro-batch,
-    H = h/t. The last factor is empirical (no paper): on CPUs, efficiency falls again once a
-    micro-batch's working set outgrows the caches; R = 0 (the GPU priors) leaves it out, and
-    calibration fits it from probes.
-    """
-    tokens = np.asarray(micro_batch, dtype=float) * np.asarray(seq_len, dtype=float)
-    hid = np.asarray(hidden_per_tp, dtype=float)
-    rolloff = np.asarray(rolloff_tokens, dtype=float)
-    falloff = np.where(rolloff > 0, 1.0 / (1.0 + tokens / np.maximum(rolloff, 1e-9)), 1.0)
-    return eff_max * tokens / (tokens + half_tokens) * hid / (hid + half_hidden) * falloff
-
-
-def ring_allreduce_seconds(bytes_, ranks, bandwidth_bytes_per_s):
-    """Ring all-reduce moves 2·(n-1)/n of the buffer through each rank's link."""
-    n = np.asarray(ranks, dtype=float)
-    return np.where(n > 1, 2.0 * (n - 1) / np.maximum(n, 1) * bytes_ / bandwidth_bytes_per_s,
-                    0.0)
-
 
 def pipeline_bubble_factor(pp, accumulation):
     """[N21] 1F1B: time scales by (m + p - 1)/m for m micro-batches and p stages."""

@@ -1,0 +1,228 @@
+"""`runner execute PLAN --local`: the plan rehearsed on this machine, made to fit it.
+
+`runner.launch.localize` moves the plan to this machine's devices (one node, data parallel,
+a precision the CPU has). This module then
+
+- predicts memory per rank with the planner's own formulas (runner.memory, one place) and the
+  local profile's overhead (hardware_profiles/<profile>.toml via runner.profile); when that
+  does not fit the rank's memory with HEADROOM, halves the micro-batch, then seq_len, until it
+  does, raising gradient accumulation so each rank still trains the same tokens per step (the
+  global batch is kept);
+- keeps a rehearsal short: a few steps (DEFAULT_STEPS) unless --max-steps says otherwise, and
+  when one step at the kept global batch would take longer than STEP_TARGET_S here (modelled),
+  lowers accumulation, then micro-batch, saying so (a setting the user pinned with --set is
+  left alone);
+- fills the rehearsal's [estimate] with the local model's numbers, so the end-of-run report is
+  planned (modelled here) vs actual (measured here).
+
+`rank_memory_limit_bytes` is the per-rank memory limit every run and probe gets (enforced by
+runner.supervise).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from runner.errors import HardwareError
+from runner.memory import GB, ModelShape, memory_per_device_bytes
+from runner.model import training_flops_per_token
+from runner.plan import EstimateSection, Plan
+from runner.profile import PerformanceData, ProfileError, read_performance
+from runner.steptime import RECOMPUTE_CODES, data_parallel_step_time_s
+from runner.supervise import machine_memory_bytes, machine_share_bytes
+
+HEADROOM = 0.8          # a rehearsal's modelled memory may use this share of a rank's memory
+DEFAULT_STEPS = 3       # --local without --max-steps
+STEP_TARGET_S = 30.0    # a rehearsal step should take about this long here (modelled)
+MIN_SEQ_LEN = 16
+LIMIT_MARGIN = 2.0      # runtime limit: this multiple of the modelled memory ...
+LIMIT_SLACK_GB = 1.0    # ... or this much above it, whichever is more (within the machine)
+STAGE_CODES = {"": 0, "stage1": 1, "stage2": 2, "stage3": 3}
+
+
+@dataclass(frozen=True)
+class Rehearsal:
+    """The local plan and what was changed to get it, with the model's numbers for it."""
+    plan: Plan
+    changes: tuple[str, ...]
+    memory_bytes: float          # modelled peak per rank
+    memory_budget_bytes: float   # what the fit aimed under (HEADROOM x the rank's memory)
+    memory_limit_bytes: int      # enforced per rank while it runs
+    machine_memory_bytes: int
+    step_time_s: float           # modelled on the local profile
+    step_time_error: float       # the profile's median relative error (0 = not calibrated)
+    profile: str
+
+
+def local_performance(plan: Plan) -> PerformanceData | None:
+    """The profile that describes this machine's devices (cpu.toml on a CPU machine)."""
+    name = "cpu" if plan.hardware.device == "cpu" else plan.hardware.profile
+    try:
+        return read_performance(name)
+    except ProfileError:
+        return None
+
+
+def modelled_memory_bytes(plan: Plan, perf: PerformanceData | None) -> float:
+    """Peak bytes per rank of `plan`, from runner.memory's formulas."""
+    t, p = plan.training, plan.parallel
+    eff = perf.efficiency_for(t.precision) if perf else None
+    return float(memory_per_device_bytes(
+        ModelShape.from_section(plan.model), seq_len=t.seq_len,
+        micro_batch=t.per_device_train_batch_size, accumulation=t.gradient_accumulation_steps,
+        tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
+        stage_code=STAGE_CODES[p.sharding], shard_degree=p.sharding_parallel_degree,
+        recompute_code=RECOMPUTE_CODES[p.recompute], seq_parallel=p.sequence_parallel,
+        mixed_precision=t.precision != "fp32",
+        overhead_gb=eff.memory_overhead_gb if eff else 0.0,
+        fragmentation=eff.fragmentation if eff else 1.0))
+
+
+def rank_memory_limit_bytes(plan: Plan, *, limit_gb: float | None = None) -> int:
+    """The memory one rank of `plan` may use on this machine before the runner ends it.
+
+    An explicit `limit_gb` wins. Otherwise: on CPU, where the plan's memory is this machine's
+    memory, LIMIT_MARGIN x the modelled peak (at least LIMIT_SLACK_GB above it), never more
+    than the rank's share of the machine; on accelerators (host memory is not what the plan
+    models) the rank's share of the machine.
+    """
+    if limit_gb:
+        return int(limit_gb * GB)
+    share = machine_share_bytes(plan.parallel.nproc_per_node)
+    if plan.hardware.device != "cpu":
+        return share
+    modelled = modelled_memory_bytes(plan, local_performance(plan))
+    return int(min(share, max(LIMIT_MARGIN * modelled, modelled + LIMIT_SLACK_GB * GB)))
+
+
+def _with_training(plan: Plan, **fields) -> Plan:
+    return dataclasses.replace(plan, training=dataclasses.replace(plan.training, **fields))
+
+
+def fit_memory(plan: Plan, perf: PerformanceData | None, budget_bytes: float
+               ) -> tuple[Plan, list[str]]:
+    """Halve micro-batch, then seq_len, until the modelled memory fits; keep tokens per step."""
+    t = plan.training
+    tokens_per_rank = t.per_device_train_batch_size * t.gradient_accumulation_steps * t.seq_len
+    fitted = plan
+    while modelled_memory_bytes(fitted, perf) > budget_bytes:
+        ft = fitted.training
+        if ft.per_device_train_batch_size > 1:
+            fitted = _with_training(fitted, per_device_train_batch_size=max(
+                1, ft.per_device_train_batch_size // 2))
+        elif ft.seq_len > MIN_SEQ_LEN:
+            fitted = _with_training(fitted, seq_len=max(MIN_SEQ_LEN, ft.seq_len // 2))
+        else:
+            need = modelled_memory_bytes(fitted, perf)
+            raise HardwareError(
+                f"even micro-batch 1 x seq_len {ft.seq_len} needs {need / GB:.2f} GB per rank "
+                f"(modelled), more than {budget_bytes / GB:.2f} GB ({HEADROOM:.0%} of this "
+                "machine's memory per rank); the model itself is too large to rehearse here",
+                key="model")
+    ft = fitted.training
+    if ft == t:
+        return plan, []
+    accumulation = math.ceil(tokens_per_rank / (ft.per_device_train_batch_size * ft.seq_len))
+    fitted = _with_training(fitted, gradient_accumulation_steps=accumulation)
+    why = (f"modelled {modelled_memory_bytes(plan, perf) / GB:.1f} GB per rank > "
+           f"{budget_bytes / GB:.1f} GB ({HEADROOM:.0%} of the rank's memory)")
+    changes = [f"training.per_device_train_batch_size: {t.per_device_train_batch_size} -> "
+               f"{ft.per_device_train_batch_size} ({why})"]
+    if ft.seq_len != t.seq_len:
+        changes.append(f"training.seq_len: {t.seq_len} -> {ft.seq_len} (micro-batch 1 still "
+                       "did not fit)")
+    if accumulation != t.gradient_accumulation_steps:
+        changes.append(f"training.gradient_accumulation_steps: {t.gradient_accumulation_steps}"
+                       f" -> {accumulation} (keeps {tokens_per_rank:,} tokens per rank per "
+                       "step: the global batch)")
+    return fitted, changes
+
+
+def fit_time(plan: Plan, perf: PerformanceData, pinned: frozenset[str]
+             ) -> tuple[Plan, list[str]]:
+    """Lower accumulation, then micro-batch, until a step is modelled at <= STEP_TARGET_S."""
+    before = data_parallel_step_time_s(plan, perf)
+    fitted = plan
+    while data_parallel_step_time_s(fitted, perf) > STEP_TARGET_S:
+        ft = fitted.training
+        if ft.gradient_accumulation_steps > 1 and \
+                "training.gradient_accumulation_steps" not in pinned:
+            fitted = _with_training(fitted, gradient_accumulation_steps=max(
+                1, ft.gradient_accumulation_steps // 2))
+        elif ft.per_device_train_batch_size > 1 and \
+                "training.per_device_train_batch_size" not in pinned:
+            fitted = _with_training(fitted, per_device_train_batch_size=max(
+                1, ft.per_device_train_batch_size // 2))
+        else:
+            break
+    t, ft = plan.training, fitted.training
+    changes = []
+    why = (f"a step at the kept batch would take {before:,.0f} s here (modelled); a rehearsal "
+           f"aims at <= {STEP_TARGET_S:.0f} s per step")
+    for key in ("gradient_accumulation_steps", "per_device_train_batch_size"):
+        old, new = getattr(t, key), getattr(ft, key)
+        if old != new:
+            changes.append(f"training.{key}: {old} -> {new} ({why}; --set training.{key}={old} "
+                           "keeps it)")
+    return fitted, changes
+
+
+def rehearse(plan: Plan, *, max_steps_given: bool, limit_gb: float | None = None,
+             pinned: frozenset[str] = frozenset()) -> Rehearsal:
+    """Fit a localized plan (runner.launch.localize) to this machine; see the module doc."""
+    perf = local_performance(plan)
+    changes: list[str] = []
+    if not max_steps_given and plan.training.max_steps > DEFAULT_STEPS:
+        changes.append(f"training.max_steps: {plan.training.max_steps} -> {DEFAULT_STEPS} "
+                       "(a rehearsal; --max-steps N for more)")
+        plan = _with_training(plan, max_steps=DEFAULT_STEPS,
+                              warmup_steps=min(plan.training.warmup_steps, DEFAULT_STEPS))
+        plan = dataclasses.replace(plan, job=dataclasses.replace(plan.job, target_tokens=0))
+    nproc = plan.parallel.nproc_per_node
+    rank_memory = limit_gb * GB if limit_gb else machine_share_bytes(nproc)
+    budget = HEADROOM * rank_memory
+    plan, memory_changes = fit_memory(plan, perf, budget)
+    changes += memory_changes
+    step_time, error = float("nan"), 0.0
+    if perf is not None and perf.peak_for(plan.training.precision) > 0:
+        plan, time_changes = fit_time(plan, perf, pinned)
+        changes += time_changes
+        step_time = data_parallel_step_time_s(plan, perf)
+        error = perf.efficiency_for(plan.training.precision).fit_error
+    memory = modelled_memory_bytes(plan, perf)
+    if math.isfinite(step_time):
+        tokens_per_s = plan.tokens_per_step / step_time
+        peak = perf.peak_for(plan.training.precision) * 1e12 * plan.parallel.world_size
+        estimate = EstimateSection(
+            source="model", tokens_per_second=tokens_per_s, step_time_s=step_time,
+            peak_memory_gb=memory / GB,
+            mfu=training_flops_per_token(plan.model, plan.training.seq_len) * tokens_per_s / peak,
+            hours=plan.training.max_steps * step_time / 3600)
+        plan = dataclasses.replace(plan, estimate=estimate)
+    return Rehearsal(plan=plan, changes=tuple(changes), memory_bytes=memory,
+                     memory_budget_bytes=budget,
+                     memory_limit_bytes=rank_memory_limit_bytes(plan, limit_gb=limit_gb),
+                     machine_memory_bytes=machine_memory_bytes(), step_time_s=step_time,
+                     step_time_error=error, profile=perf.name if perf else "")
+
+
+def describe(r: Rehearsal) -> list[str]:
+    """The lines `runner execute --local` prints about the fitted rehearsal."""
+    t = r.plan.training
+    uncertainty = (f"+/- {r.step_time_error:.0%} median error of the profile's calibration"
+                   if r.step_time_error else "uncertainty unknown: uncalibrated profile "
+                   "('planner calibrate' fits it)")
+    lines = [f"memory per rank: {r.memory_bytes / GB:.2f} GB modelled (runner.memory formulas, "
+             f"micro-batch {t.per_device_train_batch_size} x seq_len {t.seq_len}); limit "
+             f"{r.memory_limit_bytes / GB:.2f} GB per rank of {r.machine_memory_bytes / GB:.1f}"
+             " GB on this machine (the runner ends a rank above it)"]
+    if math.isfinite(r.step_time_s):
+        lines.append(f"step time here: {r.step_time_s:.3g} s modelled on the {r.profile!r} "
+                     f"profile ({uncertainty}); {t.max_steps} step(s) ~ "
+                     f"{t.max_steps * r.step_time_s / 60:.2g} min plus start-up")
+    else:
+        lines.append("step time here: not modelled (no peak FLOP/s for this precision in the "
+                     "local profile)")
+    return lines
