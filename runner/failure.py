@@ -21,6 +21,8 @@ from runner.supervise import read_status
 
 OOM_TEXT = ("MemoryError", "ResourceExhausted", "std::bad_alloc", "Cannot allocate memory",
             "out of memory")
+PEER_LOST_TEXT = ("gloo::IoException", "Connection reset by peer", "Connection closed by peer",
+                  "Broken pipe")
 _NOISE = [re.compile(p) for p in (
     r"^\[\d{4}-\d\d-\d\d [\d:,]+\] \[\s*(INFO|WARNING|DEBUG)\]",   # paddle/paddlenlp loggers
     r"^[IWD]\d{4} \d\d:\d\d:\d\d",                                 # glog info/warning
@@ -43,18 +45,33 @@ class Failure:
     log_tail: tuple[str, ...]
 
 
+def _gb(value: float) -> str:
+    """Bytes as GB with 3 significant figures: 0.903 GB, 12.0 GB, 25.3 GB."""
+    gb = value / GB
+    return f"{gb:.1f}" if gb >= 10 else f"{gb:.2f}" if gb >= 1 else f"{gb:.3f}"
+
+
 def clean_tail(text: str, lines: int = 12) -> list[str]:
     """The last `lines` lines that are not Paddle banners, info logs or warnings."""
     kept = [line for line in text.splitlines() if not any(p.search(line) for p in _NOISE)]
     return kept[-lines:]
 
 
-def _culprit(records: list[dict]) -> dict | None:
-    ended = [r for r in records if r.get("exit_code") not in (None, 0)]
+def _is_consequence(record: dict, log_dir: Path) -> bool:
+    """A rank that died because a peer did: gloo lost its connection (often as SIGABRT)."""
+    tail = "\n".join(_tail(log_dir, record["rank"]))
+    return record.get("signal") == "SIGABRT" or any(text in tail for text in PEER_LOST_TEXT)
+
+
+def _culprit(records: list[dict], log_dir: Path) -> dict | None:
+    """The rank that failed first for a reason of its own (see the module doc)."""
     ours = [r for r in records if r.get("killed_for_memory")]
     if ours:
         return min(ours, key=lambda r: r.get("ended") or math.inf)
-    return min(ended, key=lambda r: r["ended"]) if ended else None
+    ended = [r for r in records if r.get("exit_code") not in (None, 0)]
+    if not ended:
+        return None
+    return min(ended, key=lambda r: (_is_consequence(r, log_dir), r["ended"]))
 
 
 def suggested_micro_batch(plan: Plan, peak_bytes: float, limit_bytes: float) -> int:
@@ -81,8 +98,7 @@ def diagnose(*, plan: Plan, status_dir: Path, log_dir: Path, launcher_rc: int | 
              local: bool) -> Failure:
     """Classify the failure of one attempt (see the module doc)."""
     records = read_status(status_dir)
-    culprit = _culprit(records)
-    gb = machine_bytes / GB
+    culprit = _culprit(records, log_dir)
     if culprit is None:
         tail = _tail(log_dir, None)
         line = (f"training failed (launcher exit {launcher_rc}) before any rank reported; "
@@ -98,26 +114,26 @@ def diagnose(*, plan: Plan, status_dir: Path, log_dir: Path, launcher_rc: int | 
     fix = _fix(plan, local, peak, limit)
     if culprit.get("killed_for_memory"):
         cause = "memory_limit"
-        line = (f"out of memory: rank {rank} reached {peak / GB:.1f} GB (peak RSS, measured), "
-                f"over its limit of {limit / GB:.1f} GB of {gb:.1f} GB; the runner ended it "
-                f"({how}); {fix}")
+        line = (f"out of memory: rank {rank} reached {_gb(peak)} GB (peak RSS, measured), "
+                f"over its limit of {_gb(limit)} GB of {_gb(machine_bytes)} GB; the runner "
+                f"ended it ({how}); {fix}")
     elif sig == "SIGKILL" and oom_kills_after > oom_kills_before >= 0:
         cause = "oom_killer"
-        line = (f"out of memory: rank {rank} reached {peak / GB:.1f} GB (peak RSS, measured) of "
-                f"{gb:.1f} GB and the kernel's OOM killer ended it ({how}); {fix}")
+        line = (f"out of memory: rank {rank} reached {_gb(peak)} GB (peak RSS, measured) of "
+                f"{_gb(machine_bytes)} GB and the kernel's OOM killer ended it ({how}); {fix}")
     elif any(word in "\n".join(tail) for word in OOM_TEXT):
         cause = "oom_error"
-        line = (f"out of memory: rank {rank} could not allocate memory at {peak / GB:.1f} GB "
-                f"(peak RSS, measured) of {gb:.1f} GB ({how}); {fix}")
+        line = (f"out of memory: rank {rank} could not allocate memory at {_gb(peak)} GB "
+                f"(peak RSS, measured) of {_gb(machine_bytes)} GB ({how}); {fix}")
     elif sig:
         cause = "signal"
-        line = (f"rank {rank} was killed by {sig} (exit {code}) at {peak / GB:.1f} GB (peak "
-                f"RSS, measured) of {gb:.1f} GB, not by this runner nor the kernel's OOM "
+        line = (f"rank {rank} was killed by {sig} (exit {code}) at {_gb(peak)} GB (peak "
+                f"RSS, measured) of {_gb(machine_bytes)} GB, not by this runner nor the kernel's OOM "
                 "killer; rerun the same command to resume from the last checkpoint")
     else:
         cause = "exit"
-        line = (f"rank {rank} failed with exit code {code} at {peak / GB:.1f} GB (peak RSS, "
-                f"measured) of {gb:.1f} GB; its last log lines follow")
+        line = (f"rank {rank} failed with exit code {code} at {_gb(peak)} GB (peak RSS, "
+                f"measured) of {_gb(machine_bytes)} GB; its last log lines follow")
     return Failure(cause, rank, code, sig, peak, limit, machine_bytes, line, tuple(tail))
 
 

@@ -102,7 +102,7 @@ def _with_training(plan: Plan, **fields) -> Plan:
 
 
 def fit_memory(plan: Plan, perf: PerformanceData | None, budget_bytes: float
-               ) -> tuple[Plan, list[str]]:
+               ) -> tuple[Plan, dict[str, str]]:
     """Halve micro-batch, then seq_len, until the modelled memory fits; keep tokens per step."""
     t = plan.training
     tokens_per_rank = t.per_device_train_batch_size * t.gradient_accumulation_steps * t.seq_len
@@ -123,25 +123,21 @@ def fit_memory(plan: Plan, perf: PerformanceData | None, budget_bytes: float
                 key="model")
     ft = fitted.training
     if ft == t:
-        return plan, []
+        return plan, {}
     accumulation = math.ceil(tokens_per_rank / (ft.per_device_train_batch_size * ft.seq_len))
     fitted = _with_training(fitted, gradient_accumulation_steps=accumulation)
-    why = (f"modelled {modelled_memory_bytes(plan, perf) / GB:.1f} GB per rank > "
-           f"{budget_bytes / GB:.1f} GB ({HEADROOM:.0%} of the rank's memory)")
-    changes = [f"training.per_device_train_batch_size: {t.per_device_train_batch_size} -> "
-               f"{ft.per_device_train_batch_size} ({why})"]
+    why = (f"memory: modelled {modelled_memory_bytes(plan, perf) / GB:.1f} GB per rank > "
+           f"{budget_bytes / GB:.1f} GB, {HEADROOM:.0%} of the rank's memory")
+    reasons = {"per_device_train_batch_size": why}
     if ft.seq_len != t.seq_len:
-        changes.append(f"training.seq_len: {t.seq_len} -> {ft.seq_len} (micro-batch 1 still "
-                       "did not fit)")
-    if accumulation != t.gradient_accumulation_steps:
-        changes.append(f"training.gradient_accumulation_steps: {t.gradient_accumulation_steps}"
-                       f" -> {accumulation} (keeps {tokens_per_rank:,} tokens per rank per "
-                       "step: the global batch)")
-    return fitted, changes
+        reasons["seq_len"] = why + ", even at micro-batch 1"
+    reasons["gradient_accumulation_steps"] = (f"keeps {tokens_per_rank:,} tokens per rank per "
+                                              "step, the global batch")
+    return fitted, reasons
 
 
 def fit_time(plan: Plan, perf: PerformanceData, pinned: frozenset[str]
-             ) -> tuple[Plan, list[str]]:
+             ) -> tuple[Plan, dict[str, str]]:
     """Lower accumulation, then micro-batch, until a step is modelled at <= STEP_TARGET_S."""
     before = data_parallel_step_time_s(plan, perf)
     fitted = plan
@@ -158,15 +154,12 @@ def fit_time(plan: Plan, perf: PerformanceData, pinned: frozenset[str]
         else:
             break
     t, ft = plan.training, fitted.training
-    changes = []
-    why = (f"a step at the kept batch would take {before:,.0f} s here (modelled); a rehearsal "
-           f"aims at <= {STEP_TARGET_S:.0f} s per step")
-    for key in ("gradient_accumulation_steps", "per_device_train_batch_size"):
-        old, new = getattr(t, key), getattr(ft, key)
-        if old != new:
-            changes.append(f"training.{key}: {old} -> {new} ({why}; --set training.{key}={old} "
-                           "keeps it)")
-    return fitted, changes
+    why = (f"time: a step at the kept batch would take {before:,.0f} s here (modelled); a "
+           f"rehearsal aims at <= {STEP_TARGET_S:.0f} s per step; --set training.KEY=N "
+           "pins a value")
+    return fitted, {key: why for key in ("gradient_accumulation_steps",
+                                         "per_device_train_batch_size")
+                    if getattr(t, key) != getattr(ft, key)}
 
 
 def rehearse(plan: Plan, *, max_steps_given: bool, limit_gb: float | None = None,
@@ -183,14 +176,23 @@ def rehearse(plan: Plan, *, max_steps_given: bool, limit_gb: float | None = None
     nproc = plan.parallel.nproc_per_node
     rank_memory = limit_gb * GB if limit_gb else machine_share_bytes(nproc)
     budget = HEADROOM * rank_memory
-    plan, memory_changes = fit_memory(plan, perf, budget)
-    changes += memory_changes
+    before = plan
+    plan, reasons = fit_memory(plan, perf, budget)
     step_time, error = float("nan"), 0.0
     if perf is not None and perf.peak_for(plan.training.precision) > 0:
-        plan, time_changes = fit_time(plan, perf, pinned)
-        changes += time_changes
+        plan, time_reasons = fit_time(plan, perf, pinned)
+        for key, why in time_reasons.items():
+            reasons[key] = f"{reasons[key]}; {why}" if key in reasons else why
         step_time = data_parallel_step_time_s(plan, perf)
         error = perf.efficiency_for(plan.training.precision).fit_error
+    for key in ("per_device_train_batch_size", "seq_len", "gradient_accumulation_steps"):
+        old, new = getattr(before.training, key), getattr(plan.training, key)
+        if old != new:
+            changes.append(f"training.{key}: {old} -> {new} ({reasons[key]})")
+    if before.global_batch_size != plan.global_batch_size or \
+            before.training.seq_len != plan.training.seq_len:
+        changes.append(f"global batch: {before.global_batch_size} x {before.training.seq_len}"
+                       f" -> {plan.global_batch_size} x {plan.training.seq_len} tokens per step")
     memory = modelled_memory_bytes(plan, perf)
     if math.isfinite(step_time):
         tokens_per_s = plan.tokens_per_step / step_time
