@@ -114,8 +114,8 @@ def diagnose(*, plan: Plan, status_dir: Path, log_dir: Path, launcher_rc: int | 
     fix = _fix(plan, local, peak, limit)
     if culprit.get("killed_for_memory"):
         cause = "memory_limit"
-        line = (f"out of memory: rank {rank} reached {_gb(peak)} GB (peak RSS, measured), "
-                f"over its limit of {_gb(limit)} GB of {_gb(machine_bytes)} GB; the runner "
+        line = (f"out of memory: rank {rank} reached {_gb(peak)} GB of its {_gb(limit)} GB "
+                f"limit ({_gb(machine_bytes)} GB machine; peak RSS, measured), so the runner "
                 f"ended it ({how}); {fix}")
     elif sig == "SIGKILL" and oom_kills_after > oom_kills_before >= 0:
         cause = "oom_killer"
