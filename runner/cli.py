@@ -120,6 +120,7 @@ def execute(args) -> int:
 
         plan, changes = localize(plan)
         rehearsal = rehearse(plan, max_steps_given=args.max_steps is not None,
+                             output_dir_given=args.output_dir is not None,
                              limit_gb=args.memory_limit_gb, pinned=pinned)
         plan = rehearsal.plan
         print("--local: rehearsing on this machine; changed:")

@@ -47,7 +47,8 @@ def _alive(pid: int) -> bool:
 
 
 def test_rank_over_its_memory_limit_is_ended_and_reported_then_local_fits(write_plan, tmp_path):
-    plan = write_plan(DP2 | {"training": {"max_steps": 1, "gradient_accumulation_steps": 1}})
+    plan = write_plan(DP2 | {"training": {"max_steps": 1, "warmup_steps": 1,
+                                             "gradient_accumulation_steps": 1}})
     proc = execute(plan, "--memory-limit-gb", "1.2", *BIG_MICRO)
     assert proc.returncode == 1
     pattern = (rf"out of memory: rank [01] reached {GB_NUMBER} GB of its 1\.20 GB limit "
@@ -64,7 +65,7 @@ def test_rank_over_its_memory_limit_is_ended_and_reported_then_local_fits(write_
     assert_no_orphans(run)
 
     # The same oversized settings rehearsed locally: shrunk to fit the limit, then trained.
-    local = execute(plan, "--local", "--fresh", "--memory-limit-gb", "1.2", *BIG_MICRO)
+    local = execute(plan, "--local", "--memory-limit-gb", "1.2", *BIG_MICRO)
     assert local.returncode == 0, local.stderr[-3000:]
     change = re.search(r"training\.per_device_train_batch_size: 512 -> (\d+) \(memory: ",
                        local.stdout)
@@ -73,7 +74,9 @@ def test_rank_over_its_memory_limit_is_ended_and_reported_then_local_fits(write_
                      r"\d+ to keep 16,384 tokens", local.stdout), local.stdout
     assert "step time here:" in local.stdout and "modelled" in local.stdout
     assert "planned (model)" in local.stdout  # planned-vs-actual of the rehearsal
-    assert not any(r["killed_for_memory"] for r in rank_records(run))
+    local_run = tmp_path / "run-local"  # the rehearsal keeps out of the real run's folder
+    assert f"job.output_dir: {str(run)!r} -> {str(local_run)!r}" in local.stdout
+    assert not any(r["killed_for_memory"] for r in rank_records(local_run))
 
 
 def test_sigkill_of_one_rank_names_it(write_plan, tmp_path):
