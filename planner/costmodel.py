@@ -10,9 +10,11 @@ Sources (see ../shared/REFERENCES.md section 1):
 - [P22]  Chowdhery et al. 2022, PaLM, appendix B: model FLOPs per token 6N + 12·L·h·s and MFU.
 - [K22], [Z20]: memory per device (activations, model states) lives in runner.memory, shared
          with the runner's local rehearsal, and is re-exported here.
-- compute_efficiency, ring_allreduce_seconds and recompute_extra_flops_per_token live in
-         runner.steptime (the runner models its
-         local rehearsal with them) and are re-exported here.
+- [Z20]  Rajbhandari et al. 2020, ZeRO: communication volume of each sharding stage.
+- [FA]   Dao et al. 2022, FlashAttention: scores recomputed in the backward pass.
+- recompute_extra_flops_per_token, compute_efficiency and the collectives (ring all-reduce,
+         hierarchical collectives, gradient sync) live in runner.steptime, shared with the
+         runner's local rehearsal, and are re-exported here.
 - [YD]   Young 1974 / Daly 2006: optimal checkpoint interval sqrt(2·delta/lambda).
 The model FLOPs and parameter count are shared with the runner (runner.model), so MFU means the
 same thing in a plan and in a run report.
@@ -26,7 +28,8 @@ from runner.memory import (GB, ModelShape, activation_bytes_per_layer,  # noqa: 
                            memory_per_device_bytes, model_state_bytes_per_param)
 from runner.model import training_flops_per_token
 from runner.plan import ModelSection
-from runner.steptime import (compute_efficiency, recompute_extra_flops_per_token,  # noqa: F401
+from runner.steptime import (collective_seconds, compute_efficiency,  # noqa: F401
+                             gradient_sync_seconds, recompute_extra_flops_per_token,
                              ring_allreduce_seconds)
 
 RECOMPUTE_MODES = ("none", "core_attn", "full_attn", "full")
@@ -44,14 +47,52 @@ def model_flops_per_token(m: ModelSection, seq_len):
 
 # ---- time --------------------------------------------------------------------------------------
 
-def pipeline_bubble_factor(pp, accumulation):
-    """[N21] 1F1B: time scales by (m + p - 1)/m for m micro-batches and p stages."""
+def pipeline_bubble_factor(pp, accumulation, virtual_pp=1):
+    """[N21] 1F1B: time scales by (m + p - 1)/m for m micro-batches and p stages; the
+    interleaved schedule with v model chunks per stage shrinks the bubble v-fold,
+    (m + (p - 1)/v)/m ([N21] section 2.2.2), at v times the point-to-point traffic."""
     m = np.asarray(accumulation, dtype=float)
     p = np.asarray(pp, dtype=float)
-    return (m + p - 1.0) / m
+    v = np.asarray(virtual_pp, dtype=float)
+    return (m + (p - 1.0) / v) / m
+
+
+# ---- uncertainty -------------------------------------------------------------------------------
+
+def interval_from_throughput(*, tokens_per_s, hours, fixed_hours, cost, p10_ratio, p90_ratio):
+    """The 80% interval (p10..p90) on modelled throughput, hours and cost.
+
+    p10_ratio/p90_ratio are the 10th/90th percentiles of measured/modelled tokens/s from the
+    fit's leave-one-out residuals (hardware profile [efficiency]). Time that scales with
+    throughput (training, checkpoints, lost work) scales by 1/ratio; fixed time (start-up)
+    does not; cost follows hours. The fast end of throughput is the short, cheap end:
+    hours_p10 comes from throughput_p90.
+    """
+    tps = np.asarray(tokens_per_s, dtype=float)
+    h = np.asarray(hours, dtype=float)
+    fixed = np.asarray(fixed_hours, dtype=float)
+    lo, hi = np.asarray(p10_ratio, dtype=float), np.asarray(p90_ratio, dtype=float)
+    variable = np.maximum(h - fixed, 0.0)
+    per_hour = np.asarray(cost, dtype=float) / np.maximum(h, 1e-12)
+    hours_p10 = variable / hi + fixed
+    hours_p90 = variable / lo + fixed
+    return {"tokens_per_s_p10": tps * lo, "tokens_per_s_p90": tps * hi,
+            "hours_p10": hours_p10, "hours_p90": hours_p90,
+            "cost_p10": per_hour * hours_p10, "cost_p90": per_hour * hours_p90}
 
 
 # ---- spot and checkpoints ------------------------------------------------------------------
+
+def checkpoint_write_hours(*, state_bytes, nodes, node_gbytes_per_s,
+                           storage_cap_gbytes_per_s=0.0):
+    """Time to write one checkpoint: every node writes its own shards in parallel, so each
+    writes state_bytes/nodes at its own bandwidth, capped by what the offer's storage states
+    per node (0 = no stated cap)."""
+    bw = node_gbytes_per_s if not storage_cap_gbytes_per_s else \
+        min(node_gbytes_per_s, storage_cap_gbytes_per_s)
+    return np.asarray(state_bytes, dtype=float) / np.maximum(np.asarray(nodes, dtype=float),
+                                                             1.0) / (bw * 1e9) / 3600
+
 
 def young_daly_interval_hours(checkpoint_hours, failures_per_hour):
     """[YD] tau = sqrt(2·delta/lambda); infinite when nothing fails."""

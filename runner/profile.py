@@ -51,6 +51,15 @@ class Efficiency:
     calibrated_on: str = setting("", "Machine fingerprint of a calibration (if any).")
     calibrated_at: str = setting("", "Date of the calibration (if any).")
     fit_error: float = setting(0.0, "Median absolute relative error of the fit.", min=0)
+    throughput_p10: float = setting(
+        0.6, "10th percentile of measured/modelled tokens/s (leave-one-out residuals of the "
+             "fit): the low end of the 80% interval on modelled throughput. The default, for "
+             "hardware with no fit, is wider than the shared prior's spread on published "
+             "A100/H100 runs (p10 0.98, p90 1.67).", min=0, min_exclusive=True)
+    throughput_p90: float = setting(1.7, "90th percentile of measured/modelled tokens/s: the "
+                                         "high end of the 80% interval.", min=0,
+                                    min_exclusive=True)
+    fit_rows: int = setting(0, "Published runs the fit used (0 = not fitted).", min=0)
 
 
 def calibration_tables(path: Path) -> tuple[Efficiency | None, dict[str, Efficiency]]:

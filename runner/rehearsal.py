@@ -58,7 +58,8 @@ class Rehearsal:
     memory_limit_bytes: int      # enforced per rank while it runs
     machine_memory_bytes: int
     step_time_s: float           # modelled on the local profile
-    step_time_error: float       # the profile's median relative error (0 = not calibrated)
+    step_time_p10_s: float       # 80% interval (the profile's measured/modelled spread)
+    step_time_p90_s: float
     profile: str
 
 
@@ -83,7 +84,8 @@ def modelled_memory_bytes(plan: Plan, perf: PerformanceData | None) -> float:
         recompute_code=RECOMPUTE_CODES[p.recompute], seq_parallel=p.sequence_parallel,
         mixed_precision=t.precision != "fp32",
         overhead_gb=eff.memory_overhead_gb if eff else 0.0,
-        fragmentation=eff.fragmentation if eff else 1.0))
+        fragmentation=eff.fragmentation if eff else 1.0,
+        flash_attention=t.use_flash_attention, virtual_pp=p.virtual_pp_degree))
 
 
 def rank_memory_limit_bytes(plan: Plan, *, limit_gb: float | None = None) -> int:
@@ -191,13 +193,14 @@ def rehearse(plan: Plan, *, max_steps_given: bool, output_dir_given: bool = True
     budget = HEADROOM * rank_memory
     before = plan
     plan, reasons = fit_memory(plan, perf, budget)
-    step_time, error = float("nan"), 0.0
+    step_time, interval = float("nan"), (float("nan"), float("nan"))
     if perf is not None and perf.peak_for(plan.training.precision) > 0:
         plan, time_reasons = fit_time(plan, perf, pinned)
         for key, why in time_reasons.items():
             reasons[key] = f"{reasons[key]}; {why}" if key in reasons else why
         step_time = data_parallel_step_time_s(plan, perf)
-        error = perf.efficiency_for(plan.training.precision).fit_error
+        eff = perf.efficiency_for(plan.training.precision)
+        interval = (step_time / eff.throughput_p90, step_time / eff.throughput_p10)
     for key in ("per_device_train_batch_size", "seq_len", "gradient_accumulation_steps"):
         old, new = getattr(before.training, key), getattr(plan.training, key)
         if old != new:
@@ -214,7 +217,13 @@ def rehearse(plan: Plan, *, max_steps_given: bool, output_dir_given: bool = True
             source="model", tokens_per_second=tokens_per_s, step_time_s=step_time,
             peak_memory_gb=memory / GB,
             mfu=training_flops_per_token(plan.model, plan.training.seq_len) * tokens_per_s / peak,
-            hours=plan.training.max_steps * step_time / 3600)
+            hours=plan.training.max_steps * step_time / 3600,
+            tokens_per_second_p10=plan.tokens_per_step / interval[1],
+            tokens_per_second_p90=plan.tokens_per_step / interval[0],
+            hours_p10=plan.training.max_steps * interval[0] / 3600,
+            hours_p90=plan.training.max_steps * interval[1] / 3600,
+            interval=f"measured/modelled spread of the {perf.name!r} profile's efficiency "
+                     "(throughput_p10/p90)")
         hardware = dataclasses.replace(plan.hardware,  # so the run's MFU uses this peak
                                        peak_tflops=perf.peak_for(plan.training.precision))
         plan = dataclasses.replace(plan, estimate=estimate, hardware=hardware)
@@ -222,15 +231,15 @@ def rehearse(plan: Plan, *, max_steps_given: bool, output_dir_given: bool = True
                      memory_budget_bytes=budget,
                      memory_limit_bytes=rank_memory_limit_bytes(plan, limit_gb=limit_gb),
                      machine_memory_bytes=machine_memory_bytes(), step_time_s=step_time,
-                     step_time_error=error, profile=perf.name if perf else "")
+                     step_time_p10_s=interval[0], step_time_p90_s=interval[1],
+                     profile=perf.name if perf else "")
 
 
 def describe(r: Rehearsal) -> list[str]:
     """The lines `runner execute --local` prints about the fitted rehearsal."""
     t = r.plan.training
-    uncertainty = (f"+/- {r.step_time_error:.0%} median error of the profile's calibration"
-                   if r.step_time_error else "uncertainty unknown: uncalibrated profile "
-                   "('planner calibrate' fits it)")
+    uncertainty = (f"80% interval {r.step_time_p10_s:.3g}-{r.step_time_p90_s:.3g} s from the "
+                   "profile's measured/modelled spread")
     lines = [f"memory per rank: {r.memory_bytes / GB:.2f} GB modelled (runner.memory formulas, "
              f"micro-batch {t.per_device_train_batch_size} x seq_len {t.seq_len}); limit "
              f"{r.memory_limit_bytes / GB:.2f} GB per rank of {r.machine_memory_bytes / GB:.1f}"
