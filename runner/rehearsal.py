@@ -176,6 +176,14 @@ def rehearse(plan: Plan, *, max_steps_given: bool, output_dir_given: bool = True
     """Fit a localized plan (runner.launch.localize) to this machine; see the module doc."""
     perf = local_performance(plan)
     changes: list[str] = []
+    if plan.training.use_flash_attention and plan.hardware.device != "gpu":
+        changes.append("training.use_flash_attention: True -> False (needs a GPU)")
+        plan = _with_training(plan, use_flash_attention=False)
+    if plan.parallel.virtual_pp_degree > 1 and plan.parallel.pipeline_parallel_degree == 1:
+        changes.append(f"parallel.virtual_pp_degree: {plan.parallel.virtual_pp_degree} -> 1 "
+                       "(no pipeline here)")
+        plan = dataclasses.replace(plan, parallel=dataclasses.replace(plan.parallel,
+                                                                      virtual_pp_degree=1))
     if not max_steps_given and plan.training.max_steps > DEFAULT_STEPS:
         changes.append(f"training.max_steps: {plan.training.max_steps} -> {DEFAULT_STEPS} "
                        "(a rehearsal; --max-steps N for more)")
