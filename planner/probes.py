@@ -272,10 +272,11 @@ class LocalProbe:
 class ProbeCache:
     """Probe results by (hardware fingerprint, configuration), one JSON line each."""
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
+    def __init__(self, path: Path | None):
+        """`path` None: in memory only (replay benchmarks)."""
+        self.path = Path(path) if path is not None else None
         self.results: dict[tuple[str, str], ProbeResult] = {}
-        if self.path.exists():
+        if self.path is not None and self.path.exists():
             for line in self.path.read_text().splitlines():
                 if line.strip():
                     r = ProbeResult(**json.loads(line))
@@ -288,6 +289,8 @@ class ProbeCache:
         if result.status in ("timeout", "killed"):
             return  # transient: worth probing again another time
         self.results[(result.fingerprint, result.key)] = result
+        if self.path is None:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as handle:  # one line: append is atomic
             handle.write(json.dumps(asdict(result)) + "\n")
