@@ -41,57 +41,28 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO))
 
-from plan_quality import (RECORDING, auto_tuner_walk, describe, record_space,  # noqa: E402
-                          true_cost)
+from plan_quality import (RECORDING, auto_tuner_walk, describe,  # noqa: E402
+                          shipped_profiles)
 
 RESULTS = REPO / "bench" / "results"
 SHORT = {"steps": 3, "warmup": 1}   # a live probe's steps (bench/plan_quality.py)
 
 
-@dataclasses.dataclass
-class Space:
-    spec: object
-    table: object
-    target: float
-    rows: np.ndarray                # recorded, ok, runnable rows of the table
-    plans: dict                     # row -> plan
-    truth: dict                     # row -> true cost, USD per million tokens (measured)
-    best: float
-    recording: object
-
-    def regret(self, row) -> float:
-        return self.truth[row] / self.best - 1 if row is not None and row in self.truth \
-            else float("nan")
-
-
-def load_space(path: Path, *, keep=None) -> Space:
-    """The record space's candidate table matched to the recording (by probe config key).
-    `keep(dims) -> bool` restricts it (e.g. a small space for a test)."""
-    from planner.planwriter import candidate_plan
-    from planner.probes import config_key
-    from planner.replay import Recording
+def load_space(path: Path, *, keep=None):
+    """The recording matched to its space's candidate table, with the shipped profiles (no
+    local calibration: the model column is the model alone)."""
+    from planner.replay import Recording, replay_space
 
     recording = Recording.load(path)
-    spec, table, target = record_space()
-    plans, truth = {}, {}
-    for i in np.flatnonzero(table["fits"]):
-        plan = candidate_plan(spec, table.row(int(i)), target=target)
-        config = recording.configs.get(config_key(plan))
-        if config is None or not config.ok or (keep and not keep(config.dims)):
-            continue
-        plans[int(i)] = plan
-        truth[int(i)] = true_cost(table, int(i), config.true_step_s)
-    rows = np.array(sorted(plans), dtype=int)
-    return Space(spec, table, target, rows, plans, truth, min(truth.values()), recording)
+    return replay_space(recording, REPO / recording.space["spec"],
+                        profiles=shipped_profiles(), keep=keep)
 
 
-def _backend(space: Space, seed: int):
-    from planner.replay import ReplayProbe
-
-    return ReplayProbe(space.recording, seed=seed, **SHORT)
+def _backend(space, seed: int):
+    return space.backend(seed, **SHORT)
 
 
-def run_planner(space: Space, seed: int, budget: int, **overrides) -> dict:
+def run_planner(space, seed: int, budget: int, **overrides) -> dict:
     from planner.autotune import TuneSettings, tune
     from planner.probes import ProbeCache
 
@@ -109,19 +80,19 @@ def run_planner(space: Space, seed: int, budget: int, **overrides) -> dict:
             "race": race}
 
 
-def run_tpe(space: Space, seed: int, budget: int) -> dict:
+def run_tpe(space, seed: int, budget: int) -> dict:
     return run_planner(space, seed, budget, enqueue=0, guided=False, race=0,
                        rank_by="median")
 
 
-def _best_measured(space: Space, results: dict):
+def _best_measured(space, results: dict):
     from planner.autotune import measured_cost
 
     ok = {i: measured_cost(space.table, i, r)[0] for i, r in results.items() if r.ok}
     return min(ok, key=ok.get) if ok else None
 
 
-def run_random(space: Space, seed: int, budget: int) -> dict:
+def run_random(space, seed: int, budget: int) -> dict:
     backend = _backend(space, seed)
     rng = np.random.default_rng(seed)
     rows = rng.permutation(space.rows)[:budget]
@@ -130,7 +101,7 @@ def run_random(space: Space, seed: int, budget: int) -> dict:
             "wall_s": backend.wall_s}
 
 
-def run_walk(space: Space, seed: int, budget: int) -> dict:
+def run_walk(space, seed: int, budget: int) -> dict:
     from planner.planwriter import candidate_plan  # noqa: F401  (auto_tuner_walk's import)
 
     backend = _backend(space, seed)
@@ -139,18 +110,18 @@ def run_walk(space: Space, seed: int, budget: int) -> dict:
     return {"pick": best, "probes": tried, "wall_s": backend.wall_s}
 
 
-def run_grid(space: Space, seed: int, budget: int) -> dict:
+def run_grid(space, seed: int, budget: int) -> dict:
     backend = _backend(space, seed)
     results = {int(i): backend.run(space.plans[int(i)]) for i in space.rows}
     return {"pick": _best_measured(space, results), "probes": backend.probes,
             "wall_s": backend.wall_s}
 
 
-def model_pick(space: Space) -> int:
+def model_pick(space) -> int:
     return int(space.rows[np.argmin(space.table["cost"][space.rows])])
 
 
-def article_pick(space: Space) -> int | None:
+def article_pick(space) -> int | None:
     t, rows = space.table, space.rows
     picks = [int(i) for i in rows if t["micro"][i] == 16 and t["acc"][i] == 2 and
              t["gpus_per_node"][i] == t["gpus_per_node"][rows].max() and
@@ -168,7 +139,7 @@ def summarise(values: list[float]) -> dict:
             "worst": float(v.max()), "mean": float(v.mean())}
 
 
-def evaluate(space: Space, *, seeds: int, budgets: list[int], methods=None,
+def evaluate(space, *, seeds: int, budgets: list[int], methods=None,
              log=print) -> dict:
     """Every method x budget x seed; regret and probe wall cost summaries."""
     out = {}

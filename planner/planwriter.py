@@ -66,7 +66,10 @@ def candidate_plan(spec: Spec, row: dict, *, target: float, notes: list[str] | N
             peak_memory_gb=_sig(row["memory_gb"]), mfu=_sig(row["mfu"]),
             hours=_sig(row["hours"]), cost=_sig(row["cost"]),
             cost_per_million_tokens=_sig(row["cost_per_million_tokens"]),
-            energy_kwh=_sig(row["energy_kwh"]), measured=measured or []),
+            energy_kwh=_sig(row["energy_kwh"]),
+            step_time_interval_s=[_sig(x) for x in row.get("step_time_interval_s", [])],
+            step_time_spread=_sig(row.get("step_time_spread", 0.0)),
+            measured=measured or []),
         provenance=ProvenanceSection(
             created_by=f"planner {__version__}",
             created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -209,3 +209,54 @@ class ReplayProbe:
 
     def close(self) -> None:
         self._started.clear()
+
+
+@dataclass
+class ReplaySpace:
+    """A recording matched to the candidate table of the space it was recorded from."""
+    spec: object
+    table: object
+    target: float
+    rows: np.ndarray                # recorded, ok, runnable rows of the table
+    plans: dict                     # row -> plan
+    truth: dict                     # row -> true cost per million tokens (measured)
+    best: float
+    recording: Recording
+
+    def regret(self, row) -> float:
+        """True cost of the pick / the best true cost - 1 (nan for no pick)."""
+        return self.truth[row] / self.best - 1 if row is not None and row in self.truth \
+            else float("nan")
+
+    def backend(self, seed: int, *, steps: int = 3, warmup: int = 1) -> ReplayProbe:
+        return ReplayProbe(self.recording, seed=seed, steps=steps, warmup=warmup)
+
+
+def replay_space(recording: Recording, spec_path: Path, *, profiles=None,
+                 keep=None) -> ReplaySpace:
+    """Evaluate the recording's space (its spec file + overrides) and match every candidate to
+    its recorded configuration by probe key; `keep(dims) -> bool` restricts the space."""
+    from planner.hardware import load_profiles
+    from planner.planwriter import candidate_plan
+    from planner.search import allowed_offers, evaluate_space
+    from planner.spec import load_spec
+
+    spec = load_spec(str(spec_path), overrides=recording.space.get("overrides", {}))
+    table = evaluate_space(spec, allowed_offers(spec, profiles or load_profiles()),
+                           spec.job.target_tokens)
+    target = spec.job.target_tokens
+    plans, truth = {}, {}
+    for i in np.flatnonzero(table["fits"]):
+        plan = candidate_plan(spec, table.row(int(i)), target=target)
+        config = recording.configs.get(config_key(plan))
+        if config is None or not config.ok or (keep and not keep(config.dims)):
+            continue
+        plans[int(i)] = plan
+        step = config.true_step_s
+        truth[int(i)] = float(table["price_node_hour"][i] * table["nodes"][i] * step / 3600 /
+                              table["tokens_per_step"][i] * 1e6)
+    if not truth:
+        raise RecordingError("no candidate of the space matches the recording")
+    rows = np.array(sorted(plans), dtype=int)
+    return ReplaySpace(spec, table, target, rows, plans, truth, min(truth.values()),
+                       recording)
