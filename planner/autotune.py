@@ -195,22 +195,35 @@ def compare(table: CandidateTable, a: int, ra: ProbeResult, b: int, rb: ProbeRes
 
 def calibrated_costs(table: CandidateTable, rows: np.ndarray,
                      probed: dict[int, ProbeResult]) -> np.ndarray:
-    """Modelled cost of `rows` after fitting each profile's efficiency to the probes so far
-    (rows of a precision no probe has measured keep the prior)."""
+    """Modelled cost of `rows` after fitting the efficiency to the probes so far, per offer
+    where that offer has probes (one offer is one layout of the machine, e.g. 1 or 2 CPU
+    processes, which use the cores differently), else per profile; rows of a precision no
+    probe has measured keep the prior."""
     from planner.calibration import fit, predicted_step
 
-    def profile_of(i):
-        return table.offers[int(table["offer"][i])].profile
-
     costs = table["cost"][rows].astype(float)
-    for name, profile in {profile_of(i).name: profile_of(i) for i in rows}.items():
-        mine = {i: r for i, r in probed.items() if profile_of(i).name == name}
-        fitted = fit(table, mine, profile, fingerprint="study") if mine else None
-        for k, i in enumerate(rows):
-            eff = fitted.by_precision.get(PRECISIONS[table["precision_code"][i]]) \
-                if fitted and profile_of(i).name == name else None
+    fits: dict = {}
+
+    def fitted_for(key, mine, profile):
+        if key not in fits:
+            fits[key] = fit(table, mine, profile, fingerprint="study") if mine else None
+        return fits[key]
+
+    for k, i in enumerate(rows):
+        i = int(i)
+        offer = int(table["offer"][i])
+        profile = table.offers[offer].profile
+        precision = PRECISIONS[table["precision_code"][i]]
+        same_offer = {j: r for j, r in probed.items() if int(table["offer"][j]) == offer}
+        same_profile = {j: r for j, r in probed.items()
+                        if table.offers[int(table["offer"][j])].profile.name == profile.name}
+        for key, mine in ((("offer", offer), same_offer),
+                          (("profile", profile.name), same_profile)):
+            fitted = fitted_for(key, mine, profile)
+            eff = fitted.by_precision.get(precision) if fitted else None
             if eff is not None:
-                costs[k] = cost_at_step(table, int(i), predicted_step(table, int(i), eff))[0]
+                costs[k] = cost_at_step(table, i, predicted_step(table, i, eff))[0]
+                break
     return costs
 
 
