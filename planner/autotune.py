@@ -228,16 +228,23 @@ def calibrated_costs(table: CandidateTable, rows: np.ndarray,
 
 
 def seed_rows(table: CandidateTable, rows: np.ndarray, n: int) -> list[int]:
-    """The model's cheapest candidates, each at least 2x apart in tokens per micro-batch from
-    the others: the probes then span the efficiency curve, so the first calibration can see
-    its shape (the priors' weakest part), not one point of it three times."""
+    """The model's cheapest candidate of every offer (one offer is one layout of the machine:
+    the prior is least sure how layouts compare, e.g. 1 CPU process with all cores vs 2 with
+    one each), cheapest offer first; then more of the cheapest, each at least 2x apart in
+    tokens per micro-batch from the seeds of its offer, so the first calibration sees the
+    efficiency curve's shape, not one point of it three times."""
     order = [int(i) for i in rows[np.argsort(table["cost"][rows], kind="stable")]]
     work = {i: float(table["micro"][i] * table["seq"][i]) for i in order}
+    offer = {i: int(table["offer"][i]) for i in order}
     chosen: list[int] = []
+    for i in order:  # the best of each offer
+        if len(chosen) < n and all(offer[j] != offer[i] for j in chosen):
+            chosen.append(i)
     for i in order:
-        if len(chosen) == n:
+        if len(chosen) >= n:
             break
-        if all(abs(np.log2(work[i] / work[j])) >= 1 for j in chosen):
+        if i not in chosen and all(abs(np.log2(work[i] / work[j])) >= 1 for j in chosen
+                                   if offer[j] == offer[i]):
             chosen.append(i)
     chosen += [i for i in order if i not in chosen][:n - len(chosen)]  # too few work sizes
     return chosen
