@@ -102,8 +102,6 @@ def run_random(space, seed: int, budget: int) -> dict:
 
 
 def run_walk(space, seed: int, budget: int) -> dict:
-    from planner.planwriter import candidate_plan  # noqa: F401  (auto_tuner_walk's import)
-
     backend = _backend(space, seed)
     best, _, tried = auto_tuner_walk(space.spec, space.table, space.rows, space.target,
                                      backend, budget)

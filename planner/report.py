@@ -299,7 +299,7 @@ def render_choice(result) -> str:
     decision = result.decision
     if result.chosen is None or result.plan is None:
         return "NO PLAN: " + "; ".join(decision.problems)
-    plan, est = result.plan, result.plan.estimate
+    est = result.plan.estimate
     cur = result.currency
     source = "measured by probes" if est.source == "probe" else "modelled"
     lines = [f"chosen: {short_config(result.table, result.chosen)}: {money(est.cost)} {cur}, "

@@ -13,7 +13,7 @@ import pytest
 
 from planner.autotune import TuneSettings, measured_cost, tune
 from planner.probes import ProbeCache, ProbeResult
-from planner.replay import Recording, RecordingError, ReplayProbe, replay_space
+from planner.replay import Recording, RecordingError, replay_space
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDING = REPO / "bench" / "recordings" / "cpu_space_v1.json.gz"
