@@ -49,8 +49,10 @@ class TuneSettings:
     storage: str = ""               # '' = sqlite file in the work dir; URL; or *.journal path
     multi_objective: bool = False   # NSGA-II on (cost, hours)
     enqueue: int = 3                # analytic best candidates tried first
-    race: int = 2                   # of the probes, kept to race the finalists (0 = none)
-    finalists: int = 2              # configurations entering the race
+    race: int = -1                  # of the probes, kept to race the finalists (0 = none;
+                                    # -1 = a third of them, at least 2)
+    finalists: int = 0              # configurations entering the race (0 = 2, or 3 when at
+                                    # least 4 probes race)
     race_steps: int = 0             # measured steps per racing probe (0 = 3 x steps)
     rank_by: str = "mean"           # finalists by the "mean" or "median" measured step
     guided: bool = True             # after the seeds, every other probe: calibrated model's pick
@@ -339,7 +341,8 @@ def _tune(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: 
     probes_run = 0
     start_trials = len(study.trials)
     worst = float(np.max(table["cost"][local_rows])) * 10
-    race = settings.race if settings.probes >= 2 * settings.race + 1 else 0
+    race = settings.race if settings.race >= 0 else max(2, settings.probes // 3)
+    race = race if settings.probes >= 2 * race + 1 else 0
     explore = settings.probes - race
     guided_turn, guided_key = False, None
     while len(study.trials) - start_trials < settings.trials:
@@ -440,7 +443,7 @@ def _race(spec: Spec, table: CandidateTable, target: float, settings: TuneSettin
         return measured_cost(table, i, outcome.probed[i], settings.rank_by)[0]
 
     within = [i for i, r in outcome.probed.items() if _within(spec, *measured_cost(table, i, r))]
-    finalists = sorted(within, key=cost)[:settings.finalists]
+    finalists = sorted(within, key=cost)[:settings.finalists or (3 if budget >= 4 else 2)]
     if len(finalists) < 2 or budget <= 0:
         return None, 0
     steps = settings.race_steps or 3 * settings.steps

@@ -17,19 +17,16 @@ from planner.replay import Recording, RecordingError, replay_space
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDING = REPO / "bench" / "recordings" / "cpu_space_v1.json.gz"
-import os
-RECORDING = Path(os.environ.get("H11_REC", RECORDING))
 SEEDS = range(5)
 # The bound the planner must stay under on the small space below (median regret over SEEDS,
 # 8 probes). A search that does not search (see test_a_bad_search_fails_the_bound) exceeds it.
 REGRET_BOUND = 0.03
-SMALL = {"processes": 2, "seq": 64}
-SMALL = json.loads(os.environ.get("H11_SMALL", json.dumps(SMALL)))
+SMALL = {"processes": 2, "seq": 64}   # 30 configurations of the recording
 
 
 @pytest.fixture(scope="module")
 def small_space():
-    """The two-process, seq-64 part of the shipped recording."""
+    """The two-process, seq-64 part of the shipped recording (SMALL)."""
     recording = Recording.load(RECORDING)
     return replay_space(recording, REPO / recording.space["spec"],
                         keep=lambda d: all(d[k] == v for k, v in SMALL.items()))
