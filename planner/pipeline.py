@@ -148,16 +148,17 @@ def tune_locally(spec, decision, target, settings, *, local_profile: str,
                   {int(i): float(c) for i, c in zip(local_rows, costs)})
 
 
-def step_statistics(steps) -> dict:
-    """Mean step time, its 95% interval (Student t) and the relative 10-90% spread of single
-    steps, from measured step times."""
+def step_statistics(steps, level: float = 0.95) -> dict:
+    """Mean step time, its `level` interval (Student t) and the relative 10-90% spread of
+    single steps, from measured step times."""
     from scipy import stats as st
 
     steps = np.asarray(steps, dtype=float)
     mean = float(steps.mean())
     if len(steps) < 2:
         return {"mean_s": mean, "interval_s": [mean, mean], "spread": 0.0, "steps": len(steps)}
-    half = float(st.t.ppf(0.975, len(steps) - 1) * steps.std(ddof=1) / np.sqrt(len(steps)))
+    half = float(st.t.ppf(0.5 + level / 2, len(steps) - 1) * steps.std(ddof=1) /
+                 np.sqrt(len(steps)))
     p10, p90 = np.quantile(steps, [0.1, 0.9])
     return {"mean_s": mean, "interval_s": [mean - half, mean + half],
             "spread": float((p90 - p10) / statistics.median(steps)), "steps": len(steps)}
@@ -166,13 +167,24 @@ def step_statistics(steps) -> dict:
 def measured_row(table, i: int, result, target: float) -> dict:
     """Row i with the probe's measurements (mean step: what a run pays for) in place of the
     modelled numbers."""
-    from planner.autotune import measured_cost
+    from planner.autotune import cost_at_step, measured_cost
 
     row = table.row(i)
     cost, hours = measured_cost(table, i, result, "mean")
     step = result.mean_step_time_s or result.step_time_s
     spread = step_statistics(result.step_times_s or [step])
-    return row | {"step_time_s": step, "tokens_per_s": row["tokens_per_step"] / step,
+    # the 80% interval of the mean step (as the model's p10-p90), carried to tokens/s, hours
+    # and cost
+    low, high = step_statistics(result.step_times_s or [step], level=0.8)["interval_s"]
+    (cost_lo, hours_lo), (cost_hi, hours_hi) = cost_at_step(table, i, low), \
+        cost_at_step(table, i, high)
+    return row | {
+        "tokens_per_s_p10": row["tokens_per_step"] / high,
+        "tokens_per_s_p90": row["tokens_per_step"] / low,
+        "hours_p10": hours_lo, "hours_p90": hours_hi, "cost_p10": cost_lo, "cost_p90": cost_hi,
+        "interval_source": f"80% interval of the mean of {spread['steps']} measured probe "
+                           "steps (Student t)",
+        "step_time_s": step, "tokens_per_s": row["tokens_per_step"] / step,
                   "memory_gb": result.peak_memory_gb, "cost": cost, "hours": hours,
                   "cost_per_million_tokens": cost / target * 1e6,
                   "mfu": row["mfu"] * row["step_time_s"] / step,

@@ -27,9 +27,11 @@ def layout(row: dict) -> str:
     if row["tp"] > 1:
         parts.append(f"tp{row['tp']}" + ("+sp" if row["sp"] else ""))
     if row["pp"] > 1:
-        parts.append(f"pp{row['pp']}")
+        parts.append(f"pp{row['pp']}" + (f"v{row['vpp']}" if row.get("vpp", 1) > 1 else ""))
     if row["sharding"]:
         parts.append(f"{row['sharding']}x{row['shard_degree']}")
+    if row.get("flash"):
+        parts.append("flash")
     return " ".join(parts)
 
 
@@ -38,7 +40,9 @@ def describe(table: CandidateTable, i: int, currency: str) -> str:
     return (f"{r['offer_choice'].label} {'spot' if r['spot'] else 'on-demand'}, "
             f"{r['nodes']} node(s) x {r['gpus_per_node']}, {r['precision']}, seq {r['seq']}, "
             f"micro {r['micro']} x acc {r['acc']}, {layout(r)}, recompute {r['recompute']}: "
-            f"{money(r['cost'])} {currency}, {r['hours']:,.3g} h (modelled)")
+            f"{money(r['cost'])} {currency} (p10-p90 {money(r['cost_p10'])}-"
+            f"{money(r['cost_p90'])}), {r['hours']:,.3g} h (p10-p90 {r['hours_p10']:,.3g}-"
+            f"{r['hours_p90']:,.3g}) (modelled)")
 
 
 def short_config(table: CandidateTable, i: int) -> str:
@@ -113,6 +117,11 @@ def candidate_record(table: CandidateTable, i: int, currency: str, *, chosen: in
         "modelled_tokens_per_second": r["tokens_per_s"], "modelled_mfu": r["mfu"],
         "modelled_hours": r["hours"], f"modelled_cost_{cur}": r["cost"],
         f"modelled_{cur}_per_million_tokens": r["cost_per_million_tokens"],
+        # the 80% interval of the modelled numbers (calibration residuals, planner.costmodel)
+        "modelled_tokens_per_second_p10": r["tokens_per_s_p10"],
+        "modelled_tokens_per_second_p90": r["tokens_per_s_p90"],
+        "modelled_hours_p10": r["hours_p10"], "modelled_hours_p90": r["hours_p90"],
+        f"modelled_cost_{cur}_p10": r["cost_p10"], f"modelled_cost_{cur}_p90": r["cost_p90"],
     }
     if calibrated_cost is not None:
         out[f"calibrated_cost_{cur}"] = calibrated_cost
@@ -175,7 +184,8 @@ def render_candidates(result, top: int) -> str:
                 f"{r['nodes']}x{r['gpus_per_node']}", r["precision"], r["seq"],
                 f"{r['micro']}x{r['acc']}", layout(r), r["recompute"],
                 f"{r['memory_gb']:.1f}", f"{r['tokens_per_s']:,.0f}", f"{r['mfu']:.1%}",
-                f"{r['hours']:,.3g}", money(r["cost"])]
+                f"{r['hours']:,.3g}", f"{r['hours_p10']:,.3g}-{r['hours_p90']:,.3g}",
+                money(r["cost"]), f"{money(r['cost_p10'])}-{money(r['cost_p90'])}"]
         if tuned:
             m = result.measured(rep)
             cal = result.calibrated_cost(rep)
@@ -189,7 +199,8 @@ def render_candidates(result, top: int) -> str:
         line.append(variant_note(table, rep, others))
         body.append(line)
     head = ["", "offer", "mode", "nodes x dev", "prec", "seq", "micro x acc", "layout",
-            "recompute", "mem GB", "tokens/s", "MFU", "hours", f"cost {cur}"]
+            "recompute", "mem GB", "tokens/s", "MFU", "hours", "hours p10-p90",
+            f"cost {cur}", f"cost p10-p90 {cur}"]
     if tuned:
         head += [f"cost {cur} calibrated", "step ms measured (mean)", "steps",
                  f"cost {cur} measured"]
@@ -201,8 +212,9 @@ def render_candidates(result, top: int) -> str:
                  f"shipped model's; * = chosen; {n_feasible:,} feasible of "
                  f"{len(table):,} evaluated)")
     else:
-        title = (f"Top {len(body)} candidates by cost (all numbers modelled; * = chosen; "
-                 f"{n_feasible:,} feasible of {len(table):,} evaluated)")
+        title = (f"Top {len(body)} candidates by cost (all numbers modelled, p10-p90 = 80% "
+                 f"interval from the calibration residuals; * = chosen; {n_feasible:,} "
+                 f"feasible of {len(table):,} evaluated)")
     if folded:
         title += (f"\n{folded} more candidate(s) folded into the rows above: they differ only "
                   "where the model's cost and time agree to the digits shown ('folded rows')")
@@ -234,7 +246,10 @@ def per_offer_records(decision: Decision, spec_budget: float, deadline: float,
                                f"modelled_cost_{cur}": None, "modelled_hours": None})
             continue
         out.append(base | {"status": status, f"modelled_cost_{cur}": r["cost"],
-                           "modelled_hours": r["hours"],
+                           f"modelled_cost_{cur}_p10": r["cost_p10"],
+                           f"modelled_cost_{cur}_p90": r["cost_p90"],
+                           "modelled_hours": r["hours"], "modelled_hours_p10": r["hours_p10"],
+                           "modelled_hours_p90": r["hours_p90"],
                            "capacity": "spot" if r["spot"] else "on_demand",
                            "nodes": r["nodes"], "devices_per_node": r["gpus_per_node"],
                            "precision": r["precision"], "layout": layout(r)})
@@ -249,8 +264,11 @@ def render_per_offer(decision: Decision, budget: float, deadline: float, currenc
     for r in per_offer_records(decision, budget, deadline, currency):
         cost = r[f"modelled_cost_{cur}"]
         body.append([r["offer"], r["status"],
-                     f"{money(cost)} {currency}" if cost is not None else "",
-                     f"{r['modelled_hours']:,.3g}" if r["modelled_hours"] is not None else "",
+                     f"{money(cost)} {currency} (p10-p90 {money(r[f'modelled_cost_{cur}_p10'])}-"
+                     f"{money(r[f'modelled_cost_{cur}_p90'])})" if cost is not None else "",
+                     f"{r['modelled_hours']:,.3g} ({r['modelled_hours_p10']:,.3g}-"
+                     f"{r['modelled_hours_p90']:,.3g})" if r["modelled_hours"] is not None
+                     else "",
                      f"{r['capacity'].replace('_', '-')} {r['nodes']}x{r['devices_per_node']} "
                      f"{r['precision']} {r['layout']}" if "capacity" in r else "",
                      f"{r['price_source'][:40]} ({r['prices_as_of']})"])
@@ -307,6 +325,11 @@ def render_choice(result) -> str:
              f"        {est.tokens_per_second:,.0f} tokens/s, {est.peak_memory_gb:.2f} "
              f"GB/device, MFU {est.mfu:.1%}, {est.cost_per_million_tokens:.4g} {cur}/Mtok "
              f"({source}), {est.energy_kwh:,.3g} kWh (modelled, TDP upper bound)"]
+    if est.cost_p90 > 0:
+        lines.append(f"        80% interval (p10-p90; {est.interval[:90]}): "
+                     f"{est.tokens_per_second_p10:,.0f}-{est.tokens_per_second_p90:,.0f} "
+                     f"tokens/s, {est.hours_p10:,.3g}-{est.hours_p90:,.3g} h, "
+                     f"{money(est.cost_p10)}-{money(est.cost_p90)} {cur}")
     if est.step_time_interval_s:
         lo, hi = est.step_time_interval_s
         lines.append(f"        step time {est.step_time_s * 1000:,.0f} ms, 95% interval of "
