@@ -193,7 +193,8 @@ def _command(plan, args: list[str], log_dir: Path):
     env = supervision_env(Path(log_dir) / "ranks",
                           machine_share_bytes(plan.parallel.nproc_per_node))
     if plan.parallel.world_size == 1:
-        return LaunchCommand(0, [sys.executable, "-m", "runner.probe", *args], env)
+        return LaunchCommand(0, [sys.executable, "-m", "runner.probe", *args],
+                             thread_env(plan) | env)
     p = plan.parallel
     argv = [sys.executable, "-m", "paddle.distributed.launch", "--nnodes", "1",
             "--nproc_per_node", str(p.nproc_per_node), "--log_dir", str(log_dir),
