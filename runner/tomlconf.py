@@ -59,18 +59,23 @@ def write_toml_atomic(path: Path, data: dict, header: str = "") -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
+    """Temp file in the same folder, fsync, rename: never half-written. A full disk becomes
+    one DiskFullError line (runner.diskspace)."""
+    from runner.diskspace import guard_disk_writes
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with guard_disk_writes(path.parent, needed_bytes=len(text.encode())):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def _describe(tp: Any) -> str:
