@@ -223,15 +223,22 @@ class Plan:
             data[section] = to_table(getattr(self, section))
         return data
 
+    def trajectory(self) -> dict:
+        """Every field the training trajectory depends on (model, data and its order, seed,
+        batch layout, schedule incl. max_steps), flattened to dotted keys; not where files go,
+        how often to log, the budget or the estimate."""
+        flat = {}
+        for section in ("job", "model", "training", "parallel"):
+            for key, value in to_table(getattr(self, section)).items():
+                flat[f"{section}.{key}"] = value
+        for volatile in ("job.output_dir", "job.cache_dir", "job.target_tokens",
+                         "training.logging_steps", "parallel.master"):
+            flat.pop(volatile, None)
+        return flat
+
     def fingerprint(self) -> str:
-        """Hash of everything that determines the training trajectory (not budget/estimate)."""
-        keep = {k: v for k, v in self.to_dict().items()
-                if k in ("model", "training", "parallel", "job")}
-        for volatile in ("output_dir", "cache_dir", "target_tokens"):
-            keep["job"].pop(volatile, None)
-        for volatile in ("logging_steps", "max_steps"):
-            keep["training"].pop(volatile, None)
-        blob = json.dumps(keep, sort_keys=True).encode()
+        """Hash of `trajectory()`: a checkpoint resumes only under the same fingerprint."""
+        blob = json.dumps(self.trajectory(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def replace(self, **sections) -> "Plan":
