@@ -175,7 +175,7 @@ def check_budget(plan: Plan, billing, latest: Path | None, plan_file: Path) -> s
 
 def execute(args) -> int:
     from runner.data import prepare_data
-    from runner.launch import check_hardware, localize, run_group
+    from runner.launch import check_hardware, forwarded_signals, localize, run_group
     from runner.metrics import BillingLog
     from runner.parallel import launch_commands
     from runner.rundir import RunDirLock
@@ -247,6 +247,10 @@ def execute(args) -> int:
     billing.reload()  # rank 0 added its measurements
     billing.touch()
     result = read_result(run_dir, since=attempt_start)
+    if result is None and forwarded_signals:
+        print("stopped by a termination signal before the first step; nothing to save",
+              file=sys.stderr)
+        return signals.EXIT_SIGNALLED
     if result is None:
         disk = disk_full_line(log_dir)
         if disk:

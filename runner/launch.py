@@ -21,6 +21,7 @@ from runner.parallel import LaunchCommand, local_device_count
 from runner.plan import Plan
 
 GRACE_SECONDS = 60  # how long the ranks get to checkpoint after a forwarded SIGTERM
+forwarded_signals: list[int] = []  # signals run_group passed on to its group (last run)
 
 
 def _term_with_parent() -> None:
@@ -48,7 +49,10 @@ def run_group(command: LaunchCommand, *, log_file: Path | None = None,
         group_file.write_text(json.dumps({"launcher_pid": proc.pid, "process_group": pgid,
                                           "runner_pid": os.getpid()}))
 
+    forwarded_signals.clear()
+
     def forward(signum, frame):
+        forwarded_signals.append(signum)
         try:
             os.killpg(pgid, signal.SIGTERM)
         except ProcessLookupError:
