@@ -156,15 +156,19 @@ def remove_incomplete(root: Path) -> None:
     root = Path(root)
     if root.is_dir():
         for child in root.iterdir():
-            if child.name.endswith(".tmp") and child.is_dir():
-                shutil.rmtree(child, ignore_errors=True)
+            if child.name.endswith(".tmp"):
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
 
 
 def begin(root: Path, step: int) -> Path:
     """Create the temporary folder for `step` (called by global rank 0 before the barrier)."""
     tmp = Path(root) / f"step_{step:08d}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    remove_incomplete(root)
+    with guard_disk_writes(root, needed_bytes=4096):
+        tmp.mkdir(parents=True)
     return tmp
 
 

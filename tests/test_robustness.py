@@ -47,7 +47,9 @@ def wait_for(predicate, proc: subprocess.Popen, timeout: float = 300) -> None:
 
 
 def one_line(stderr: str) -> str:
-    lines = [line for line in stderr.splitlines() if line.strip()]
+    """The single line a failure prints (third-party import warnings aside)."""
+    lines = [line for line in stderr.splitlines() if line.strip() and "Warning" not in line
+             and not line.strip().startswith("warnings.warn")]
     assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
     return lines[0]
 
@@ -156,3 +158,51 @@ def test_rehearsal_uses_own_run_dir_and_changed_schedule_is_refused(write_plan, 
     line = one_line(proc.stderr)
     assert "training.max_steps 2 -> 3" in line and "--fresh" in line
     assert execute(other, "--fresh").returncode == 0
+
+
+# ---- a full disk ---------------------------------------------------------------------------
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 11 MB filesystem (tmpfs) for the run directory: room for two checkpoints of the
+    test model (4.2 MB each) but not a third. Needs root (CI runs as root)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=11m", "tmpfs", str(mount)], check=True)
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_full_disk_stops_cleanly_reports_one_line_and_recovers(write_plan, small_disk):
+    run = small_disk / "run"
+    plan = write_plan({"job": {"output_dir": str(run)}, "training": {"max_steps": 8},
+                       "checkpoint": {"interval_steps": 2, "keep_last": 2}})
+    proc = execute(plan)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = one_line(proc.stderr)
+    assert "disk space" in line and "step 4 kept" in line and "bytes" in line
+    root = run / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["step_00000002", "step_00000004"]
+    # Every write path: a disk with no room at all gives one line, exit 1, no traceback.
+    filler = small_disk / "filler"
+    with open(filler, "wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+        except OSError:
+            pass
+    proc = execute(plan)
+    assert proc.returncode == 1
+    line = one_line(proc.stderr)
+    assert line.startswith("error: no space left on the device of ") and "needed" in line
+    # An incomplete checkpoint filling the disk is removed first, so the run recovers.
+    (root / "step_00000006.tmp").mkdir()
+    filler.rename(root / "step_00000006.tmp" / "model.tp00_pp00.pdparams")
+    subprocess.run(["mount", "-o", "remount,size=40m", str(small_disk)], check=True)
+    proc = execute(plan)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resuming from" in proc.stdout
+    assert not list(root.glob("*.tmp"))
+    assert sorted(p.name for p in root.iterdir()) == ["step_00000006", "step_00000008"]
