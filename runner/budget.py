@@ -108,3 +108,21 @@ def over_limits(plan: Plan, *, billed_s: float, needed_s: float) -> list[str]:
 def startup_s(attempts: list[dict]) -> float:
     """Measured start-up of earlier attempts (launch to first step), 0 if none measured."""
     return measured_max(attempts, "startup_s") or 0.0
+
+
+DEADLINE_TEARDOWN_S = 1.0  # killing the group and the last billing write
+
+
+def deadline(plan: Plan, *, billed_s: float, attempt_start: float) -> float | None:
+    """time.time() at which this attempt must be over for the billed total to stay within
+    budget.max_cost and budget.max_hours (None: no limit)."""
+    b = plan.budget
+    limits = []
+    if b.max_hours > 0:
+        limits.append(b.max_hours * 3600.0)
+    per_s = cost_of_seconds(plan, 1.0)
+    if b.max_cost > 0 and per_s > 0:
+        limits.append(b.max_cost / per_s)
+    if not limits:
+        return None
+    return attempt_start + min(limits) - billed_s - DEADLINE_TEARDOWN_S

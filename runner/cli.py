@@ -175,7 +175,8 @@ def check_budget(plan: Plan, billing, latest: Path | None, plan_file: Path) -> s
 
 def execute(args) -> int:
     from runner.data import prepare_data
-    from runner.launch import check_hardware, forwarded_signals, localize, run_group
+    from runner.launch import (check_hardware, deadline_hit, forwarded_signals, localize,
+                               run_group)
     from runner.metrics import BillingLog
     from runner.parallel import launch_commands
     from runner.rundir import RunDirLock
@@ -193,6 +194,8 @@ def execute(args) -> int:
 
     signals.raise_on_signal()
     run_dir = plan.run_dir
+    if not (run_dir / "billing.json").exists():  # a new run: refuse before writing anything
+        check_budget(plan, BillingLog(run_dir / "billing.json"), None, args.plan)
     lock = None
     if not args.dry_run:
         lock = RunDirLock(run_dir).acquire()  # one runner per run directory
@@ -243,10 +246,17 @@ def execute(args) -> int:
     if not needs_launch:
         rc = run_in_process(plan, data.path, run_dir)
     else:
-        rc = run_group(commands[args.node_rank or 0], group_file=run_dir / "launcher.json")
+        rc = run_group(commands[args.node_rank or 0], group_file=run_dir / "launcher.json",
+                       deadline=budget_guard.deadline(plan, billed_s=billing.previous_seconds(),
+                                                      attempt_start=attempt_start))
     billing.reload()  # rank 0 added its measurements
     billing.touch()
     result = read_result(run_dir, since=attempt_start)
+    if result is None and deadline_hit:
+        print(f"budget spent during start-up (the ranks had not begun a step): billed "
+              f"{billing.total_seconds():.1f} s; trained nothing more; raise the limit to "
+              "continue")
+        return 0
     if result is None and forwarded_signals:
         print("stopped by a termination signal before the first step; nothing to save",
               file=sys.stderr)

@@ -206,3 +206,57 @@ def test_full_disk_stops_cleanly_reports_one_line_and_recovers(write_plan, small
     assert "resuming from" in proc.stdout
     assert not list(root.glob("*.tmp"))
     assert sorted(p.name for p in root.iterdir()) == ["step_00000006", "step_00000008"]
+
+
+# ---- the budget is a hard ceiling, reruns included -------------------------------------------
+
+def billed_seconds(run: Path) -> float:
+    attempts = json.loads((run / "billing.json").read_text())["attempts"]
+    return sum(a["last_seen"] - a["start"] for a in attempts)
+
+
+@pytest.mark.parametrize("limit", ["max_cost", "max_hours"])
+def test_budget_is_a_hard_ceiling_including_reruns(write_plan, tmp_path, limit):
+    # 36 USD/hour = 0.01 USD per second; both limits allow about 7 s of billed time.
+    budget = {"max_cost": 0.07, "alert_at": 0.5} if limit == "max_cost" else \
+        {"max_hours": 7 / 3600}
+    overrides = {"training": {"max_steps": 100000},
+                 "hardware": {"price_per_node_hour": 36.0},
+                 "checkpoint": {"interval_steps": 100000}, "budget": budget}
+    plan = write_plan(overrides)
+    run = tmp_path / "run"
+    proc = execute(plan)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((run / "result.json").read_text())
+    assert result["stop_reason"] == f"budget.{limit}" and result["completed_steps"] > 0
+    # A rerun may use what the first attempt left (measured costs now known); once spent,
+    # reruns launch nothing and exit 0 with one line saying so.
+    reruns = []
+    for _ in range(4):
+        again = execute(plan)
+        assert again.returncode == 0, again.stderr[-3000:]
+        reruns.append(billed_seconds(run))
+        assert reruns[-1] <= 7.0
+        if "budget spent:" in again.stdout:
+            break
+    assert "budget spent:" in again.stdout and f"budget.{limit}" in again.stdout
+    trained = json.loads((run / "result.json").read_text())["completed_steps"]
+    assert f"trained {trained} of 100000 steps" in again.stdout
+    assert execute(plan).returncode == 0
+    billed = billed_seconds(run)
+    assert billed == reruns[-1]  # nothing more billed
+    print(f"budget.{limit}: billed {billed:.2f} s = {billed * 0.01:.4f} USD against "
+          f"{'0.07 USD' if limit == 'max_cost' else '7 s'} after {len(reruns) + 1} reruns")
+    assert billed * 36.0 / 3600 <= 0.07 and billed <= 7.0
+
+
+def test_budget_that_cannot_buy_one_step_is_refused_without_estimate(write_plan, tmp_path):
+    # peak 0.1 TFLOPS: one step of the test model takes >= 0.08 s (modelled lower bound),
+    # which costs more than 1e-5 USD at 36 USD/h.
+    plan = write_plan({"hardware": {"price_per_node_hour": 36.0},
+                       "budget": {"max_cost": 0.00001}})
+    proc = execute(plan)
+    assert proc.returncode == 2
+    line = one_line(proc.stderr)
+    assert "cannot buy one step" in line and "modelled" in line and "budget.max_cost" in line
+    assert not (tmp_path / "run").exists()
