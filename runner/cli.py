@@ -18,12 +18,14 @@ from runner import __version__
 from runner import budget as budget_guard
 from runner import checkpoint as ckpt
 from runner import quiet_third_party_warnings, signals
+from runner.cliargs import OneLineParser
 from runner.errors import BudgetError, PlanError, UserError
 from runner.plan import Plan, load_plan, write_plan
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="runner", description=__doc__.splitlines()[0])
+    parser = OneLineParser(
+        prog="runner", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"runner {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("execute", help="run a plan as real (distributed) training")
@@ -237,7 +239,7 @@ def execute(args) -> int:
             print("launch command(s) this runner starts:")
             for cmd in commands:
                 print(f"  node {cmd.node_rank}: {cmd.render()}")
-        return dry_run(plan, data)
+        return dry_run(plan, data, args.plan)
 
     if latest is not None:
         print(f"resuming from {latest} (step {ckpt.read_state(latest)['step']})")
@@ -326,11 +328,17 @@ def run_in_process(plan: Plan, data_dir: Path, run_dir: Path) -> int:
     return 0
 
 
-def dry_run(plan: Plan, data) -> int:
+def dry_run(plan: Plan, data, plan_file: Path) -> int:
     from runner.data import TokenDataset
     from runner.model import build_model, parameter_count, training_flops_per_token
 
     dataset = TokenDataset(data, seq_len=plan.training.seq_len, packing=plan.training.packing)
+    need = parameter_count(plan.model) * 4  # the dry run builds the whole model in fp32
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    if need > have / 2:
+        raise PlanError(f"{parameter_count(plan.model):,} parameters need {need / 1e9:.3g} GB "
+                        f"to build for the dry run; this machine has {have / 1e9:.3g} GB free. "
+                        "Check the model.* sizes", file=str(plan_file), key="model")
     import paddle
 
     paddle.set_device("cpu")

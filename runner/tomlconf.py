@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import tempfile
 import types
 import typing
@@ -26,10 +27,24 @@ from runner.errors import UserError
 T = TypeVar("T")
 
 
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+NAME_RULE = ("1 to 64 letters, digits, '-' or '_', starting with a letter or digit (it names "
+             "a file in its folder)")
+
+
+def name_problem(value: Any) -> str | None:
+    """The one name rule (plan names, spec job names, price list names): names become file
+    names, so never '', spaces, '/', '..' or control characters."""
+    if isinstance(value, str) and NAME_PATTERN.match(value):
+        return None
+    return f"{value!r} is not a valid name; use {NAME_RULE}"
+
+
 def setting(default: Any, doc: str, *, min: float | None = None, max: float | None = None,
-            min_exclusive: bool = False) -> Any:
-    """A documented dataclass field with an optional numeric range."""
-    meta = {"doc": doc, "min": min, "max": max, "min_exclusive": min_exclusive}
+            min_exclusive: bool = False, name: bool = False) -> Any:
+    """A documented dataclass field with an optional numeric range (numbers must also be
+    finite) or, with `name=True`, the name rule."""
+    meta = {"doc": doc, "min": min, "max": max, "min_exclusive": min_exclusive, "name": name}
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -125,11 +140,30 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
     return False, value
 
 
+def _check_text(value: Any) -> str | None:
+    texts = value if isinstance(value, list) else [value]
+    for text in texts:
+        if isinstance(text, str) and any(ord(c) < 32 or ord(c) == 127 for c in text):
+            return "contains a control character (e.g. NUL); use plain text"
+    return None
+
+
 def _check_range(value: Any, meta: dict) -> str | None:
+    if meta.get("name"):
+        if name_problem(value):
+            return f"is not a valid name; use {NAME_RULE}"
+    problem = _check_text(value)
+    if problem:
+        return problem
+    if isinstance(value, list):
+        for item in value:
+            if isinstance(item, float) and not math.isfinite(item):
+                return "must hold finite numbers (no inf or nan)"
+        return None
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return None
-    if isinstance(value, float) and math.isnan(value):
-        return "must be a number, not nan"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "must be a finite number (no inf or nan)"
     low, high = meta.get("min"), meta.get("max")
     if low is not None:
         if meta.get("min_exclusive") and not value > low:
