@@ -19,7 +19,7 @@ from runner import budget as budget_guard
 from runner import checkpoint as ckpt
 from runner import quiet_third_party_warnings, signals
 from runner.cliargs import OneLineParser
-from runner.errors import BudgetError, PlanError, UserError
+from runner.errors import BudgetError, DataError, PlanError, UserError
 from runner.plan import Plan, load_plan, write_plan
 
 
@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return execute(args)
     except UserError as exc:
+        if isinstance(exc, DataError) and not exc.file:
+            exc.file = str(args.plan)  # corpus/tokenizer errors name the plan they came from
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_status
     except signals.Terminated as exc:

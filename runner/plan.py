@@ -357,6 +357,11 @@ def validate(plan: Plan, *, file: str = "<plan>") -> None:
     if p.pipeline_parallel_degree > 1 and t.gradient_accumulation_steps < pp:
         fail("training.gradient_accumulation_steps", f"{t.gradient_accumulation_steps} "
              f"micro-batches cannot fill {pp} pipeline stages; use at least {pp}")
+    for key, currency in (("hardware.currency", h.currency), ("budget.currency", b.currency)):
+        if not (len(currency) == 3 and currency.isascii() and currency.isalpha() and
+                currency.isupper()):
+            fail(key, f"{currency!r} is not an ISO 4217 currency code (three capital letters, "
+                 "e.g. 'USD', 'CNY')")
     if b.max_cost > 0 and b.currency != h.currency:
         fail("budget.currency", f"{b.currency!r} differs from hardware.currency "
              f"{h.currency!r}; currencies never mix silently: convert the price or the budget")

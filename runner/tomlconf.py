@@ -60,9 +60,23 @@ def read_toml(path: Path, error: type[UserError] = UserError) -> dict:
     except IsADirectoryError:
         raise error("is a directory, expected a TOML file", file=str(path)) from None
     except tomli.TOMLDecodeError as exc:
-        raise error(f"malformed TOML: {exc}", file=str(path)) from None
+        raise error(f"malformed TOML: {exc}{_offending_key(path, str(exc))}",
+                    file=str(path)) from None
     except UnicodeDecodeError:
         raise error("not UTF-8 text; TOML files must be UTF-8", file=str(path)) from None
+
+
+def _offending_key(path: Path, message: str) -> str:
+    """For duplicate keys/tables, name the key (tomli only gives line and column)."""
+    match = re.search(r"at line (\d+)", message)
+    if not match or not ("overwrite" in message or "declare" in message):
+        return ""
+    try:
+        line = Path(path).read_text(encoding="utf-8").splitlines()[int(match.group(1)) - 1]
+    except (OSError, UnicodeDecodeError, IndexError):
+        return ""
+    key = line.split("=", 1)[0].strip() if "=" in line else line.strip()
+    return f"; {key!r} is given twice (each key and table may appear once)"
 
 
 def write_toml_atomic(path: Path, data: dict, header: str = "") -> None:
