@@ -203,6 +203,12 @@ def plan_space(spec, *, log=print):
                               declared_bytes=spec.job.corpus_bytes,
                               seq_lens=spec.constraints.seq_lens, log=log)
     timings["corpus_statistics_s"] = time.perf_counter() - t0
+    sample = min(spec.constraints.seq_lens) + 1
+    if stats.total_tokens < sample:  # the runner refuses such a corpus too
+        raise UserError(f"the corpus holds {stats.total_tokens:,.0f} tokens (measured), fewer "
+                        f"than one training sample of seq_len + 1 = {sample} tokens; give a "
+                        "larger corpus or declare job.corpus_bytes", file=spec.path,
+                        key="job.corpus")
     target = target_tokens(spec, stats)
     t1 = time.perf_counter()
     table = evaluate_space(spec, offers, target)

@@ -10,8 +10,9 @@ A folder without the `.tmp` suffix and with manifest.json is complete; anything 
 ignored and removed. On resume the newest complete checkpoint is verified against its manifest;
 a damaged one is moved aside (`damaged/`, never deleted) and the previous one is used.
 A weight shared by two names (GPT's lm_head is tied to the word embedding) is saved once and
-re-attached on load (`tied` in the model file). Only data-parallel rank 0 of each shard writes. Dropout is re-seeded from (seed, step,
-rank) every step, so no RNG state needs saving for a bit-exact resume.
+re-attached on load (`__tied__` in the model file). Only data-parallel rank 0 of each shard
+writes. Dropout is re-seeded from (seed, step, rank) every step, so no RNG state needs saving
+for a bit-exact resume.
 
 Checkpoints are pickles: load only checkpoints you wrote yourself.
 """

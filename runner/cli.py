@@ -21,6 +21,7 @@ from runner import quiet_third_party_warnings, signals
 from runner.cliargs import OneLineParser
 from runner.errors import BudgetError, DataError, PlanError, UserError
 from runner.plan import Plan, load_plan, write_plan
+from runner.tomlconf import folder_problem
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,11 +108,9 @@ def describe_differences(old: dict, new: dict, limit: int = 4) -> str:
 def check_paths(plan: Plan, plan_file: Path) -> None:
     """Folders the run writes must be folders (or not exist yet)."""
     for key, value in (("job.output_dir", plan.run_dir), ("job.cache_dir", plan.job.cache_dir)):
-        path = Path(value)
-        for part in (path, *path.parents):
-            if part.exists() and not part.is_dir():
-                raise PlanError(f"{str(value)!r}: {part} is an existing file, not a folder; "
-                                "point it at a folder", file=str(plan_file), key=key)
+        problem = folder_problem(str(value))
+        if problem:
+            raise PlanError(problem, file=str(plan_file), key=key)
 
 
 def check_resume(plan: Plan, run_dir: Path, plan_file: Path, *, repair: bool) -> Path | None:

@@ -40,6 +40,15 @@ def name_problem(value: Any) -> str | None:
     return f"{value!r} is not a valid name; use {NAME_RULE}"
 
 
+def folder_problem(value: str) -> str | None:
+    """A folder the program will create/write: no part of it may be an existing file."""
+    path = Path(value)
+    for part in (path, *path.parents):
+        if part.exists() and not part.is_dir():
+            return f"{str(value)!r}: {part} is an existing file, not a folder; point it at a folder"
+    return None
+
+
 def setting(default: Any, doc: str, *, min: float | None = None, max: float | None = None,
             min_exclusive: bool = False, name: bool = False) -> Any:
     """A documented dataclass field with an optional numeric range (numbers must also be
