@@ -107,8 +107,9 @@ def import_catalog(path: Path, *, name: str | None = None, provider: str | None 
                    as_of: str | None = None, directory: Path = PROFILE_DIR
                    ) -> tuple[Path, int, list[str]]:
     path = Path(path)
-    if name_problem(name or path.stem):
-        raise ProfileError(name_problem(name or path.stem), key="--name")
+    name = path.stem if name is None else name
+    if name_problem(name):
+        raise ProfileError(name_problem(name), key="--name")
     provider = provider or path.stem.split("_")[0].split("-")[0].lower()
     as_of = as_of or dt.date.today().isoformat()
     offers, skipped = parse_catalog(path, provider=provider, as_of=as_of)
@@ -116,7 +117,7 @@ def import_catalog(path: Path, *, name: str | None = None, provider: str | None 
         raise ProfileError(f"no usable row ({len(skipped)} skipped"
                            + (f"; first: {skipped[0]}" if skipped else "") + ")",
                            file=str(path))
-    out = Path(directory) / "offers" / f"{name or path.stem}.toml"
+    out = Path(directory) / "offers" / f"{name}.toml"
     header = (f"# Imported by 'planner prices import' from {path.name} on {as_of}.\n"
               "# inter_node_gbits_per_s = 0 means unknown: such offers are planned single-node.\n")
     write_text_atomic(out, header + tomli_w.dumps({"offers": offers}))
