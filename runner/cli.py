@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_status
     except signals.Terminated as exc:
-        print(f"stopped by {exc} before training began; nothing to save", file=sys.stderr)
+        print(f"stopped by {exc}; nothing since the last checkpoint was lost (run the same "
+              "command again to resume)", file=sys.stderr)
         return signals.EXIT_SIGNALLED
 
 
