@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,9 +82,11 @@ def _rdb_storage(url: str, attempts: int = 8):
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
     for attempt in range(attempts):
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs,
-                                              heartbeat_interval=HEARTBEAT_S,
-                                              grace_period=STALE_AFTER_S)
+            with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs,
+                                                  heartbeat_interval=HEARTBEAT_S,
+                                                  grace_period=STALE_AFTER_S)
         except (IntegrityError, OperationalError):
             if attempt == attempts - 1:
                 raise
@@ -98,7 +101,9 @@ def open_study(name: str, storage, *, sampler=None, directions=("minimize",)):
 
     study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
                                 directions=list(directions), load_if_exists=True)
-    optuna.storages.fail_stale_trials(study)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
     return study
 
 

@@ -87,3 +87,21 @@ def test_probe_ranks_die_within_seconds_of_a_killed_planner(tmp_path):
         time.sleep(0.1)
     assert alive(chain) == [], "probe processes outlived their planner"
     print(f"probe processes gone {time.time() - killed:.2f} s after the planner was killed")
+
+
+def test_running_trial_of_a_killed_planner_is_failed_on_resume(tmp_path, monkeypatch):
+    import optuna
+
+    from planner import autotune
+
+    monkeypatch.setattr(autotune, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(autotune, "STALE_AFTER_S", 2)
+    settings = autotune.TuneSettings()
+    storage, _ = autotune.storage_for(settings, tmp_path)
+    study = autotune.open_study("s", storage)
+    trial = study.ask()
+    autotune.heartbeat(study, trial).set()  # one beat, then the planner "dies"
+    time.sleep(3)
+    storage, _ = autotune.storage_for(settings, tmp_path)  # a new planner resumes
+    resumed = autotune.open_study("s", storage)
+    assert [t.state for t in resumed.get_trials()] == [optuna.trial.TrialState.FAIL]
