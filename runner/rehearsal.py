@@ -8,8 +8,6 @@ a precision the CPU has). This module then
   does not fit the rank's memory with HEADROOM, halves the micro-batch, then seq_len, until it
   does, raising gradient accumulation so each rank still trains the same tokens per step (the
   global batch is kept);
-- runs in its own folder (`<run dir>-local`) unless --output-dir says otherwise, so the real
-  run's checkpoints never meet the rehearsal's;
 - keeps a rehearsal short: a few steps (DEFAULT_STEPS) unless --max-steps says otherwise, and
   when one step at the kept global batch would take longer than STEP_TARGET_S here (modelled),
   lowers accumulation, then micro-batch, saying so (a setting the user pinned with --set is
@@ -171,9 +169,8 @@ def fit_time(plan: Plan, perf: PerformanceData, pinned: frozenset[str]
                     if getattr(t, key) != getattr(ft, key)}
 
 
-def rehearse(plan: Plan, *, max_steps_given: bool, output_dir_given: bool = True,
-             limit_gb: float | None = None, pinned: frozenset[str] = frozenset()
-             ) -> Rehearsal:
+def rehearse(plan: Plan, *, max_steps_given: bool, limit_gb: float | None = None,
+             pinned: frozenset[str] = frozenset()) -> Rehearsal:
     """Fit a localized plan (runner.launch.localize) to this machine; see the module doc."""
     perf = local_performance(plan)
     changes: list[str] = []
@@ -191,12 +188,6 @@ def rehearse(plan: Plan, *, max_steps_given: bool, output_dir_given: bool = True
         plan = _with_training(plan, max_steps=DEFAULT_STEPS,
                               warmup_steps=min(plan.training.warmup_steps, DEFAULT_STEPS))
         plan = dataclasses.replace(plan, job=dataclasses.replace(plan.job, target_tokens=0))
-    if not output_dir_given:  # never mix a rehearsal's checkpoints into the real run's folder
-        local_dir = f"{plan.run_dir}-local"
-        changes.append(f"job.output_dir: {plan.job.output_dir!r} -> {local_dir!r} (the real "
-                       "run's folder stays untouched; --output-dir DIR to choose)")
-        plan = dataclasses.replace(plan, job=dataclasses.replace(plan.job,
-                                                                 output_dir=local_dir))
     nproc = plan.parallel.nproc_per_node
     rank_memory = limit_gb * GB if limit_gb else machine_share_bytes(nproc)
     budget = HEADROOM * rank_memory

@@ -74,8 +74,8 @@ def test_rank_over_its_memory_limit_is_ended_and_reported_then_local_fits(write_
                      r"\d+ to keep 16,384 tokens", local.stdout), local.stdout
     assert "step time here:" in local.stdout and "modelled" in local.stdout
     assert "planned (model)" in local.stdout  # planned-vs-actual of the rehearsal
-    local_run = tmp_path / "run-local"  # the rehearsal keeps out of the real run's folder
-    assert f"job.output_dir: {str(run)!r} -> {str(local_run)!r}" in local.stdout
+    local_run = tmp_path / "run.local"  # the rehearsal keeps out of the real run's folder
+    assert f"rehearsal in {local_run} " in local.stdout
     assert not any(r["killed_for_memory"] for r in rank_records(local_run))
 
 
