@@ -106,22 +106,22 @@ def truncation_line(stats) -> str:
             "longer than seq_len; measured on the sample; the plan packs, losing none)")
 
 
-def report(stats, target: float, decision, *, cache_dir: str, currency: str) -> dict:
-    """Warnings and data-preparation numbers for optimize (text lines and JSON)."""
+def stats_lines(stats, target: float) -> list[str]:
+    """What the statistics mean for the plan, before the search: truncation and epochs."""
     from planner.corpus_stats import epochs_warning
 
     warning = epochs_warning(stats, target)
-    prep = None
-    if decision.chosen is not None:
-        prep = for_row(stats, decision.table.row(decision.chosen), cache_dir=cache_dir,
-                       currency=currency)
-    lines = [truncation_line(stats)]
-    if prep is not None:
-        lines.append(prep.describe())
-    if warning:
-        lines.append(warning)
-    return {"lines": lines, "notes": [x for x in (prep.describe() if prep else None, warning)
-                                      if x],
+    return [truncation_line(stats)] + ([warning] if warning else [])
+
+
+def report(stats, target: float, row: dict | None, *, cache_dir: str, currency: str) -> dict:
+    """Warnings and data-preparation numbers for optimize: plan notes and JSON."""
+    from planner.corpus_stats import epochs_warning
+
+    warning = epochs_warning(stats, target)
+    prep = for_row(stats, row, cache_dir=cache_dir, currency=currency) if row is not None \
+        else None
+    return {"notes": [x for x in (prep.describe() if prep else None, warning) if x],
             "json": {"warnings": [warning] if warning else [],
                      "epochs": stats.epochs_for(target),
                      "fresh_equivalent_tokens": _fresh(stats, target),
