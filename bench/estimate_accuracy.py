@@ -47,8 +47,7 @@ def main() -> int:
         mask = gens == gens[i]
         mask[i] = False
         f = pb.fit(cols, mask)
-        pred[i] = pb.predict({k: v[i:i + 1] for k, v in cols.items()}, f.eff_max,
-                             f.half_tokens, f.half_hidden, f.overlap)[0]
+        pred[i] = pb.predict({k: v[i:i + 1] for k, v in cols.items()}, *f.params)[0]
     measured = cols["measured"]
     err = np.abs(pred - measured) / measured
     ratio = measured / pred

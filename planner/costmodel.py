@@ -62,6 +62,20 @@ def recompute_extra_flops_per_token(shape: ModelShape, seq_len, recompute_code,
     return extra + np.where(flash, attn_core, 0.0)
 
 
+def attention_flops_per_token(shape: ModelShape, seq_len, recompute_code,
+                              flash_attention=False):
+    """The part of the hardware FLOPs per token spent in the attention score/value matmuls:
+    12·L·h·s of model FLOPs [P22], plus 4·L·h·s for each recomputed attention forward
+    (core_attn/full_attn/full recompute without flash; flash attention's backward always)."""
+    L, h = shape.layers, shape.hidden
+    s = np.asarray(seq_len, dtype=float)
+    core = 4.0 * L * h * s
+    code = np.asarray(recompute_code)
+    flash = np.asarray(flash_attention, dtype=bool)
+    recomputed = np.where(code == 0, 0.0, np.where((code == 1) & flash, 0.0, core))
+    return 12.0 * L * h * s + recomputed + np.where(flash, core, 0.0)
+
+
 # ---- time --------------------------------------------------------------------------------------
 
 def compute_efficiency(*, micro_batch, seq_len, hidden_per_tp, eff_max, half_tokens,

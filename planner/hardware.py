@@ -43,6 +43,10 @@ class Efficiency:
     rolloff_tokens: float = setting(0.0, "Tokens per micro-batch beyond which efficiency falls "
                                          "again (the working set outgrows the caches, seen on "
                                          "CPUs); 0 = never.", min=0)
+    attention_relative: float = setting(1.0, "Achieved FLOP/s of the attention score/value "
+                                             "matmuls relative to the rest of the layer "
+                                             "(fitted from runs at several seq_len).", min=0,
+                                        min_exclusive=True)
     comm_overlap: float = setting(0.5, "Share of data-parallel gradient sync hidden behind "
                                        "backward compute.", min=0, max=1)
     memory_overhead_gb: float = setting(1.5, "Framework memory per device beyond the model "

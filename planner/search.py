@@ -277,7 +277,10 @@ def evaluate_layouts(m, prof: Profile, offer: Offer, g: dict, *, efficiency=None
                                         half_tokens=by_precision("half_tokens"),
                                         half_hidden=by_precision("half_hidden"),
                                         rolloff_tokens=by_precision("rolloff_tokens"))
-    t_compute = tokens_per_rank * f_hw / (g["tp"] * g["pp"]) / (peak * efficiency_)
+    # attention matmuls run at their own relative efficiency (fitted per generation)
+    f_attn = cm.attention_flops_per_token(shape, g["seq"], g["recompute_code"], g["flash"])
+    f_effective = f_hw - f_attn + f_attn / by_precision("attention_relative")
+    t_compute = tokens_per_rank * f_effective / (g["tp"] * g["pp"]) / (peak * efficiency_)
 
     # communication
     act_bytes = np.where(mixed, 2.0, 4.0)

@@ -51,7 +51,7 @@ def test_shipped_priors_fit_the_published_runs(rows):
         mask = gens == gen
         sub = {k: v[mask] for k, v in cols.items()}
         err = pb.relative_errors(sub, pb.Fit(e.max, e.half_tokens, e.half_hidden,
-                                             e.comm_overlap, 0))
+                                             e.comm_overlap, 0, e.attention_relative))
         assert np.median(err) <= 0.10, gen
         assert e.throughput_p10 < 1 < e.throughput_p90
 

@@ -39,6 +39,7 @@ def efficiency_block(fit: pb.Fit, *, rows: list, loo_err: np.ndarray, p10: float
         f"half_tokens = {fit.half_tokens:.1f}",
         f"half_hidden = {fit.half_hidden:.1f}",
         f"comm_overlap = {fit.overlap:.3f}",
+        f"attention_relative = {fit.attention_relative:.3f}",
         f"throughput_p10 = {p10:.4f}",
         f"throughput_p90 = {p90:.4f}",
         f"fit_error = {float(np.median(loo_err)):.4f}",
