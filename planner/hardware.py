@@ -29,6 +29,10 @@ def calibration_dir(profile_dir: Path = PROFILE_DIR) -> Path:
     return Path(override) if override else Path(profile_dir) / "local"
 
 
+# Models this large get their own interval (their published runs scatter more).
+LARGE_MODEL_PARAMS = 15e9
+
+
 class ProfileError(UserError):
     """A hardware profile or price list is malformed."""
 
@@ -65,7 +69,20 @@ class Efficiency:
     throughput_p90: float = setting(1.7, "90th percentile of measured/modelled tokens/s: the "
                                          "high end of the 80% interval.", min=0,
                                     min_exclusive=True)
+    throughput_p10_large: float = setting(
+        0.0, "Like throughput_p10, for models of at least LARGE_MODEL_PARAMS (15e9) parameters, "
+             "whose published runs scatter more: the interval widened to their own spread "
+             "(0 = use throughput_p10).", min=0)
+    throughput_p90_large: float = setting(0.0, "Like throughput_p90 for large models (0 = use "
+                                               "throughput_p90).", min=0)
     fit_rows: int = setting(0, "Published runs the fit used (0 = not fitted).", min=0)
+
+    def interval_ratios(self, params_total: float) -> tuple[float, float]:
+        """(p10, p90) of measured/modelled tokens/s for a model of this size."""
+        if params_total >= LARGE_MODEL_PARAMS and self.throughput_p10_large and \
+                self.throughput_p90_large:
+            return self.throughput_p10_large, self.throughput_p90_large
+        return self.throughput_p10, self.throughput_p90
 
 
 @dataclass(frozen=True)

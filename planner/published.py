@@ -214,6 +214,31 @@ def leave_one_out(rows: list[Row]) -> dict[str, np.ndarray]:
             "ratio": cols["measured"] / pred}
 
 
+def is_large(row: Row) -> bool:
+    from planner.hardware import LARGE_MODEL_PARAMS
+
+    return row.params_billion * 1e9 >= LARGE_MODEL_PARAMS
+
+
+MIN_LARGE_ROWS = 8  # fewer large-model rows than this: the generation's interval applies
+
+
+def row_interval(rows: list[Row], ratios: np.ndarray, i: int) -> tuple[float, float]:
+    """Row i's 80% interval from the other rows' leave-one-out ratios: p10..p90 of its
+    generation, widened to p10..p90 of the generation's large models (>= LARGE_MODEL_PARAMS)
+    when row i is large and there are enough of them. Row i never sets its own interval."""
+    gens = np.array([r.generation for r in rows])
+    large = np.array([is_large(r) for r in rows])
+    ok = np.isfinite(ratios)
+    ok[i] = False
+    lo, hi = interval_ratios(ratios[ok & (gens == gens[i])])
+    side = ok & (gens == gens[i]) & large
+    if large[i] and side.sum() >= MIN_LARGE_ROWS:
+        big_lo, big_hi = interval_ratios(ratios[side])
+        lo, hi = min(lo, big_lo), max(hi, big_hi)
+    return lo, hi
+
+
 def interval_ratios(ratios: np.ndarray) -> tuple[float, float]:
     """p10 and p90 of published/modelled: the 80% interval's multipliers on throughput."""
     r = np.asarray(ratios, dtype=float)

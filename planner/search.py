@@ -46,6 +46,7 @@ class CandidateTable:
     offers: list[OfferChoice]
     columns: dict[str, np.ndarray] = field(default_factory=dict)
     fixed_hours: float = 0.0  # paid hours that do not scale with throughput (start-up)
+    params_total: float = 0.0  # the model's parameters (the interval depends on its size)
 
     def __len__(self) -> int:
         return len(next(iter(self.columns.values()))) if self.columns else 0
@@ -70,10 +71,9 @@ class CandidateTable:
         calibration spread (planner.costmodel.interval_from_throughput), so a million-row
         table need not carry six more columns."""
         idx = np.arange(len(self)) if idx is None else np.asarray(idx, dtype=int)
-        lo = np.array([[c.profile.efficiency_for(p).throughput_p10 for p in PRECISIONS]
-                       for c in self.offers])
-        hi = np.array([[c.profile.efficiency_for(p).throughput_p90 for p in PRECISIONS]
-                       for c in self.offers])
+        ratios = np.array([[c.profile.efficiency_for(p).interval_ratios(self.params_total)
+                            for p in PRECISIONS] for c in self.offers])
+        lo, hi = ratios[..., 0], ratios[..., 1]
         offer, prec = self["offer"][idx], self["precision_code"][idx]
         return cm.interval_from_throughput(
             tokens_per_s=self["tokens_per_s"][idx], hours=self["hours"][idx],
@@ -82,7 +82,7 @@ class CandidateTable:
 
     def select(self, mask: np.ndarray) -> "CandidateTable":
         return CandidateTable(self.offers, {k: v[mask] for k, v in self.columns.items()},
-                              self.fixed_hours)
+                              self.fixed_hours, self.params_total)
 
 
 def allowed_offers(spec: Spec, profiles: dict[str, Profile]) -> list[OfferChoice]:
@@ -361,11 +361,12 @@ def evaluate_space(spec: Spec, offers: list[OfferChoice], target: float) -> Cand
     # diagnostics of single evaluations (planner explain, the published-run fit) stay out of
     # the big table: concatenating a million rows is memory-bound
     tables = [{k: v for k, v in t.items() if k not in DIAGNOSTIC_COLUMNS} for t in tables if t]
+    params = float(cm.ModelShape.from_section(spec.model_section()).params_total)
     if not tables:
-        return CandidateTable(offers, {}, spec.spot.startup_minutes / 60)
+        return CandidateTable(offers, {}, spec.spot.startup_minutes / 60, params)
     columns = {k: np.concatenate([t[k] for t in tables]) for k in tables[0]}
     columns["cost_per_million_tokens"] = columns["cost"] / target * 1e6
-    return CandidateTable(offers, columns, spec.spot.startup_minutes / 60)
+    return CandidateTable(offers, columns, spec.spot.startup_minutes / 60, params)
 
 
 # ---- choosing ----------------------------------------------------------------------------------
