@@ -175,7 +175,9 @@ def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
     ok &= ~((g["pp"] > 1) & (g["stage_code"] >= 2))               # PaddleNLP: pp + stage2/3
     ok &= sequence_parallel_fits(g["micro"], g["seq"], g["tp"], g["sp"])
     ok &= tensor_parallel_fits_node(g["tp"], gpn)
-    ok &= (g["vpp"] == 1) | ((g["pp"] > 2) & (m.num_hidden_layers % (g["pp"] * g["vpp"]) == 0))
+    # the accumulation-free part of runner.plan.virtual_pipeline_fits, applied again in full
+    # once accumulation is known (it prunes before the accumulation expansion)
+    ok &= virtual_pipeline_fits(m.num_hidden_layers, g["pp"], g["vpp"], 2 * g["pp"])
     g = {k: v[ok] for k, v in g.items()}
     batch_ranks = batch_ranks[ok]
     # accumulation: every value meeting the global-batch range (see _accumulations)
