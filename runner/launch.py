@@ -71,15 +71,10 @@ def run_group(command: LaunchCommand, *, log_file: Path | None = None,
 # ---- the plan's hardware vs this machine -----------------------------------------------------
 
 def local_precisions() -> list[str]:
-    """Precisions this machine's CPU can train in (bf16 needs AVX512-BF16 or AMX)."""
-    precisions = ["fp32"]
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        flags = ""
-    if "avx512_bf16" in flags or "amx_bf16" in flags:
-        precisions.append("bf16")
-    return precisions
+    """Precisions a CPU run really trains in: fp32 only. Paddle's AMP is a no-op on CPU
+    ("amp_guard can only be enabled on CUDAPlace, XPUPlace, and CustomPlace"), so a bf16 or
+    fp16 run here would be the fp32 run under another name."""
+    return ["fp32"]
 
 
 def check_hardware(plan: Plan, *, node_rank: int | None) -> None:
@@ -95,9 +90,9 @@ def check_hardware(plan: Plan, *, node_rank: int | None) -> None:
         raise HardwareError(f"the plan spans {p.nnodes} nodes; start it on each node with "
                             "--node-rank R (commands above)", key="parallel.nnodes")
     if hw.device == "cpu" and plan.training.precision not in local_precisions():
-        raise HardwareError(f"{plan.training.precision!r} is not supported by this CPU; "
-                            f"allowed here: {', '.join(local_precisions())}",
-                            key="training.precision")
+        raise HardwareError(f"{plan.training.precision!r} on CPU would run in fp32: Paddle's "
+                            "AMP is a no-op on CPU; use precision = 'fp32' (allowed here: "
+                            f"{', '.join(local_precisions())})", key="training.precision")
 
 
 def localize(plan: Plan) -> tuple[Plan, list[str]]:

@@ -170,6 +170,11 @@ class EstimateSection:
     cost: float = setting(0.0, "Total cost in budget.currency.", min=0)
     cost_per_million_tokens: float = setting(0.0, "Cost per 1e6 training tokens.", min=0)
     energy_kwh: float = setting(0.0, "Energy, kWh (modelled from TDP).", min=0)
+    step_time_interval_s: list[float] = setting(
+        [], "95% interval of the mean step time from the probes' steps ([] when modelled).")
+    step_time_spread: float = setting(
+        0.0, "Spread of single measured steps, (90th - 10th percentile) / median (0 when "
+             "modelled): the machine's noise around step_time_s.", min=0)
     tokens_per_second_p10: float = setting(0.0, "80% interval on tokens_per_second, low end "
                                                 "(0 = none given).", min=0)
     tokens_per_second_p90: float = setting(0.0, "80% interval, high end.", min=0)
