@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,8 +93,15 @@ class Race:
                 "difference_interval_95": list(self.interval), "p_value": self.p_value}
 
 
+HEARTBEAT_S = 10       # a running trial's planner records a heartbeat this often (Optuna)
+STALE_AFTER_S = 60     # a RUNNING trial without a heartbeat for this long has lost its planner
+
+
 def _rdb_storage(url: str, attempts: int = 8):
-    """RDBStorage, retried: planners starting together race to create the schema."""
+    """RDBStorage, retried: planners starting together race to create the schema.
+
+    With heartbeats: a trial whose planner was killed stays RUNNING in the storage until
+    `fail_stale_trials` (called when a study is opened) marks it FAIL."""
     import random
 
     import optuna
@@ -102,12 +110,29 @@ def _rdb_storage(url: str, attempts: int = 8):
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
     for attempt in range(attempts):
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+            with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs,
+                                                  heartbeat_interval=HEARTBEAT_S,
+                                                  grace_period=STALE_AFTER_S)
         except (IntegrityError, OperationalError):
             if attempt == attempts - 1:
                 raise
             time.sleep(0.2 + random.random() * (attempt + 1))
     raise AssertionError("unreachable")
+
+
+def open_study(name: str, storage, *, sampler=None, directions=("minimize",)):
+    """Create or resume the study; trials a killed planner left RUNNING (no heartbeat for
+    STALE_AFTER_S) are marked FAIL, so they neither block nor count as results."""
+    import optuna
+
+    study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+                                directions=list(directions), load_if_exists=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+    return study
 
 
 def storage_for(settings: TuneSettings, work_dir: Path):
@@ -311,8 +336,7 @@ def _tune(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: 
         sampler = optuna.samplers.TPESampler(seed=settings.seed,
                                              n_startup_trials=max(2, settings.enqueue))
         directions = ["minimize"]
-    study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
-                                directions=directions, load_if_exists=True)
+    study = open_study(name, storage, sampler=sampler, directions=directions)
     rows_by_key = {_key_of_row(table, int(i)): int(i) for i in local_rows}
     choices = _choices(table, local_rows)
     outcome = TuneOutcome(name, url)
@@ -355,12 +379,14 @@ def _tune(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: 
                                                   done, ooms, choices)
             guided_turn = False
         trial = study.ask()
+        beat = heartbeat(study, trial)
         params = {d: (trial.suggest_categorical(d, choices[d]) if len(choices[d]) > 1
                       else choices[d][0]) for d in DIMENSIONS}
         key = tuple(int(params[d]) for d in DIMENSIONS)
         row = rows_by_key.get(key)
 
         def finish(values, violation, status, **attrs):
+            beat.set()  # stop this trial's heartbeat
             try:
                 trial.set_user_attr(CONSTRAINT_ATTR, [violation])
                 trial.set_constraint("memory_budget_deadline", violation)
@@ -431,6 +457,28 @@ def _tune(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: 
               for i, r in outcome.probed.items() if _within(spec, *measured_cost(table, i, r))]
         outcome.best_row = min(ok)[1] if ok else None
     return outcome
+
+
+def heartbeat(study, trial):
+    """Optuna's heartbeat thread for an ask/tell trial (`study.optimize` starts the same one
+    itself): while it beats, the trial is alive; a killed planner's trial goes stale."""
+    import threading
+
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+
+    stop = threading.Event()
+    storage = study._storage
+    if not is_heartbeat_enabled(storage):
+        return stop
+
+    def beat() -> None:
+        while True:
+            storage.record_heartbeat(trial._trial_id)
+            if stop.wait(timeout=HEARTBEAT_S):
+                return
+
+    threading.Thread(target=beat, daemon=True, name="trial-heartbeat").start()
+    return stop  # .set() ends the beat
 
 
 def _race(spec: Spec, table: CandidateTable, target: float, settings: TuneSettings, backend,

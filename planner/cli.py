@@ -20,11 +20,13 @@ import tomli
 
 from planner import __version__
 from runner import quiet_third_party_warnings
+from runner.cliargs import OneLineParser
 from runner.errors import UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="planner", description="Plan GPT pretraining cost.")
+    parser = OneLineParser(
+        prog="planner", description="Plan GPT pretraining cost.")
     parser.add_argument("--version", action="version", version=f"planner {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -101,6 +103,23 @@ def _tune_args(p: argparse.ArgumentParser, default_probes: int = 0) -> None:
     p.add_argument("--probe-timeout", type=float, default=180.0, help="seconds per probe")
 
 
+# Which command-line flag sets which spec key (errors in those values name the flag).
+FLAGS = {"constraints.budget": "--budget", "constraints.deadline_hours": "--deadline-hours",
+         "constraints.currency": "--currency", "constraints.profiles": "--hardware",
+         "constraints.spot": "--spot/--no-spot", "job.target_tokens": "--target-tokens"}
+
+
+def check_writable_file(path: Path, *, key: str) -> None:
+    """Before any work: the output path must be a file path whose folders are folders."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{str(path)!r} is a folder; give a file path such as "
+                        f"{path / 'plan.toml'}", key=key)
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise UserError(f"{str(path)!r}: {parent} is a file, not a folder", key=key)
+
+
 def spec_overrides(args) -> dict:
     out = {}
     if args.budget is not None:
@@ -111,6 +130,9 @@ def spec_overrides(args) -> dict:
         out["constraints.currency"] = args.currency
     if args.hardware is not None:
         out["constraints.profiles"] = [h.strip() for h in args.hardware.split(",") if h.strip()]
+        if not out["constraints.profiles"]:
+            raise UserError(f"{args.hardware!r} names no profile; give comma-separated names "
+                            "(see 'planner profiles')", key="--hardware")
     if args.spot is not None:
         out["constraints.spot"] = args.spot
     if args.target_tokens is not None:
@@ -124,6 +146,7 @@ def spec_overrides(args) -> dict:
         except tomli.TOMLDecodeError:
             value = raw
         out[key] = value
+    args.overridden = {k: FLAGS.get(k, f"--set {k}") for k in out}
     return out
 
 
@@ -146,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "prices":
             return cmd_prices_import(args)
     except UserError as exc:
+        flag = getattr(args, "overridden", {}).get(exc.key)
+        if flag:  # the bad value came from the command line, not the spec file
+            exc.file, exc.key = None, flag
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_status
     return 2
@@ -194,6 +220,7 @@ def cmd_optimize(args) -> int:
     from runner.plan import write_plan
 
     spec = load_spec(args.spec, overrides=spec_overrides(args))
+    check_writable_file(args.out or Path("plans") / f"{spec.job.name}.toml", key="--out")
     quiet = args.json
     log = _quiet if quiet else print
 

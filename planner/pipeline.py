@@ -93,8 +93,10 @@ def plan_space(spec, *, log: Callable = print, on_stats: Callable | None = None)
     profiles = load_profiles()
     offers = allowed_offers(spec, profiles)
     if not offers:
-        raise UserError("no hardware offer matches constraints.profiles/offers; see "
-                        "'planner profiles'", file=spec.path, key="constraints.profiles")
+        known = ", ".join(sorted(profiles))
+        raise UserError(f"no hardware offer matches constraints.profiles "
+                        f"{spec.constraints.profiles} / offers {spec.constraints.offers}; known "
+                        f"profiles: {known}", file=spec.path, key="constraints.profiles")
     model = spec.model_section()
     stats = corpus_statistics(corpus=spec.job.corpus, tokenizer=spec.job.tokenizer,
                               vocab_size=model.vocab_size, cache_dir=spec.job.cache_dir,
@@ -102,6 +104,12 @@ def plan_space(spec, *, log: Callable = print, on_stats: Callable | None = None)
                               declared_bytes=spec.job.corpus_bytes,
                               seq_lens=spec.constraints.seq_lens, log=log)
     timings["corpus_statistics_s"] = time.perf_counter() - t0
+    sample = min(spec.constraints.seq_lens) + 1
+    if stats.total_tokens < sample:  # the runner refuses such a corpus too
+        raise UserError(f"the corpus holds {stats.total_tokens:,.0f} tokens (measured), fewer "
+                        f"than one training sample of seq_len + 1 = {sample} tokens; give a "
+                        "larger corpus or declare job.corpus_bytes", file=spec.path,
+                        key="job.corpus")
     target = target_tokens(spec, stats)
     if on_stats is not None:
         on_stats(stats, target)

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
+from runner.lifeline import die_with_parent
 from runner.plan import Plan, write_plan
 from runner.probe import layout_key, probe_command, request_path, serve_command
 from runner.tomlconf import write_text_atomic
@@ -171,7 +172,8 @@ class LocalProbe:
         with open(log, "wb") as handle:
             proc = subprocess.Popen(command.argv, env=dict(os.environ) | command.env,
                                     stdout=handle, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                                    start_new_session=True,
+                                    preexec_fn=die_with_parent())  # never outlive us
             try:
                 rc, timed_out = proc.wait(timeout=self.timeout_s), False
             except subprocess.TimeoutExpired:
@@ -200,7 +202,8 @@ class LocalProbe:
         with open(log, "wb") as handle:
             proc = subprocess.Popen(command.argv, env=dict(os.environ) | command.env,
                                     stdout=handle, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                                    start_new_session=True,
+                                    preexec_fn=die_with_parent())  # never outlive us
         self._workers[layout] = worker = _Worker(proc, queue, log)
         return worker
 

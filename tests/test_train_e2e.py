@@ -159,10 +159,12 @@ def test_budget_guard_stops_within_one_step(write_plan, tmp_path):
     last = steps[max(steps)]
     one_step = 36.0 * max(r["step_time_s"] for r in steps.values()) / 3600
     assert last["cost"] <= 0.25
-    assert 0.25 - last["cost"] < 0.25 * 0.1 + 3 * one_step  # it did not stop far too early
+    # It did not stop far too early: what is left covers a checkpoint and shutting down
+    # (modelled before they are measured: ~2 s) plus a margin.
+    assert 0.25 - last["cost"] < 0.25 * 0.2 + 3 * one_step
     billed = json.loads((run / "report.json").read_text())
     total = {r["metric"]: r for r in billed["rows"]}["total cost (billed wall-clock)"]["actual"]
-    assert total <= 0.25 + one_step
+    assert total <= 0.25  # a hard ceiling
 
 
 def test_budget_that_cannot_buy_one_step_is_refused(write_plan, tmp_path):
