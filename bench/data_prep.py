@@ -1,4 +1,4 @@
-"""Data preparation (benchmark 6 of bench/README.md): our streaming pipeline side by side with a
+"""Data preparation (benchmark 7 of bench/README.md): our streaming pipeline side by side with a
 PaddleNLP-style baseline on the same cores, and tokens per character before/after.
 
 Throughput and memory: corpora of the requested sizes are generated from the embedded corpus

@@ -18,8 +18,9 @@ from runner.tomlconf import from_table, read_toml, setting
 
 # Profile folder, calibration folder and the [efficiency] table are shared with the runner's
 # local rehearsal (runner.profile), so both read a profile the same way.
-from runner.profile import (LOCAL_CALIBRATION_ENV, PROFILE_DIR, Efficiency,  # noqa: F401
-                            ProfileError, calibration_dir, calibration_tables)
+from runner.profile import (LARGE_MODEL_PARAMS, LOCAL_CALIBRATION_ENV,  # noqa: F401
+                            PROFILE_DIR, Efficiency, ProfileError, calibration_dir,
+                            calibration_tables)
 
 
 @dataclass(frozen=True)
