@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--export", action="store_true",
                     help="after training, export the model for inference (paddle.jit.save)")
     ex.add_argument("--json", action="store_true", help="print the final report as JSON")
+    ex.add_argument("--verbose", action="store_true",
+                    help="show the launcher's and ranks' own output (default: only the "
+                         "runner's lines; the rest is in the attempt's log folder)")
     return parser
 
 
@@ -98,7 +101,7 @@ def check_budget(plan: Plan, spent: float, plan_file: Path) -> None:
 
 def execute(args) -> int:
     from runner.data import prepare_data
-    from runner.launch import check_hardware, localize, run_group
+    from runner.launch import check_hardware, localize
     from runner.metrics import BillingLog
     from runner.parallel import launch_commands
 
@@ -108,12 +111,15 @@ def execute(args) -> int:
         print("--local: rehearsing on this machine; changed:")
         for change in changes or ["nothing"]:
             print(f"  {change}")
+    node_rank = check_node_args(plan, args)
     run_dir = plan.run_dir
-    if args.fresh and run_dir.exists() and not args.dry_run:
+    if args.fresh and run_dir.exists() and not args.dry_run and node_rank == 0:
         backup = run_dir.with_name(f"{run_dir.name}.{time.strftime('%Y%m%d-%H%M%S')}.old")
         os.replace(run_dir, backup)
         print(f"--fresh: previous run kept in {backup}")
-    latest = check_resume(plan, run_dir, args.plan)
+    latest = None if args.fresh else check_resume(plan, run_dir, args.plan)
+    # Node 0 bills the whole cluster (price x nnodes x its wall-clock time); other nodes only
+    # read the bill for the budget check (one writer: attempts are never counted twice).
     billing = BillingLog(run_dir / "billing.json")
     spent = plan.hardware.price_per_node_hour * plan.parallel.nnodes * \
         billing.total_seconds() / 3600
@@ -124,12 +130,15 @@ def execute(args) -> int:
     if not args.local and not args.dry_run:
         print_cluster_commands(plan, args)
         check_hardware(plan, node_rank=args.node_rank)
+        if plan.parallel.nnodes > 1 and not (args.master or plan.parallel.master):
+            raise PlanError(f"the plan spans {plan.parallel.nnodes} nodes; give every node the "
+                            "same --master HOST:PORT of node 0 (or set parallel.master)",
+                            key="--master")
 
     data = prepare_data(plan)
     print(f"data: {data.num_tokens:,} tokens ({data.meta['num_documents']:,} documents, "
           f"{data.meta['tokens_per_character']:.3f} tokens/char, measured) in {data.path}")
-    attempt = len(billing.attempts) + 1
-    log_dir = run_dir / "logs" / f"attempt_{attempt:03d}"
+    log_dir = attempt_log_dir(run_dir, billing, plan.parallel.nnodes, node_rank)
     commands = launch_commands(plan, plan_path=effective_plan, data_dir=data.path,
                                run_dir=run_dir, log_dir=log_dir, master=args.master)
     if args.dry_run:
@@ -148,12 +157,18 @@ def execute(args) -> int:
         print(f"resuming from {latest} (step {state['step']})")
     run_dir.mkdir(parents=True, exist_ok=True)
     write_plan(plan, effective_plan, header=f"# effective plan of this run (from {args.plan})\n")
-    ckpt.remove_incomplete(run_dir / "checkpoints")
-    attempt_start = billing.start_attempt()
+    if node_rank == 0:  # global rank 0 (on node 0) is the one that writes checkpoints
+        ckpt.remove_incomplete(run_dir / "checkpoints")
+        attempt_start = billing.start_attempt()
+    else:
+        attempt_start = time.time()
     if not needs_launch:
         rc = run_in_process(plan, data.path, run_dir)
     else:
-        rc = run_group(commands[args.node_rank or 0], group_file=run_dir / "launcher.json")
+        rc = run_launched(commands[node_rank], run_dir=run_dir, log_dir=log_dir,
+                          node_rank=node_rank, verbose=args.verbose)
+    if node_rank > 0:
+        return finish_other_node(plan, run_dir, log_dir, node_rank, rc, since=attempt_start)
     billing.touch()
     result = read_result(run_dir, since=attempt_start)
     if result is None:
@@ -168,6 +183,75 @@ def execute(args) -> int:
         print(f"exported for inference: {export_model(plan, run_dir)}")
     interrupted = not result["finished"] and result["stop_reason"].startswith("signal")
     return 143 if interrupted else status
+
+
+def check_node_args(plan: Plan, args) -> int:
+    """This node's rank; --node-rank and --master checked against the plan (exit 2)."""
+    nnodes = plan.parallel.nnodes
+    node_rank = args.node_rank if args.node_rank is not None else 0
+    if not 0 <= node_rank < nnodes:
+        raise PlanError(f"{node_rank} is not a node of this plan; allowed: 0..{nnodes - 1} "
+                        f"(parallel.nnodes = {nnodes})", key="--node-rank")
+    master = args.master or plan.parallel.master
+    if master:
+        host, _, port = master.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise PlanError(f"{master!r} is not host:port (e.g. 10.0.0.1:8090)",
+                            key="--master" if args.master else "parallel.master")
+    return node_rank
+
+
+def attempt_log_dir(run_dir: Path, billing, nnodes: int, node_rank: int) -> Path:
+    """`logs/attempt_NNN` (one node, numbered like billing.json's attempts), or
+    `logs/node_RR/attempt_NNN` on several nodes (each node numbers its own attempts: the
+    nodes' disks may be shared or not, and Paddle names rank logs by local rank)."""
+    if nnodes == 1:
+        return run_dir / "logs" / f"attempt_{len(billing.attempts) + 1:03d}"
+    node_dir = run_dir / "logs" / f"node_{node_rank:02d}"
+    done = len(list(node_dir.glob("attempt_*"))) if node_dir.is_dir() else 0
+    return node_dir / f"attempt_{done + 1:03d}"
+
+
+def run_launched(command, *, run_dir: Path, log_dir: Path, node_rank: int,
+                 verbose: bool) -> int:
+    """Run this node's launcher; by default its output goes to `launcher.log` and the console
+    shows only the lines rank 0 means for a person (runner.console)."""
+    from runner.console import CONSOLE_ENV, Follower
+    from runner.launch import run_group
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    group_file = run_dir / ("launcher.json" if node_rank == 0 else
+                            f"launcher.node{node_rank:02d}.json")
+    console_file = log_dir / "console.log"
+    command = dataclasses.replace(command, env=command.env | {CONSOLE_ENV: str(console_file)})
+    if verbose:
+        return run_group(command, group_file=group_file)
+    print(f"launcher and rank logs: {log_dir} (--verbose shows them here)", flush=True)
+    console_file.touch()
+    with Follower(console_file):
+        return run_group(command, log_file=log_dir / "launcher.log", group_file=group_file)
+
+
+def finish_other_node(plan: Plan, run_dir: Path, log_dir: Path, node_rank: int, rc: int, *,
+                      since: float) -> int:
+    """Node R > 0 reports its own ranks' outcome; billing, metrics, checkpoints and the report
+    are node 0's."""
+    from runner.train import node_result_file
+
+    path = node_result_file(run_dir, node_rank)
+    result = None
+    if path.exists() and path.stat().st_mtime >= since:
+        result = json.loads(path.read_text())
+    if result is None:
+        print(f"node {node_rank}: training failed (exit {rc}); last lines of the rank logs:\n"
+              f"{last_log_lines(log_dir)}", file=sys.stderr)
+        return 1
+    status = "finished" if result["finished"] else f"stopped: {result['stop_reason']}"
+    print(f"node {node_rank}: {status} after {result['completed_steps']}/"
+          f"{result['max_steps']} steps; metrics, checkpoints, billing and the report are "
+          f"written by node 0 (into {run_dir} on node 0)")
+    interrupted = not result["finished"] and result["stop_reason"].startswith("signal")
+    return 143 if interrupted else 0
 
 
 def read_result(run_dir: Path, *, since: float) -> dict | None:

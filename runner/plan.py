@@ -231,6 +231,7 @@ class Plan:
             keep["job"].pop(volatile, None)
         for volatile in ("logging_steps", "max_steps"):
             keep["training"].pop(volatile, None)
+        keep["parallel"].pop("master", None)  # node 0's address may change between attempts
         blob = json.dumps(keep, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

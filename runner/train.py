@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from runner import checkpoint as ckpt
+from runner.console import say
 from runner.data import BatchSource, DeterministicSampler, TokenDataset, open_prepared
 from runner.metrics import BillingLog, MetricsWriter, RunMeter
 from runner.model import build_model
@@ -251,6 +252,30 @@ def agree_on_stop(flags: list[int], rank: RankInfo) -> list[int]:
     return [int(v) for v in tensor.numpy()]
 
 
+def agree_on_checkpoint(latest: Path | None, rank: RankInfo) -> Path | None:
+    """Every rank must resume from the same step. On several nodes that needs the run
+    directory on storage all nodes share; a node that sees another newest checkpoint than its
+    peers (per-node disks) is refused instead of silently training from another step."""
+    if rank.world == 1:
+        return latest
+    import paddle
+    import paddle.distributed as dist
+
+    step = ckpt.read_state(latest)["step"] if latest is not None else -1
+    low = paddle.to_tensor([step], dtype="int64")
+    high = paddle.to_tensor([step], dtype="int64")
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    if int(low.item()) != int(high.item()):
+        seen = f"step {step}" if step >= 0 else "no checkpoint"
+        raise RuntimeError(
+            f"rank {rank.rank} sees {seen} in {latest.parent if latest else 'its run dir'}, "
+            f"other ranks see steps {int(low.item())}..{int(high.item())} (-1 = none): the run "
+            "directory (job.output_dir / --output-dir) must be on storage shared by all nodes, "
+            "e.g. the bucket the SkyPilot task mounts")
+    return latest
+
+
 class StopSignal:
     """SIGTERM/SIGINT (a spot preemption notice) asks for a checkpoint at the next step end."""
 
@@ -335,7 +360,7 @@ def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
 
     root = run_dir / "checkpoints"
     start_step, tokens_before, padded_before = 0, 0, 0
-    latest = ckpt.latest_checkpoint(root)
+    latest = agree_on_checkpoint(ckpt.latest_checkpoint(root), rank)
     if latest is not None:
         state = ckpt.read_state(latest)
         trainer.restore(latest)
@@ -350,8 +375,8 @@ def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
     budget, t = plan.budget, plan.training
     if rank.is_main:
         resumed = f", resumed from {latest.name}" if latest else ""
-        print(f"training {plan.name}: {t.max_steps} steps x {plan.tokens_per_step} tokens, "
-              f"world size {rank.world}{resumed}", flush=True)
+        say(f"training {plan.name}: {t.max_steps} steps x {plan.tokens_per_step} tokens, "
+            f"world size {rank.world}{resumed}")
     # A progress bar when a person watches rank 0 (launch redirects ranks to log files).
     progress = None
     if rank.is_main and sys.stdout.isatty():
@@ -383,7 +408,7 @@ def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
                 if progress is not None:
                     progress.write(log_line(plan, record))
                 else:
-                    print(log_line(plan, record), flush=True)
+                    say(log_line(plan, record))
 
         # Would the next step (and the checkpoint after it) cross a limit? Decide on rank 0,
         # agree on all ranks, so every rank stops after the same step.
@@ -398,9 +423,9 @@ def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
                     flags[STOP_BUDGET] = 1
                 elif not alerted and spent >= budget.alert_at * budget.max_cost:
                     alerted = True
-                    print(f"WARNING: spent {spent:.4f} {budget.currency} (measured), "
-                          f"{spent / budget.max_cost:.0%} of budget.max_cost "
-                          f"{budget.max_cost} {budget.currency}", flush=True)
+                    say(f"WARNING: spent {spent:.4f} {budget.currency} (measured), "
+                        f"{spent / budget.max_cost:.0%} of budget.max_cost "
+                        f"{budget.max_cost} {budget.currency}")
             if budget.max_hours > 0 and (meter.billed_seconds() + next_seconds) / 3600 > \
                     budget.max_hours:
                 flags[STOP_HOURS] = 1
@@ -417,8 +442,7 @@ def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
             last_saved = step
         if stopping:
             if rank.is_main:
-                print(f"stopping after step {step}: {stop_reason}; checkpoint saved",
-                      flush=True)
+                say(f"stopping after step {step}: {stop_reason}; checkpoint saved")
             break
     writer.close()
     if progress is not None:
@@ -432,7 +456,16 @@ def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
     if rank.is_main:
         billing.touch()
         write_text_atomic(run_dir / "result.json", json.dumps(result, indent=1))
+    elif rank.rank % plan.parallel.nproc_per_node == 0:  # first rank of node > 0
+        node = rank.rank // plan.parallel.nproc_per_node
+        write_text_atomic(node_result_file(run_dir, node), json.dumps(result, indent=1))
     return result
+
+
+def node_result_file(run_dir: Path, node: int) -> Path:
+    """Where the first rank of node `node` > 0 writes the result its node's runner reads
+    (node 0's runner reads result.json, written by global rank 0)."""
+    return Path(run_dir) / f"result.node{node:02d}.json"
 
 
 def worker_main(argv: list[str] | None = None) -> int:
