@@ -44,14 +44,35 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--verbose", action="store_true",
                     help="show the launcher's and ranks' own output (default: only the "
                          "runner's lines; the rest is in the attempt's log folder)")
+    exp = sub.add_parser("export", help="write a run's model + tokenizer in PaddleNLP format "
+                                        "(save_pretrained)")
+    exp.add_argument("run_dir", type=Path, help="run directory (runs/<name> or job.output_dir)")
+    exp.add_argument("--checkpoint", default=None,
+                     help="step number of the checkpoint to export (default: the newest)")
+    exp.add_argument("--out", type=Path, default=None,
+                     help="output folder (default: RUN_DIR/export/paddlenlp)")
+    exp.add_argument("--jit", action="store_true",
+                     help="also write the paddle.jit.save inference export (RUN_DIR/export)")
+    gen = sub.add_parser("generate", help="sample text from a run's model (PaddleNLP generate)")
+    gen.add_argument("run_dir", type=Path, help="run directory (runs/<name> or job.output_dir)")
+    gen.add_argument("--prompt", required=True, help="text to continue")
+    gen.add_argument("--checkpoint", default=None,
+                     help="step number of a checkpoint (default: the end-of-run export, else "
+                          "the newest checkpoint)")
+    gen.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate")
+    gen.add_argument("--top-k", type=int, default=8, help="sample from the k likeliest tokens")
+    gen.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    gen.add_argument("--seed", type=int, default=0, help="random seed of the sampling")
+    gen.add_argument("--json", action="store_true", help="print the sample as JSON")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     quiet_third_party_warnings()
+    commands = {"execute": execute, "export": cmd_export, "generate": cmd_generate}
     try:
-        return execute(args)
+        return commands[args.command](args)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_status
@@ -158,6 +179,9 @@ def execute(args) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     write_plan(plan, effective_plan, header=f"# effective plan of this run (from {args.plan})\n")
     if node_rank == 0:  # global rank 0 (on node 0) is the one that writes checkpoints
+        from runner.export import save_run_tokenizer
+
+        save_run_tokenizer(plan, data.meta, run_dir)
         ckpt.remove_incomplete(run_dir / "checkpoints")
         attempt_start = billing.start_attempt()
     else:
@@ -177,12 +201,55 @@ def execute(args) -> int:
               file=sys.stderr)
         return 1
     status = report(plan, run_dir, args)
-    if args.export and result["finished"]:
-        from runner.export import export_model
+    if result["finished"]:
+        from runner.export import export_model, export_pretrained
 
-        print(f"exported for inference: {export_model(plan, run_dir)}")
+        print(f"model + tokenizer in PaddleNLP format: {export_pretrained(plan, run_dir)}")
+        if args.export:
+            print(f"exported for inference (paddle.jit.save): {export_model(plan, run_dir)}")
     interrupted = not result["finished"] and result["stop_reason"].startswith("signal")
     return 143 if interrupted else status
+
+
+def _run_plan(run_dir: Path) -> Plan:
+    plan_file = Path(run_dir) / "plan.toml"
+    if not plan_file.is_file():
+        raise UserError(f"{plan_file} is missing: {run_dir} is not a run directory (it holds "
+                        "the effective plan.toml of a run)", key="RUN_DIR")
+    return load_plan(plan_file)
+
+
+def cmd_export(args) -> int:
+    from runner.export import export_model, export_pretrained
+
+    plan = _run_plan(args.run_dir)
+    out = export_pretrained(plan, args.run_dir, checkpoint=args.checkpoint, out_dir=args.out)
+    print(f"PaddleNLP format (AutoModelForCausalLM / AutoTokenizer.from_pretrained): {out}")
+    if args.jit:
+        print(f"exported for inference (paddle.jit.save): {export_model(plan, args.run_dir)}")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from runner.export import generate
+
+    for key, value, low in (("--max-new-tokens", args.max_new_tokens, 1),
+                            ("--top-k", args.top_k, 1)):
+        if value < low:
+            raise UserError(f"{value} must be >= {low}", key=key)
+    if not args.temperature > 0:
+        raise UserError(f"{args.temperature} must be > 0", key="--temperature")
+    _run_plan(args.run_dir)
+    sample = generate(args.run_dir, prompt=args.prompt, checkpoint=args.checkpoint,
+                      max_new_tokens=args.max_new_tokens, top_k=args.top_k,
+                      temperature=args.temperature, seed=args.seed)
+    if args.json:
+        print(json.dumps(sample, ensure_ascii=False, indent=1))
+    else:
+        print(f"sample from {sample['source']} (top-{sample['top_k']} sampling, seed "
+              f"{sample['seed']}, {sample['new_tokens']} new tokens):")
+        print(f"  {sample['prompt']}[{sample['continuation']}]")
+    return 0
 
 
 def check_node_args(plan: Plan, args) -> int:

@@ -31,6 +31,15 @@ def say(text: str) -> None:
             pass
 
 
+def quiet_paddlenlp() -> None:
+    """PaddleNLP logs every saved and loaded file at INFO; keep its warnings and errors."""
+    try:
+        from paddlenlp.utils.log import logger
+    except ImportError:
+        return
+    logger.set_level("WARNING")
+
+
 class Follower:
     """Print the lines appended to a file while a launched run is going (a `tail -f`)."""
 

@@ -96,8 +96,8 @@ def worker_args(plan_path: Path, data_dir: Path, run_dir: Path) -> list[str]:
 
 def thread_env(plan: Plan) -> dict[str, str]:
     """On CPU, split the cores between the processes so they do not oversubscribe."""
-    if plan.hardware.device != "cpu":
-        return {}
+    if plan.hardware.device != "cpu" or os.environ.get("OMP_NUM_THREADS"):
+        return {}  # a thread count set by the user (or a scheduler) wins
     per_proc = max(1, (os.cpu_count() or 1) // plan.parallel.nproc_per_node)
     return {"OMP_NUM_THREADS": str(per_proc), "MKL_NUM_THREADS": str(per_proc)}
 
