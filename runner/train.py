@@ -252,6 +252,34 @@ def agree_on_stop(flags: list[int], rank: RankInfo) -> list[int]:
     return [int(v) for v in tensor.numpy()]
 
 
+def agree_on_data(data_dir: Path, rank: RankInfo) -> None:
+    """Every node prepares the data into its own cache; all must hold the same tokens.
+    Compared by content (counts and the first and last MiB of token ids), not by file names."""
+    if rank.world == 1:
+        return
+    import hashlib
+
+    import paddle
+    import paddle.distributed as dist
+
+    meta = json.loads((Path(data_dir) / "meta.json").read_text())
+    digest = hashlib.sha256(json.dumps([meta.get(k) for k in (
+        "num_tokens", "num_documents", "vocab_size", "eod_id", "dtype")]).encode())
+    with open(Path(data_dir) / "tokens.bin", "rb") as handle:
+        digest.update(handle.read(1 << 20))
+        handle.seek(max(0, handle.seek(0, 2) - (1 << 20)))
+        digest.update(handle.read())
+    key = int(digest.hexdigest()[:15], 16)
+    low = paddle.to_tensor([key], dtype="int64")
+    high = paddle.to_tensor([key], dtype="int64")
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    if int(low.item()) != int(high.item()):
+        raise RuntimeError(f"rank {rank.rank} prepared other data ({data_dir}) than its peers "
+                           "(another corpus or tokenizer on this node); give every node the "
+                           "same corpus files and job.tokenizer")
+
+
 def agree_on_checkpoint(latest: Path | None, rank: RankInfo) -> Path | None:
     """Every rank must resume from the same step. On several nodes that needs the run
     directory on storage all nodes share; a node that sees another newest checkpoint than its
@@ -353,6 +381,7 @@ def log_line(plan: Plan, rec) -> str:
 def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
     """Run (or resume) the plan on this rank; returns the result dict rank 0 also writes."""
     rank = init_distributed(plan)
+    agree_on_data(Path(data_dir), rank)
     trainer = build_trainer(plan, data_dir, rank)
     stop_signal = StopSignal()  # after importing paddle, which installs its own handlers
     billing = BillingLog(run_dir / "billing.json")
