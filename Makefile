@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 # pip's own output (and the warnings a machine's pip configuration may print) goes here; the
 # last lines are shown if an install fails
 PIPLOG := $(VENV)/pip.log
-PIP    := $(BIN)/python -m pip --quiet --log $(PIPLOG)
+PIP    := $(BIN)/python -m pip --quiet
 PIPFAIL := { grep -v "is ignored: it is neither" $(PIPLOG) | tail -n 30; echo "pip failed; log: $(PIPLOG)"; exit 1; }
 
 .PHONY: setup demo test bench clean

@@ -65,7 +65,6 @@ def save_run_tokenizer(plan: Plan, meta: dict, run_dir: Path) -> Path:
 
 def resolve_checkpoint(run_dir: Path, checkpoint: str | None = None) -> Path:
     """The newest complete checkpoint, or the one named by step number or folder."""
-    quiet_paddlenlp()
     root = Path(run_dir) / "checkpoints"
     found = ckpt.complete_checkpoints(root)
     if not found:
@@ -90,6 +89,7 @@ def load_trained_model(plan: Plan, checkpoint: Path):
     """PaddleNLP GPTForCausalLM (fp32, eval mode) with the weights of `checkpoint`."""
     import paddle
 
+    quiet_paddlenlp()
     _check_exportable(plan)
     paddle.set_device("cpu")
     single = dataclasses.replace(plan.parallel, recompute="none", sequence_parallel=False)
@@ -104,6 +104,7 @@ def load_trained_model(plan: Plan, checkpoint: Path):
 def load_run_tokenizer(run_dir: Path):
     from paddlenlp.transformers import AutoTokenizer
 
+    quiet_paddlenlp()
     path = Path(run_dir) / TOKENIZER_DIR
     if not (path / "tokenizer_config.json").exists():
         raise UserError(f"{path} is missing (runs started before this runner version do not "
@@ -167,15 +168,17 @@ def generate(run_dir: Path, *, prompt: str, checkpoint: str | None = None,
     From `export/paddlenlp` (the end-of-run export) unless a checkpoint is named, in which case
     the model is built from that checkpoint and the run's tokenizer.
     """
+    from runner.plan import load_plan
+
+    run_dir = Path(run_dir)
+    pretrained = run_dir / PRETRAINED_DIR
+    use_export = checkpoint is None and (pretrained / "config.json").exists()
+    path = None if use_export else resolve_checkpoint(run_dir, checkpoint)  # bad input first
     import paddle
     from paddlenlp.transformers import AutoModelForCausalLM
 
-    from runner.plan import load_plan
-
     quiet_paddlenlp()
-    run_dir = Path(run_dir)
-    pretrained = run_dir / PRETRAINED_DIR
-    if checkpoint is None and (pretrained / "config.json").exists():
+    if use_export:
         paddle.set_device("cpu")
         net = AutoModelForCausalLM.from_pretrained(str(pretrained))
         net.eval()
@@ -185,7 +188,6 @@ def generate(run_dir: Path, *, prompt: str, checkpoint: str | None = None,
         plan_file = run_dir / "plan.toml"
         if not plan_file.exists():
             raise UserError(f"{plan_file} is missing: not a run directory", key="RUN_DIR")
-        path = resolve_checkpoint(run_dir, checkpoint)
         tokenizer = load_run_tokenizer(run_dir)
         net = load_trained_model(load_plan(plan_file), path)
         source = str(path)
