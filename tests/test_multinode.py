@@ -32,16 +32,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-# On one machine both "nodes" share its cores: one thread per process, as 1 node x 2 processes
-# gets, so that the float reductions (and the losses) are the same.
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
 def start_node(plan: Path, rank: int, port: int, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "runner", "execute", str(plan),
                              "--node-rank", str(rank), "--master", f"127.0.0.1:{port}", *extra],
                             cwd=plan.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True, env=os.environ | ONE_THREAD)
+                            text=True, start_new_session=True)
 
 
 def start_cluster(plan: Path, *node1_extra: str) -> list[subprocess.Popen]:
@@ -131,3 +126,21 @@ def test_two_nodes_kill9_sigterm_resume_match_one_node(write_plan, tmp_path):
     logs = {node: len(list((run / "logs" / node).glob("attempt_*/workerlog.0")))
             for node in ("node_00", "node_01")}
     assert logs == {"node_00": 4, "node_01": 3}  # node 1's refused start logged on its disk
+
+
+def test_loopback_nodes_share_this_machines_cores(monkeypatch):
+    """Two "nodes" on one machine split its cores like 1 node x 2 processes does (the same
+    thread count gives the same float reductions); real nodes each use all of theirs."""
+    from conftest import BASE_PLAN, merge
+    from runner.parallel import launch_commands
+    from runner.plan import plan_from_dict
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    plan = plan_from_dict(merge(BASE_PLAN, {"parallel": {"nnodes": 2, "nproc_per_node": 1,
+                                                         "data_parallel_degree": 2}}))
+    paths = dict(plan_path=Path("p"), data_dir=Path("d"), run_dir=Path("r"), log_dir=Path("l"))
+    for master, threads in (("127.0.0.1:8090", "4"), ("localhost:1", "4"),
+                            ("10.0.0.1:8090", "8")):
+        commands = launch_commands(plan, master=master, python="python", **paths)
+        assert [c.env["OMP_NUM_THREADS"] for c in commands] == [threads, threads], master
+        assert commands[1].argv[commands[1].argv.index("--rank") + 1] == "1"
