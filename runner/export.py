@@ -50,7 +50,7 @@ def save_run_tokenizer(plan: Plan, meta: dict, run_dir: Path) -> Path:
     tok = load_tokenizer(plan.job.tokenizer, model_file=Path(model_file) if model_file
                          else None).tokenizer
     sp = getattr(tok, "sp", None)
-    if tok.pad_token is None and sp is not None and sp.pad_id() >= 0:
+    if "pad_token" not in tok.special_tokens_map and sp is not None and sp.pad_id() >= 0:
         tok.pad_token = sp.id_to_piece(sp.pad_id())  # so that a reloaded tokenizer pads
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tokenizer.", dir=out.parent))
