@@ -115,14 +115,18 @@ def fit(table: CandidateTable, probed: dict[int, ProbeResult], profile: Profile,
             calibrated_on=fingerprint, calibrated_at=dt.date.today().isoformat())
     if not by_precision:
         return None
-    errors = []
+    errors, ratios = [], []
     for i, r in probed.items():
         precision = PRECISIONS[table["precision_code"][i]]
         if r.ok and precision in by_precision:
-            errors.append(abs(predicted_step(table, i, by_precision[precision]) -
-                              r.step_time_s) / r.step_time_s)
+            predicted = predicted_step(table, i, by_precision[precision])
+            errors.append(abs(predicted - r.step_time_s) / r.step_time_s)
+            ratios.append(predicted / r.step_time_s)  # measured/modelled tokens/s
     fit_error = statistics.median(errors) if errors else 0.0
-    by_precision = {p: dataclasses.replace(e, fit_error=round(fit_error, 4))
+    # the interval of a calibrated profile is the probes' measured spread around the fit
+    spread = {"throughput_p10": round(min(ratios), 4), "throughput_p90": round(max(ratios), 4)} \
+        if len(ratios) >= 2 and min(ratios) < 1 < max(ratios) else {}
+    by_precision = {p: dataclasses.replace(e, fit_error=round(fit_error, 4), **spread)
                     for p, e in by_precision.items()}
     return Calibration(profile.name, by_precision, len(errors), fit_error,
                        max(errors) if errors else 0.0)

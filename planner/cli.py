@@ -458,7 +458,10 @@ def plan_as_overrides(plan) -> dict:
         "search.accumulation_steps": [t.gradient_accumulation_steps],
         "search.tensor_parallel": [p.tensor_parallel_degree],
         "search.pipeline_parallel": [p.pipeline_parallel_degree],
+        "search.virtual_pp": [p.virtual_pp_degree],
         "search.sharding": [p.sharding], "search.recompute": [p.recompute],
+        "search.sharding_degrees": [p.sharding_parallel_degree] if p.sharding else [],
+        "search.flash_attention": t.use_flash_attention,
         "search.sequence_parallel": [p.sequence_parallel], "search.node_counts": [p.nnodes],
         "job.target_tokens": float(plan.job.target_tokens or plan.tokens_per_step *
                                    t.max_steps),

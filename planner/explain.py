@@ -40,11 +40,37 @@ def _pins_from_plan(plan: Plan) -> dict:
                 micro_batch_sizes=[t.per_device_train_batch_size],
                 accumulation_steps=[t.gradient_accumulation_steps],
                 tensor_parallel=[p.tensor_parallel_degree],
-                pipeline_parallel=[p.pipeline_parallel_degree], sharding=[p.sharding],
+                pipeline_parallel=[p.pipeline_parallel_degree],
+                virtual_pp=[p.virtual_pp_degree], sharding=[p.sharding],
+                sharding_degrees=[p.sharding_parallel_degree] if p.sharding else [],
+                flash_attention=t.use_flash_attention,
                 recompute=[p.recompute], sequence_parallel=[p.sequence_parallel],
                 node_counts=[p.nnodes], max_nodes=p.nnodes, spot=plan.hardware.spot,
                 on_demand=not plan.hardware.spot, global_batch_tokens_min=0,
                 global_batch_tokens_max=0)
+
+
+def uncertainty_terms(row: dict, profile, precision: str) -> dict:
+    """Which term of the modelled step time dominates, and so the interval.
+
+    The interval comes from the leave-one-out residuals of the efficiency fit (published runs);
+    a step dominated by compute inherits that spread directly, one dominated by communication
+    rests on link bandwidths the published runs barely constrain (say so)."""
+    terms = {"compute (fitted efficiency)": row["compute_s"] * row["bubble"],
+             "tensor-parallel all-reduces": row["tp_s"] * row["bubble"],
+             "pipeline point-to-point": row["pp_s"],
+             "gradient sync (not hidden)": row["comm_s"] - row["tp_s"] - row["pp_s"],
+             "optimizer step": row["opt_s"]}
+    total = sum(terms.values())
+    shares = {k: v / total for k, v in terms.items()}
+    dominant = max(shares, key=shares.get)
+    eff = profile.efficiency_for(precision)
+    basis = (f"leave-one-out residuals of {eff.fit_rows} published runs on this GPU "
+             f"generation (x{eff.throughput_p10:g}..x{eff.throughput_p90:g} on tokens/s)"
+             if eff.fit_rows else "no published runs for this hardware: the wide default "
+             f"spread x{eff.throughput_p10:g}..x{eff.throughput_p90:g} of an uncalibrated prior")
+    return {"dominant_term": dominant, "dominant_share": shares[dominant],
+            "shares": shares, "interval_basis": basis}
 
 
 def _find_offer(spec, profiles, profile: str, offer_key: str | None = None) -> OfferChoice | None:
@@ -76,6 +102,8 @@ def explain_plan(plan_path, *, spec_path: str | None = None) -> dict:
     pins = _pins_from_plan(plan)
     here = _one(spec, choice, target, **pins)
     claims = out["claims"]
+    if here:
+        out["uncertainty"] = uncertainty_terms(here, choice.profile, plan.training.precision)
 
     def claim(name, article, model, verdict):
         claims.append({"claim": name, "article": article, "model": model, "verdict": verdict})
@@ -175,6 +203,16 @@ def render_explanation(result: dict) -> str:
     lines.append(f"  estimate ({est['source']}): {est['cost']:,.0f} {result['currency']}, "
                  f"{est['hours']:,.1f} h, {est['tokens_per_second']:,.0f} tokens/s, "
                  f"{est['peak_memory_gb']:.1f} GB/device, MFU {est['mfu']:.1%}")
+    if est.get("cost_p90"):
+        lines.append(f"  80% interval (p10-p90): {est['cost_p10']:,.0f}-{est['cost_p90']:,.0f} "
+                     f"{result['currency']}, {est['hours_p10']:,.1f}-{est['hours_p90']:,.1f} h, "
+                     f"{est['tokens_per_second_p10']:,.0f}-{est['tokens_per_second_p90']:,.0f} "
+                     "tokens/s")
+    unc = result.get("uncertainty")
+    if unc:
+        lines.append(f"  uncertainty: {unc['dominant_term']} is {unc['dominant_share']:.0%} of "
+                     f"the modelled step, so it dominates; interval from "
+                     f"{unc['interval_basis']}")
     lines.append("")
     lines.append("Reference-case claims vs the model (all modelled unless marked measured)")
     lines.append(tabulate(result["claims"], headers="keys", tablefmt="github"))

@@ -53,6 +53,15 @@ class Efficiency:
     calibrated_on: str = setting("", "Machine fingerprint of a calibration (if any).")
     calibrated_at: str = setting("", "Date of the calibration (if any).")
     fit_error: float = setting(0.0, "Median absolute relative error of the fit.", min=0)
+    throughput_p10: float = setting(
+        0.6, "10th percentile of measured/modelled tokens/s (leave-one-out residuals of the "
+             "fit): the low end of the 80% interval on modelled throughput. The default, for "
+             "hardware with no fit, is wider than the shared prior's spread on published "
+             "A100/H100 runs (p10 0.98, p90 1.67).", min=0, min_exclusive=True)
+    throughput_p90: float = setting(1.7, "90th percentile of measured/modelled tokens/s: the "
+                                         "high end of the 80% interval.", min=0,
+                                    min_exclusive=True)
+    fit_rows: int = setting(0, "Published runs the fit used (0 = not fitted).", min=0)
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,11 @@ class Offer:
                                             min=0)
     on_demand_per_hour: float = setting(0.0, "On-demand price per node-hour.", min=0)
     spot_per_hour: float = setting(0.0, "Spot price per node-hour (0 = no spot).", min=0)
+    storage_gbytes_per_s: float = setting(0.0, "Checkpoint write bandwidth per node to the "
+                                               "offer's storage, GB/s, where the provider "
+                                               "states one (0 = not stated: the spec's "
+                                               "spot.checkpoint_gbytes_per_s applies).", min=0)
+    network_source: str = setting("", "Where inter_node_gbits_per_s comes from.")
     electricity_per_kwh: float = setting(0.0, "on_prem: electricity price per kWh.", min=0)
     pue: float = setting(1.0, "on_prem: power usage effectiveness.", min=1)
     host_power_w: float = setting(0.0, "on_prem: host power per node beyond the devices.",
@@ -108,6 +122,8 @@ class Profile:
     intra_node_link: str = setting("", "Link type.")
     tdp_w: float = setting(0.0, "Board power, W.", min=0)
     verified: bool = setting(True, "False when figures are unverified leads.")
+    flash_attention: bool = setting(False, "Paddle's flash attention kernels run here (CUDA "
+                                           "compute capability >= 8.0: Ampere and newer).")
     source: str = setting("", "Where the specs come from.")
     peak_tflops: dict = field(default_factory=dict)
     efficiency: Efficiency = field(default_factory=Efficiency)

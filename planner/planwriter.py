@@ -17,6 +17,19 @@ def _sig(x: float, digits: int = 6) -> float:
     return float(f"{x:.{digits}g}")
 
 
+def _interval_source(prof, precision: str) -> str:
+    eff = prof.efficiency_for(precision)
+    if eff.calibrated_on:
+        where = f"measured spread of the probes around the calibration ({eff.source})"
+    elif eff.fit_rows:
+        where = (f"p10/p90 of leave-one-out residuals of {eff.fit_rows} published runs "
+                 f"(hardware_profiles/published_runs.csv, fitted {eff.calibrated_at})")
+    else:
+        where = "no published runs for this hardware: the default (wide) spread of an " \
+                "uncalibrated prior"
+    return f"80% interval on throughput x{eff.throughput_p10:g}..x{eff.throughput_p90:g}: {where}"
+
+
 def candidate_plan(spec: Spec, row: dict, *, target: float, notes: list[str] | None = None,
                    measured: list[str] | None = None, probes: int = 0) -> Plan:
     choice = row["offer_choice"]
@@ -45,11 +58,13 @@ def candidate_plan(spec: Spec, row: dict, *, target: float, notes: list[str] | N
             warmup_steps=max(1, int(steps * tr.warmup_fraction)),
             weight_decay=tr.weight_decay, precision=precision,
             fp16_opt_level=tr.fp16_opt_level if precision != "fp32" else "O1",
+            use_flash_attention=bool(row.get("flash", 0)),
             packing=tr.packing, logging_steps=max(1, min(100, steps // 20))),
         parallel=ParallelSection(
             nnodes=row["nodes"], nproc_per_node=row["gpus_per_node"],
             data_parallel_degree=row["dp"], tensor_parallel_degree=row["tp"],
-            pipeline_parallel_degree=row["pp"], sharding=row["sharding"],
+            pipeline_parallel_degree=row["pp"], virtual_pp_degree=row.get("vpp", 1),
+            sharding=row["sharding"],
             sharding_parallel_degree=row["shard_degree"], recompute=row["recompute"],
             sequence_parallel=bool(row["sp"])),
         hardware=HardwareSection(
@@ -66,7 +81,12 @@ def candidate_plan(spec: Spec, row: dict, *, target: float, notes: list[str] | N
             peak_memory_gb=_sig(row["memory_gb"]), mfu=_sig(row["mfu"]),
             hours=_sig(row["hours"]), cost=_sig(row["cost"]),
             cost_per_million_tokens=_sig(row["cost_per_million_tokens"]),
-            energy_kwh=_sig(row["energy_kwh"]), measured=measured or []),
+            energy_kwh=_sig(row["energy_kwh"]),
+            tokens_per_second_p10=_sig(row["tokens_per_s_p10"]),
+            tokens_per_second_p90=_sig(row["tokens_per_s_p90"]),
+            hours_p10=_sig(row["hours_p10"]), hours_p90=_sig(row["hours_p90"]),
+            cost_p10=_sig(row["cost_p10"]), cost_p90=_sig(row["cost_p90"]),
+            interval=_interval_source(prof, precision), measured=measured or []),
         provenance=ProvenanceSection(
             created_by=f"planner {__version__}",
             created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -27,9 +27,11 @@ def layout(row: dict) -> str:
     if row["tp"] > 1:
         parts.append(f"tp{row['tp']}" + ("+sp" if row["sp"] else ""))
     if row["pp"] > 1:
-        parts.append(f"pp{row['pp']}")
+        parts.append(f"pp{row['pp']}" + (f"v{row['vpp']}" if row.get("vpp", 1) > 1 else ""))
     if row["sharding"]:
         parts.append(f"{row['sharding']}x{row['shard_degree']}")
+    if row.get("flash"):
+        parts.append("flash")
     return " ".join(parts)
 
 
@@ -38,7 +40,9 @@ def describe(table: CandidateTable, i: int, currency: str) -> str:
     return (f"{r['offer_choice'].label} {'spot' if r['spot'] else 'on-demand'}, "
             f"{r['nodes']} node(s) x {r['gpus_per_node']}, {r['precision']}, seq {r['seq']}, "
             f"micro {r['micro']} x acc {r['acc']}, {layout(r)}, recompute {r['recompute']}: "
-            f"{money(r['cost'])} {currency}, {r['hours']:,.3g} h (modelled)")
+            f"{money(r['cost'])} {currency} (p10-p90 {money(r['cost_p10'])}-"
+            f"{money(r['cost_p90'])}), {r['hours']:,.3g} h (p10-p90 {r['hours_p10']:,.3g}-"
+            f"{r['hours_p90']:,.3g}) (modelled)")
 
 
 def candidate_records(table: CandidateTable, rows, currency: str, chosen: int | None) -> list:
@@ -57,7 +61,30 @@ def candidate_records(table: CandidateTable, rows, currency: str, chosen: int | 
             "MFU %": round(100 * r["mfu"], 1), "hours": float(f"{r['hours']:.3g}"),
             f"cost {currency}": float(f"{r['cost']:.4g}"),
             f"{currency}/Mtok": round(r["cost_per_million_tokens"], 4),
+            # the 80% interval from the calibration residuals (planner.costmodel)
+            "tokens_per_s_p10": round(r["tokens_per_s_p10"]),
+            "tokens_per_s_p90": round(r["tokens_per_s_p90"]),
+            "hours_p10": float(f"{r['hours_p10']:.3g}"),
+            "hours_p90": float(f"{r['hours_p90']:.3g}"),
+            f"cost_p10_{currency.lower()}": float(f"{r['cost_p10']:.4g}"),
+            f"cost_p90_{currency.lower()}": float(f"{r['cost_p90']:.4g}"),
         })
+    return out
+
+
+def _with_interval_columns(records: list[dict], currency: str) -> list[dict]:
+    """Terminal tables: fold the interval fields into 'p10-p90' columns."""
+    out = []
+    cur = currency.lower()
+    for rec in records:
+        rec = dict(rec)
+        h10, h90 = rec.pop("hours_p10"), rec.pop("hours_p90")
+        c10, c90 = rec.pop(f"cost_p10_{cur}"), rec.pop(f"cost_p90_{cur}")
+        rec.pop("tokens_per_s_p10")
+        rec.pop("tokens_per_s_p90")
+        rec["hours p10-p90"] = f"{h10:,.3g}-{h90:,.3g}"
+        rec[f"cost p10-p90 {currency}"] = f"{money(c10)}-{money(c90)}"
+        out.append(rec)
     return out
 
 
@@ -66,8 +93,10 @@ def render_candidates(decision: Decision, currency: str, top: int) -> str:
     rows = ranked(table, decision.feasible)[:top]
     if not len(rows):
         rows = ranked(table, table["fits"])[:top]
-    records = candidate_records(table, rows, currency, decision.chosen)
-    title = (f"Top {len(records)} candidates by cost (all numbers modelled; * = chosen; "
+    records = _with_interval_columns(candidate_records(table, rows, currency, decision.chosen),
+                                     currency)
+    title = (f"Top {len(records)} candidates by cost (all numbers modelled, p10-p90 = 80% "
+             "interval from published-run calibration; * = chosen; "
              f"{int(decision.feasible.sum()):,} feasible of {len(table):,} evaluated)")
     return title + "\n" + tabulate(records, headers="keys", tablefmt="github")
 
@@ -94,7 +123,9 @@ def per_offer_records(decision: Decision, spec_budget: float, deadline: float,
                         "price source": f"{choice.offer.source[:40]} ({choice.offer.as_of})"})
             continue
         out.append({"offer": choice.label, "status": status, "_cost": r["cost"],
-                    "cost": f"{money(r['cost'])} {currency}", "hours": f"{r['hours']:,.3g}",
+                    "cost": f"{money(r['cost'])} {currency} (p10-p90 {money(r['cost_p10'])}-"
+                            f"{money(r['cost_p90'])})",
+                    "hours": f"{r['hours']:,.3g} ({r['hours_p10']:,.3g}-{r['hours_p90']:,.3g})",
                     "config": f"{'spot' if r['spot'] else 'on-demand'} {r['nodes']}x"
                               f"{r['gpus_per_node']} {r['precision']} {layout(r)}",
                     "price source": f"{choice.offer.source[:40]} ({choice.offer.as_of})"})
@@ -137,6 +168,10 @@ def render_choice(decision: Decision, currency: str) -> str:
             f"        {r['tokens_per_s']:,.0f} tokens/s, {r['memory_gb']:.1f} GB/device, MFU "
             f"{r['mfu']:.1%}, {r['cost_per_million_tokens']:.4f} {currency}/Mtok, "
             f"{r['energy_kwh']:,.0f} kWh (TDP upper bound) - all modelled\n"
+            f"        80% interval (p10-p90, from the calibration residuals): "
+            f"{r['tokens_per_s_p10']:,.0f}-{r['tokens_per_s_p90']:,.0f} tokens/s, "
+            f"{r['hours_p10']:,.3g}-{r['hours_p90']:,.3g} h, {money(r['cost_p10'])}-"
+            f"{money(r['cost_p90'])} {currency}\n"
             f"        binding constraint: {decision.binding}")
 
 

@@ -87,13 +87,21 @@ class SearchSpec:
     micro_batch_sizes: list[int] = setting([1, 2, 4, 8, 16, 32, 64], "Micro-batch values.")
     tensor_parallel: list[int] = setting([1, 2, 4, 8], "Tensor-parallel degrees.")
     pipeline_parallel: list[int] = setting([1, 2, 4], "Pipeline-parallel degrees.")
+    virtual_pp: list[int] = setting([1, 2], "Virtual pipeline degrees (model chunks per "
+                                            "stage; > 1 = interleaved schedule, Paddle needs "
+                                            "pp > 2).")
     sharding: list[str] = setting(["", "stage1", "stage2", "stage3"], "Sharding stages.")
+    sharding_degrees: list[int] = setting([], "Sharding degrees ([] = all batch ranks, and the "
+                                              "batch ranks of one node with data parallel "
+                                              "across nodes).")
+    flash_attention: bool = setting(True, "Use flash attention where the device and "
+                                          "precision support it.")
     recompute: list[str] = setting(["none", "core_attn", "full_attn", "full"],
                                    "Recompute granularities.")
     sequence_parallel: list[bool] = setting([False, True], "Sequence parallel choices.")
     node_counts: list[int] = setting([1, 2, 4, 8, 16], "Node counts (capped by max_nodes).")
-    accumulation_steps: list[int] = setting([], "Gradient accumulation values ([] = powers of "
-                                                "two up to 1024, filtered by the batch range).")
+    accumulation_steps: list[int] = setting([], "Gradient accumulation values ([] = every value "
+                                                "meeting the global-batch range).")
     top: int = setting(10, "Rows in the candidate table.", min=1)
 
 
@@ -103,7 +111,10 @@ class SpotSpec:
                                                      "(assumption; providers publish none).",
                                                min=0)
     restart_minutes: float = setting(10.0, "Minutes from preemption to training again.", min=0)
-    checkpoint_gbytes_per_s: float = setting(1.0, "Checkpoint write bandwidth, GB/s.", min=0,
+    checkpoint_gbytes_per_s: float = setting(1.0, "Checkpoint write bandwidth of one node, "
+                                                  "GB/s (nodes write their shards in "
+                                                  "parallel; an offer's stated storage "
+                                                  "bandwidth caps it).", min=0,
                                              min_exclusive=True)
     on_demand_checkpoint_hours: float = setting(1.0, "Checkpoint interval without spot, hours.",
                                                 min=0, min_exclusive=True)
@@ -221,6 +232,7 @@ def validate_spec(spec: Spec) -> None:
     for name, values, ok in (("micro_batch_sizes", s.micro_batch_sizes, lambda v: v >= 1),
                              ("tensor_parallel", s.tensor_parallel, lambda v: v >= 1),
                              ("pipeline_parallel", s.pipeline_parallel, lambda v: v >= 1),
+                             ("virtual_pp", s.virtual_pp, lambda v: v >= 1),
                              ("node_counts", s.node_counts, lambda v: v >= 1)):
         if not values or not all(ok(v) for v in values):
             fail(f"search.{name}", f"{values!r}: needs positive integers")

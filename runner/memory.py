@@ -57,13 +57,15 @@ def model_state_bytes_per_param(mixed_precision, stage_code, shard_degree):
 
 
 def activation_bytes_per_layer(shape: ModelShape, seq_len, micro_batch, tp, seq_parallel,
-                               recompute_code, act_bytes):
+                               recompute_code, act_bytes, flash_attention=False):
     """[K22] table 2, scaled from 16-bit to `act_bytes` per element.
 
     none:      s·b·h·(34 + 5·a·s/h)            (tp: 10 + 24/t + 5as/(ht); tp+sp: all / t)
     core_attn: drops the 5·a·s/h term (selective recompute)
     full_attn: keeps layer input, MLP and norms: s·b·h·23 (/t where split)
     full:      only each layer's input, 2·s·b·h
+    flash_attention: the fused kernel never stores the b·a·s² scores, softmax or dropout mask
+    (Dao et al. 2022, FlashAttention), so the 5·a·s/h term goes, as with core_attn.
     """
     s = np.asarray(seq_len, dtype=float)
     b = np.asarray(micro_batch, dtype=float)
@@ -73,7 +75,7 @@ def activation_bytes_per_layer(shape: ModelShape, seq_len, micro_batch, tp, seq_
     sbh = s * b * h
     attn_scores = 5.0 * a * s / h
     linear_part = np.where(sp, 34.0 / t, np.where(t > 1, 10.0 + 24.0 / t, 34.0))
-    scores_part = attn_scores / t
+    scores_part = np.where(np.asarray(flash_attention, dtype=bool), 0.0, attn_scores / t)
     code = np.asarray(recompute_code)
     per_layer_16bit = np.select(
         [code == 0, code == 1, code == 2, code == 3],
@@ -84,11 +86,13 @@ def activation_bytes_per_layer(shape: ModelShape, seq_len, micro_batch, tp, seq_
 
 def memory_per_device_bytes(shape: ModelShape, *, seq_len, micro_batch, accumulation, tp, pp,
                             stage_code, shard_degree, recompute_code, seq_parallel,
-                            mixed_precision, overhead_gb, fragmentation):
+                            mixed_precision, overhead_gb, fragmentation, flash_attention=False,
+                            virtual_pp=1):
     """Peak bytes on the busiest device: model states + activations + logits + overhead.
 
     Pipeline: the first stage holds activations of min(p, m) micro-batches in flight (1F1B),
-    i.e. about L layers' worth [K22]. Logits b·s·V/t in fp32 plus their gradient live on the
+    i.e. about L layers' worth [K22]; the interleaved schedule with v chunks per stage holds
+    (1 + (p-1)/(p·v)) times more ([K22] section 4.2.3). Logits b·s·V/t in fp32 plus their gradient live on the
     last stage. A fragmentation margin multiplies the dynamic part.
     """
     t = np.asarray(tp, dtype=float)
@@ -98,8 +102,10 @@ def memory_per_device_bytes(shape: ModelShape, *, seq_len, micro_batch, accumula
                                                              shard_degree)
     act_bytes = np.where(np.asarray(mixed_precision, dtype=bool), 2.0, 4.0)
     per_layer = activation_bytes_per_layer(shape, seq_len, micro_batch, tp, seq_parallel,
-                                           recompute_code, act_bytes)
-    in_flight = np.minimum(p, np.asarray(accumulation, dtype=float))
+                                           recompute_code, act_bytes, flash_attention)
+    v = np.asarray(virtual_pp, dtype=float)
+    in_flight = np.minimum(p, np.asarray(accumulation, dtype=float)) * \
+        np.where(v > 1, 1.0 + (p - 1.0) / (p * v), 1.0)
     activations = per_layer * (shape.layers / p) * in_flight
     logits = 2.0 * 4.0 * np.asarray(micro_batch) * np.asarray(seq_len) * shape.vocab / t
     dynamic = (activations + logits) * fragmentation

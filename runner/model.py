@@ -69,8 +69,25 @@ def training_flops_per_token(model: ModelSection, seq_len: int) -> float:
     return 6.0 * n + 12.0 * model.num_hidden_layers * model.hidden_size * seq_len
 
 
-def build_gpt_config(model: ModelSection, parallel: ParallelSection, *, seq_len: int):
-    """PaddleNLP GPTConfig from the plan (labels use -100 as the ignored id)."""
+def flash_attention_supported(precision: str) -> bool:
+    """Paddle's flash attention (FlashAttention-2 kernels) runs on CUDA GPUs of compute
+    capability >= 8.0 (Ampere and newer) in fp16/bf16 only."""
+    if precision not in ("fp16", "bf16"):
+        return False
+    import paddle
+
+    if not paddle.is_compiled_with_cuda() or paddle.device.cuda.device_count() == 0:
+        return False
+    major, _ = paddle.device.cuda.get_device_capability()
+    return major >= 8
+
+
+def build_gpt_config(model: ModelSection, parallel: ParallelSection, *, seq_len: int,
+                     use_flash_attention: bool = False):
+    """PaddleNLP GPTConfig from the plan (labels use -100 as the ignored id).
+
+    `use_flash_attention` is the plan's request; the caller decides whether this device can
+    run it (see `flash_attention_supported`)."""
     from paddlenlp.transformers import GPTConfig
 
     config = GPTConfig(
@@ -89,15 +106,28 @@ def build_gpt_config(model: ModelSection, parallel: ParallelSection, *, seq_len:
         tensor_parallel_output=True,
         sequence_parallel=parallel.sequence_parallel,
         recompute_granularity=(parallel.recompute if parallel.recompute != "none" else "full"),
+        use_flash_attention=use_flash_attention,
+        virtual_pp_degree=parallel.virtual_pp_degree,
     )
     return config
 
 
-def build_model(model: ModelSection, parallel: ParallelSection, *, seq_len: int):
-    """GPTForCausalLM, random init (pipeline parallel uses PaddleNLP's GPTForCausalLMPipe)."""
+def build_model(model: ModelSection, parallel: ParallelSection, *, seq_len: int,
+                use_flash_attention: bool = False, precision: str = "fp32"):
+    """GPTForCausalLM, random init (pipeline parallel uses PaddleNLP's GPTForCausalLMPipe).
+
+    Flash attention is enabled when the plan asks for it and this device can run it; where it
+    cannot, a warning says so and the standard kernel runs (more activation memory)."""
     from paddlenlp.transformers import GPTForCausalLM
 
-    config = build_gpt_config(model, parallel, seq_len=seq_len)
+    flash = use_flash_attention and flash_attention_supported(precision)
+    if use_flash_attention and not flash:
+        import warnings
+
+        warnings.warn("the plan asks for flash attention but this device cannot run it "
+                      f"(needs a CUDA GPU of compute capability >= 8.0 and fp16/bf16, precision "
+                      f"is {precision}); using the standard attention kernel", stacklevel=2)
+    config = build_gpt_config(model, parallel, seq_len=seq_len, use_flash_attention=flash)
     if parallel.pipeline_parallel_degree > 1:
         from paddlenlp.transformers.gpt.modeling_pp import GPTForCausalLMPipe
 

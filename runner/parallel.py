@@ -34,6 +34,10 @@ def strategy_settings(plan: Plan) -> dict:
             "micro_batch_size": t.per_device_train_batch_size,
         }
         settings["hybrid_configs"]["pp_configs"] = {"delay_scale_loss": False}
+        if p.virtual_pp_degree > 1:
+            # the interleaved schedule: PipelineLayer(num_virtual_pipeline_stages=v), set
+            # through GPTConfig.virtual_pp_degree in runner.model; recorded here for the log
+            settings["virtual_pp_degree"] = p.virtual_pp_degree
     if p.tensor_parallel_degree > 1:
         settings["tensor_parallel_configs"] = {"tensor_init_seed": plan.job.seed}
         settings["hybrid_configs"]["mp_configs"] = {
@@ -48,6 +52,17 @@ def strategy_settings(plan: Plan) -> dict:
     if p.recompute != "none":
         settings["recompute"] = {"granularity": p.recompute}
     return settings
+
+
+def sharding_groups(plan: Plan) -> dict[str, str]:
+    """Which communication groups stage2/3 group-sharded training uses: always the sharding
+    group; with hybrid data parallel x sharding (data_parallel_degree > 1) also the data
+    group, across which the sharded gradients are all-reduced (group_sharded_parallel's
+    `group` and `dp_group`)."""
+    groups = {"group": "sharding"}
+    if plan.parallel.sharding and plan.parallel.data_parallel_degree > 1:
+        groups["dp_group"] = "data"
+    return groups
 
 
 def build_strategy(plan: Plan):

@@ -84,6 +84,11 @@ class TrainingSection:
                                                         "the model in 16 bit with fp32 master "
                                                         "weights.")
     scale_loss: float = setting(32768.0, "Initial loss scale (fp16 only).", min=1)
+    use_flash_attention: bool = setting(
+        False, "Fused flash attention (PaddleNLP GPTConfig.use_flash_attention): never stores "
+               "the s x s attention scores. Needs a GPU of compute capability >= 8.0 and fp16 "
+               "or bf16; the runner falls back to the standard kernel (with a warning) where "
+               "the device cannot run it.")
     packing: bool = setting(True, "Pack documents into seq_len+1 windows across document "
                                   "boundaries (no padding). false pads each document to "
                                   "seq_len, as the source article's collate does.")
@@ -97,9 +102,15 @@ class ParallelSection:
     data_parallel_degree: int = setting(1, "Data-parallel degree.", min=1)
     tensor_parallel_degree: int = setting(1, "Tensor (model) parallel degree.", min=1)
     pipeline_parallel_degree: int = setting(1, "Pipeline-parallel degree.", min=1)
+    virtual_pp_degree: int = setting(1, "Model chunks per pipeline stage (PaddleNLP "
+                                        "virtual_pp_degree); > 1 selects the interleaved "
+                                        "schedule (smaller bubble, more point-to-point "
+                                        "traffic).", min=1)
     sharding: Sharding = setting("", "ZeRO sharding stage ('' = none).")
-    sharding_parallel_degree: int = setting(1, "Ranks the sharded states are split over.",
-                                            min=1)
+    sharding_parallel_degree: int = setting(1, "Ranks the sharded states are split over. "
+                                               "Below the batch ranks it is hybrid: sharding "
+                                               "inside a group, data parallel across groups "
+                                               "(data_parallel_degree > 1).", min=1)
     recompute: Recompute = setting("none", "Activation recompute granularity.")
     sequence_parallel: bool = setting(False, "Split layer-norm/dropout activations over the "
                                              "tensor-parallel group (needs tensor parallel).")
@@ -159,6 +170,15 @@ class EstimateSection:
     cost: float = setting(0.0, "Total cost in budget.currency.", min=0)
     cost_per_million_tokens: float = setting(0.0, "Cost per 1e6 training tokens.", min=0)
     energy_kwh: float = setting(0.0, "Energy, kWh (modelled from TDP).", min=0)
+    tokens_per_second_p10: float = setting(0.0, "80% interval on tokens_per_second, low end "
+                                                "(0 = none given).", min=0)
+    tokens_per_second_p90: float = setting(0.0, "80% interval, high end.", min=0)
+    hours_p10: float = setting(0.0, "80% interval on hours, low end.", min=0)
+    hours_p90: float = setting(0.0, "80% interval on hours, high end.", min=0)
+    cost_p10: float = setting(0.0, "80% interval on cost, low end (budget.currency).", min=0)
+    cost_p90: float = setting(0.0, "80% interval on cost, high end.", min=0)
+    interval: str = setting("", "Where the interval comes from (calibration residuals of a "
+                                "fit to published runs, or the measured spread of probes).")
     measured: list[str] = setting([], "Which of the fields above were measured by probes.")
 
 
@@ -275,6 +295,28 @@ def write_plan(plan: Plan, path: str | Path, *, header: str = "") -> None:
     write_toml_atomic(Path(path), plan.to_dict(), header=header)
 
 
+# ---- layout rules (shared with the planner's search; numpy arrays or ints) -----------------
+
+def tensor_parallel_fits_node(tp, devices_per_node):
+    """Tensor parallel stays inside one node (its all-reduces run on every layer): the degree
+    divides the devices of a node. The one place this rule lives."""
+    return (tp <= devices_per_node) & (devices_per_node % tp == 0)
+
+
+def sequence_parallel_fits(micro_batch, seq_len, tp, sequence_parallel):
+    """PaddleNLP scatters the b·s tokens of a micro-batch over the tensor-parallel group:
+    sequence parallel needs tp > 1 and b·s divisible by tp."""
+    return (sequence_parallel == 0) | ((tp > 1) & ((micro_batch * seq_len) % tp == 0))
+
+
+def virtual_pipeline_fits(layers, pp, vpp, accumulation):
+    """Paddle's interleaved schedule (fleet PipelineParallelWithInterleave, 3.3.1): pp > 2,
+    layers divisible by pp x vpp (segments of whole layers), accumulation a multiple of pp and
+    at least 2 x pp."""
+    return (vpp == 1) | ((pp > 2) & (layers % (pp * vpp) == 0) & (accumulation % pp == 0) &
+                         (accumulation >= 2 * pp))
+
+
 # ---- cross-field rules ---------------------------------------------------------------------
 
 def _divisors(n: int) -> str:
@@ -331,6 +373,27 @@ def validate(plan: Plan, *, file: str = "<plan>") -> None:
     if p.sequence_parallel and tp == 1:
         fail("parallel.sequence_parallel", "true needs tensor_parallel_degree > 1; set it to "
              "false or raise tensor_parallel_degree")
+    if not sequence_parallel_fits(t.per_device_train_batch_size, t.seq_len, tp,
+                                  p.sequence_parallel):
+        fail("parallel.sequence_parallel", f"true needs per_device_train_batch_size x seq_len "
+             f"= {t.per_device_train_batch_size * t.seq_len} divisible by "
+             f"tensor_parallel_degree = {tp} (PaddleNLP scatters the tokens over the tensor "
+             "group); change the micro-batch or seq_len, or set it to false")
+    if not tensor_parallel_fits_node(tp, p.nproc_per_node):
+        fail("parallel.tensor_parallel_degree", f"{tp} must divide nproc_per_node = "
+             f"{p.nproc_per_node} (tensor parallel stays inside a node); allowed: "
+             f"{_divisors(p.nproc_per_node)}")
+    if p.virtual_pp_degree > 1 and not virtual_pipeline_fits(
+            m.num_hidden_layers, pp, p.virtual_pp_degree, t.gradient_accumulation_steps):
+        fail("parallel.virtual_pp_degree", f"{p.virtual_pp_degree} needs (Paddle's interleaved "
+             f"schedule) pipeline_parallel_degree > 2 (is {pp}), model.num_hidden_layers = "
+             f"{m.num_hidden_layers} divisible by pipeline x virtual = "
+             f"{pp * p.virtual_pp_degree}, and gradient_accumulation_steps = "
+             f"{t.gradient_accumulation_steps} a multiple of {pp} and at least {2 * pp}; "
+             "or set it to 1")
+    if t.use_flash_attention and (h.device != "gpu" or t.precision == "fp32"):
+        fail("training.use_flash_attention", "true needs device 'gpu' and precision fp16 or "
+             f"bf16 (is {h.device!r}, {t.precision!r}); set it to false")
     if pp > 1 and p.sharding in ("stage2", "stage3"):
         fail("parallel.sharding", f"{p.sharding!r} cannot be combined with pipeline parallel "
              "(PaddleNLP); allowed with pipeline: '', 'stage1'")

@@ -24,7 +24,7 @@ from runner.console import say
 from runner.data import BatchSource, DeterministicSampler, TokenDataset, open_prepared
 from runner.metrics import BillingLog, MetricsWriter, RunMeter
 from runner.model import build_model
-from runner.parallel import build_strategy
+from runner.parallel import build_strategy, sharding_groups
 from runner.plan import Plan, TrainingSection, load_plan
 from runner.tomlconf import write_text_atomic
 
@@ -339,7 +339,9 @@ def build_training_state(plan: Plan):
 
     paddle.seed(plan.job.seed)
     with unique_name.guard():  # stable parameter names -> optimizer state keys match on resume
-        model = build_model(plan.model, plan.parallel, seq_len=plan.training.seq_len)
+        model = build_model(plan.model, plan.parallel, seq_len=plan.training.seq_len,
+                            use_flash_attention=plan.training.use_flash_attention,
+                            precision=plan.training.precision)
         optimizer = build_optimizer(plan, model)
     scaler = build_scaler(plan)
     if plan.training.fp16_opt_level == "O2":
@@ -360,8 +362,12 @@ def distribute(trainer: Trainer) -> None:
         from paddle.distributed.sharding import group_sharded_parallel
 
         level = "os_g" if plan.parallel.sharding == "stage2" else "p_g_os"
+        hcg = fleet.get_hybrid_communicate_group()
+        by_name = {"sharding": hcg.get_sharding_parallel_group,
+                   "data": hcg.get_data_parallel_group}
+        groups = {k: by_name[v]() for k, v in sharding_groups(plan).items()}
         trainer.model, trainer.optimizer, trainer.scaler = group_sharded_parallel(
-            trainer.model, trainer.optimizer, level, scaler=trainer.scaler)
+            trainer.model, trainer.optimizer, level, scaler=trainer.scaler, **groups)
         return
     trainer.model = fleet.distributed_model(trainer.model)
     trainer.optimizer = fleet.distributed_optimizer(trainer.optimizer)
