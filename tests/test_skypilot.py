@@ -50,7 +50,10 @@ def test_bank_faq_launch_file_matches_skypilot_schema(tmp_path, monkeypatch):
     provider, instance = plan.hardware.offer.split("/")
     res = task["resources"]
     assert (res["cloud"], res["instance_type"]) == (provider, instance)
-    assert res["accelerators"] == f"A100-80GB:{plan.parallel.nproc_per_node}"
+    name = skypilot.sky_accelerator(plan.hardware.profile, provider)
+    assert name in ACCELERATORS and ACCELERATORS[name] == plan.hardware.profile
+    assert res["accelerators"] == f"{name}:{plan.parallel.nproc_per_node}"
+    assert res.get("region", "") == skypilot.offer_region(plan)
     assert res["use_spot"] is plan.hardware.spot
     assert task["num_nodes"] == plan.parallel.nnodes
     assert "-c constraints.txt" in task["setup"] and "'.[gpu]'" in task["setup"]
@@ -58,7 +61,7 @@ def test_bank_faq_launch_file_matches_skypilot_schema(tmp_path, monkeypatch):
     assert "SKYPILOT_NODE_IPS" in task["run"]
     assert "runner execute plans/bank_faq.toml --output-dir /checkpoints/bank_faq" in task["run"]
     (mount,) = task["file_mounts"].values()
-    assert mount["store"] == "s3" and mount["persistent"] is True
+    assert mount["store"] == skypilot.BUCKET_STORES[provider] and mount["persistent"] is True
     assert "automatic resume" in text and "sky jobs launch -n bank_faq" in text
 
 
