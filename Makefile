@@ -33,7 +33,7 @@ demo: setup
 	$(BIN)/planner launch-file plans/bank_faq.toml
 	$(BIN)/planner optimize --spec planner/specs/cpu_demo.toml --probes 6
 	$(BIN)/runner execute plans/cpu_demo.toml
-	$(BIN)/runner generate runs/cpu_demo --prompt "这个手机" --max-new-tokens 24
+	$(BIN)/runner generate runs/cpu_demo --prompt "这个手机" --max-new-tokens 24 --min-new-tokens 16
 
 test: setup $(VENV)/.cloud
 	$(BIN)/python -m pytest -q

@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="step number of a checkpoint (default: the end-of-run export, else "
                           "the newest checkpoint)")
     gen.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate")
+    gen.add_argument("--min-new-tokens", type=int, default=0,
+                     help="generate at least this many tokens before <eod> may end the sample")
     gen.add_argument("--top-k", type=int, default=8, help="sample from the k likeliest tokens")
     gen.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     gen.add_argument("--seed", type=int, default=0, help="random seed of the sampling")
@@ -234,14 +236,16 @@ def cmd_generate(args) -> int:
     from runner.export import generate
 
     for key, value, low in (("--max-new-tokens", args.max_new_tokens, 1),
-                            ("--top-k", args.top_k, 1)):
+                            ("--top-k", args.top_k, 1),
+                            ("--min-new-tokens", args.min_new_tokens, 0)):
         if value < low:
             raise UserError(f"{value} must be >= {low}", key=key)
     if not args.temperature > 0:
         raise UserError(f"{args.temperature} must be > 0", key="--temperature")
     _run_plan(args.run_dir)
     sample = generate(args.run_dir, prompt=args.prompt, checkpoint=args.checkpoint,
-                      max_new_tokens=args.max_new_tokens, top_k=args.top_k,
+                      max_new_tokens=args.max_new_tokens,
+                      min_new_tokens=args.min_new_tokens, top_k=args.top_k,
                       temperature=args.temperature, seed=args.seed)
     if args.json:
         print(json.dumps(sample, ensure_ascii=False, indent=1))

@@ -161,8 +161,8 @@ def export_model(plan: Plan, run_dir: Path) -> Path:
 
 
 def generate(run_dir: Path, *, prompt: str, checkpoint: str | None = None,
-             max_new_tokens: int = 32, top_k: int = 8, temperature: float = 1.0,
-             seed: int = 0) -> dict:
+             max_new_tokens: int = 32, min_new_tokens: int = 0, top_k: int = 8,
+             temperature: float = 1.0, seed: int = 0) -> dict:
     """Sample a continuation of `prompt` with PaddleNLP's generation API.
 
     From `export/paddlenlp` (the end-of-run export) unless a checkpoint is named, in which case
@@ -198,7 +198,9 @@ def generate(run_dir: Path, *, prompt: str, checkpoint: str | None = None,
     paddle.seed(seed)
     with paddle.no_grad():
         out, _ = net.generate(input_ids=paddle.to_tensor([ids], dtype="int64"),
-                              max_new_tokens=max_new_tokens, decode_strategy="sampling",
+                              max_new_tokens=max_new_tokens,
+                              min_new_tokens=min(min_new_tokens, max_new_tokens),
+                              decode_strategy="sampling",
                               top_k=top_k, temperature=temperature)
     new_ids = [int(i) for i in out.numpy()[0].tolist()]
     eos = getattr(tokenizer, "eos_token_id", None)

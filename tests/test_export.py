@@ -71,8 +71,8 @@ def test_export_and_generate_from_a_checkpoint(finished_run, tmp_path):
     assert sample["continuation"]
     again = generate(finished_run, prompt="这个手机", checkpoint="3", max_new_tokens=8, seed=1)
     assert again["continuation"] == sample["continuation"]  # seeded sampling repeats
-    final = generate(finished_run, prompt="这个手机", max_new_tokens=8)
-    assert "export" in final["source"]
+    final = generate(finished_run, prompt="这个手机", max_new_tokens=8, min_new_tokens=8)
+    assert "export" in final["source"] and final["new_tokens"] == 8  # no early <eod>
 
 
 def test_bad_export_and_generate_input_is_one_line(finished_run, tmp_path):
