@@ -70,6 +70,108 @@ def space(quick: bool):
     return spec, table, decide(spec, table, target), target
 
 
+RECORD_OVERRIDES = {"constraints.precisions": ["fp32"],
+                    "search.micro_batch_sizes": [4, 8, 12, 16, 24, 32],
+                    "search.accumulation_steps": [1, 2, 4]}
+RECORDING = REPO / "bench" / "recordings" / "cpu_space_v1.json.gz"
+
+
+def record_space():
+    """The recorded space: 112 configurations (1-2 processes x seq 64/128 x micro 4-32 x
+    accumulation 1-4 x recompute none/full, global batch 1k-8k tokens), fp32 only: on CPU
+    Paddle's AMP is a no-op, a bf16 run is the fp32 run."""
+    from planner.search import allowed_offers, evaluate_space
+    from planner.spec import load_spec
+
+    spec = load_spec(str(SPEC), overrides=RECORD_OVERRIDES)
+    table = evaluate_space(spec, allowed_offers(spec, shipped_profiles()),
+                           spec.job.target_tokens)
+    return spec, table, spec.job.target_tokens
+
+
+def machine_info(fingerprint: str) -> dict:
+    import os
+    import platform
+
+    import paddle
+
+    return {"fingerprint": fingerprint, "cpus": os.cpu_count(),
+            "platform": platform.platform(), "python": platform.python_version(),
+            "paddle": paddle.__version__,
+            "shared": "shared with other tenants (up to six agents); load average recorded "
+                      "per probe"}
+
+
+def record(args) -> int:
+    """Probe every configuration of the record space in interleaved passes; keep every step."""
+    import os
+
+    from planner.planwriter import candidate_plan
+    from planner.probes import LocalProbe, config_key
+    from planner.replay import RecordedConfig, Recording, worker_startups
+    from runner.probe import layout_key
+
+    spec, table, target = record_space()
+    rows = [int(i) for i in np.flatnonzero(table["fits"])]
+    if args.limit:
+        rows = rows[:args.limit]
+    work = Path(tempfile.mkdtemp(prefix="plan_quality-record-"))
+    steps, warmup, passes = args.record_steps, 1, args.passes or 3
+    probe = LocalProbe(work, steps=steps, warmup=warmup)
+    plans = {i: candidate_plan(spec, table.row(i), target=target) for i in rows}
+    configs = {}
+    for i in rows:
+        r = table.row(i)
+        configs[i] = RecordedConfig(
+            config_key(plans[i]), describe(table, i),
+            {"processes": int(r["gpus_per_node"]), "precision": r["precision"],
+             "seq": int(r["seq"]), "micro": int(r["micro"]), "acc": int(r["acc"]),
+             "recompute": r["recompute"]}, list(layout_key(plans[i])))
+    orders = [list(rows), list(rows[::-1]), random.Random(args.seed).sample(rows, len(rows))]
+    while len(orders) < passes:
+        orders.append(random.Random(args.seed + len(orders)).sample(rows, len(rows)))
+    created = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    out = Path(args.out) if args.out else RECORDING
+    info = machine_info(probe.fingerprint) | {"loadavg_start": list(os.getloadavg())}
+    started = time.time()
+
+    def save(finished: str) -> Recording:
+        by_key = {c.key: c for c in configs.values()}
+        rec = Recording(info, created, finished,
+                        {"warmup": warmup, "steps": steps, "passes": passes,
+                         "orders": ["forward", "reverse", "shuffled"][:passes] +
+                         ["shuffled"] * max(0, passes - 3)},
+                        {"spec": str(SPEC.relative_to(REPO)), "overrides": RECORD_OVERRIDES},
+                        by_key, worker_startups(by_key))
+        rec.save(out if finished else out.with_name(out.name + ".partial"))
+        return rec
+
+    for n_pass in range(passes):
+        for n, i in enumerate(orders[n_pass], 1):
+            fresh = not probe.has_worker(plans[i])
+            at = time.time() - started
+            result = probe.run(plans[i])
+            configs[i].probes.append({
+                "pass": n_pass, "at_s": round(at, 1), "status": result.status,
+                "wall_s": round(result.wall_s, 4), "new_worker": fresh,
+                "warmup_s": [round(x, 5) for x in result.warmup_times_s],
+                "steps_s": [round(x, 5) for x in result.step_times_s],
+                "peak_memory_gb": round(result.peak_memory_gb, 4),
+                "loadavg_1m": round(os.getloadavg()[0], 2)})
+            print(f"record pass {n_pass + 1}/{passes} {n}/{len(rows)} {describe(table, i)}: "
+                  f"{result.status} {result.step_time_s * 1000:.0f} ms, wall "
+                  f"{result.wall_s:.1f} s, load {os.getloadavg()[0]:.1f}", flush=True)
+            if n % 8 == 0:
+                save("")
+    probe.close()
+    info["loadavg_end"] = list(os.getloadavg())
+    info["record_wall_s"] = round(time.time() - started, 1)
+    save(dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    print(f"wrote {out} ({out.stat().st_size} bytes, {len(rows)} configurations x {passes} "
+          f"passes x (1+{steps}) steps, {time.time() - started:.0f} s)")
+    return 0
+
+
 def true_cost(table, i, step_time: float) -> float:
     """Cost per million tokens at a measured step time (price x nodes x time / tokens)."""
     return table["price_node_hour"][i] * table["nodes"][i] * step_time / 3600 / \
@@ -149,7 +251,17 @@ def main() -> int:
     parser.add_argument("--passes", type=int, default=0,
                         help="ground-truth passes over the grid (default: 1 quick, 3 full)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--record", action="store_true",
+                        help="probe every configuration of the record space in interleaved "
+                             "passes and write the recording (bench/recordings/)")
+    parser.add_argument("--record-steps", type=int, default=4,
+                        help="with --record: measured steps per probe (after 1 warm-up)")
+    parser.add_argument("--limit", type=int, default=0,
+                        help="with --record: only the first N configurations (smoke test)")
+    parser.add_argument("--out", default="", help="with --record: output file")
     args = parser.parse_args()
+    if args.record:
+        return record(args)
 
     from planner import calibration
     from planner.autotune import TuneSettings, tune

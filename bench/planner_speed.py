@@ -46,7 +46,7 @@ def main() -> int:
     args = parser.parse_args()
     repeats = 2 if args.quick else 5
 
-    from planner.cli import plan_space
+    from planner.pipeline import plan_space
     from planner.hardware import load_profiles
     from planner.search import allowed_offers
     from planner.spec import load_spec

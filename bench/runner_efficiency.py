@@ -61,17 +61,25 @@ for step in range(steps + 3):
 print(json.dumps({"step_times": times[3:]}))
 """
 
+# Matmul peak of this machine, measured in the same run as the training variants: Paddle
+# (threads from FLAGS_paddle_num_threads, which Paddle applies over OMP_NUM_THREADS; its
+# default is 1) and numpy (OpenBLAS, all cores) side by side, best of 3 at 2048x2048 fp32.
 PEAK = r"""
-import json, time, paddle
+import json, time
+import numpy as np
+import paddle
 paddle.set_device("cpu")
 n = 2048
 a = paddle.randn([n, n]); b = paddle.randn([n, n])
-for _ in range(2): paddle.matmul(a, b).numpy()
-best = 0.0
+x = np.random.rand(n, n).astype("float32"); y = np.random.rand(n, n).astype("float32")
+for _ in range(2): paddle.matmul(a, b).numpy(); x @ y
+best, best_np = 0.0, 0.0
 for _ in range(3):
     start = time.perf_counter(); c = paddle.matmul(a, b); c.numpy()
     best = max(best, 2 * n**3 / (time.perf_counter() - start))
-print(json.dumps({"peak_tflops": best / 1e12}))
+    start = time.perf_counter(); x @ y
+    best_np = max(best_np, 2 * n**3 / (time.perf_counter() - start))
+print(json.dumps({"peak_tflops": best / 1e12, "numpy_tflops": best_np / 1e12}))
 """
 
 
@@ -132,8 +140,12 @@ def main() -> int:
                              "packing": False}}, steps, work),
         ]
         bare = python_json(BARE_LOOP, rows[1]["plan"], str(max(20, steps // 2)))
-    peak = python_json(PEAK)["peak_tflops"]
-    peak_1t = python_json(PEAK, env={"OMP_NUM_THREADS": "1"})["peak_tflops"]
+    cores = str(os.cpu_count() or 1)
+    measured = python_json(PEAK, env={"FLAGS_paddle_num_threads": cores,
+                                      "OMP_NUM_THREADS": cores})
+    peak, numpy_peak = measured["peak_tflops"], measured["numpy_tflops"]
+    peak_1t = python_json(PEAK, env={"FLAGS_paddle_num_threads": "1",
+                                     "OMP_NUM_THREADS": "1"})["peak_tflops"]
     bare_step = sorted(bare["step_times"])[len(bare["step_times"]) // 2]
     packed, padded = rows[1], rows[2]
     from runner.model import training_flops_per_token
@@ -153,6 +165,7 @@ def main() -> int:
         "runner_overhead_vs_bare_loop": packed["step_time_s"] / bare_step - 1,
         "bare_loop_step_time_s": bare_step,
         "matmul_peak_tflops_all_threads": peak, "matmul_peak_tflops_one_thread": peak_1t,
+        "numpy_matmul_tflops_all_threads": numpy_peak,
         "mfu_dp1_vs_measured_peak": flops * packed["useful_tokens_per_s"] / (peak * 1e12),
         "mfu_dp2_vs_measured_peak": flops * rows[0]["useful_tokens_per_s"] /
         (2 * peak_1t * 1e12),

@@ -14,14 +14,18 @@
 - Safe monotonic pruning only: OOM at micro-batch m implies OOM above m with the rest equal,
   and OOM with some recompute implies OOM with less. Priors such as "bigger is faster" are
   never used to skip a probe.
-- Short probes are noisy (10-15% on a shared CPU), so the last `confirm` probes re-measure the
-  best finalists with 3x longer probes and the pick uses the pooled measurement.
+- Short probes are noisy (10-40% on a shared CPU), so the last probes race the finalists
+  (`race`): they are probed in turn (A, B, A, B, ... in the same workers, so drift hits both)
+  until their confidence intervals separate or the racing budget is spent, as irace's racing
+  does; the pick uses the pooled measurements, and the outcome says whether it is
+  statistically distinguishable from the runner-up and by how much.
 - Measured step times calibrate the profile's efficiency curve (planner.calibration).
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,7 +50,12 @@ class TuneSettings:
     storage: str = ""               # '' = sqlite file in the work dir; URL; or *.journal path
     multi_objective: bool = False   # NSGA-II on (cost, hours)
     enqueue: int = 3                # analytic best candidates tried first
-    confirm: int = 2                # of the probes, kept to re-measure the best finalists
+    race: int = -1                  # of the probes, kept to race the finalists (0 = none;
+                                    # -1 = a third of them, at least 2)
+    finalists: int = 0              # configurations entering the race (0 = 2, or 3 when at
+                                    # least 4 probes race)
+    race_steps: int = 0             # measured steps per racing probe (0 = 3 x steps)
+    rank_by: str = "mean"           # finalists by the "mean" or "median" measured step
     guided: bool = True             # after the seeds, every other probe: calibrated model's pick
     steps: int = 5
     warmup: int = 2
@@ -62,10 +71,37 @@ class TuneOutcome:
     probes_run: int = 0             # real probe subprocesses started by this call
     probe_wall_s: float = 0.0
     best_row: int | None = None
+    race: "Race | None" = None
+
+
+@dataclass(frozen=True)
+class Race:
+    """How the finalists' race ended: who, how many rounds, and whether the pick is
+    statistically distinguishable (95%, Welch) from the runner-up, by how much."""
+    finalists: tuple                # rows, best first (after the race)
+    rounds: int
+    probes: int
+    separated: bool
+    difference: float               # runner-up's mean cost per token / the pick's - 1
+    interval: tuple                 # 95% interval of that difference
+    p_value: float
+
+    def to_dict(self) -> dict:
+        return {"finalists": [int(i) for i in self.finalists], "rounds": self.rounds,
+                "probes": self.probes, "distinguishable": self.separated,
+                "runner_up_more_expensive_by": self.difference,
+                "difference_interval_95": list(self.interval), "p_value": self.p_value}
+
+
+HEARTBEAT_S = 10       # a running trial's planner records a heartbeat this often (Optuna)
+STALE_AFTER_S = 60     # a RUNNING trial without a heartbeat for this long has lost its planner
 
 
 def _rdb_storage(url: str, attempts: int = 8):
-    """RDBStorage, retried: planners starting together race to create the schema."""
+    """RDBStorage, retried: planners starting together race to create the schema.
+
+    With heartbeats: a trial whose planner was killed stays RUNNING in the storage until
+    `fail_stale_trials` (called when a study is opened) marks it FAIL."""
     import random
 
     import optuna
@@ -74,7 +110,11 @@ def _rdb_storage(url: str, attempts: int = 8):
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
     for attempt in range(attempts):
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+            with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs,
+                                                  heartbeat_interval=HEARTBEAT_S,
+                                                  grace_period=STALE_AFTER_S)
         except (IntegrityError, OperationalError):
             if attempt == attempts - 1:
                 raise
@@ -82,7 +122,24 @@ def _rdb_storage(url: str, attempts: int = 8):
     raise AssertionError("unreachable")
 
 
+def open_study(name: str, storage, *, sampler=None, directions=("minimize",)):
+    """Create or resume the study; trials a killed planner left RUNNING (no heartbeat for
+    STALE_AFTER_S) are marked FAIL, so they neither block nor count as results."""
+    import optuna
+
+    study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
+                                directions=list(directions), load_if_exists=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+    return study
+
+
 def storage_for(settings: TuneSettings, work_dir: Path):
+    if settings.storage == ":memory:":  # replay benchmarks: thousands of short studies
+        import optuna
+
+        return optuna.storages.InMemoryStorage(), ":memory:"
     if not settings.storage:
         work_dir.mkdir(parents=True, exist_ok=True)
         url = f"sqlite:///{work_dir / 'study.db'}"
@@ -126,43 +183,95 @@ def cost_at_step(table: CandidateTable, i: int, step_s: float) -> tuple[float, f
     return table["price_node_hour"][i] * table["nodes"][i] * hours, hours
 
 
-def measured_cost(table: CandidateTable, i: int, result: ProbeResult) -> tuple[float, float]:
-    """(cost, hours) with the measured step time in place of the modelled one."""
-    return cost_at_step(table, i, result.step_time_s)
+def measured_cost(table: CandidateTable, i: int, result: ProbeResult,
+                  rank_by: str = "median") -> tuple[float, float]:
+    """(cost, hours) with the measured step time in place of the modelled one: the median
+    step (robust) or the mean (what a run pays for)."""
+    step = result.mean_step_time_s if rank_by == "mean" and result.mean_step_time_s else \
+        result.step_time_s
+    return cost_at_step(table, i, step)
+
+
+def _cost_samples(table: CandidateTable, i: int, result: ProbeResult) -> np.ndarray:
+    """Per-step cost samples of row i (cost of the whole job at each measured step time)."""
+    steps = np.asarray(result.step_times_s or [result.step_time_s], dtype=float)
+    scale = measured_cost(table, i, result, "mean")[0] / max(result.mean_step_time_s or
+                                                              result.step_time_s, 1e-12)
+    return steps * scale
+
+
+def compare(table: CandidateTable, a: int, ra: ProbeResult, b: int, rb: ProbeResult
+            ) -> tuple[float, tuple[float, float], float]:
+    """(b's mean cost / a's - 1, its 95% interval, Welch p-value) from the step samples."""
+    from scipy import stats
+
+    x, y = _cost_samples(table, a, ra), _cost_samples(table, b, rb)
+    mx, my = float(x.mean()), float(y.mean())
+    if len(x) < 2 or len(y) < 2:
+        return my / mx - 1, (-np.inf, np.inf), 1.0
+    vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    se = float(np.sqrt(vx + vy))
+    if se == 0:
+        return my / mx - 1, (my / mx - 1, my / mx - 1), 0.0 if mx != my else 1.0
+    dof = (vx + vy) ** 2 / ((vx ** 2 / (len(x) - 1) if len(x) > 1 else 0) +
+                            (vy ** 2 / (len(y) - 1) if len(y) > 1 else 0))
+    t = float(stats.t.ppf(0.975, dof))
+    p = float(2 * stats.t.sf(abs(my - mx) / se, dof))
+    return my / mx - 1, ((my - mx - t * se) / mx, (my - mx + t * se) / mx), p
 
 
 def calibrated_costs(table: CandidateTable, rows: np.ndarray,
                      probed: dict[int, ProbeResult]) -> np.ndarray:
-    """Modelled cost of `rows` after fitting each profile's efficiency to the probes so far
-    (rows of a precision no probe has measured keep the prior)."""
+    """Modelled cost of `rows` after fitting the efficiency to the probes so far, per offer
+    where that offer has probes (one offer is one layout of the machine, e.g. 1 or 2 CPU
+    processes, which use the cores differently), else per profile; rows of a precision no
+    probe has measured keep the prior."""
     from planner.calibration import fit, predicted_step
 
-    def profile_of(i):
-        return table.offers[int(table["offer"][i])].profile
-
     costs = table["cost"][rows].astype(float)
-    for name, profile in {profile_of(i).name: profile_of(i) for i in rows}.items():
-        mine = {i: r for i, r in probed.items() if profile_of(i).name == name}
-        fitted = fit(table, mine, profile, fingerprint="study") if mine else None
-        for k, i in enumerate(rows):
-            eff = fitted.by_precision.get(PRECISIONS[table["precision_code"][i]]) \
-                if fitted and profile_of(i).name == name else None
+    fits: dict = {}
+
+    def fitted_for(key, mine, profile):
+        if key not in fits:
+            fits[key] = fit(table, mine, profile, fingerprint="study") if mine else None
+        return fits[key]
+
+    for k, i in enumerate(rows):
+        i = int(i)
+        offer = int(table["offer"][i])
+        profile = table.offers[offer].profile
+        precision = PRECISIONS[table["precision_code"][i]]
+        same_offer = {j: r for j, r in probed.items() if int(table["offer"][j]) == offer}
+        same_profile = {j: r for j, r in probed.items()
+                        if table.offers[int(table["offer"][j])].profile.name == profile.name}
+        for key, mine in ((("offer", offer), same_offer),
+                          (("profile", profile.name), same_profile)):
+            fitted = fitted_for(key, mine, profile)
+            eff = fitted.by_precision.get(precision) if fitted else None
             if eff is not None:
-                costs[k] = cost_at_step(table, int(i), predicted_step(table, int(i), eff))[0]
+                costs[k] = cost_at_step(table, i, predicted_step(table, i, eff))[0]
+                break
     return costs
 
 
 def seed_rows(table: CandidateTable, rows: np.ndarray, n: int) -> list[int]:
-    """The model's cheapest candidates, each at least 2x apart in tokens per micro-batch from
-    the others: the probes then span the efficiency curve, so the first calibration can see
-    its shape (the priors' weakest part), not one point of it three times."""
+    """The model's cheapest candidate of every offer (one offer is one layout of the machine:
+    the prior is least sure how layouts compare, e.g. 1 CPU process with all cores vs 2 with
+    one each), cheapest offer first; then more of the cheapest, each at least 2x apart in
+    tokens per micro-batch from the seeds of its offer, so the first calibration sees the
+    efficiency curve's shape, not one point of it three times."""
     order = [int(i) for i in rows[np.argsort(table["cost"][rows], kind="stable")]]
     work = {i: float(table["micro"][i] * table["seq"][i]) for i in order}
+    offer = {i: int(table["offer"][i]) for i in order}
     chosen: list[int] = []
+    for i in order:  # the best of each offer
+        if len(chosen) < n and all(offer[j] != offer[i] for j in chosen):
+            chosen.append(i)
     for i in order:
-        if len(chosen) == n:
+        if len(chosen) >= n:
             break
-        if all(abs(np.log2(work[i] / work[j])) >= 1 for j in chosen):
+        if i not in chosen and all(abs(np.log2(work[i] / work[j])) >= 1 for j in chosen
+                                   if offer[j] == offer[i]):
             chosen.append(i)
     chosen += [i for i in order if i not in chosen][:n - len(chosen)]  # too few work sizes
     return chosen
@@ -227,8 +336,7 @@ def _tune(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: 
         sampler = optuna.samplers.TPESampler(seed=settings.seed,
                                              n_startup_trials=max(2, settings.enqueue))
         directions = ["minimize"]
-    study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
-                                directions=directions, load_if_exists=True)
+    study = open_study(name, storage, sampler=sampler, directions=directions)
     rows_by_key = {_key_of_row(table, int(i)): int(i) for i in local_rows}
     choices = _choices(table, local_rows)
     outcome = TuneOutcome(name, url)
@@ -257,8 +365,9 @@ def _tune(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: 
     probes_run = 0
     start_trials = len(study.trials)
     worst = float(np.max(table["cost"][local_rows])) * 10
-    confirm = settings.confirm if settings.probes >= 2 * settings.confirm + 1 else 0
-    explore = settings.probes - confirm
+    race = settings.race if settings.race >= 0 else max(2, settings.probes // 3)
+    race = race if settings.probes >= 2 * race + 1 else 0
+    explore = settings.probes - race
     guided_turn, guided_key = False, None
     while len(study.trials) - start_trials < settings.trials:
         if probes_run >= explore or outcome.probe_wall_s >= settings.probe_time_s:
@@ -270,12 +379,14 @@ def _tune(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: 
                                                   done, ooms, choices)
             guided_turn = False
         trial = study.ask()
+        beat = heartbeat(study, trial)
         params = {d: (trial.suggest_categorical(d, choices[d]) if len(choices[d]) > 1
                       else choices[d][0]) for d in DIMENSIONS}
         key = tuple(int(params[d]) for d in DIMENSIONS)
         row = rows_by_key.get(key)
 
         def finish(values, violation, status, **attrs):
+            beat.set()  # stop this trial's heartbeat
             try:
                 trial.set_user_attr(CONSTRAINT_ATTR, [violation])
                 trial.set_constraint("memory_budget_deadline", violation)
@@ -336,25 +447,80 @@ def _tune(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: 
                         (hours - deadline) / deadline if deadline else 0.0)
         finish([cost, hours], violation, "ok", measured_cost=cost, measured_hours=hours,
                **attrs)
-    finalists = sorted((measured_cost(table, i, r)[0], i) for i, r in outcome.probed.items()
-                       if r.measured_steps <= settings.steps)[:confirm]
-    if len(finalists) > 1:  # re-measuring a lone finalist cannot change the pick
-        for _, i in finalists:
-            if outcome.probe_wall_s >= settings.probe_time_s:
-                break
-            again = backend.run(candidate_plan(spec, table.row(i), target=target),
-                                steps=3 * settings.steps)
-            probes_run += 1
-            outcome.probe_wall_s += again.wall_s
-            if again.ok:
-                outcome.probed[i] = outcome.probed[i].pooled_with(again)
-                if progress is not None:
-                    progress(outcome.probed[i], table, i, False)
-    outcome.probes_run = probes_run
-    ok = [(measured_cost(table, i, r)[0], i) for i, r in outcome.probed.items()
-          if _within(spec, *measured_cost(table, i, r))]
-    outcome.best_row = min(ok)[1] if ok else None
+    outcome.race, raced = _race(spec, table, target, settings, backend, outcome, race,
+                                progress)
+    outcome.probes_run = probes_run + raced
+    if outcome.race is not None:  # the race's winner: measured most, on the same terms
+        outcome.best_row = outcome.race.finalists[0]
+    else:
+        ok = [(measured_cost(table, i, r, settings.rank_by)[0], i)
+              for i, r in outcome.probed.items() if _within(spec, *measured_cost(table, i, r))]
+        outcome.best_row = min(ok)[1] if ok else None
     return outcome
+
+
+def heartbeat(study, trial):
+    """Optuna's heartbeat thread for an ask/tell trial (`study.optimize` starts the same one
+    itself): while it beats, the trial is alive; a killed planner's trial goes stale."""
+    import threading
+
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+
+    stop = threading.Event()
+    storage = study._storage
+    if not is_heartbeat_enabled(storage):
+        return stop
+
+    def beat() -> None:
+        while True:
+            storage.record_heartbeat(trial._trial_id)
+            if stop.wait(timeout=HEARTBEAT_S):
+                return
+
+    threading.Thread(target=beat, daemon=True, name="trial-heartbeat").start()
+    return stop  # .set() ends the beat
+
+
+def _race(spec: Spec, table: CandidateTable, target: float, settings: TuneSettings, backend,
+          outcome: TuneOutcome, budget: int, progress) -> tuple[Race | None, int]:
+    """Race the best measured configurations: each round probes every survivor once, in turn
+    (A, B, A, B, ...), pools the steps, and drops a survivor that is worse than the leader
+    with p < 0.05 (Welch); stops when one is left or `budget` probes (or the probe time) are
+    spent. Returns the race (None when fewer than two finalists) and the probes it ran."""
+    def cost(i):
+        return measured_cost(table, i, outcome.probed[i], settings.rank_by)[0]
+
+    within = [i for i, r in outcome.probed.items() if _within(spec, *measured_cost(table, i, r))]
+    finalists = sorted(within, key=cost)[:settings.finalists or (3 if budget >= 4 else 2)]
+    if len(finalists) < 2 or budget <= 0:
+        return None, 0
+    steps = settings.race_steps or 3 * settings.steps
+    alive, used, rounds = list(finalists), 0, 0
+    while used < budget and len(alive) > 1 and outcome.probe_wall_s < settings.probe_time_s:
+        for i in list(alive):
+            if used >= budget:
+                break
+            again = backend.run(candidate_plan(spec, table.row(i), target=target), steps=steps)
+            used += 1
+            outcome.probe_wall_s += again.wall_s
+            if not again.ok:  # failed now: out of the race, its earlier result stays
+                alive.remove(i)
+                continue
+            outcome.probed[i] = outcome.probed[i].pooled_with(again)
+            if progress is not None:
+                progress(outcome.probed[i], table, i, False)
+        rounds += 1
+        if len(alive) < 2:
+            break
+        leader = min(alive, key=cost)
+        alive = [leader] + [j for j in alive if j != leader and
+                            compare(table, leader, outcome.probed[leader], j,
+                                    outcome.probed[j])[2] >= 0.05]
+    ranked_ = sorted(finalists, key=cost)
+    pick, other = ranked_[0], ranked_[1]
+    difference, interval, p = compare(table, pick, outcome.probed[pick], other,
+                                      outcome.probed[other])
+    return Race(tuple(ranked_), rounds, used, p < 0.05, difference, interval, p), used
 
 
 def _within(spec: Spec, cost: float, hours: float) -> bool:

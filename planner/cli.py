@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import time
 from pathlib import Path
 
 import tomli
 
 from planner import __version__
 from runner import quiet_third_party_warnings
+from runner.cliargs import OneLineParser
 from runner.errors import UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="planner", description="Plan GPT pretraining cost.")
+    parser = OneLineParser(
+        prog="planner", description="Plan GPT pretraining cost.")
     parser.add_argument("--version", action="version", version=f"planner {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -112,6 +112,23 @@ def _tune_args(p: argparse.ArgumentParser, default_probes: int = 0) -> None:
     p.add_argument("--probe-timeout", type=float, default=180.0, help="seconds per probe")
 
 
+# Which command-line flag sets which spec key (errors in those values name the flag).
+FLAGS = {"constraints.budget": "--budget", "constraints.deadline_hours": "--deadline-hours",
+         "constraints.currency": "--currency", "constraints.profiles": "--hardware",
+         "constraints.spot": "--spot/--no-spot", "job.target_tokens": "--target-tokens"}
+
+
+def check_writable_file(path: Path, *, key: str) -> None:
+    """Before any work: the output path must be a file path whose folders are folders."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{str(path)!r} is a folder; give a file path such as "
+                        f"{path / 'plan.toml'}", key=key)
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise UserError(f"{str(path)!r}: {parent} is a file, not a folder", key=key)
+
+
 def spec_overrides(args) -> dict:
     out = {}
     if args.budget is not None:
@@ -122,6 +139,9 @@ def spec_overrides(args) -> dict:
         out["constraints.currency"] = args.currency
     if args.hardware is not None:
         out["constraints.profiles"] = [h.strip() for h in args.hardware.split(",") if h.strip()]
+        if not out["constraints.profiles"]:
+            raise UserError(f"{args.hardware!r} names no profile; give comma-separated names "
+                            "(see 'planner profiles')", key="--hardware")
     if args.spot is not None:
         out["constraints.spot"] = args.spot
     if args.target_tokens is not None:
@@ -135,6 +155,7 @@ def spec_overrides(args) -> dict:
         except tomli.TOMLDecodeError:
             value = raw
         out[key] = value
+    args.overridden = {k: FLAGS.get(k, f"--set {k}") for k in out}
     return out
 
 
@@ -159,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "launch-file":
             return cmd_launch_file(args)
     except UserError as exc:
+        flag = getattr(args, "overridden", {}).get(exc.key)
+        if flag:  # the bad value came from the command line, not the spec file
+            exc.file, exc.key = None, flag
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_status
     return 2
@@ -166,109 +190,139 @@ def main(argv: list[str] | None = None) -> int:
 
 # ---- optimize ----------------------------------------------------------------------------------
 
-def plan_space(spec, *, log=print):
-    """Spec -> (stats, target, decision, timings): the shared core of optimize/estimate."""
-    from planner.corpus_stats import corpus_statistics
-    from planner.hardware import load_profiles
-    from planner.search import allowed_offers, decide, evaluate_space, target_tokens
+def _quiet(*_args, **_kwargs) -> None:
+    return None
 
-    timings = {}
-    t0 = time.perf_counter()
-    profiles = load_profiles()
-    offers = allowed_offers(spec, profiles)
-    if not offers:
-        raise UserError("no hardware offer matches constraints.profiles/offers; see "
-                        "'planner profiles'", file=spec.path, key="constraints.profiles")
-    model = spec.model_section()
-    stats = corpus_statistics(corpus=spec.job.corpus, tokenizer=spec.job.tokenizer,
-                              vocab_size=model.vocab_size, cache_dir=spec.job.cache_dir,
-                              sample_documents=spec.job.sample_documents,
-                              declared_bytes=spec.job.corpus_bytes,
-                              seq_lens=spec.constraints.seq_lens, log=log)
-    timings["corpus_statistics_s"] = time.perf_counter() - t0
-    target = target_tokens(spec, stats)
-    t1 = time.perf_counter()
-    table = evaluate_space(spec, offers, target)
-    decision = decide(spec, table, target)
-    timings["search_s"] = time.perf_counter() - t1
-    timings["candidates"] = len(table)
-    return stats, target, decision, timings
+
+def tune_settings(args):
+    from planner.autotune import TuneSettings
+
+    return TuneSettings(probes=args.probes, probe_time_s=args.probe_time, trials=args.trials,
+                        seed=args.seed, storage=args.storage,
+                        multi_objective=args.multi_objective, timeout_s=args.probe_timeout)
+
+
+def probe_logger(log):
+    """One line per probe as it finishes (the pipeline calls it)."""
+    count = [0]
+
+    def progress(result, tbl, row, cached=False):
+        count[0] += 1
+        r = tbl.row(row)
+        what = (f"{r['offer_choice'].offer.instance}, {r['precision']}, seq {r['seq']}, micro "
+                f"{r['micro']} x acc {r['acc']}, recompute {r['recompute']}")
+        if result.ok:
+            err = (tbl["step_time_s"][row] - result.step_time_s) / result.step_time_s
+            log(f"probe {count[0]}{' (cached)' if cached else ''}: {what}: "
+                f"{result.step_time_s * 1000:.0f} ms/step measured (median of "
+                f"{result.measured_steps}), {tbl['step_time_s'][row] * 1000:.0f} modelled "
+                f"({err:+.0%}), {result.peak_memory_gb:.2f} GB peak RSS")
+        else:
+            log(f"probe {count[0]}: {what}: {result.status.upper()} ({result.detail[:120]})")
+
+    return progress
 
 
 def cmd_optimize(args) -> int:
-    from planner.planwriter import candidate_plan, decision_notes
-    from planner.report import (describe, plot_pareto, render_candidates, render_choice,
-                                render_per_offer, render_stats)
+    from planner.pipeline import optimize
+    from planner.report import (plot_pareto, render_calibration, render_candidates,
+                                render_choice, render_per_offer, render_stats)
     from planner.spec import load_spec
     from runner.plan import write_plan
 
     spec = load_spec(args.spec, overrides=spec_overrides(args))
+    check_writable_file(args.out or Path("plans") / f"{spec.job.name}.toml", key="--out")
     quiet = args.json
-    stats, target, decision, timings = plan_space(
-        spec, log=(lambda *a: None) if quiet else print)
+    log = _quiet if quiet else print
+
+    def on_stats(stats, target):  # statistics before the search
+        log(render_stats(stats, target) + "\n")
+
+    result = optimize(spec, settings=tune_settings(args) if args.probes else None,
+                      local_profile=local_profile_name(args) if args.probes else "",
+                      log=log, on_stats=on_stats, on_probe=probe_logger(log))
     cur = spec.constraints.currency
     c = spec.constraints
     if args.plot:
-        plot_pareto(decision, str(args.plot), cur)
+        plot_pareto(result.decision, str(args.plot), cur)
     out = args.out or Path("plans") / f"{spec.job.name}.toml"
-    plan = None
-    tuned = None
-    if args.probes and decision.chosen is not None:
-        tuned = run_autotune(spec, decision, target, args, log=(lambda *a: None) if quiet
-                             else print)
-    if tuned is not None and tuned[0] is not None:
-        plan = tuned[0]
-    elif decision.chosen is not None:
-        row = decision.table.row(decision.chosen)
-        notes = decision_notes(decision, lambda i: describe(decision.table, i, cur))
-        plan = candidate_plan(spec, row, target=target, notes=notes)
-    if plan is not None:
-        write_plan(plan, out, header=f"# Written by planner {__version__} from {spec.path}. "
-                                     "Numbers in [estimate] are modelled unless listed in "
-                                     "estimate.measured.\n")
+    if result.plan is not None:
+        write_plan(result.plan, out, header=f"# Written by planner {__version__} from "
+                                            f"{spec.path}. Numbers in [estimate] are modelled "
+                                            "unless listed in estimate.measured.\n")
     if quiet:
-        print(json.dumps(optimize_json(spec, stats, target, decision, timings, out if plan
-                                       else None), indent=1))
-    else:
-        print(render_stats(stats, target))
-        print()
-        print(render_candidates(decision, cur, args.top or spec.search.top))
-        print()
-        print(render_per_offer(decision, c.budget, c.deadline_hours, cur))
-        print()
-        print(render_choice(decision, cur))
-        print(f"planned in {timings['search_s']:.2f} s ({timings['candidates']:,} candidates; "
-              f"corpus statistics {timings['corpus_statistics_s']:.1f} s)")
-        if plan is not None:
-            print(f"wrote {out}  (next: runner execute {out} --dry-run)")
-        if args.plot:
-            print(f"wrote {args.plot}")
-    return 0 if plan is not None else 1
+        print(json.dumps(optimize_json(result, out if result.plan else None), indent=1))
+        return 0 if result.plan is not None else 1
+    if result.tuning is not None and result.tuning.calibration is not None:
+        print(render_calibration(result.tuning))
+    for note in result.notes:
+        print(note)
+    print(render_candidates(result, args.top or spec.search.top))
+    print()
+    print(render_per_offer(result.decision, c.budget, c.deadline_hours, cur))
+    print()
+    print(render_choice(result))
+    timings = result.timings
+    print(f"planned in {timings['search_s']:.2f} s ({timings['candidates']:,} candidates; "
+          f"corpus statistics {timings['corpus_statistics_s']:.1f} s"
+          + (f"; probes and calibration {timings['tuning_s']:.0f} s" if "tuning_s" in timings
+             else "") + ")")
+    if result.plan is not None:
+        print(f"wrote {out}  (next: runner execute {out} --dry-run)")
+    if args.plot:
+        print(f"wrote {args.plot}")
+    return 0 if result.plan is not None else 1
 
 
-def optimize_json(spec, stats, target, decision, timings, out) -> dict:
+def optimize_json(result, out) -> dict:
+    """The result as data: raw numbers under snake_case keys that carry their units."""
     from dataclasses import asdict
 
-    from planner.report import candidate_records, per_offer_records
-    from planner.search import ranked
+    from planner.report import candidate_record, candidate_records, per_offer_records, \
+        result_rows
 
+    spec, decision, table = result.spec, result.decision, result.table
     cur = spec.constraints.currency
-    table = decision.table
-    top = ranked(table, decision.feasible)[: spec.search.top] if len(table) else []
+
+    def record(i, variants=()):
+        return candidate_record(table, i, cur, chosen=result.chosen,
+                                measured=result.measured(i),
+                                calibrated_cost=result.calibrated_cost(i), variants=variants)
+
+    shown, folded = result_rows(result, spec.search.top) if len(table) else ([], 0)
+    tuning = None
+    if result.tuning is not None:
+        o, cal = result.tuning.outcome, result.tuning.calibration
+        tuning = {"profile": result.tuning.profile, "study": o.study_name,
+                  "storage": o.storage, "configurations_measured": len(o.probed),
+                  "probes_run": o.probes_run, "reused_from_cache": o.reused,
+                  "probe_wall_s": o.probe_wall_s,
+                  "race": o.race.to_dict() if o.race else None,
+                  "calibration": None if cal is None else {
+                      "points": cal.points, "fit_error_median": cal.fit_error,
+                      "fit_error_worst": cal.worst_error,
+                      "written_to": str(result.tuning.calibration_path)
+                      if result.tuning.calibration_path else None}}
+    plan_estimate = asdict(result.plan.estimate) if result.plan is not None else None
     return {
-        "spec": spec.path, "currency": cur, "target_tokens": target,
-        "numbers": "modelled (analytic cost model) unless marked measured",
-        "corpus": asdict(stats) | {"tokens_per_character_source": "measured",
-                                   "total_tokens_source": "extrapolated" if stats.extrapolated
-                                   else "measured"},
-        "chosen": candidate_records(table, [decision.chosen], cur, decision.chosen)[0]
-        if decision.chosen is not None else None,
+        "spec": spec.path, "currency": cur, "target_tokens": float(result.target),
+        "numbers": "modelled (analytic cost model) unless under measured_* or calibrated_* "
+                   "keys",
+        "corpus": asdict(result.stats) | {
+            "tokens_per_character_source": "measured",
+            "total_tokens_source": "extrapolated" if result.stats.extrapolated
+            else "measured"},
+        "chosen": record(result.chosen) if result.chosen is not None else None,
+        "chosen_source": result.chosen_source if result.chosen is not None else None,
+        "plan_estimate": plan_estimate,
         "problems": decision.problems, "binding": decision.binding,
-        "top": candidate_records(table, top, cur, decision.chosen),
+        "candidates": [record(i, others) for i, others in shown],
+        "candidates_folded_as_identical_under_the_model": folded,
         "per_offer": per_offer_records(decision, spec.constraints.budget,
                                        spec.constraints.deadline_hours, cur),
-        "pareto": candidate_records(table, decision.pareto, cur, decision.chosen),
-        "timings": timings, "plan": str(out) if out else None,
+        "pareto": candidate_records(table, decision.pareto, cur, result.chosen),
+        "tuning": tuning, "notes": result.notes,
+        "timings": result.timings, "plan": str(out) if out else None,
     }
 
 
@@ -282,122 +336,21 @@ def local_profile_name(args) -> str:
     return "" if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() else "cpu"
 
 
-def run_autotune(spec, decision, target, args, *, log=print):
-    """Probe locally runnable candidates, calibrate, and return (plan or None, outcome)."""
-
-    import numpy as np
-    from tabulate import tabulate
-
-    from planner import calibration
-    from planner.autotune import TuneSettings, measured_cost, tune
-    from planner.planwriter import candidate_plan, decision_notes
-    from planner.report import describe, layout
-
-    table = decision.table
-    local = local_profile_name(args)
-    offers_local = [i for i, c in enumerate(table.offers) if c.profile.name == local]
-    if not local or not offers_local:
-        used = {c.profile.name: c.profile.efficiency_for("fp16").source for c in table.offers}
-        which = local or "unknown GPU; pass --local-profile"
-        log(f"no planned offer runs on this machine's devices ({which}): planning from the "
-            "model only; efficiency calibrations used: "
-            + "; ".join(f"{k}: {v}" for k, v in used.items()))
-        return None
-    local_rows = np.flatnonzero(np.isin(table["offer"], offers_local) & table["fits"])
-    settings = TuneSettings(probes=args.probes, probe_time_s=args.probe_time,
-                            trials=args.trials, seed=args.seed, storage=args.storage,
-                            multi_objective=args.multi_objective,
-                            timeout_s=args.probe_timeout)
-    work = Path("runs") / "autotune" / spec.job.name
-    count = [0]
-
-    def progress(result, tbl, row, cached=False):
-        count[0] += 1
-        r = tbl.row(row)
-        what = (f"{r['offer_choice'].offer.instance}, {r['precision']}, seq {r['seq']}, micro "
-                f"{r['micro']} x acc {r['acc']}, recompute {r['recompute']}")
-        if result.ok:
-            err = (tbl["step_time_s"][row] - result.step_time_s) / result.step_time_s
-            log(f"probe {count[0]}{' (cached)' if cached else ''}: {what}: "
-                f"{result.step_time_s * 1000:.0f} ms/step measured, "
-                f"{tbl['step_time_s'][row] * 1000:.0f} modelled ({err:+.0%}), "
-                f"{result.peak_memory_gb:.2f} GB peak RSS")
-        else:
-            log(f"probe {count[0]}: {what}: {result.status.upper()} ({result.detail[:120]})")
-
-    log(f"autotuning on {local}: {len(local_rows):,} runnable candidates, at most "
-        f"{settings.probes} probes / {settings.probe_time_s:g} s")
-    outcome = tune(spec, table, local_rows, target=target, work_dir=work, settings=settings,
-                   progress=progress)
-    log(f"study {outcome.study_name} in {outcome.storage}: {len(outcome.probed)} "
-        f"configuration(s) measured, {outcome.probes_run} probe(s) run now, {outcome.reused} "
-        f"reused from the probe cache, probe time {outcome.probe_wall_s:.0f} s")
-    rows = []
-    for i, r in sorted(outcome.probed.items(), key=lambda kv: measured_cost(table, *kv)[0]):
-        row = table.row(i)
-        cost, hours = measured_cost(table, i, r)
-        rows.append([("*" if i == outcome.best_row else ""), row["offer_choice"].offer.instance,
-                     row["precision"], row["seq"], f"{row['micro']}x{row['acc']}", layout(row),
-                     row["recompute"], f"{row['step_time_s'] * 1000:.0f}",
-                     f"{r.step_time_s * 1000:.0f}", f"{row['memory_gb']:.2f}",
-                     f"{r.peak_memory_gb:.2f}", f"{row['cost']:.4g}", f"{cost:.4g}"])
-    cur = spec.constraints.currency
-    if rows:
-        log(tabulate(rows, headers=["", "offer", "prec", "seq", "micro x acc", "layout",
-                                    "recompute", "step ms modelled", "step ms measured",
-                                    "mem GB modelled", "mem GB measured (RSS)",
-                                    f"cost {cur} modelled", f"cost {cur} measured"],
-                     tablefmt="github"))
-    profile = table.offers[offers_local[0]].profile
-    fitted = calibration.fit(table, outcome.probed, profile,
-                             fingerprint=outcome.study_name.rsplit("-", 1)[-1])
-    if fitted is not None:
-        path = calibration.write(fitted)
-        log(f"calibrated {profile.name}: "
-            + ", ".join(f"{p} max {e.max:.3f} half_tokens {e.half_tokens:,.0f} rolloff_tokens "
-                        f"{e.rolloff_tokens:,.0f}"
-                        for p, e in fitted.by_precision.items())
-            + f"; step-time fit error median {fitted.fit_error:.1%}, worst "
-            f"{fitted.worst_error:.1%} on {fitted.points} probes; written to "
-            f"{os.path.relpath(path)}")
-    if outcome.best_row is None:
-        log("no probed configuration met the constraints: keeping the model's choice")
-        return None
-    best = outcome.best_row
-    result = outcome.probed[best]
-    cost, hours = measured_cost(table, best, result)
-    row = table.row(best)
-    row = row | {"step_time_s": result.step_time_s, "tokens_per_s": result.tokens_per_second *
-                 row["nodes"], "memory_gb": result.peak_memory_gb, "cost": cost,
-                 "hours": hours, "cost_per_million_tokens": cost / target * 1e6,
-                 "mfu": row["mfu"] * row["step_time_s"] / result.step_time_s}
-    notes = decision_notes(decision, lambda i: describe(table, i, cur))
-    notes.append(f"autotuned: study {outcome.study_name}, {len(outcome.probed)} probes, "
-                 f"{outcome.probe_wall_s:.0f} s of probes; model's choice was "
-                 f"{describe(table, decision.chosen, cur)}")
-    if fitted is not None:
-        notes.append(f"calibration: {profile.name} fit error {fitted.fit_error:.1%}")
-    plan = candidate_plan(spec, row, target=target, notes=notes,
-                          measured=["tokens_per_second", "step_time_s", "peak_memory_gb",
-                                    "mfu", "hours", "cost", "cost_per_million_tokens"],
-                          probes=len(outcome.probed))
-    log(f"chosen after probes: {describe(table, best, cur).rsplit(':', 1)[0]}: "
-        f"{cost:.4g} {cur}, {hours:.3g} h (measured step time)")
-    return plan, outcome
-
-
 def cmd_calibrate(args) -> int:
+    from planner.pipeline import plan_space, tune_locally
+    from planner.report import render_calibration
     from planner.spec import load_spec
 
     spec = load_spec(args.spec, overrides=spec_overrides(args))
     stats, target, decision, _ = plan_space(spec)
     if decision.chosen is None and not decision.table["fits"].any():
         raise UserError("no candidate fits on this machine to probe", file=spec.path)
-    if decision.chosen is None:  # calibrating needs runnable configurations, not a budget
-        import numpy as np
-
-        decision.chosen = int(np.flatnonzero(decision.table["fits"])[0])
-    run_autotune(spec, decision, target, args)
+    tuning = tune_locally(spec, decision, target, tune_settings(args),
+                          local_profile=local_profile_name(args),
+                          work_dir=Path("runs") / "autotune" / spec.job.name, log=print,
+                          on_probe=probe_logger(print))
+    if tuning is not None and tuning.calibration is not None:
+        print(render_calibration(tuning))
     return 0
 
 
@@ -469,6 +422,7 @@ def plan_as_overrides(plan) -> dict:
 
 
 def cmd_estimate(args) -> int:
+    from planner.pipeline import optimize
     from planner.report import render_candidates, render_choice
     from planner.spec import load_spec
     from runner.plan import load_plan
@@ -482,14 +436,13 @@ def cmd_estimate(args) -> int:
                                   else None)
     overrides |= spec_overrides(args)
     spec = load_spec(spec_path, overrides=overrides)
-    stats, target, decision, timings = plan_space(spec, log=lambda *a: None)
-    cur = spec.constraints.currency
+    result = optimize(spec)
     if args.json:
-        print(json.dumps(optimize_json(spec, stats, target, decision, timings, None), indent=1))
+        print(json.dumps(optimize_json(result, None), indent=1))
     else:
-        print(render_candidates(decision, cur, 5))
-        print(render_choice(decision, cur))
-    return 0 if decision.chosen is not None else 1
+        print(render_candidates(result, 5))
+        print(render_choice(result))
+    return 0 if result.chosen is not None else 1
 
 
 # ---- explain -----------------------------------------------------------------------------------

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import math
 from pathlib import Path
 
 import tomli_w
 
 from planner.hardware import PROFILE_DIR, ProfileError
-from runner.tomlconf import write_text_atomic
+from runner.tomlconf import name_problem, write_text_atomic
 
 # SkyPilot accelerator names -> our profile names
 ACCELERATORS = {
@@ -35,7 +36,7 @@ def _price(text: str) -> float | None:
         value = float(text)
     except ValueError:
         return None
-    return value if value > 0 else None
+    return value if math.isfinite(value) and value > 0 else None
 
 
 def parse_catalog(path: Path, *, provider: str, as_of: str) -> tuple[list[dict], list[str]]:
@@ -43,6 +44,9 @@ def parse_catalog(path: Path, *, provider: str, as_of: str) -> tuple[list[dict],
         handle = open(path, newline="", encoding="utf-8")
     except FileNotFoundError:
         raise ProfileError("file not found", file=str(path)) from None
+    except IsADirectoryError:
+        raise ProfileError("is a directory, expected a SkyPilot catalog CSV file",
+                           file=str(path)) from None
     with handle:
         try:
             reader = csv.DictReader(handle)
@@ -62,9 +66,18 @@ def parse_catalog(path: Path, *, provider: str, as_of: str) -> tuple[list[dict],
             skipped.append(f"line {number}: accelerator {name or '(none)'!r} has no profile")
             continue
         try:
-            count = int(float(row["AcceleratorCount"]))
-        except (TypeError, ValueError):
-            skipped.append(f"line {number}: AcceleratorCount {row['AcceleratorCount']!r}")
+            count = float(row["AcceleratorCount"])
+            if not (math.isfinite(count) and count >= 1 and count == int(count)):
+                raise ValueError
+            count = int(count)
+        except (TypeError, ValueError, OverflowError):
+            skipped.append(f"line {number}: AcceleratorCount {row['AcceleratorCount']!r} is "
+                           "not a whole number >= 1")
+            continue
+        bad = [c for c in ("Price", "SpotPrice") if (row[c] or "").strip() and
+               _price(row[c]) is None]
+        if bad:
+            skipped.append(f"line {number}: {', '.join(bad)} not a finite price > 0")
             continue
         on_demand, spot = _price(row["Price"]), _price(row["SpotPrice"])
         if on_demand is None and spot is None:
@@ -97,6 +110,9 @@ def import_catalog(path: Path, *, name: str | None = None, provider: str | None 
                    as_of: str | None = None, directory: Path = PROFILE_DIR
                    ) -> tuple[Path, int, list[str]]:
     path = Path(path)
+    name = path.stem if name is None else name
+    if name_problem(name):
+        raise ProfileError(name_problem(name), key="--name")
     provider = provider or path.stem.split("_")[0].split("-")[0].lower()
     as_of = as_of or dt.date.today().isoformat()
     offers, skipped = parse_catalog(path, provider=provider, as_of=as_of)
@@ -104,7 +120,7 @@ def import_catalog(path: Path, *, name: str | None = None, provider: str | None 
         raise ProfileError(f"no usable row ({len(skipped)} skipped"
                            + (f"; first: {skipped[0]}" if skipped else "") + ")",
                            file=str(path))
-    out = Path(directory) / "offers" / f"{name or path.stem}.toml"
+    out = Path(directory) / "offers" / f"{name}.toml"
     header = (f"# Imported by 'planner prices import' from {path.name} on {as_of}.\n"
               "# inter_node_gbits_per_s = 0 means unknown: such offers are planned single-node.\n")
     write_text_atomic(out, header + tomli_w.dumps({"offers": offers}))

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
+from runner.lifeline import die_with_parent
 from runner.plan import Plan, write_plan
 from runner.probe import layout_key, probe_command, request_path, serve_command
 from runner.tomlconf import write_text_atomic
@@ -73,6 +74,8 @@ class ProbeResult:
     fingerprint: str = ""
     measured_steps: int = 0
     mean_step_time_s: float = 0.0   # what a run pays for; step_time_s (median) ranks robustly
+    step_times_s: tuple = ()        # every measured step (warm-up excluded), in order
+    warmup_times_s: tuple = ()      # the discarded warm-up steps
 
     def pooled_with(self, other: "ProbeResult") -> "ProbeResult":
         """Both measurements of one configuration, weighted by their measured steps."""
@@ -85,7 +88,9 @@ class ProbeResult:
             self, step_time_s=step, mean_step_time_s=mean,
             tokens_per_second=self.tokens_per_second *
             self.step_time_s / step, measured_steps=n1 + n2, wall_s=self.wall_s + other.wall_s,
-            peak_memory_gb=max(self.peak_memory_gb, other.peak_memory_gb))
+            peak_memory_gb=max(self.peak_memory_gb, other.peak_memory_gb),
+            step_times_s=tuple(self.step_times_s) + tuple(other.step_times_s),
+            warmup_times_s=tuple(self.warmup_times_s) + tuple(other.warmup_times_s))
 
     @property
     def ok(self) -> bool:
@@ -167,7 +172,8 @@ class LocalProbe:
         with open(log, "wb") as handle:
             proc = subprocess.Popen(command.argv, env=dict(os.environ) | command.env,
                                     stdout=handle, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                                    start_new_session=True,
+                                    preexec_fn=die_with_parent())  # never outlive us
             try:
                 rc, timed_out = proc.wait(timeout=self.timeout_s), False
             except subprocess.TimeoutExpired:
@@ -175,6 +181,11 @@ class LocalProbe:
             finally:
                 _end_group(proc)
         return rc, timed_out, time.time() - started, log
+
+    def has_worker(self, plan: Plan) -> bool:
+        """Whether a live worker serves this plan's layout (its start-up is already paid)."""
+        worker = self._workers.get(layout_key(plan))
+        return worker is not None and worker.proc.poll() is None
 
     def _worker_for(self, plan: Plan) -> _Worker:
         layout = layout_key(plan)
@@ -191,7 +202,8 @@ class LocalProbe:
         with open(log, "wb") as handle:
             proc = subprocess.Popen(command.argv, env=dict(os.environ) | command.env,
                                     stdout=handle, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                                    start_new_session=True,
+                                    preexec_fn=die_with_parent())  # never outlive us
         self._workers[layout] = worker = _Worker(proc, queue, log)
         return worker
 
@@ -255,16 +267,19 @@ class LocalProbe:
                            peak_memory_gb=data["peak_memory_gb"], wall_s=wall,
                            fingerprint=self.fingerprint,
                            measured_steps=len(data["step_times_s"]) - data["warmup_steps"],
-                           mean_step_time_s=data["mean_step_time_s"])
+                           mean_step_time_s=data["mean_step_time_s"],
+                           step_times_s=tuple(data["step_times_s"][data["warmup_steps"]:]),
+                           warmup_times_s=tuple(data["step_times_s"][:data["warmup_steps"]]))
 
 
 class ProbeCache:
     """Probe results by (hardware fingerprint, configuration), one JSON line each."""
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
+    def __init__(self, path: Path | None):
+        """`path` None: in memory only (replay benchmarks)."""
+        self.path = Path(path) if path is not None else None
         self.results: dict[tuple[str, str], ProbeResult] = {}
-        if self.path.exists():
+        if self.path is not None and self.path.exists():
             for line in self.path.read_text().splitlines():
                 if line.strip():
                     r = ProbeResult(**json.loads(line))
@@ -277,6 +292,8 @@ class ProbeCache:
         if result.status in ("timeout", "killed"):
             return  # transient: worth probing again another time
         self.results[(result.fingerprint, result.key)] = result
+        if self.path is None:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as handle:  # one line: append is atomic
             handle.write(json.dumps(asdict(result)) + "\n")

@@ -45,70 +45,195 @@ def describe(table: CandidateTable, i: int, currency: str) -> str:
             f"{r['hours_p90']:,.3g}) (modelled)")
 
 
-def candidate_records(table: CandidateTable, rows, currency: str, chosen: int | None) -> list:
-    out = []
+def short_config(table: CandidateTable, i: int) -> str:
+    """A configuration in a few words (no numbers)."""
+    r = table.row(int(i))
+    return (f"{r['offer_choice'].offer.instance}, {r['nodes']}x{r['gpus_per_node']}, "
+            f"{r['precision']}, seq {r['seq']}, micro {r['micro']} x acc {r['acc']}, "
+            f"{layout(r)}, recompute {r['recompute']}")
+
+
+# Columns that can differ between candidates the model cannot tell apart (same numbers).
+_VARIANT_DIMS = (("precision", "precision"), ("sharding", "sharding stage"),
+                 ("recompute", "recompute"), ("sp", "sequence parallel"), ("dp", "dp"))
+
+
+def collapse(table: CandidateTable, rows, keep=()) -> list[tuple[int, list[int]]]:
+    """Group rows of one offer, node count and batch shape whose modelled cost and time agree
+    to the 3 significant digits shown: they differ only where the model sees no difference
+    that matters (fp16 vs bf16 at equal peaks; ZeRO stage 1 vs 2 when memory is not binding).
+    Returns (representative, folded rows) in the order of `rows`; a row in `keep` (the chosen
+    one, probed ones) is never folded into another."""
+    keep = {int(k) for k in keep}
+    groups: dict[tuple, tuple[int, list[int]]] = {}
+    order = []
     for i in rows:
-        r = table.row(int(i))
-        out.append({
-            "": "*" if i == chosen else "",
-            "offer": r["offer_choice"].label,
-            "mode": "spot" if r["spot"] else ("owned" if r["offer_choice"].offer.kind ==
-                                             "on_prem" else "on-demand"),
-            "nodes x dev": f"{r['nodes']}x{r['gpus_per_node']}",
-            "prec": r["precision"], "seq": r["seq"], "micro x acc": f"{r['micro']}x{r['acc']}",
-            "layout": layout(r), "recompute": r["recompute"],
-            "mem GB": round(r["memory_gb"], 1), "tokens/s": round(r["tokens_per_s"]),
-            "MFU %": round(100 * r["mfu"], 1), "hours": float(f"{r['hours']:.3g}"),
-            f"cost {currency}": float(f"{r['cost']:.4g}"),
-            f"{currency}/Mtok": round(r["cost_per_million_tokens"], 4),
-            # the 80% interval from the calibration residuals (planner.costmodel)
-            "tokens_per_s_p10": round(r["tokens_per_s_p10"]),
-            "tokens_per_s_p90": round(r["tokens_per_s_p90"]),
-            "hours_p10": float(f"{r['hours_p10']:.3g}"),
-            "hours_p90": float(f"{r['hours_p90']:.3g}"),
-            f"cost_p10_{currency.lower()}": float(f"{r['cost_p10']:.4g}"),
-            f"cost_p90_{currency.lower()}": float(f"{r['cost_p90']:.4g}"),
-        })
-    return out
+        i = int(i)
+        sig = (int(table["offer"][i]), bool(table["spot"][i]), int(table["nodes"][i]),
+               int(table["seq"][i]), int(table["micro"][i]), int(table["acc"][i]),
+               int(table["tp"][i]), int(table["pp"][i]),
+               float(f"{table['cost'][i]:.3g}"), float(f"{table['hours'][i]:.3g}"))
+        if sig in groups and i not in keep:
+            groups[sig][1].append(i)
+            continue
+        entry = (i, [])
+        order.append(entry)
+        groups.setdefault(sig, entry)
+    return order
 
 
-def _with_interval_columns(records: list[dict], currency: str) -> list[dict]:
-    """Terminal tables: fold the interval fields into 'p10-p90' columns."""
-    out = []
+def variant_note(table: CandidateTable, rep: int, others: list[int]) -> str:
+    """Which dimensions the collapsed rows differ in, e.g. 'sharding stage stage1/stage2'."""
+    if not others:
+        return ""
+    rows = [table.row(int(i)) for i in [rep, *others]]
+    parts = []
+    for key, name in _VARIANT_DIMS:
+        values = list(dict.fromkeys(str(r[key]) for r in rows))
+        if len(values) > 1:
+            parts.append(f"{name} {'/'.join(values)}")
+    return f"+{len(others)} ({', '.join(parts) or 'identical'})"
+
+
+def candidate_record(table: CandidateTable, i: int, currency: str, *, chosen: int | None,
+                     measured=None, calibrated_cost: float | None = None,
+                     variants: list[int] = ()) -> dict:
+    """One candidate as raw numbers under snake_case keys that carry their unit; modelled,
+    calibrated and measured numbers under separate keys. Formatting is the renderer's."""
+    r = table.row(int(i))
     cur = currency.lower()
-    for rec in records:
-        rec = dict(rec)
-        h10, h90 = rec.pop("hours_p10"), rec.pop("hours_p90")
-        c10, c90 = rec.pop(f"cost_p10_{cur}"), rec.pop(f"cost_p90_{cur}")
-        rec.pop("tokens_per_s_p10")
-        rec.pop("tokens_per_s_p90")
-        rec["hours p10-p90"] = f"{h10:,.3g}-{h90:,.3g}"
-        rec[f"cost p10-p90 {currency}"] = f"{money(c10)}-{money(c90)}"
-        out.append(rec)
+    kind = r["offer_choice"].offer.kind
+    out = {
+        "chosen": int(i) == chosen, "offer": r["offer_choice"].label,
+        "capacity": "spot" if r["spot"] else ("owned" if kind == "on_prem" else "on_demand"),
+        "nodes": r["nodes"], "devices_per_node": r["gpus_per_node"],
+        "precision": r["precision"], "seq_len": r["seq"], "micro_batch_size": r["micro"],
+        "gradient_accumulation_steps": r["acc"], "data_parallel_degree": r["dp"],
+        "tensor_parallel_degree": r["tp"], "pipeline_parallel_degree": r["pp"],
+        "sharding": r["sharding"], "sharding_degree": r["shard_degree"],
+        "sequence_parallel": bool(r["sp"]), "recompute": r["recompute"],
+        "modelled_memory_gb_per_device": r["memory_gb"],
+        "modelled_step_time_s": r["step_time_s"],
+        "modelled_tokens_per_second": r["tokens_per_s"], "modelled_mfu": r["mfu"],
+        "modelled_hours": r["hours"], f"modelled_cost_{cur}": r["cost"],
+        f"modelled_{cur}_per_million_tokens": r["cost_per_million_tokens"],
+        # the 80% interval of the modelled numbers (calibration residuals, planner.costmodel)
+        "modelled_tokens_per_second_p10": r["tokens_per_s_p10"],
+        "modelled_tokens_per_second_p90": r["tokens_per_s_p90"],
+        "modelled_hours_p10": r["hours_p10"], "modelled_hours_p90": r["hours_p90"],
+        f"modelled_cost_{cur}_p10": r["cost_p10"], f"modelled_cost_{cur}_p90": r["cost_p90"],
+    }
+    if calibrated_cost is not None:
+        out[f"calibrated_cost_{cur}"] = calibrated_cost
+    if measured is not None:
+        out["measured_status"] = measured.status
+        if measured.ok:
+            from planner.autotune import measured_cost
+
+            cost, hours = measured_cost(table, int(i), measured, "mean")
+            out |= {"measured_step_time_s": measured.mean_step_time_s or measured.step_time_s,
+                    "measured_median_step_time_s": measured.step_time_s,
+                    "measured_steps": measured.measured_steps,
+                    "measured_peak_memory_gb": measured.peak_memory_gb,
+                    "measured_hours": hours, f"measured_cost_{cur}": cost}
+    if variants:
+        out["identical_under_the_model"] = [
+            {k: v for k, v in candidate_record(table, j, currency, chosen=chosen).items()
+             if k in ("precision", "sharding", "recompute", "sequence_parallel", "capacity")}
+            for j in variants]
     return out
 
 
-def render_candidates(decision: Decision, currency: str, top: int) -> str:
-    table = decision.table
-    rows = ranked(table, decision.feasible)[:top]
-    if not len(rows):
-        rows = ranked(table, table["fits"])[:top]
-    records = _with_interval_columns(candidate_records(table, rows, currency, decision.chosen),
-                                     currency)
-    title = (f"Top {len(records)} candidates by cost (all numbers modelled, p10-p90 = 80% "
-             "interval from published-run calibration; * = chosen; "
-             f"{int(decision.feasible.sum()):,} feasible of {len(table):,} evaluated)")
-    return title + "\n" + tabulate(records, headers="keys", tablefmt="github")
+def candidate_records(table: CandidateTable, rows, currency: str, chosen: int | None) -> list:
+    return [candidate_record(table, int(i), currency, chosen=chosen) for i in rows]
+
+
+def result_rows(result, top: int) -> tuple[list[tuple[int, list[int]]], int]:
+    """The final table's rows: feasible and probed candidates ranked by their best estimate
+    (measured > calibrated > modelled), near-identical rows collapsed; and how many were
+    folded."""
+    table = result.table
+    decision = result.decision
+    rows = set(int(i) for i in ranked(table, decision.feasible)[:max(top * 8, 200)])
+    if not rows:
+        rows = set(int(i) for i in ranked(table, table["fits"])[:top])
+    probed = set(result.tuning.outcome.probed) if result.tuning else set()
+    rows |= probed
+    if result.chosen is not None:
+        rows.add(int(result.chosen))
+    order = sorted(rows, key=lambda i: (result.estimate(i)[0], i))
+    groups = collapse(table, order, keep=probed | ({int(result.chosen)} if result.chosen
+                                                    is not None else set()))
+    shown = groups[:top]
+    if result.chosen is not None and all(rep != result.chosen for rep, _ in shown):
+        shown.append(next(g for g in groups if g[0] == result.chosen))
+    return shown, sum(len(o) for _, o in shown)
+
+
+def render_candidates(result, top: int) -> str:
+    """One table: modelled columns, and after probing the calibrated and measured ones."""
+    table, cur = result.table, result.currency
+    shown, folded = result_rows(result, top)
+    tuned = result.tuning is not None
+    body = []
+    for rep, others in shown:
+        r = table.row(rep)
+        line = ["*" if rep == result.chosen else "", r["offer_choice"].label,
+                "spot" if r["spot"] else ("owned" if r["offer_choice"].offer.kind == "on_prem"
+                                          else "on-demand"),
+                f"{r['nodes']}x{r['gpus_per_node']}", r["precision"], r["seq"],
+                f"{r['micro']}x{r['acc']}", layout(r), r["recompute"],
+                f"{r['memory_gb']:.1f}", f"{r['tokens_per_s']:,.0f}", f"{r['mfu']:.1%}",
+                f"{r['hours']:,.3g}", f"{r['hours_p10']:,.3g}-{r['hours_p90']:,.3g}",
+                money(r["cost"]), f"{money(r['cost_p10'])}-{money(r['cost_p90'])}"]
+        if tuned:
+            m = result.measured(rep)
+            cal = result.calibrated_cost(rep)
+            line += [money(cal) if cal is not None else "-"]
+            if m is not None and m.ok:
+                cost = result.estimate(rep)[0]
+                line += [f"{(m.mean_step_time_s or m.step_time_s) * 1000:,.0f}",
+                         f"{m.measured_steps}", money(cost)]
+            else:
+                line += [m.status if m is not None else "-", "-", "-"]
+        line.append(variant_note(table, rep, others))
+        body.append(line)
+    head = ["", "offer", "mode", "nodes x dev", "prec", "seq", "micro x acc", "layout",
+            "recompute", "mem GB", "tokens/s", "MFU", "hours", "hours p10-p90",
+            f"cost {cur}", f"cost p10-p90 {cur}"]
+    if tuned:
+        head += [f"cost {cur} calibrated", "step ms measured (mean)", "steps",
+                 f"cost {cur} measured"]
+    head.append("folded rows (same cost and time)")
+    n_feasible = int(result.decision.feasible.sum())
+    if tuned:
+        title = (f"Top {len(body)} candidates by best estimate (measured where probed, else "
+                 f"the model calibrated on the probes; columns before 'calibrated' are the "
+                 f"shipped model's; * = chosen; {n_feasible:,} feasible of "
+                 f"{len(table):,} evaluated)")
+    else:
+        title = (f"Top {len(body)} candidates by cost (all numbers modelled, p10-p90 = 80% "
+                 f"interval from the calibration residuals; * = chosen; {n_feasible:,} "
+                 f"feasible of {len(table):,} evaluated)")
+    if folded:
+        title += (f"\n{folded} more candidate(s) folded into the rows above: they differ only "
+                  "where the model's cost and time agree to the digits shown ('folded rows')")
+    return title + "\n" + tabulate(body, headers=head, tablefmt="github",
+                                   disable_numparse=True)
 
 
 def per_offer_records(decision: Decision, spec_budget: float, deadline: float,
                       currency: str) -> list:
+    """The best plan of every offer as raw numbers (snake_case keys with units), best first."""
     table = decision.table
+    cur = currency.lower()
     out = []
     for index, choice in enumerate(table.offers):
         mine = table["offer"] == index if len(table) else np.zeros(0, bool)
         feasible = ranked(table, decision.feasible & mine) if len(table) else []
         fitting = ranked(table, table["fits"] & mine) if len(table) else []
+        base = {"offer": choice.label, "price_source": choice.offer.source,
+                "prices_as_of": choice.offer.as_of}
         if len(feasible):
             r = table.row(int(feasible[0]))
             status = "ok"
@@ -117,28 +242,40 @@ def per_offer_records(decision: Decision, spec_budget: float, deadline: float,
             status = "over budget" if spec_budget and r["cost"] > spec_budget else \
                 "misses deadline" if deadline and r["hours"] > deadline else "excluded"
         else:
-            out.append({"offer": choice.label, "status": "does not fit" if mine.any() else
-                        "no valid layout", "_cost": float("inf"), "cost": "", "hours": "",
-                        "config": "",
-                        "price source": f"{choice.offer.source[:40]} ({choice.offer.as_of})"})
+            out.append(base | {"status": "does not fit" if mine.any() else "no valid layout",
+                               f"modelled_cost_{cur}": None, "modelled_hours": None})
             continue
-        out.append({"offer": choice.label, "status": status, "_cost": r["cost"],
-                    "cost": f"{money(r['cost'])} {currency} (p10-p90 {money(r['cost_p10'])}-"
-                            f"{money(r['cost_p90'])})",
-                    "hours": f"{r['hours']:,.3g} ({r['hours_p10']:,.3g}-{r['hours_p90']:,.3g})",
-                    "config": f"{'spot' if r['spot'] else 'on-demand'} {r['nodes']}x"
-                              f"{r['gpus_per_node']} {r['precision']} {layout(r)}",
-                    "price source": f"{choice.offer.source[:40]} ({choice.offer.as_of})"})
-    out.sort(key=lambda x: (x["status"] != "ok", x["_cost"]))
-    for record in out:  # the number served the ordering; the tables show the formatted text
-        del record["_cost"]
+        out.append(base | {"status": status, f"modelled_cost_{cur}": r["cost"],
+                           f"modelled_cost_{cur}_p10": r["cost_p10"],
+                           f"modelled_cost_{cur}_p90": r["cost_p90"],
+                           "modelled_hours": r["hours"], "modelled_hours_p10": r["hours_p10"],
+                           "modelled_hours_p90": r["hours_p90"],
+                           "capacity": "spot" if r["spot"] else "on_demand",
+                           "nodes": r["nodes"], "devices_per_node": r["gpus_per_node"],
+                           "precision": r["precision"], "layout": layout(r)})
+    out.sort(key=lambda x: (x["status"] != "ok", x[f"modelled_cost_{cur}"]
+                            if x[f"modelled_cost_{cur}"] is not None else float("inf")))
     return out
 
 
 def render_per_offer(decision: Decision, budget: float, deadline: float, currency: str) -> str:
-    records = per_offer_records(decision, budget, deadline, currency)
+    cur = currency.lower()
+    body = []
+    for r in per_offer_records(decision, budget, deadline, currency):
+        cost = r[f"modelled_cost_{cur}"]
+        body.append([r["offer"], r["status"],
+                     f"{money(cost)} {currency} (p10-p90 {money(r[f'modelled_cost_{cur}_p10'])}-"
+                     f"{money(r[f'modelled_cost_{cur}_p90'])})" if cost is not None else "",
+                     f"{r['modelled_hours']:,.3g} ({r['modelled_hours_p10']:,.3g}-"
+                     f"{r['modelled_hours_p90']:,.3g})" if r["modelled_hours"] is not None
+                     else "",
+                     f"{r['capacity'].replace('_', '-')} {r['nodes']}x{r['devices_per_node']} "
+                     f"{r['precision']} {r['layout']}" if "capacity" in r else "",
+                     f"{r['price_source'][:40]} ({r['prices_as_of']})"])
     return ("Best plan per offer (modelled)\n" +
-            tabulate(records, headers="keys", tablefmt="github"))
+            tabulate(body, headers=["offer", "status", "cost", "hours", "config",
+                                    "price source"], tablefmt="github",
+                     disable_numparse=True))
 
 
 def render_stats(stats: CorpusStatistics, target: float) -> str:
@@ -160,19 +297,54 @@ def render_stats(stats: CorpusStatistics, target: float) -> str:
     return "\n".join(lines)
 
 
-def render_choice(decision: Decision, currency: str) -> str:
-    if decision.chosen is None:
+def render_calibration(tuning) -> str:
+    """One line: the efficiency fitted to this machine's probes and where it was written."""
+    import os
+
+    cal = tuning.calibration
+    text = (f"calibrated {cal.profile}: "
+            + ", ".join(f"{p} max {e.max:.3f} half_tokens {e.half_tokens:,.0f} rolloff_tokens "
+                        f"{e.rolloff_tokens:,.0f}" for p, e in cal.by_precision.items())
+            + f"; step-time fit error median {cal.fit_error:.1%}, worst {cal.worst_error:.1%} "
+            f"on {cal.points} probes")
+    if tuning.calibration_path is not None:
+        text += f"; written to {os.path.relpath(tuning.calibration_path)}"
+    return text
+
+
+def render_choice(result) -> str:
+    """The one "chosen" line: read back from the plan that is written, so they cannot differ."""
+    decision = result.decision
+    if result.chosen is None or result.plan is None:
         return "NO PLAN: " + "; ".join(decision.problems)
-    r = decision.table.row(decision.chosen)
-    return (f"chosen: {describe(decision.table, decision.chosen, currency)}\n"
-            f"        {r['tokens_per_s']:,.0f} tokens/s, {r['memory_gb']:.1f} GB/device, MFU "
-            f"{r['mfu']:.1%}, {r['cost_per_million_tokens']:.4f} {currency}/Mtok, "
-            f"{r['energy_kwh']:,.0f} kWh (TDP upper bound) - all modelled\n"
-            f"        80% interval (p10-p90, from the calibration residuals): "
-            f"{r['tokens_per_s_p10']:,.0f}-{r['tokens_per_s_p90']:,.0f} tokens/s, "
-            f"{r['hours_p10']:,.3g}-{r['hours_p90']:,.3g} h, {money(r['cost_p10'])}-"
-            f"{money(r['cost_p90'])} {currency}\n"
-            f"        binding constraint: {decision.binding}")
+    est = result.plan.estimate
+    cur = result.currency
+    source = "measured by probes" if est.source == "probe" else "modelled"
+    lines = [f"chosen: {short_config(result.table, result.chosen)}: {money(est.cost)} {cur}, "
+             f"{est.hours:,.3g} h ({source})",
+             f"        {est.tokens_per_second:,.0f} tokens/s, {est.peak_memory_gb:.2f} "
+             f"GB/device, MFU {est.mfu:.1%}, {est.cost_per_million_tokens:.4g} {cur}/Mtok "
+             f"({source}), {est.energy_kwh:,.3g} kWh (modelled, TDP upper bound)"]
+    if est.cost_p90 > 0:
+        lines.append(f"        80% interval (p10-p90; {est.interval[:90]}): "
+                     f"{est.tokens_per_second_p10:,.0f}-{est.tokens_per_second_p90:,.0f} "
+                     f"tokens/s, {est.hours_p10:,.3g}-{est.hours_p90:,.3g} h, "
+                     f"{money(est.cost_p10)}-{money(est.cost_p90)} {cur}")
+    if est.step_time_interval_s:
+        lo, hi = est.step_time_interval_s
+        lines.append(f"        step time {est.step_time_s * 1000:,.0f} ms, 95% interval of "
+                     f"the mean {lo * 1000:,.0f}-{hi * 1000:,.0f} ms, single steps spread "
+                     f"{est.step_time_spread:.0%} (10-90%) (measured)")
+    race = result.tuning.outcome.race if result.tuning else None
+    if race is not None and result.chosen_source == "probe":
+        from planner.pipeline import race_note
+
+        lines.append("        " + race_note(result.table, race))
+    if result.chosen_source == "model":
+        lines.append(f"        binding constraint: {decision.binding}")
+    else:
+        lines.append(f"        the model alone chose {short_config(result.table, decision.chosen)}")
+    return "\n".join(lines)
 
 
 def plot_pareto(decision: Decision, path: str, currency: str) -> None:

@@ -51,6 +51,8 @@ class CandidateTable:
         return len(next(iter(self.columns.values()))) if self.columns else 0
 
     def __getitem__(self, name: str) -> np.ndarray:
+        if not self.columns:  # no candidate at all: every column is empty
+            return np.zeros(0)
         return self.columns[name]
 
     def row(self, i: int) -> dict:

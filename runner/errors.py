@@ -37,3 +37,10 @@ class HardwareError(UserError):
 
 class BudgetError(UserError):
     """The budget cannot buy what was asked (not even one step)."""
+
+
+class DiskFullError(UserError):
+    """A write failed (or would fail) for lack of space: one line naming the folder and the
+    bytes needed; exit status 1 (the input was fine, the machine is not)."""
+
+    exit_status = 1

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from runner.errors import HardwareError
@@ -21,6 +22,8 @@ from runner.parallel import LaunchCommand, local_device_count
 from runner.plan import Plan
 
 GRACE_SECONDS = 60  # how long the ranks get to checkpoint after a forwarded SIGTERM
+forwarded_signals: list[int] = []  # signals run_group passed on to its group (last run)
+deadline_hit: list[float] = []      # when run_group killed its group at the budget deadline
 
 
 def _term_with_parent() -> None:
@@ -33,10 +36,12 @@ def _term_with_parent() -> None:
 
 
 def run_group(command: LaunchCommand, *, log_file: Path | None = None,
-              group_file: Path | None = None) -> int:
+              group_file: Path | None = None, deadline: float | None = None) -> int:
     """Run one launch command in its own process group; forward SIGTERM/SIGINT; return rc.
 
     `group_file` records the group id so operators (and tests) can end exactly this group.
+    At `deadline` (time.time(), the budget's hard ceiling) the group is killed: the ranks
+    stop themselves well before it, this only bounds a start-up slower than any measured.
     """
     env = dict(os.environ) | command.env
     out = open(log_file, "ab") if log_file else None
@@ -48,7 +53,11 @@ def run_group(command: LaunchCommand, *, log_file: Path | None = None,
         group_file.write_text(json.dumps({"launcher_pid": proc.pid, "process_group": pgid,
                                           "runner_pid": os.getpid()}))
 
+    forwarded_signals.clear()
+    deadline_hit.clear()
+
     def forward(signum, frame):
+        forwarded_signals.append(signum)
         try:
             os.killpg(pgid, signal.SIGTERM)
         except ProcessLookupError:
@@ -56,7 +65,14 @@ def run_group(command: LaunchCommand, *, log_file: Path | None = None,
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return proc.wait()
+        while True:
+            timeout = None if deadline is None else max(0.0, deadline - time.time())
+            try:
+                return proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                deadline_hit.append(time.time())
+                os.killpg(pgid, signal.SIGKILL)
+                deadline = None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -71,15 +87,10 @@ def run_group(command: LaunchCommand, *, log_file: Path | None = None,
 # ---- the plan's hardware vs this machine -----------------------------------------------------
 
 def local_precisions() -> list[str]:
-    """Precisions this machine's CPU can train in (bf16 needs AVX512-BF16 or AMX)."""
-    precisions = ["fp32"]
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        flags = ""
-    if "avx512_bf16" in flags or "amx_bf16" in flags:
-        precisions.append("bf16")
-    return precisions
+    """Precisions a CPU run really trains in: fp32 only. Paddle's AMP is a no-op on CPU
+    ("amp_guard can only be enabled on CUDAPlace, XPUPlace, and CustomPlace"), so a bf16 or
+    fp16 run here would be the fp32 run under another name."""
+    return ["fp32"]
 
 
 def check_hardware(plan: Plan, *, node_rank: int | None) -> None:
@@ -95,9 +106,9 @@ def check_hardware(plan: Plan, *, node_rank: int | None) -> None:
         raise HardwareError(f"the plan spans {p.nnodes} nodes; start it on each node with "
                             "--node-rank R (commands above)", key="parallel.nnodes")
     if hw.device == "cpu" and plan.training.precision not in local_precisions():
-        raise HardwareError(f"{plan.training.precision!r} is not supported by this CPU; "
-                            f"allowed here: {', '.join(local_precisions())}",
-                            key="training.precision")
+        raise HardwareError(f"{plan.training.precision!r} on CPU would run in fp32: Paddle's "
+                            "AMP is a no-op on CPU; use precision = 'fp32' (allowed here: "
+                            f"{', '.join(local_precisions())})", key="training.precision")
 
 
 def localize(plan: Plan) -> tuple[Plan, list[str]]:

@@ -43,13 +43,42 @@ class BillingLog:
     The parent `runner execute` opens an attempt before launching (so start-up is billed);
     rank 0 touches it after every step (atomic write), so a SIGKILL loses at most one step of
     billed time. Total billed time = sum over attempts of (last_seen - start).
+    Each attempt also keeps what it measured for the budget guard (runner.budget): start-up,
+    slowest step, slowest checkpoint and shutdown seconds.
     """
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self.attempts: list[dict] = []
-        if self.path.exists():
-            self.attempts = json.loads(self.path.read_text())["attempts"]
+        self.reload()
+
+    def reload(self) -> None:
+        """Re-read the file (another process of the run may have written it)."""
+        from runner.errors import UserError
+
+        if not self.path.exists():
+            return
+        try:
+            attempts = json.loads(self.path.read_text())["attempts"]
+            if not isinstance(attempts, list) or not all(
+                    isinstance(a, dict) and isinstance(a.get("start"), (int, float)) and
+                    isinstance(a.get("last_seen"), (int, float)) for a in attempts):
+                raise ValueError("attempts")
+        except (OSError, ValueError, KeyError, TypeError):
+            raise UserError("damaged billing record (not the JSON the runner writes); the "
+                            "billed time of this run is unknown, so it cannot be resumed "
+                            "safely: restore the file or start over with --fresh",
+                            file=str(self.path)) from None
+        self.attempts = attempts
+
+    def note(self, **measured: float) -> None:
+        """Keep measured costs on the current attempt (the slowest value of each kind)."""
+        if not self.attempts:
+            return
+        current = self.attempts[-1]
+        for key, value in measured.items():
+            current[key] = max(value, current.get(key, value))
+        self._save()
 
     def start_attempt(self, now: float | None = None) -> float:
         now = time.time() if now is None else now
@@ -194,14 +223,16 @@ class RunMeter:
 class MetricsWriter:
     """JSON lines (one object per logged step) plus VisualDL scalars, rank 0 only."""
 
-    def __init__(self, run_dir: Path, *, enabled: bool):
+    def __init__(self, run_dir: Path, *, enabled: bool, first_step: int = 0):
         self.enabled = enabled
         self._vdl = None
         self._file = None
         if not enabled:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
-        self._file = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        path = run_dir / "metrics.jsonl"
+        drop_from_step(path, first_step)
+        self._file = open(path, "a", encoding="utf-8")
         try:
             from visualdl import LogWriter
 
@@ -212,8 +243,11 @@ class MetricsWriter:
     def write(self, record: StepRecord) -> None:
         if not self.enabled:
             return
-        self._file.write(json.dumps(asdict(record)) + "\n")
-        self._file.flush()
+        from runner.diskspace import guard_disk_writes
+
+        with guard_disk_writes(Path(self._file.name).parent):
+            self._file.write(json.dumps(asdict(record)) + "\n")
+            self._file.flush()
         if self._vdl is not None:
             for key in ("loss", "learning_rate", "tokens_per_second", "mfu", "cost"):
                 self._vdl.add_scalar(tag=f"train/{key}", value=getattr(record, key),
@@ -224,3 +258,24 @@ class MetricsWriter:
             self._file.close()
         if self._vdl is not None:
             self._vdl.close()
+
+
+def drop_from_step(path: Path, first_step: int) -> None:
+    """Keep one record per step: a resumed run redoes the steps after its checkpoint, so the
+    records from `first_step` on (and a line torn by a kill) are removed before it logs them
+    again."""
+    from runner.tomlconf import write_text_atomic
+
+    if not path.exists():
+        return
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    keep = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+            if record["step"] < first_step:
+                keep.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue
+    if len(keep) != len(lines):
+        write_text_atomic(path, "".join(f"{line}\n" for line in keep))

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Literal
 
 from runner.errors import PlanError
-from runner.tomlconf import (from_table, read_toml, setting, to_table, unknown_key_error,
-                             write_toml_atomic)
+from runner.tomlconf import (from_table, name_problem, read_toml, setting, to_table,
+                             unknown_key_error, write_toml_atomic)
 
 SCHEMA_VERSION = 1
 Precision = Literal["fp32", "fp16", "bf16"]
@@ -51,12 +51,16 @@ class JobSection:
 @dataclass
 class ModelSection:
     name: str = setting("custom", "A label for the size (e.g. 'gpt-tiny', 'gpt-base-110m').")
-    vocab_size: int = setting(8000, "Vocabulary size (>= the tokenizer's).", min=8)
-    hidden_size: int = setting(128, "Hidden size h.", min=8)
-    num_hidden_layers: int = setting(2, "Transformer layers L.", min=1)
-    num_attention_heads: int = setting(4, "Attention heads a (must divide hidden_size).", min=1)
-    intermediate_size: int = setting(512, "Feed-forward size (usually 4h).", min=8)
-    max_position_embeddings: int = setting(128, "Longest sequence the model accepts.", min=8)
+    vocab_size: int = setting(8000, "Vocabulary size (>= the tokenizer's).", min=8,
+                              max=10_000_000)
+    hidden_size: int = setting(128, "Hidden size h.", min=8, max=1_000_000)
+    num_hidden_layers: int = setting(2, "Transformer layers L.", min=1, max=10_000)
+    num_attention_heads: int = setting(4, "Attention heads a (must divide hidden_size).", min=1,
+                                       max=10_000)
+    intermediate_size: int = setting(512, "Feed-forward size (usually 4h).", min=8,
+                                     max=4_000_000)
+    max_position_embeddings: int = setting(128, "Longest sequence the model accepts.", min=8,
+                                           max=10_000_000)
     hidden_dropout_prob: float = setting(0.1, "Dropout after attention and MLP.", min=0, max=1)
     attention_probs_dropout_prob: float = setting(0.1, "Dropout on attention probabilities.",
                                                   min=0, max=1)
@@ -65,8 +69,10 @@ class ModelSection:
 
 @dataclass
 class TrainingSection:
-    seq_len: int = setting(64, "Tokens per training sample (window length).", min=2)
-    per_device_train_batch_size: int = setting(8, "Micro-batch per device.", min=1)
+    seq_len: int = setting(64, "Tokens per training sample (window length).", min=2,
+                           max=10_000_000)
+    per_device_train_batch_size: int = setting(8, "Micro-batch per device.", min=1,
+                                               max=1_000_000)
     gradient_accumulation_steps: int = setting(1, "Micro-batches per optimizer step.", min=1)
     max_steps: int = setting(100, "Optimizer steps to train.", min=1)
     learning_rate: float = setting(3e-4, "Peak learning rate.", min=0)
@@ -170,6 +176,11 @@ class EstimateSection:
     cost: float = setting(0.0, "Total cost in budget.currency.", min=0)
     cost_per_million_tokens: float = setting(0.0, "Cost per 1e6 training tokens.", min=0)
     energy_kwh: float = setting(0.0, "Energy, kWh (modelled from TDP).", min=0)
+    step_time_interval_s: list[float] = setting(
+        [], "95% interval of the mean step time from the probes' steps ([] when modelled).")
+    step_time_spread: float = setting(
+        0.0, "Spread of single measured steps, (90th - 10th percentile) / median (0 when "
+             "modelled): the machine's noise around step_time_s.", min=0)
     tokens_per_second_p10: float = setting(0.0, "80% interval on tokens_per_second, low end "
                                                 "(0 = none given).", min=0)
     tokens_per_second_p90: float = setting(0.0, "80% interval, high end.", min=0)
@@ -243,16 +254,22 @@ class Plan:
             data[section] = to_table(getattr(self, section))
         return data
 
+    def trajectory(self) -> dict:
+        """Every field the training trajectory depends on (model, data and its order, seed,
+        batch layout, schedule incl. max_steps), flattened to dotted keys; not where files go,
+        how often to log, the budget or the estimate."""
+        flat = {}
+        for section in ("job", "model", "training", "parallel"):
+            for key, value in to_table(getattr(self, section)).items():
+                flat[f"{section}.{key}"] = value
+        for volatile in ("job.output_dir", "job.cache_dir", "job.target_tokens",
+                         "training.logging_steps", "parallel.master"):
+            flat.pop(volatile, None)
+        return flat
+
     def fingerprint(self) -> str:
-        """Hash of everything that determines the training trajectory (not budget/estimate)."""
-        keep = {k: v for k, v in self.to_dict().items()
-                if k in ("model", "training", "parallel", "job")}
-        for volatile in ("output_dir", "cache_dir", "target_tokens"):
-            keep["job"].pop(volatile, None)
-        for volatile in ("logging_steps", "max_steps"):
-            keep["training"].pop(volatile, None)
-        keep["parallel"].pop("master", None)  # node 0's address may change between attempts
-        blob = json.dumps(keep, sort_keys=True).encode()
+        """Hash of `trajectory()`: a checkpoint resumes only under the same fingerprint."""
+        blob = json.dumps(self.trajectory(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def replace(self, **sections) -> "Plan":
@@ -272,10 +289,8 @@ def plan_from_dict(data: dict, *, file: str = "<plan>") -> Plan:
         raise PlanError(f"{schema!r} is not a supported schema version; allowed: "
                         f"{SCHEMA_VERSION}", file=file, key="schema")
     name = data.get("name")
-    if not isinstance(name, str) or not name or not name.replace("_", "").replace("-", "") \
-            .isalnum():
-        raise PlanError(f"{name!r} is not a valid name; use letters, digits, '-' and '_'",
-                        file=file, key="name")
+    if name_problem(name):
+        raise PlanError(name_problem(name), file=file, key="name")
     sections = {section: from_table(cls, data.get(section, {}), file=file, section=section,
                                     error=PlanError)
                 for section, cls in SECTIONS.items()}
@@ -410,6 +425,11 @@ def validate(plan: Plan, *, file: str = "<plan>") -> None:
     if p.pipeline_parallel_degree > 1 and t.gradient_accumulation_steps < pp:
         fail("training.gradient_accumulation_steps", f"{t.gradient_accumulation_steps} "
              f"micro-batches cannot fill {pp} pipeline stages; use at least {pp}")
+    for key, currency in (("hardware.currency", h.currency), ("budget.currency", b.currency)):
+        if not (len(currency) == 3 and currency.isascii() and currency.isalpha() and
+                currency.isupper()):
+            fail(key, f"{currency!r} is not an ISO 4217 currency code (three capital letters, "
+                 "e.g. 'USD', 'CNY')")
     if b.max_cost > 0 and b.currency != h.currency:
         fail("budget.currency", f"{b.currency!r} differs from hardware.currency "
              f"{h.currency!r}; currencies never mix silently: convert the price or the budget")

@@ -188,7 +188,7 @@ def _command(plan, args: list[str], log_dir: Path):
     from runner.parallel import ENTRY_SCRIPT, LaunchCommand, thread_env
 
     if plan.parallel.world_size == 1:
-        return LaunchCommand(0, [sys.executable, "-m", "runner.probe", *args], {})
+        return LaunchCommand(0, [sys.executable, "-m", "runner.probe", *args], thread_env(plan))
     p = plan.parallel
     argv = [sys.executable, "-m", "paddle.distributed.launch", "--nnodes", "1",
             "--nproc_per_node", str(p.nproc_per_node), "--log_dir", str(log_dir),

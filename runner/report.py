@@ -44,8 +44,19 @@ def planned_vs_actual(plan: Plan, result: dict, billed_seconds: float) -> dict:
         Row("tokens trained", "tokens", float(plan.training.max_steps * plan.tokens_per_step),
             float(tokens)),
     ]
+    spread = None
+    if est.step_time_interval_s:  # the probes' measured noise around the planned step time
+        low, high = est.step_time_interval_s
+        actual = m["step_time_s"]
+        spread = {"planned_step_time_interval_s": [low, high],
+                  "planned_step_time_spread": est.step_time_spread,
+                  "actual_step_time_s": actual,
+                  "actual_within_planned_interval": low <= actual <= high,
+                  "actual_within_planned_spread": abs(actual - est.step_time_s) <=
+                  est.step_time_spread * est.step_time_s}
     return {
         "plan": plan.name,
+        "step_time_noise": spread,
         "planned_source": est.source,
         "planned_measured_fields": est.measured,
         "actual_source": "measured",
@@ -82,4 +93,14 @@ def render(report: dict) -> str:
              f"{report['max_steps']} steps; useful (non-padding) tokens "
              f"{report['useful_token_fraction']:.1%}",
              tabulate(table, headers=head, tablefmt="github", disable_numparse=True)]
+    noise = report.get("step_time_noise")
+    if noise:
+        low, high = noise["planned_step_time_interval_s"]
+        inside = "inside" if noise["actual_within_planned_interval"] else "outside"
+        lines.append(f"planned step time from probes (measured): 95% interval of the mean "
+                     f"{_fmt(low)}-{_fmt(high)} s, single steps spread "
+                     f"{noise['planned_step_time_spread']:.0%} (10-90%); the actual median "
+                     f"{_fmt(noise['actual_step_time_s'])} s is {inside} the interval and "
+                     + ("within" if noise["actual_within_planned_spread"] else "beyond")
+                     + " the probes' spread")
     return "\n".join(lines)

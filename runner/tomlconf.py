@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import tempfile
 import types
 import typing
@@ -26,10 +27,33 @@ from runner.errors import UserError
 T = TypeVar("T")
 
 
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+NAME_RULE = ("1 to 64 letters, digits, '-' or '_', starting with a letter or digit (it names "
+             "a file in its folder)")
+
+
+def name_problem(value: Any) -> str | None:
+    """The one name rule (plan names, spec job names, price list names): names become file
+    names, so never '', spaces, '/', '..' or control characters."""
+    if isinstance(value, str) and NAME_PATTERN.match(value):
+        return None
+    return f"{value!r} is not a valid name; use {NAME_RULE}"
+
+
+def folder_problem(value: str) -> str | None:
+    """A folder the program will create/write: no part of it may be an existing file."""
+    path = Path(value)
+    for part in (path, *path.parents):
+        if part.exists() and not part.is_dir():
+            return f"{str(value)!r}: {part} is an existing file, not a folder; point it at a folder"
+    return None
+
+
 def setting(default: Any, doc: str, *, min: float | None = None, max: float | None = None,
-            min_exclusive: bool = False) -> Any:
-    """A documented dataclass field with an optional numeric range."""
-    meta = {"doc": doc, "min": min, "max": max, "min_exclusive": min_exclusive}
+            min_exclusive: bool = False, name: bool = False) -> Any:
+    """A documented dataclass field with an optional numeric range (numbers must also be
+    finite) or, with `name=True`, the name rule."""
+    meta = {"doc": doc, "min": min, "max": max, "min_exclusive": min_exclusive, "name": name}
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -45,9 +69,23 @@ def read_toml(path: Path, error: type[UserError] = UserError) -> dict:
     except IsADirectoryError:
         raise error("is a directory, expected a TOML file", file=str(path)) from None
     except tomli.TOMLDecodeError as exc:
-        raise error(f"malformed TOML: {exc}", file=str(path)) from None
+        raise error(f"malformed TOML: {exc}{_offending_key(path, str(exc))}",
+                    file=str(path)) from None
     except UnicodeDecodeError:
         raise error("not UTF-8 text; TOML files must be UTF-8", file=str(path)) from None
+
+
+def _offending_key(path: Path, message: str) -> str:
+    """For duplicate keys/tables, name the key (tomli only gives line and column)."""
+    match = re.search(r"at line (\d+)", message)
+    if not match or not ("overwrite" in message or "declare" in message):
+        return ""
+    try:
+        line = Path(path).read_text(encoding="utf-8").splitlines()[int(match.group(1)) - 1]
+    except (OSError, UnicodeDecodeError, IndexError):
+        return ""
+    key = line.split("=", 1)[0].strip() if "=" in line else line.strip()
+    return f"; {key!r} is given twice (each key and table may appear once)"
 
 
 def write_toml_atomic(path: Path, data: dict, header: str = "") -> None:
@@ -59,18 +97,23 @@ def write_toml_atomic(path: Path, data: dict, header: str = "") -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
+    """Temp file in the same folder, fsync, rename: never half-written. A full disk becomes
+    one DiskFullError line (runner.diskspace)."""
+    from runner.diskspace import guard_disk_writes
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with guard_disk_writes(path.parent, needed_bytes=len(text.encode())):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def _describe(tp: Any) -> str:
@@ -120,11 +163,30 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
     return False, value
 
 
+def _check_text(value: Any) -> str | None:
+    texts = value if isinstance(value, list) else [value]
+    for text in texts:
+        if isinstance(text, str) and any(ord(c) < 32 or ord(c) == 127 for c in text):
+            return "contains a control character (e.g. NUL); use plain text"
+    return None
+
+
 def _check_range(value: Any, meta: dict) -> str | None:
+    if meta.get("name"):
+        if name_problem(value):
+            return f"is not a valid name; use {NAME_RULE}"
+    problem = _check_text(value)
+    if problem:
+        return problem
+    if isinstance(value, list):
+        for item in value:
+            if isinstance(item, float) and not math.isfinite(item):
+                return "must hold finite numbers (no inf or nan)"
+        return None
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return None
-    if isinstance(value, float) and math.isnan(value):
-        return "must be a number, not nan"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "must be a finite number (no inf or nan)"
     low, high = meta.get("min"), meta.get("max")
     if low is not None:
         if meta.get("min_exclusive") and not value > low:

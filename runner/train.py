@@ -19,8 +19,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from runner import budget as budget_guard
 from runner import checkpoint as ckpt
+from runner import signals
 from runner.console import say
+from runner.diskspace import free_bytes
+from runner.errors import DiskFullError
 from runner.data import BatchSource, DeterministicSampler, TokenDataset, open_prepared
 from runner.metrics import BillingLog, MetricsWriter, RunMeter
 from runner.model import build_model
@@ -28,9 +32,9 @@ from runner.parallel import build_strategy, sharding_groups
 from runner.plan import Plan, TrainingSection, load_plan
 from runner.tomlconf import write_text_atomic
 
-STOP_SIGNAL, STOP_BUDGET, STOP_HOURS = 0, 1, 2
+STOP_SIGNAL, STOP_BUDGET, STOP_HOURS, STOP_DISK = 0, 1, 2, 3
 STOP_REASONS = {STOP_SIGNAL: "signal (preemption notice)", STOP_BUDGET: "budget.max_cost",
-                STOP_HOURS: "budget.max_hours"}
+                STOP_HOURS: "budget.max_hours", STOP_DISK: "disk full"}
 
 
 # ---- schedule --------------------------------------------------------------------------------
@@ -390,8 +394,10 @@ def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
     agree_on_data(Path(data_dir), rank)
     trainer = build_trainer(plan, data_dir, rank)
     stop_signal = StopSignal()  # after importing paddle, which installs its own handlers
+    signals.unblock()  # a notice that came during start-up is delivered now
     billing = BillingLog(run_dir / "billing.json")
     attempt_start = billing.attempts[-1]["start"] if billing.attempts else time.time()
+    previous_attempts = billing.attempts[:-1]
 
     root = run_dir / "checkpoints"
     start_step, tokens_before, padded_before = 0, 0, 0
@@ -406,7 +412,7 @@ def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
     meter = RunMeter(plan, attempt_start=attempt_start,
                      previous_seconds=billing.previous_seconds(), tokens_before=tokens_before,
                      padded_before=padded_before, first_step=start_step)
-    writer = MetricsWriter(run_dir, enabled=rank.is_main)
+    writer = MetricsWriter(run_dir, enabled=rank.is_main, first_step=start_step)
     budget, t = plan.budget, plan.training
     if rank.is_main:
         resumed = f", resumed from {latest.name}" if latest else ""
@@ -421,9 +427,15 @@ def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
     alerted = False
     stop_reason = ""
     last_saved = start_step if latest else -1
+    # Room a checkpoint needs: the previous one's size (measured), before the first one the
+    # model's weights and AdamW moments in fp32 (modelled).
+    last_checkpoint_bytes = ckpt.checkpoint_bytes(latest) if latest else \
+        budget_guard.checkpoint_prior_bytes(plan)
     step = start_step
     while step < t.max_steps:
         began = time.perf_counter()
+        if rank.is_main and step == start_step:
+            billing.note(startup_s=time.time() - attempt_start)
         loss = trainer.train_step(step)
         loss = trainer.global_loss(loss)  # float() above synchronised the device
         step_time = time.perf_counter() - began
@@ -445,36 +457,55 @@ def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
                 else:
                     say(log_line(plan, record))
 
-        # Would the next step (and the checkpoint after it) cross a limit? Decide on rank 0,
-        # agree on all ranks, so every rank stops after the same step.
-        flags = [0, 0, 0]
+        # Would the next step, the checkpoint after it and shutting down cross a limit?
+        # Decide on rank 0 (measured costs, runner.budget), agree on all ranks, so every rank
+        # stops after the same step.
+        flags = [0, 0, 0, 0]
         flags[STOP_SIGNAL] = int(bool(stop_signal.received))
+        checkpoint_due = step % plan.checkpoint.interval_steps == 0 or step == t.max_steps
         if rank.is_main and step < t.max_steps:
-            next_seconds = meter.typical_step_seconds() + (meter.checkpoint_seconds[-1] if
-                                                           meter.checkpoint_seconds else 0.0)
-            if budget.max_cost > 0:
-                spent = meter.cost_so_far()
-                if spent + meter.cost_of_seconds(next_seconds) > budget.max_cost:
-                    flags[STOP_BUDGET] = 1
-                elif not alerted and spent >= budget.alert_at * budget.max_cost:
-                    alerted = True
-                    say(f"WARNING: spent {spent:.4f} {budget.currency} (measured), "
-                        f"{spent / budget.max_cost:.0%} of budget.max_cost "
-                        f"{budget.max_cost} {budget.currency}")
-            if budget.max_hours > 0 and (meter.billed_seconds() + next_seconds) / 3600 > \
-                    budget.max_hours:
-                flags[STOP_HOURS] = 1
+            costs = budget_guard.stop_costs(
+                plan, previous_attempts, step_times=[r.step_time_s for r in meter.records],
+                checkpoint_times=meter.checkpoint_seconds)
+            crossed = budget_guard.over_limits(plan, billed_s=meter.billed_seconds(),
+                                               needed_s=costs.total_s)
+            flags[STOP_BUDGET] = int("budget.max_cost" in crossed)
+            flags[STOP_HOURS] = int("budget.max_hours" in crossed)
+            spent = meter.cost_so_far()
+            if budget.max_cost > 0 and not alerted and \
+                    spent >= budget.alert_at * budget.max_cost:
+                alerted = True
+                say(f"WARNING: spent {spent:.4f} {budget.currency} (measured), "
+                    f"{spent / budget.max_cost:.0%} of budget.max_cost "
+                    f"{budget.max_cost} {budget.currency}")
+        if rank.is_main and (checkpoint_due or any(flags)) and last_checkpoint_bytes:
+            # A checkpoint needs about as much room as the previous one: stop cleanly (the
+            # last good checkpoint kept) rather than half-write one.
+            if free_bytes(root) < last_checkpoint_bytes:
+                flags[STOP_DISK] = 1
         flags = agree_on_stop(flags, rank)
         stopping = any(flags) and step < t.max_steps
         if stopping:
             stop_reason = next(STOP_REASONS[i] for i, f in enumerate(flags) if f)
-        if step % plan.checkpoint.interval_steps == 0 or stopping or step == t.max_steps:
+        out_of_disk = bool(flags[STOP_DISK])
+        if (checkpoint_due or stopping) and not out_of_disk:
             state = {"step": step, "tokens_trained": meter.tokens_total,
                      "padded_tokens": meter.padded_total, "plan_fingerprint": plan.fingerprint(),
+                     "trajectory": plan.trajectory(),
                      "billed_seconds": meter.billed_seconds(), "loss": loss,
                      "saved_at": time.time()}
-            meter.checkpoint_seconds.append(trainer.save(root, step, state))
+            seconds = trainer.save(root, step, state)
+            meter.checkpoint_seconds.append(seconds)
             last_saved = step
+            if rank.is_main:
+                last_checkpoint_bytes = ckpt.checkpoint_bytes(ckpt.step_dir(root, step))
+                billing.note(checkpoint_s=seconds)
+        if out_of_disk:
+            if rank.is_main:
+                say(f"stopping after step {step}: disk full, {free_bytes(root):,} bytes free "
+                    f"in {root}, a checkpoint needs about {last_checkpoint_bytes:,}; the "
+                    f"last good checkpoint (step {last_saved}) is kept")
+            break
         if stopping:
             if rank.is_main:
                 say(f"stopping after step {step}: {stop_reason}; checkpoint saved")
@@ -482,13 +513,18 @@ def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
     writer.close()
     if progress is not None:
         progress.close()
+    steady = meter.steady()
     result = {"plan": plan.name, "completed_steps": step, "max_steps": t.max_steps,
               "finished": step >= t.max_steps, "stop_reason": stop_reason or
               ("finished" if step >= t.max_steps else ""), "last_checkpoint_step": last_saved,
               "resumed_from_step": start_step, "world_size": rank.world,
+              "loop_ended_at": time.time(),
+              "checkpoint_bytes": last_checkpoint_bytes,
               "measured": meter.summary(), "last_step": asdict(meter.records[-1])
               if meter.records else None}
     if rank.is_main:
+        if steady:
+            billing.note(step_s=max(r.step_time_s for r in steady))
         billing.touch()
         write_text_atomic(run_dir / "result.json", json.dumps(result, indent=1))
     elif rank.rank % plan.parallel.nproc_per_node == 0:  # first rank of node > 0
@@ -507,13 +543,18 @@ def worker_main(argv: list[str] | None = None) -> int:
     """Entry of each launched process (see runner/_launch_entry.py)."""
     import argparse
 
+    signals.block()  # until our handlers replace Paddle's (see runner.signals)
     parser = argparse.ArgumentParser(prog="runner-worker")
     parser.add_argument("--plan", required=True, type=Path)
     parser.add_argument("--data-dir", required=True, type=Path)
     parser.add_argument("--run-dir", required=True, type=Path)
     args = parser.parse_args(argv)
     plan = load_plan(args.plan)
-    result = train(plan, data_dir=args.data_dir, run_dir=args.run_dir)
+    try:
+        result = train(plan, data_dir=args.data_dir, run_dir=args.run_dir)
+    except DiskFullError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_status
     # A stop for a signal exits non-zero so that launchers and schedulers see an interruption.
     return 0 if result["finished"] or result["stop_reason"] != STOP_REASONS[STOP_SIGNAL] else 143
 

@@ -116,7 +116,7 @@ os.kill(os.getpid(), 9)
 
 
 class ScriptedProbe:
-    """Measures 'step time = modelled x 1.3'; OOM above micro 16 in fp32 with no recompute."""
+    """Measures 'step time = modelled x 1.3'; OOM above micro 24 in fp32 with no recompute."""
 
     fingerprint = "scripted"
 
@@ -127,7 +127,7 @@ class ScriptedProbe:
         key = config_key(plan)
         self.calls.append(key)
         t = plan.training
-        if t.per_device_train_batch_size > 16 and plan.parallel.recompute == "none" and \
+        if t.per_device_train_batch_size > 24 and plan.parallel.recompute == "none" and \
                 t.precision == "fp32":
             return ProbeResult(key, "oom", fingerprint=self.fingerprint, wall_s=1.0)
         step = plan.estimate.step_time_s * 1.3
@@ -170,23 +170,40 @@ def test_study_probes_within_budget_and_resumes_without_repeats(tmp_path):
         abs(costs[second.best_row] - min(costs.values())) < 1e-3 * min(costs.values())
 
 
-def test_finalists_are_re_measured_and_pooled(tmp_path):
+class FittingProbe(ScriptedProbe):
+    """Like ScriptedProbe, without out-of-memory failures."""
+
+    def run(self, plan, *, steps=None):
+        key = config_key(plan)
+        self.calls.append(key)
+        step = plan.estimate.step_time_s * 1.3
+        return ProbeResult(key, "ok", step_time_s=step, tokens_per_second=plan.tokens_per_step
+                           / step, peak_memory_gb=plan.estimate.peak_memory_gb,
+                           fingerprint=self.fingerprint, wall_s=1.0, measured_steps=steps or 5)
+
+
+def test_finalists_are_raced_and_pooled(tmp_path):
+    spec, table, _, rows, target = cpu_space()
     calls: list = []
-    outcome, _ = run_tune(tmp_path, 7, calls)
-    assert len(calls) == 7  # 5 exploring + 2 confirming
-    assert len(set(calls)) == 5  # the confirmations re-measure two explored configurations
+    settings = TuneSettings(probes=7, trials=300, seed=0)
+    outcome = tune(spec, table, rows, target=target, work_dir=tmp_path, settings=settings,
+                   backend=FittingProbe(calls), cache=ProbeCache(tmp_path / "c.jsonl"))
+    assert len(calls) == 7  # 5 exploring + 2 racing
+    assert len(set(calls)) == 5  # the race re-measures two explored configurations
+    assert calls[5] != calls[6]  # in turn: A, B
+    assert outcome.race is not None and outcome.race.probes == 2
     pooled = [r for r in outcome.probed.values() if r.measured_steps > 5]
     assert len(pooled) == 2 and all(r.measured_steps == 5 + 15 for r in pooled)
 
 
 class SkewedProbe(ScriptedProbe):
-    """Small micro-batches run much slower than the prior says: the calibration must learn it."""
+    """Two processes run much slower than the prior says, one process faster (the prior is
+    least sure how the machine's layouts compare): the calibration must learn it."""
 
     def run(self, plan, *, steps=None):
         key = config_key(plan)
         self.calls.append(key)
-        t = plan.training
-        step = plan.estimate.step_time_s * (3.0 if t.per_device_train_batch_size <= 8 else 0.8)
+        step = plan.estimate.step_time_s * (3.0 if plan.parallel.nproc_per_node == 2 else 0.8)
         return ProbeResult(key, "ok", step_time_s=step, tokens_per_second=plan.tokens_per_step
                            / step, peak_memory_gb=plan.estimate.peak_memory_gb,
                            fingerprint=self.fingerprint, wall_s=1.0, measured_steps=steps or 5)
@@ -305,12 +322,16 @@ def test_seeds_span_work_sizes():
     from planner.autotune import seed_rows
 
     spec, table, _, rows, _ = cpu_space()
-    seeds = seed_rows(table, rows, 3)
+    seeds = seed_rows(table, rows, 4)
     assert seeds[0] == int(rows[np.argmin(table["cost"][rows])])
-    work = [float(table["micro"][i] * table["seq"][i]) for i in seeds]
-    assert all(abs(np.log2(a / b)) >= 1 for k, a in enumerate(work) for b in work[k + 1:])
-    costs = [table["cost"][i] for i in seeds]
-    assert costs == sorted(costs)
+    # every layout (offer) of the machine is seeded: 1 and 2 CPU processes
+    assert {int(table["offer"][i]) for i in seeds} == {int(o) for o in table["offer"][rows]}
+    for o in {int(table["offer"][i]) for i in seeds}:  # within a layout, work sizes 2x apart
+        work = [float(table["micro"][i] * table["seq"][i]) for i in seeds
+                if table["offer"][i] == o]
+        assert all(abs(np.log2(a / b)) >= 1 for k, a in enumerate(work) for b in work[k + 1:])
+    best_per_offer = [table["cost"][i] for i in seeds[:2]]
+    assert best_per_offer == sorted(best_per_offer)
 
 
 def test_optimize_with_probes_end_to_end(tmp_path):

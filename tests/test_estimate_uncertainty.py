@@ -98,8 +98,12 @@ def test_every_candidate_carries_an_interval_around_its_estimate():
     assert est.cost_p10 < est.cost < est.cost_p90 and est.hours_p10 < est.hours < est.hours_p90
     assert "leave-one-out" in est.interval
     rec = candidate_records(table, [d.chosen], "CNY", d.chosen)[0]
-    assert rec["cost_p10_cny"] < rec["cost CNY"] < rec["cost_p90_cny"]
-    assert "80% interval" in render_choice(d, "CNY")
+    assert rec["modelled_cost_cny_p10"] < rec["modelled_cost_cny"] < rec["modelled_cost_cny_p90"]
+    from planner.pipeline import OptimizeResult
+
+    result = OptimizeResult(spec, None, spec.job.target_tokens, d, {}, chosen=d.chosen,
+                            plan=plan)
+    assert "80% interval" in render_choice(result)
 
 
 def test_explain_names_the_dominant_uncertainty_term():

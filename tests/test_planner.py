@@ -191,7 +191,7 @@ def test_estimate_of_the_written_plan_agrees(optimized):
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(proc.stdout)
     plan = load_plan(work / "plans" / "bank_faq.toml")
-    assert data["chosen"]["cost CNY"] == pytest.approx(plan.estimate.cost, rel=1e-3, abs=1)
+    assert data["chosen"]["modelled_cost_cny"] == pytest.approx(plan.estimate.cost, rel=1e-3, abs=1)
 
 
 def test_explain_and_runner_dry_run_accept_the_plan(optimized):
@@ -237,3 +237,52 @@ def test_spec_lookup_order(tmp_path):
     assert load_spec(cwd=tmp_path).job.name == "from_file"
     overridden = load_spec(cwd=tmp_path, overrides={"constraints.budget": 5.0})
     assert overridden.constraints.budget == 5.0
+
+
+def test_optimize_json_has_snake_case_unit_keys_and_raw_numbers(optimized):
+    import re
+
+    work, _ = optimized
+    proc = run_cli("planner", "optimize", "--budget", "12000", "--json", "--out", "j.toml",
+                   cwd=work)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(proc.stdout)
+    records = data["candidates"] + data["per_offer"] + data["pareto"] + [data["chosen"]]
+    for record in records:
+        for key, value in record.items():
+            assert re.fullmatch(r"[a-z0-9_]+", key), key
+            if key.startswith(("modelled_", "measured_", "calibrated_")) and value is not None:
+                assert isinstance(value, (int, float)), (key, value)
+    chosen = data["chosen"]
+    assert chosen["chosen"] is True and chosen["modelled_cost_cny"] > 100  # raw, not rounded
+    assert chosen["modelled_cost_cny"] != round(chosen["modelled_cost_cny"], 4)
+    # near-identical rows (fp16/bf16 x ZeRO stages at the same cost and time) are folded
+    assert data["candidates_folded_as_identical_under_the_model"] > 0
+    folded = [r for r in data["candidates"] if r.get("identical_under_the_model")]
+    assert folded and all(r["seq_len"] for r in folded)
+
+
+def test_candidate_table_folds_rows_the_model_cannot_tell_apart(optimized):
+    _, proc = optimized
+    out = proc.stdout
+    assert "folded into the rows above" in out and "precision fp16/bf16" in out
+    table = out[out.index("Top "):out.index("Best plan per offer")]
+    rows = [line for line in table.splitlines() if line.startswith("|") and "@" in line]
+    shown = [tuple(c.strip() for c in line.split("|")[2:-2]) for line in rows]
+    assert len(set(shown)) == len(shown)  # no two rows with the same visible numbers
+
+
+def test_statistics_come_before_the_search_and_one_chosen_line(optimized):
+    _, proc = optimized
+    out = proc.stdout
+    assert out.index("tokens per character") < out.index("Top ")
+    assert out.count("chosen:") == 1
+
+
+def test_cpu_offers_no_bf16_candidate():
+    from planner.spec import load_spec
+
+    spec = load_spec(None, overrides={"constraints.profiles": ["cpu"],
+                                      "constraints.precisions": ["fp32", "bf16"]})
+    offers = allowed_offers(spec, load_profiles())
+    assert offers and all(o.profile.precisions == ["fp32"] for o in offers)

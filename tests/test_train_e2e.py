@@ -159,10 +159,12 @@ def test_budget_guard_stops_within_one_step(write_plan, tmp_path):
     last = steps[max(steps)]
     one_step = 36.0 * max(r["step_time_s"] for r in steps.values()) / 3600
     assert last["cost"] <= 0.25
-    assert 0.25 - last["cost"] < 0.25 * 0.1 + 3 * one_step  # it did not stop far too early
+    # It did not stop far too early: what is left covers a checkpoint and shutting down
+    # (modelled before they are measured: ~2 s) plus a margin.
+    assert 0.25 - last["cost"] < 0.25 * 0.2 + 3 * one_step
     billed = json.loads((run / "report.json").read_text())
     total = {r["metric"]: r for r in billed["rows"]}["total cost (billed wall-clock)"]["actual"]
-    assert total <= 0.25 + one_step
+    assert total <= 0.25  # a hard ceiling
 
 
 def test_budget_that_cannot_buy_one_step_is_refused(write_plan, tmp_path):
@@ -174,13 +176,14 @@ def test_budget_that_cannot_buy_one_step_is_refused(write_plan, tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-@pytest.mark.skipif("bf16" not in local_precisions(), reason="CPU without AVX512-BF16/AMX")
-def test_bf16_trains(write_plan, tmp_path):
+def test_bf16_on_cpu_is_refused_not_run_as_fp32_under_its_name(write_plan, tmp_path):
+    """Paddle's AMP is a no-op on CPU: a 'bf16' CPU run would be the fp32 run mislabelled."""
+    assert local_precisions() == ["fp32"]
     plan = write_plan({"training": {"precision": "bf16", "max_steps": 4}})
     proc = execute(plan)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    steps = metrics(tmp_path / "run")
-    assert all(math.isfinite(r["loss"]) for r in steps.values())
+    assert proc.returncode == 2
+    assert "AMP is a no-op on CPU" in proc.stderr and "training.precision" in proc.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_gpu_plan_on_cpu_machine_fails_clearly_then_local_rehearses(write_plan, tmp_path):

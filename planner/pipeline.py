@@ -1,0 +1,263 @@
+"""`planner optimize` as one pipeline returning one result: corpus statistics -> model search ->
+probes -> calibration -> re-rank -> one decision -> the plan.
+
+`planner.cli` parses arguments and renders an `OptimizeResult` (planner.report); the same
+result feeds the tables, `--json` and the written plan, so what the screen calls "chosen" is
+what the plan says. Nothing here prints: progress goes through the `log`/`on_stats`/`on_probe`
+callbacks the caller passes.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from runner.errors import UserError
+
+MEASURED_FIELDS = ["tokens_per_second", "step_time_s", "peak_memory_gb", "mfu", "hours",
+                   "cost", "cost_per_million_tokens", "step_time_interval_s",
+                   "step_time_spread"]
+
+
+def _quiet(*_args, **_kwargs) -> None:
+    return None
+
+
+@dataclass
+class Tuning:
+    """What probing this machine found (None in OptimizeResult when nothing was probed)."""
+    profile: str
+    local_rows: np.ndarray
+    outcome: object                     # planner.autotune.TuneOutcome
+    calibration: object | None          # planner.calibration.Calibration
+    calibration_path: Path | None
+    calibrated_cost: dict[int, float]   # row -> cost under the calibrated model
+
+
+@dataclass
+class OptimizeResult:
+    spec: object
+    stats: object
+    target: float
+    decision: object                    # planner.search.Decision (the model's search)
+    timings: dict
+    chosen: int | None = None           # the one decision: a row of decision.table
+    chosen_source: str = "model"        # "model" | "probe"
+    tuning: Tuning | None = None
+    plan: object | None = None          # runner.plan.Plan to write (None: no plan)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def table(self):
+        return self.decision.table
+
+    @property
+    def currency(self) -> str:
+        return self.spec.constraints.currency
+
+    def measured(self, i: int):
+        """The probe result of row i, if it was probed."""
+        return self.tuning.outcome.probed.get(i) if self.tuning else None
+
+    def calibrated_cost(self, i: int) -> float | None:
+        return self.tuning.calibrated_cost.get(i) if self.tuning else None
+
+    def estimate(self, i: int) -> tuple[float, str]:
+        """Best available cost of row i and where it comes from: measured > calibrated >
+        modelled."""
+        from planner.autotune import measured_cost
+
+        r = self.measured(i)
+        if r is not None and r.ok:
+            return float(measured_cost(self.table, i, r, "mean")[0]), "measured"
+        cal = self.calibrated_cost(i)
+        if cal is not None:
+            return float(cal), "calibrated"
+        return float(self.table["cost"][i]), "modelled"
+
+
+def plan_space(spec, *, log: Callable = print, on_stats: Callable | None = None):
+    """Spec -> (stats, target, decision, timings): statistics first (reported through
+    `on_stats(stats, target)` before the search starts), then the model's search."""
+    from planner.corpus_stats import corpus_statistics
+    from planner.hardware import load_profiles
+    from planner.search import allowed_offers, decide, evaluate_space, target_tokens
+
+    timings = {}
+    t0 = time.perf_counter()
+    profiles = load_profiles()
+    offers = allowed_offers(spec, profiles)
+    if not offers:
+        known = ", ".join(sorted(profiles))
+        raise UserError(f"no hardware offer matches constraints.profiles "
+                        f"{spec.constraints.profiles} / offers {spec.constraints.offers}; known "
+                        f"profiles: {known}", file=spec.path, key="constraints.profiles")
+    model = spec.model_section()
+    stats = corpus_statistics(corpus=spec.job.corpus, tokenizer=spec.job.tokenizer,
+                              vocab_size=model.vocab_size, cache_dir=spec.job.cache_dir,
+                              sample_documents=spec.job.sample_documents,
+                              declared_bytes=spec.job.corpus_bytes,
+                              seq_lens=spec.constraints.seq_lens, log=log)
+    timings["corpus_statistics_s"] = time.perf_counter() - t0
+    sample = min(spec.constraints.seq_lens) + 1
+    if stats.total_tokens < sample:  # the runner refuses such a corpus too
+        raise UserError(f"the corpus holds {stats.total_tokens:,.0f} tokens (measured), fewer "
+                        f"than one training sample of seq_len + 1 = {sample} tokens; give a "
+                        "larger corpus or declare job.corpus_bytes", file=spec.path,
+                        key="job.corpus")
+    target = target_tokens(spec, stats)
+    if on_stats is not None:
+        on_stats(stats, target)
+    t1 = time.perf_counter()
+    table = evaluate_space(spec, offers, target)
+    decision = decide(spec, table, target)
+    timings["search_s"] = time.perf_counter() - t1
+    timings["candidates"] = len(table)
+    return stats, target, decision, timings
+
+
+def tune_locally(spec, decision, target, settings, *, local_profile: str,
+                 work_dir: Path, log: Callable = _quiet, on_probe: Callable | None = None,
+                 write_calibration: bool = True) -> Tuning | None:
+    """Probe the locally runnable candidates (planner.autotune), fit the calibration, and
+    re-rank every local candidate with it. None when no planned offer runs here."""
+    from planner import calibration
+    from planner.autotune import calibrated_costs, tune
+
+    table = decision.table
+    offers_local = [i for i, c in enumerate(table.offers) if c.profile.name == local_profile]
+    if not local_profile or not offers_local:
+        used = {c.profile.name: c.profile.efficiency_for("fp16").source for c in table.offers}
+        which = local_profile or "unknown GPU; pass --local-profile"
+        log(f"no planned offer runs on this machine's devices ({which}): planning from the "
+            "model only; efficiency calibrations used: "
+            + "; ".join(f"{k}: {v}" for k, v in used.items()))
+        return None
+    local_rows = np.flatnonzero(np.isin(table["offer"], offers_local) & table["fits"])
+    log(f"autotuning on {local_profile}: {len(local_rows):,} runnable candidates, at most "
+        f"{settings.probes} probes / {settings.probe_time_s:g} s")
+    outcome = tune(spec, table, local_rows, target=target, work_dir=work_dir,
+                   settings=settings, progress=on_probe)
+    log(f"study {outcome.study_name} in {outcome.storage}: {len(outcome.probed)} "
+        f"configuration(s) measured, {outcome.probes_run} probe(s) run now, {outcome.reused} "
+        f"reused from the probe cache, probe time {outcome.probe_wall_s:.0f} s")
+    profile = table.offers[offers_local[0]].profile
+    fitted = calibration.fit(table, outcome.probed, profile,
+                             fingerprint=outcome.study_name.rsplit("-", 1)[-1])
+    path = calibration.write(fitted) if fitted is not None and write_calibration else None
+    costs = calibrated_costs(table, local_rows, outcome.probed) if outcome.probed else \
+        table["cost"][local_rows]
+    return Tuning(local_profile, local_rows, outcome, fitted, path,
+                  {int(i): float(c) for i, c in zip(local_rows, costs)})
+
+
+def step_statistics(steps, level: float = 0.95) -> dict:
+    """Mean step time, its `level` interval (Student t) and the relative 10-90% spread of
+    single steps, from measured step times."""
+    from scipy import stats as st
+
+    steps = np.asarray(steps, dtype=float)
+    mean = float(steps.mean())
+    if len(steps) < 2:
+        return {"mean_s": mean, "interval_s": [mean, mean], "spread": 0.0, "steps": len(steps)}
+    half = float(st.t.ppf(0.5 + level / 2, len(steps) - 1) * steps.std(ddof=1) /
+                 np.sqrt(len(steps)))
+    p10, p90 = np.quantile(steps, [0.1, 0.9])
+    return {"mean_s": mean, "interval_s": [mean - half, mean + half],
+            "spread": float((p90 - p10) / statistics.median(steps)), "steps": len(steps)}
+
+
+def measured_row(table, i: int, result, target: float) -> dict:
+    """Row i with the probe's measurements (mean step: what a run pays for) in place of the
+    modelled numbers."""
+    from planner.autotune import cost_at_step, measured_cost
+
+    row = table.row(i)
+    cost, hours = measured_cost(table, i, result, "mean")
+    step = result.mean_step_time_s or result.step_time_s
+    spread = step_statistics(result.step_times_s or [step])
+    # the 80% interval of the mean step (as the model's p10-p90), carried to tokens/s, hours
+    # and cost
+    low, high = step_statistics(result.step_times_s or [step], level=0.8)["interval_s"]
+    (cost_lo, hours_lo), (cost_hi, hours_hi) = cost_at_step(table, i, low), \
+        cost_at_step(table, i, high)
+    return row | {
+        "tokens_per_s_p10": row["tokens_per_step"] / high,
+        "tokens_per_s_p90": row["tokens_per_step"] / low,
+        "hours_p10": hours_lo, "hours_p90": hours_hi, "cost_p10": cost_lo, "cost_p90": cost_hi,
+        "interval_source": f"80% interval of the mean of {spread['steps']} measured probe "
+                           "steps (Student t)",
+        "step_time_s": step, "tokens_per_s": row["tokens_per_step"] / step,
+                  "memory_gb": result.peak_memory_gb, "cost": cost, "hours": hours,
+                  "cost_per_million_tokens": cost / target * 1e6,
+                  "mfu": row["mfu"] * row["step_time_s"] / step,
+                  "step_time_interval_s": spread["interval_s"],
+                  "step_time_spread": spread["spread"]}
+
+
+def optimize(spec, *, settings=None, local_profile: str = "", work_dir: Path | None = None,
+             log: Callable = _quiet, on_stats: Callable | None = None,
+             on_probe: Callable | None = None) -> OptimizeResult:
+    """The whole `planner optimize`: model search, then (with settings.probes > 0) probes,
+    calibration, re-rank and one decision; returns the result with the plan to write."""
+    from planner.planwriter import candidate_plan, decision_notes
+    from planner.report import describe
+
+    stats, target, decision, timings = plan_space(spec, log=log, on_stats=on_stats)
+    result = OptimizeResult(spec, stats, target, decision, timings, chosen=decision.chosen)
+    if decision.chosen is None:
+        return result
+    cur = spec.constraints.currency
+    notes = decision_notes(decision, lambda i: describe(decision.table, i, cur))
+    if settings is not None and settings.probes > 0:
+        t0 = time.perf_counter()
+        result.tuning = tune_locally(spec, decision, target, settings,
+                                     local_profile=local_profile,
+                                     work_dir=work_dir or Path("runs") / "autotune" /
+                                     spec.job.name, log=log, on_probe=on_probe)
+        timings["tuning_s"] = time.perf_counter() - t0
+        outcome = result.tuning.outcome if result.tuning else None
+        if outcome is not None and outcome.best_row is None:
+            result.notes.append("no probed configuration met the constraints: keeping the "
+                                "model's choice")
+        elif outcome is not None:
+            result.chosen, result.chosen_source = outcome.best_row, "probe"
+    table = decision.table
+    if result.chosen_source == "probe":
+        best = result.chosen
+        tuning = result.tuning
+        outcome = tuning.outcome
+        row = measured_row(table, best, outcome.probed[best], target)
+        notes.append(f"autotuned: study {outcome.study_name}, {len(outcome.probed)} "
+                     f"configurations measured, {outcome.probes_run} probes, "
+                     f"{outcome.probe_wall_s:.0f} s of probes; the model's choice was "
+                     f"{describe(table, decision.chosen, cur)}")
+        if outcome.race is not None:
+            notes.append(race_note(table, outcome.race))
+        if tuning.calibration is not None:
+            notes.append(f"calibration: {tuning.profile} fit error "
+                         f"{tuning.calibration.fit_error:.1%}")
+        result.plan = candidate_plan(spec, row, target=target, notes=notes,
+                                     measured=MEASURED_FIELDS, probes=len(outcome.probed))
+    else:
+        result.plan = candidate_plan(spec, table.row(result.chosen), target=target,
+                                     notes=notes)
+    return result
+
+
+def race_note(table, race) -> str:
+    """One sentence on the finalists' race: distinguishable or not, and by how much."""
+    from planner.report import short_config
+
+    pick, other = race.finalists[0], race.finalists[1]
+    lo, hi = race.interval
+    verdict = "distinguishable" if race.separated else "NOT distinguishable"
+    return (f"race of {len(race.finalists)} finalists, {race.rounds} round(s), {race.probes} "
+            f"probe(s): the pick {short_config(table, pick)} is {verdict} from the runner-up "
+            f"{short_config(table, other)} (runner-up {race.difference:+.1%} per token, 95% "
+            f"interval {lo:+.1%} .. {hi:+.1%}, p = {race.p_value:.2g}; measured)")

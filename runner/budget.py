@@ -1,0 +1,128 @@
+"""The budget as a hard ceiling: billed total <= max_cost and <= max_hours, reruns included.
+
+Before every step rank 0 asks: would the next step, a checkpoint after it and shutting down
+(ranks exit, launcher exits, the runner's last billing write) still fit? Each of those costs
+is measured (slowest seen, over all attempts of the run, from billing.json), plus a margin
+from the measured spread of step times. What has not been measured yet is modelled from
+priors below, and said so. The runner asks the same question before launching, adding the
+measured start-up of earlier attempts, so a rerun of a spent run launches nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runner.plan import Plan
+
+# Priors for costs not measured yet in this run (modelled, conservative for the CPU machine):
+SHUTDOWN_PRIOR_S = {False: 1.0, True: 6.0}  # in-process vs launched ranks
+CHECKPOINT_BYTES_PER_S = 50e6               # slow disk
+CHECKPOINT_FIXED_S = 1.0
+MARGIN_FRACTION = 0.10                      # on top of the measured spread
+
+
+@dataclass(frozen=True)
+class StopCosts:
+    """Seconds a run still needs to end cleanly after deciding to take one more step."""
+    step_s: float
+    checkpoint_s: float
+    shutdown_s: float
+    margin_s: float
+    measured: bool  # all parts measured (False: some modelled from priors)
+
+    @property
+    def total_s(self) -> float:
+        return self.step_s + self.checkpoint_s + self.shutdown_s + self.margin_s
+
+
+def checkpoint_prior_bytes(plan: Plan) -> int:
+    """Modelled checkpoint size: weights and two AdamW moments in fp32 (tied weights once)."""
+    from runner.model import parameter_count
+
+    return parameter_count(plan.model) * 12
+
+
+def checkpoint_prior_s(plan: Plan) -> float:
+    return CHECKPOINT_FIXED_S + checkpoint_prior_bytes(plan) / CHECKPOINT_BYTES_PER_S
+
+
+def modelled_step_s(plan: Plan) -> tuple[float, str]:
+    """Step time for a run that has not measured one: the plan's estimate, else the time at
+    the hardware's peak FLOPS (a lower bound). (seconds, how it was obtained)."""
+    if plan.estimate.step_time_s > 0:
+        return plan.estimate.step_time_s, f"{plan.estimate.source} estimate"
+    if plan.hardware.peak_tflops > 0:
+        from runner.model import training_flops_per_token
+
+        flops = training_flops_per_token(plan.model, plan.training.seq_len) * \
+            plan.tokens_per_step
+        seconds = flops / (plan.hardware.peak_tflops * 1e12 * plan.parallel.world_size)
+        return seconds, "modelled at the hardware's peak FLOPS, a lower bound"
+    return 0.0, "unknown"
+
+
+def measured_max(attempts: list[dict], key: str) -> float | None:
+    values = [a[key] for a in attempts if isinstance(a.get(key), (int, float))]
+    return max(values) if values else None
+
+
+def stop_costs(plan: Plan, attempts: list[dict], *, step_times: list[float],
+               checkpoint_times: list[float]) -> StopCosts:
+    """Costs of one more step and a clean stop, from this attempt's measurements and the
+    earlier attempts' (`attempts` from billing.json)."""
+    launched = plan.parallel.world_size > 1
+    steps = list(step_times[-20:])
+    prev_step = measured_max(attempts, "step_s")
+    if prev_step is not None:
+        steps.append(prev_step)
+    step_s = max(steps) if steps else modelled_step_s(plan)[0]
+    ckpts = list(checkpoint_times)
+    prev_ckpt = measured_max(attempts, "checkpoint_s")
+    if prev_ckpt is not None:
+        ckpts.append(prev_ckpt)
+    checkpoint_s = max(ckpts) if ckpts else checkpoint_prior_s(plan)
+    shutdown = measured_max(attempts, "shutdown_s")
+    shutdown_s = shutdown if shutdown is not None else SHUTDOWN_PRIOR_S[launched]
+    spread = (max(steps) - min(steps)) if len(steps) > 1 else step_s
+    margin_s = spread + MARGIN_FRACTION * (step_s + checkpoint_s + shutdown_s)
+    return StopCosts(step_s=step_s, checkpoint_s=checkpoint_s, shutdown_s=shutdown_s,
+                     margin_s=margin_s,
+                     measured=bool(steps) and bool(ckpts) and shutdown is not None)
+
+
+def cost_of_seconds(plan: Plan, seconds: float) -> float:
+    return plan.hardware.price_per_node_hour * plan.parallel.nnodes * seconds / 3600.0
+
+
+def over_limits(plan: Plan, *, billed_s: float, needed_s: float) -> list[str]:
+    """Which limits (budget.max_cost, budget.max_hours) `needed_s` more seconds would cross."""
+    b = plan.budget
+    crossed = []
+    if b.max_cost > 0 and cost_of_seconds(plan, billed_s + needed_s) > b.max_cost:
+        crossed.append("budget.max_cost")
+    if b.max_hours > 0 and (billed_s + needed_s) / 3600.0 > b.max_hours:
+        crossed.append("budget.max_hours")
+    return crossed
+
+
+def startup_s(attempts: list[dict]) -> float:
+    """Measured start-up of earlier attempts (launch to first step), 0 if none measured."""
+    return measured_max(attempts, "startup_s") or 0.0
+
+
+DEADLINE_TEARDOWN_S = 1.0  # killing the group and the last billing write
+
+
+def deadline(plan: Plan, *, billed_s: float, attempt_start: float) -> float | None:
+    """time.time() at which this attempt must be over for the billed total to stay within
+    budget.max_cost and budget.max_hours (None: no limit)."""
+    b = plan.budget
+    limits = []
+    if b.max_hours > 0:
+        limits.append(b.max_hours * 3600.0)
+    per_s = cost_of_seconds(plan, 1.0)
+    if b.max_cost > 0 and per_s > 0:
+        limits.append(b.max_cost / per_s)
+    if not limits:
+        return None
+    return attempt_start + min(limits) - billed_s - DEADLINE_TEARDOWN_S

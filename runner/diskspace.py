@@ -1,0 +1,73 @@
+"""Disk space: one check before big writes and one translation of ENOSPC for every write path.
+
+Every place that writes run state (plan, billing, metrics, result, checkpoints) goes through
+`guard_disk_writes`, so a full disk always ends as one `DiskFullError` line naming the folder
+and the bytes needed, never as a traceback from whichever write happened to hit it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+from pathlib import Path
+
+from runner.errors import DiskFullError
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _existing(path: Path) -> Path:
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def free_bytes(directory: Path) -> int:
+    """Bytes an unprivileged process may still write on the filesystem of `directory`."""
+    return shutil.disk_usage(_existing(directory)).free
+
+
+def _message(directory: Path, needed: int | None) -> str:
+    try:
+        free = f"{free_bytes(directory):,} bytes free"
+    except OSError:
+        free = "free space unknown"
+    need = f"{needed:,} bytes needed" if needed else "more space needed"
+    return (f"no space left on the device of {directory}: {need}, {free}; free space there "
+            "(or point job.output_dir elsewhere) and rerun; nothing else was lost")
+
+
+def check_free(directory: Path, needed_bytes: int) -> None:
+    """Raise DiskFullError before writing `needed_bytes` into `directory` if they do not fit."""
+    if needed_bytes > 0 and free_bytes(directory) < needed_bytes:
+        raise DiskFullError(_message(directory, needed_bytes))
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in NO_SPACE
+
+
+@contextlib.contextmanager
+def guard_disk_writes(directory: Path, *, needed_bytes: int | None = None):
+    """Turn ENOSPC/EDQUOT raised inside the block into one DiskFullError line."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in NO_SPACE:
+            raise
+        raise DiskFullError(_message(Path(directory), needed_bytes)) from None
+    except RuntimeError as exc:  # paddle.save wraps some OSErrors in RuntimeError
+        if "No space left" not in str(exc):
+            raise
+        raise DiskFullError(_message(Path(directory), needed_bytes)) from None
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,34 @@
+"""Children that die with their parent: PR_SET_PDEATHSIG, set in the child before exec.
+
+Used for every process we start that must not outlive its starter (probe launchers and
+probe workers under the planner). The kernel delivers the signal when the parent thread ends,
+however it ends (SIGKILL included); the launched ranks carry the same setting towards their
+launcher (runner/_launch_entry.py), so the whole chain goes down within a moment.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL):
+    """A `preexec_fn` for subprocess.Popen (Linux; None elsewhere)."""
+    if sys.platform != "linux":
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the parent died before the prctl took effect
+            os.kill(os.getpid(), sig)
+
+    return preexec

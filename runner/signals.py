@@ -1,0 +1,41 @@
+"""SIGTERM/SIGINT (a spot preemption notice) can land at any moment: the run exits 143.
+
+Paddle installs its own C-level handlers when it is imported (they end the process with
+"FatalError: Termination signal is detected", exit 1). So both the runner and every rank block
+the two signals first, import Paddle, install Python handlers, then unblock: a notice that
+arrived meanwhile is delivered then, to our handler.
+"""
+
+from __future__ import annotations
+
+import signal
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+EXIT_SIGNALLED = 143  # 128 + SIGTERM, what schedulers expect from a preempted job
+
+
+class Terminated(BaseException):
+    """Raised in the runner process by a SIGTERM/SIGINT outside the training group."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+def block() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+
+
+def unblock() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+
+
+def _raise(signum, frame):
+    raise Terminated(signum)
+
+
+def raise_on_signal() -> None:
+    """Install the raising handler (after Paddle is imported), then deliver pending ones."""
+    for sig in SIGNALS:
+        signal.signal(sig, _raise)
+    unblock()

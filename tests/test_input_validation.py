@@ -1,0 +1,122 @@
+"""Bad input gets one line naming the file/key/flag, exit 2, no traceback, nothing written
+(issue 10's listed cases; the property test covers random mutations)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+from conftest import BASE_PLAN, merge
+
+
+def call(main, argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(argv)
+        except SystemExit as exc:
+            rc = exc.code
+    lines = [l for l in err.getvalue().splitlines() if l.strip() and "Warning" not in l
+             and not l.strip().startswith("warnings.warn")]
+    return rc, out.getvalue(), lines
+
+
+@pytest.mark.parametrize("overrides, key", [
+    ({"budget": {"max_cost": math.inf}}, "budget.max_cost"),
+    ({"budget": {"max_hours": math.inf}}, "budget.max_hours"),
+    ({"hardware": {"price_per_node_hour": math.inf}}, "hardware.price_per_node_hour"),
+    ({"training": {"learning_rate": math.inf}}, "training.learning_rate"),
+    ({"model": {"num_hidden_layers": 10**18}}, "model.num_hidden_layers"),
+    ({"model": {"max_position_embeddings": 10**18}}, "model.max_position_embeddings"),
+    ({"model": {"hidden_size": 65536, "num_attention_heads": 64, "intermediate_size": 262144,
+                "num_hidden_layers": 9000}}, "model"),
+    ({"job": {"cache_dir": "a\x00b"}}, "job.cache_dir"),
+    ({"name": "has space"}, "name"),
+    ({"name": "../x"}, "name"),
+    ({"hardware": {"currency": "dollars"}}, "hardware.currency"),
+])
+def test_bad_plan_values_are_one_line_exit_2(tmp_path, shared_cache, overrides, key):
+    from runner.cli import main
+
+    data = merge(BASE_PLAN, {"job": {"cache_dir": str(shared_cache),
+                                     "output_dir": str(tmp_path / "run")}})
+    plan = tmp_path / "plan.toml"
+    plan.write_text(tomli_w.dumps(merge(data, overrides)))
+    rc, _, lines = call(main, ["execute", str(plan), "--dry-run"])
+    assert rc == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"error: {plan}: {key}"), lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.toml"]
+
+
+def test_output_dir_that_is_a_file_is_refused_in_dry_run_too(tmp_path, shared_cache):
+    from runner.cli import main
+
+    (tmp_path / "afile").write_text("x")
+    plan = tmp_path / "plan.toml"
+    plan.write_text(tomli_w.dumps(merge(BASE_PLAN, {"job": {
+        "cache_dir": str(shared_cache), "output_dir": str(tmp_path / "afile" / "run")}})))
+    rc, _, lines = call(main, ["execute", str(plan), "--dry-run"])
+    assert rc == 2 and "job.output_dir" in lines[0] and "existing file" in lines[0]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["execute", "plans/cpu_tiny_dp2.toml", "--max-steps", "abc"], "--max-steps"),
+    (["execute", "plans/cpu_tiny_dp2.toml", "--node-rank", "5"], "--node-rank"),
+])
+def test_runner_flags_one_line(argv, needle):
+    from runner.cli import main
+
+    rc, _, lines = call(main, argv)
+    assert rc == 2 and len(lines) == 1 and needle in lines[0], lines
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["estimate", "--budget", "abc"], "--budget"),
+    (["estimate", "--budget", "-1"], "--budget"),
+    (["estimate", "--budget", "inf"], "--budget"),
+    (["estimate", "--hardware", ","], "--hardware"),
+    (["optimize", "--out", "."], "--out"),
+])
+def test_planner_flags_one_line(argv, needle):
+    from planner.cli import main
+
+    rc, _, lines = call(main, argv)
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith(f"error: {needle}") or \
+        needle in lines[0], lines
+
+
+def test_duplicate_key_is_named(tmp_path):
+    from runner.cli import main
+
+    plan = tmp_path / "plan.toml"
+    plan.write_text('schema = 1\nname = "a"\n[training]\nseq_len = 8\nseq_len = 16\n')
+    rc, _, lines = call(main, ["execute", str(plan), "--dry-run"])
+    assert rc == 2 and "'seq_len' is given twice" in lines[0]
+
+
+CSV_HEAD = "InstanceType,AcceleratorName,AcceleratorCount,Price,SpotPrice,Region\n"
+
+
+def test_price_import_validates_rows_and_names(tmp_path):
+    from planner.hardware import ProfileError
+    from planner.prices import import_catalog
+
+    csv = tmp_path / "aws.csv"
+    csv.write_text(CSV_HEAD + "p4d,A100,8,32.7,-1,us\n"      # negative spot: row skipped
+                   "g5,A10G,0,1.0,0.5,us\n"                   # zero accelerators
+                   "p5,H100,8,nan,inf,us\n"                   # NaN / inf
+                   "p3,V100,4,12.2,3.7,us\n")                 # the one good row
+    out, count, skipped = import_catalog(csv, directory=tmp_path)
+    assert count == 1 and len(skipped) == 3
+    assert "nan" not in out.read_text() and "inf" not in out.read_text()
+    for name in ("../../x", "", "a b"):
+        with pytest.raises(ProfileError, match="not a valid name"):
+            import_catalog(csv, name=name, directory=tmp_path)
+    with pytest.raises(ProfileError, match="is a directory"):
+        import_catalog(tmp_path, directory=tmp_path)
+    assert sorted(p.name for p in (tmp_path / "offers").iterdir()) == ["aws.toml"]
