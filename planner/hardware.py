@@ -14,54 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from runner.errors import UserError
 from runner.tomlconf import from_table, read_toml, setting
 
-PROFILE_DIR = Path(__file__).resolve().parents[1] / "hardware_profiles"
-# Machine-specific calibrations; GPTPLAN_CALIBRATION_DIR moves them (tests, shared setups).
-LOCAL_CALIBRATION_ENV = "GPTPLAN_CALIBRATION_DIR"
-
-
-def calibration_dir(profile_dir: Path = PROFILE_DIR) -> Path:
-    import os
-
-    override = os.environ.get(LOCAL_CALIBRATION_ENV)
-    return Path(override) if override else Path(profile_dir) / "local"
-
-
-class ProfileError(UserError):
-    """A hardware profile or price list is malformed."""
-
-
-@dataclass(frozen=True)
-class Efficiency:
-    max: float = setting(0.5, "Highest achievable fraction of peak FLOP/s.", min=0, max=1)
-    half_tokens: float = setting(2048.0, "Tokens per micro-batch at which efficiency halves.",
-                                 min=0)
-    half_hidden: float = setting(384.0, "Hidden size per tensor-parallel rank at which "
-                                        "efficiency halves.", min=0)
-    rolloff_tokens: float = setting(0.0, "Tokens per micro-batch beyond which efficiency falls "
-                                         "again (the working set outgrows the caches, seen on "
-                                         "CPUs); 0 = never.", min=0)
-    comm_overlap: float = setting(0.5, "Share of data-parallel gradient sync hidden behind "
-                                       "backward compute.", min=0, max=1)
-    memory_overhead_gb: float = setting(1.5, "Framework memory per device beyond the model "
-                                              "(CUDA context, workspaces; Python+Paddle on CPU).",
-                                        min=0)
-    fragmentation: float = setting(1.1, "Allocator margin on activations and logits.", min=1)
-    source: str = setting("uncalibrated prior", "Where these numbers come from.")
-    calibrated_on: str = setting("", "Machine fingerprint of a calibration (if any).")
-    calibrated_at: str = setting("", "Date of the calibration (if any).")
-    fit_error: float = setting(0.0, "Median absolute relative error of the fit.", min=0)
-    throughput_p10: float = setting(
-        0.6, "10th percentile of measured/modelled tokens/s (leave-one-out residuals of the "
-             "fit): the low end of the 80% interval on modelled throughput. The default, for "
-             "hardware with no fit, is wider than the shared prior's spread on published "
-             "A100/H100 runs (p10 0.98, p90 1.67).", min=0, min_exclusive=True)
-    throughput_p90: float = setting(1.7, "90th percentile of measured/modelled tokens/s: the "
-                                         "high end of the 80% interval.", min=0,
-                                    min_exclusive=True)
-    fit_rows: int = setting(0, "Published runs the fit used (0 = not fitted).", min=0)
+# Profile folder, calibration folder and the [efficiency] table are shared with the runner's
+# local rehearsal (runner.profile), so both read a profile the same way.
+from runner.profile import (LARGE_MODEL_PARAMS, LOCAL_CALIBRATION_ENV,  # noqa: F401
+                            PROFILE_DIR, Efficiency, ProfileError, calibration_dir,
+                            calibration_tables)
 
 
 @dataclass(frozen=True)
@@ -194,16 +153,6 @@ def load_profiles(directory: Path = PROFILE_DIR) -> dict[str, Profile]:
 
 def apply_calibration(profile: Profile, path: Path) -> Profile:
     """Merge a calibration file: [efficiency] and optional [efficiency_<precision>] tables."""
-    data = read_toml(path, ProfileError)
-    allowed = ["efficiency", "efficiency_fp32", "efficiency_fp16", "efficiency_bf16"]
-    for key in data:
-        if key not in allowed:
-            raise ProfileError(f"unknown table; allowed: {', '.join(allowed)}", file=str(path),
-                               key=key)
-    base = from_table(Efficiency, data.get("efficiency", {}), file=str(path),
-                      section="efficiency", error=ProfileError) if "efficiency" in data \
-        else profile.efficiency
-    by_precision = {key.split("_", 1)[1]: from_table(Efficiency, data[key], file=str(path),
-                                                     section=key, error=ProfileError)
-                    for key in allowed[1:] if key in data}
+    base, by_precision = calibration_tables(path)
+    base = base or profile.efficiency
     return dataclasses.replace(profile, efficiency=base, efficiency_by_precision=by_precision)

@@ -98,11 +98,15 @@ def plan_space(spec, *, log: Callable = print, on_stats: Callable | None = None)
                         f"{spec.constraints.profiles} / offers {spec.constraints.offers}; known "
                         f"profiles: {known}", file=spec.path, key="constraints.profiles")
     model = spec.model_section()
-    stats = corpus_statistics(corpus=spec.job.corpus, tokenizer=spec.job.tokenizer,
-                              vocab_size=model.vocab_size, cache_dir=spec.job.cache_dir,
-                              sample_documents=spec.job.sample_documents,
-                              declared_bytes=spec.job.corpus_bytes,
-                              seq_lens=spec.constraints.seq_lens, log=log)
+    try:
+        stats = corpus_statistics(corpus=spec.job.corpus, tokenizer=spec.job.tokenizer,
+                                  vocab_size=model.vocab_size, cache_dir=spec.job.cache_dir,
+                                  sample_documents=spec.job.sample_documents,
+                                  declared_bytes=spec.job.corpus_bytes,
+                                  seq_lens=spec.constraints.seq_lens, log=log)
+    except UserError as exc:  # corpus/tokenizer errors name the spec they came from
+        exc.file = exc.file or spec.path
+        raise
     timings["corpus_statistics_s"] = time.perf_counter() - t0
     sample = min(spec.constraints.seq_lens) + 1
     if stats.total_tokens < sample:  # the runner refuses such a corpus too

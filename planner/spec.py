@@ -239,6 +239,9 @@ def validate_spec(spec: Spec) -> None:
                              ("node_counts", s.node_counts, lambda v: v >= 1)):
         if not values or not all(ok(v) for v in values):
             fail(f"search.{name}", f"{values!r}: needs positive integers")
+    if not all(isinstance(v, int) and v >= 1 for v in s.sharding_degrees):
+        fail("search.sharding_degrees", f"{s.sharding_degrees!r}: needs positive integers "
+             "([] = all batch ranks and the in-node hybrid)")
     for stage in s.sharding:
         if stage not in ("", "stage1", "stage2", "stage3"):
             fail("search.sharding", f"{stage!r}; allowed: '', 'stage1', 'stage2', 'stage3'")

@@ -23,6 +23,9 @@ def _die_with_parent() -> None:
 
 
 if __name__ == "__main__":
+    from runner.supervise import supervise
+
+    supervise()  # the rank runs in a forked child; memory limit, peak RSS and exit status
     _die_with_parent()
     from runner import quiet_third_party_warnings
 

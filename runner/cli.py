@@ -36,8 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--fresh", action="store_true",
                     help="ignore existing checkpoints (the old run folder is kept, renamed)")
     ex.add_argument("--local", action="store_true",
-                    help="rehearse on this machine's devices, keeping per-device settings")
+                    help="rehearse on this machine: its devices, a few steps, settings shrunk "
+                         "to fit its memory (each change is listed)")
     ex.add_argument("--max-steps", type=int, default=None, help="override training.max_steps")
+    ex.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override one plan field (validated like the file); repeatable")
+    ex.add_argument("--memory-limit-gb", type=float, default=None, metavar="GB",
+                    help="memory limit per rank (default: from the plan's modelled memory "
+                         "and this machine's); the runner ends a rank above it")
     ex.add_argument("--output-dir", type=str, default=None, help="override job.output_dir")
     ex.add_argument("--node-rank", type=int, default=None,
                     help="this node's rank in a multi-node plan")
@@ -210,13 +216,25 @@ def execute(args) -> int:
     from runner.parallel import launch_commands
     from runner.rundir import RunDirLock
 
-    original = load_plan(args.plan)
+    from runner.overrides import load_plan_with
+
+    if args.memory_limit_gb is not None and not 0 < args.memory_limit_gb < float("inf"):
+        raise PlanError(f"{args.memory_limit_gb} must be a positive number of GB",
+                        key="--memory-limit-gb")
+    original, pinned = load_plan_with(args.plan, args.set)  # --set makes the user's plan
     plan = apply_overrides(original, args)
     if args.local:
+        from runner.rehearsal import describe, rehearse
+
         plan, changes = localize(plan)
+        rehearsal = rehearse(plan, max_steps_given=args.max_steps is not None,
+                             limit_gb=args.memory_limit_gb, pinned=pinned)
+        plan = rehearsal.plan
         print("--local: rehearsing on this machine; changed:")
-        for change in changes or ["nothing"]:
+        for change in [*changes, *rehearsal.changes] or ["nothing"]:
             print(f"  {change}")
+        for line in describe(rehearsal):
+            print(line)
     node_rank = check_node_args(plan, args)
     plan = rehearsal_dir(plan, original, args)
     check_paths(plan, args.plan)
@@ -294,8 +312,14 @@ def execute(args) -> int:
     if not needs_launch:
         rc = run_in_process(plan, data.path, run_dir)
     else:
-        rc = run_launched(commands[node_rank], run_dir=run_dir, log_dir=log_dir,
-                          node_rank=node_rank, verbose=args.verbose, deadline=deadline)
+        from runner.rehearsal import rank_memory_limit_bytes
+        from runner.supervise import oom_kills, supervised
+
+        limit = rank_memory_limit_bytes(plan, limit_gb=args.memory_limit_gb)
+        oom_before = oom_kills()
+        rc = run_launched(supervised(commands[node_rank], log_dir / "ranks", limit),
+                          run_dir=run_dir, log_dir=log_dir, node_rank=node_rank,
+                          verbose=args.verbose, deadline=deadline)
     if node_rank > 0:
         return finish_other_node(plan, run_dir, log_dir, node_rank, rc, since=attempt_start)
     billing.reload()  # rank 0 added its measurements
@@ -315,6 +339,16 @@ def execute(args) -> int:
         if disk:
             print(f"error: {disk}", file=sys.stderr)
             return 1
+    if result is None and needs_launch:  # which rank died, how, and why (runner.failure)
+        from runner.failure import diagnose, render
+        from runner.supervise import machine_memory_bytes
+
+        failure = diagnose(plan=plan, status_dir=log_dir / "ranks", log_dir=log_dir,
+                           launcher_rc=rc, oom_kills_before=oom_before,
+                           oom_kills_after=oom_kills(), machine_bytes=machine_memory_bytes(),
+                           local=args.local)
+        print(render(failure, log_dir), file=sys.stderr)
+        return 1
         tail = last_log_lines(log_dir)
         print(f"training failed (exit {rc}); last lines of the rank logs:\n{tail}",
               file=sys.stderr)

@@ -186,16 +186,23 @@ def serve_command(plan, *, queue_dir: Path, log_dir: Path, parent_pid: int):
 def _command(plan, args: list[str], log_dir: Path):
     """In-process module for one device, paddle.distributed.launch for several."""
     from runner.parallel import ENTRY_SCRIPT, LaunchCommand, thread_env
+    from runner.supervise import machine_share_bytes, supervision_env
 
+    # Every probe rank is supervised (runner.supervise): limited to its share of this machine
+    # (a probe explores sizes the model may misjudge, so not the plan's modelled memory).
+    env = supervision_env(Path(log_dir) / "ranks",
+                          machine_share_bytes(plan.parallel.nproc_per_node))
     if plan.parallel.world_size == 1:
-        return LaunchCommand(0, [sys.executable, "-m", "runner.probe", *args], thread_env(plan))
+        return LaunchCommand(0, [sys.executable, "-m", "runner.probe", *args],
+                             thread_env(plan) | env)
     p = plan.parallel
     argv = [sys.executable, "-m", "paddle.distributed.launch", "--nnodes", "1",
             "--nproc_per_node", str(p.nproc_per_node), "--log_dir", str(log_dir),
             "--max_restart", "0"]
     if plan.hardware.device in ("gpu", "xpu"):
         argv += ["--devices", ",".join(str(i) for i in range(p.nproc_per_node))]
-    return LaunchCommand(0, argv + [str(ENTRY_SCRIPT), "probe", *args], thread_env(plan))
+    return LaunchCommand(0, argv + [str(ENTRY_SCRIPT), "probe", *args],
+                         thread_env(plan) | env)
 
 
 def layout_key(plan) -> tuple:
@@ -301,4 +308,7 @@ def probe_main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from runner.supervise import supervise
+
+    supervise()  # memory limit, peak RSS and exit status of this rank (runner.supervise)
     sys.exit(probe_main())

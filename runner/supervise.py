@@ -1,0 +1,213 @@
+"""Each training or probe rank runs under a small supervisor: its memory limit, peak RSS and fate.
+
+`paddle.distributed.launch` starts every rank in its own session and keeps the exit status to
+itself (it reports only the lowest failed rank, which after one rank dies is usually rank 0 with
+a gloo timeout). So the rank's entry point forks before importing Paddle: the child becomes the
+rank, the parent (a bare Python of ~10 MB) watches it and
+
+- reads its RSS from /proc every POLL_S and its peak (VmHWM), so a report can say how far a
+  rank got, even one killed by SIGKILL;
+- ends it with SIGKILL when its RSS passes the rank's memory limit, so the runner, not the
+  kernel's global OOM killer (which may pick any process of the machine), ends an oversized
+  rank, and says so;
+- writes `rank_<N>.json` (pid, exit code, signal, peak RSS, limit, whether it ended the rank
+  for memory, when) to the status folder the runner named, which runner.failure turns into a
+  one-line report;
+- forwards SIGTERM/SIGINT to the rank and ends the same way it did (same exit code or signal),
+  so the launcher sees exactly what it would have seen without the supervisor.
+
+Why RSS polling and not RLIMIT_AS: a Paddle CPU rank maps several times more address space than
+it touches (MKL/oneDNN libraries, thread arenas; measured in runner.failure's docstring), so an
+address-space cap either breaks library loading or sits far above the real use. RSS is what
+the OOM killer counts. cgroup v2 memory.max would be exact but needs a delegated cgroup, which
+containers and shared machines rarely give.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+STATUS_DIR_ENV = "RUNNER_RANK_STATUS_DIR"
+LIMIT_ENV = "RUNNER_RANK_MEMORY_LIMIT_BYTES"
+POLL_S = 0.05
+MACHINE_SHARE = 0.9  # of the machine's memory, split between the ranks of one node
+
+
+def machine_memory_bytes() -> int:
+    """Memory of this machine (MemTotal), or of our cgroup if that is smaller."""
+    total = 0
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemTotal:"):
+                    total = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit_file in ("/sys/fs/cgroup/memory.max",
+                       "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < total:
+            total = int(text)
+    return total
+
+
+def machine_share_bytes(ranks_on_node: int) -> int:
+    """The most one of `ranks_on_node` ranks may use: an equal share of 90% of the machine."""
+    return int(machine_memory_bytes() * MACHINE_SHARE / max(1, ranks_on_node))
+
+
+def oom_kills() -> int:
+    """The kernel's count of OOM kills since boot (/proc/vmstat oom_kill, Linux >= 4.13)."""
+    try:
+        with open("/proc/vmstat") as handle:
+            for line in handle:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
+
+
+def supervision_env(status_dir: Path, limit_bytes: int) -> dict[str, str]:
+    """Environment that makes every rank started with it supervised (see supervise())."""
+    return {STATUS_DIR_ENV: str(status_dir), LIMIT_ENV: str(int(limit_bytes))}
+
+
+def supervised(command, status_dir: Path, limit_bytes: int):
+    """`command` (a runner.parallel.LaunchCommand) with its ranks supervised."""
+    import dataclasses
+
+    return dataclasses.replace(command, env=command.env | supervision_env(status_dir,
+                                                                          limit_bytes))
+
+
+def _memory(pid: int) -> tuple[int, int]:
+    """(current RSS, peak RSS) of `pid` in bytes; (0, 0) once it is gone."""
+    rss = hwm = 0
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) * 1024
+                elif line.startswith("VmHWM:"):
+                    hwm = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return rss, hwm
+
+
+def _die_with_parent(sig: int) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _write(path: Path, record: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+    except OSError:  # a full disk must not take the rank down with it
+        pass
+
+
+def supervise() -> None:
+    """Fork; return in the child (the rank). The parent watches it and never returns.
+
+    Does nothing unless the runner asked for it (STATUS_DIR_ENV set) and on non-Linux systems.
+    """
+    status_dir = os.environ.get(STATUS_DIR_ENV)
+    if not status_dir or sys.platform != "linux":
+        return
+    rank = os.environ.get("PADDLE_TRAINER_ID", "0")
+    try:
+        limit = int(os.environ.get(LIMIT_ENV, "0"))
+    except ValueError:
+        limit = 0
+    if limit <= 0:
+        limit = machine_share_bytes(int(os.environ.get("PADDLE_LOCAL_SIZE", "1") or 1))
+    folder = Path(status_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    parent = os.getpid()
+    _die_with_parent(signal.SIGKILL)  # the supervisor dies with the launcher
+    pid = os.fork()
+    if pid == 0:
+        _die_with_parent(signal.SIGKILL)  # and the rank with its supervisor
+        if os.getppid() != parent:
+            os._exit(1)
+        return
+    watch(pid, rank=int(rank), limit_bytes=limit, status_file=folder / f"rank_{rank}.json")
+
+
+def watch(pid: int, *, rank: int, limit_bytes: int, status_file: Path) -> None:
+    """Supervisor loop for child `pid`; exits this process like the child ended."""
+    def forward(signum, frame):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    record = {"rank": rank, "pid": pid, "supervisor_pid": os.getpid(),
+              "memory_limit_bytes": limit_bytes, "peak_rss_bytes": 0, "rss_bytes": 0,
+              "started": time.time(), "ended": None, "exit_code": None, "signal": None,
+              "killed_for_memory": False}
+    _write(status_file, record)
+    written = time.monotonic()
+    while True:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done, status = pid, 0
+        if done:
+            break
+        rss, hwm = _memory(pid)
+        record["rss_bytes"] = rss
+        record["peak_rss_bytes"] = max(record["peak_rss_bytes"], rss, hwm)
+        if rss > limit_bytes and not record["killed_for_memory"]:
+            record["killed_for_memory"] = True
+            record["killed_at_rss_bytes"] = rss
+            _write(status_file, record)  # before the kill: the runner may read it any moment
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if time.monotonic() - written > 1.0:  # a live view for the runner and for operators
+            _write(status_file, record)
+            written = time.monotonic()
+        time.sleep(POLL_S)
+    code = os.waitstatus_to_exitcode(status)
+    record.update(ended=time.time(), exit_code=code,
+                  signal=signal.Signals(-code).name if code < 0 else None)
+    _write(status_file, record)
+    if code < 0:
+        try:
+            signal.signal(-code, signal.SIG_DFL)
+        except (OSError, ValueError):  # SIGKILL/SIGSTOP cannot be caught anyway
+            pass
+        os.kill(os.getpid(), -code)
+    os._exit(code)
+
+
+def read_status(status_dir: Path) -> list[dict]:
+    """Every rank's record in `status_dir`, by rank."""
+    records = []
+    for path in sorted(Path(status_dir).glob("rank_*.json")):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return sorted(records, key=lambda r: r.get("rank", 0))
