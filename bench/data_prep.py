@@ -60,7 +60,9 @@ def generate(path: Path, size_bytes: int) -> int:
         while written < size_bytes:
             block = "".join(f"{doc}（{rep}.{i}）\n" for i, doc in enumerate(base)).encode()
             block = block[:size_bytes - written]
-            block = block[:block.rfind(b"\n") + 1] or block
+            block = block[:block.rfind(b"\n") + 1]  # whole lines only (valid UTF-8)
+            if not block:
+                break
             out.write(block)
             written += len(block)
             rep += 1
