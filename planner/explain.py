@@ -168,10 +168,18 @@ def explain_plan(plan_path, *, spec_path: str | None = None) -> dict:
                               sample_documents=spec.job.sample_documents,
                               declared_bytes=spec.job.corpus_bytes,
                               seq_lens=spec.constraints.seq_lens, log=lambda *a: None)
+    how = (f"declared in the spec" if stats.tokens_per_character_source == "declared" else
+           f"measured with our {stats.tokenizer_scheme or stats.tokenizer} tokenizer "
+           f"({stats.tokenizer_vocab:,} pieces) on {stats.sample_documents:,} sample documents")
     claim("tokens per character", "1.4 (CPM tokenizer) vs 1.7 (generic BPE)",
-          f"{stats.tokens_per_character:.2f} measured with our jieba+sentencepiece tokenizer "
-          f"({stats.tokenizer_vocab:,} pieces) on {stats.sample_documents:,} sample documents",
-          "differs: a word-level CPM vocabulary gives fewer than 1 token per character")
+          f"{stats.tokens_per_character:.2f} {how}",
+          "differs: a word-level CPM vocabulary gives fewer than 1 token per character"
+          if stats.tokens_per_character < 1.2 else "similar")
+    from planner.corpus_stats import epochs_warning
+
+    warning = epochs_warning(stats, target)
+    if warning:
+        out["warnings"] = [warning]
     # Steps
     steps_article = ARTICLE_TARGET_TOKENS / (256 * 1024)
     claim("190k steps", "about 190k steps at 256 x 1024 tokens per step",
@@ -222,6 +230,7 @@ def render_explanation(result: dict) -> str:
         lines.append(f"  uncertainty: {unc['dominant_term']} is {unc['dominant_share']:.0%} of "
                      f"the modelled step, so it dominates; interval from "
                      f"{unc['interval_basis']}")
+    lines += [f"  {w}" for w in result.get("warnings", [])]
     lines.append("")
     lines.append("Reference-case claims vs the model (all modelled unless marked measured)")
     lines.append(tabulate(result["claims"], headers="keys", tablefmt="github"))

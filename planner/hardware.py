@@ -48,6 +48,8 @@ class Offer:
     currency: str = setting("USD", "Currency of the prices.")
     source: str = setting("", "Where the price comes from.")
     as_of: str = setting("", "Date of the price.")
+    region: str = setting("", "Cloud region of on_demand_per_hour ('' = not recorded).")
+    spot_region: str = setting("", "Cloud region of spot_per_hour ('' = same as region).")
     profile: str = setting("", "Profile name (only in hardware_profiles/offers/*.toml).")
 
     @property

@@ -41,6 +41,9 @@ class JobSpec:
     sample_documents: int = setting(3000, "Documents tokenized to measure tokens per "
                                           "character.", min=10)
     tokenizer: str = setting("sentencepiece", "As in the plan's job.tokenizer.")
+    tokens_per_char: float = setting(0.0, "Tokens per character of the corpus with its "
+                                          "tokenizer, if known (0 = measure on the sample).",
+                                     min=0)
     target_tokens: float = setting(0.0, "Training tokens to reach (0 = use epochs).", min=0)
     epochs: float = setting(0.0, "Passes over the full corpus (used when target_tokens = 0).",
                             min=0)
