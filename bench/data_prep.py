@@ -36,6 +36,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -219,7 +220,8 @@ def measure(cmd: list[str], *, time_limit: float, progress_file: Path | None = N
     if not result and not stopped:  # it failed: keep the reason
         err_file.seek(0)
         noise = ("DEBUG", "jieba", "prefix dict", "Loading model", "ccache")
-        result["error"] = [x for x in err_file.read().splitlines()
+        result["error"] = [re.sub(r"(/[\w.\-]+)+/", "", x)  # file names, not paths
+                           for x in err_file.read().splitlines()
                            if x.strip() and not any(n in x for n in noise)][-12:]
         result["exit_status"] = proc.returncode
     err_file.close()
@@ -390,6 +392,8 @@ def run_size(gb: float, work: Path, args) -> dict:
                    progress_file=base_dir / "progress")
     print(f"{gb} GB baseline: {json.dumps({k: v for k, v in base.items() if k != 'log'})}",
           flush=True)
+    if ours.get("tokenizer_model"):  # no paths of this machine in the results
+        ours["tokenizer_model"] = Path(ours["tokenizer_model"]).parent.name
     corpus.unlink()
     shutil.rmtree(cache, ignore_errors=True)
     shutil.rmtree(base_dir, ignore_errors=True)
