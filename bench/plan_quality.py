@@ -340,7 +340,7 @@ def main() -> int:
     # ---- (d) the model alone ----
     model_pick = decision.chosen
 
-    short_steps = f"{short['warmup']}+{short['steps']} (finalists {short['warmup']}+" \
+    short_steps = f"{short['warmup']}+{short['steps']} (raced finalists {short['warmup']}+" \
                   f"{3 * short['steps']})"
     results = [
         ("(a) planner, <= %d probes" % args.probes, ours.best_row, ours.probe_wall_s,

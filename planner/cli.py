@@ -5,6 +5,7 @@
   planner explain PLAN                                  why this plan; the article's claims
   planner profiles                                      hardware profiles and offers
   planner prices import FILE.csv                        SkyPilot-style catalog -> offers
+  planner launch-file PLAN                              SkyPilot task YAML for the plan
 
 Bad input: one line on stderr, exit status 2. No plan possible: the reason, exit status 1.
 """
@@ -62,6 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     hist.add_argument("--storage", default="", help="study storage (default: the run's SQLite)")
     hist.add_argument("--plot", type=Path, default=None, help="save optimisation history PNG")
 
+    lf = sub.add_parser("launch-file", help="write a SkyPilot task YAML for a plan "
+                                            "(sky jobs launch)")
+    lf.add_argument("plan", type=Path, help="plan TOML (inside this project: it is synced)")
+    lf.add_argument("--out", type=Path, default=None, help="YAML file (default: PLAN.sky.yaml)")
+    lf.add_argument("--bucket", default="", help="checkpoint bucket name (default: "
+                                                 "gptplan-<plan name>-<hash>)")
+    lf.add_argument("--region", default=None, help="cloud region (default: the region the "
+                                                   "price was seen in, if recorded)")
     prices = sub.add_parser("prices", help="price lists")
     prices_sub = prices.add_subparsers(dest="prices_command", required=True)
     imp = prices_sub.add_parser("import", help="import a SkyPilot-style catalog CSV")
@@ -168,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_history(args)
         if args.command == "prices":
             return cmd_prices_import(args)
+        if args.command == "launch-file":
+            return cmd_launch_file(args)
     except UserError as exc:
         flag = getattr(args, "overridden", {}).get(exc.key)
         if flag:  # the bad value came from the command line, not the spec file
@@ -225,7 +236,9 @@ def cmd_optimize(args) -> int:
     log = _quiet if quiet else print
 
     def on_stats(stats, target):  # statistics before the search
-        log(render_stats(stats, target) + "\n")
+        from planner.dataprep import stats_lines
+
+        log("\n".join([render_stats(stats, target), *stats_lines(stats, target)]) + "\n")
 
     result = optimize(spec, settings=tune_settings(args) if args.probes else None,
                       local_profile=local_profile_name(args) if args.probes else "",
@@ -297,10 +310,8 @@ def optimize_json(result, out) -> dict:
         "spec": spec.path, "currency": cur, "target_tokens": float(result.target),
         "numbers": "modelled (analytic cost model) unless under measured_* or calibrated_* "
                    "keys",
-        "corpus": asdict(result.stats) | {
-            "tokens_per_character_source": "measured",
-            "total_tokens_source": "extrapolated" if result.stats.extrapolated
-            else "measured"},
+        "corpus": asdict(result.stats),
+        **result.data,
         "chosen": record(result.chosen) if result.chosen is not None else None,
         "chosen_source": result.chosen_source if result.chosen is not None else None,
         "plan_estimate": plan_estimate,
@@ -473,6 +484,19 @@ def cmd_profiles() -> int:
     print(tabulate(rows, headers="keys", tablefmt="github"))
     print("Specs from datasheets; prices from the sources named in each profile (as_of dates "
           "shown). Unverified profiles are leads, not facts.")
+    return 0
+
+
+def cmd_launch_file(args) -> int:
+    from planner.skypilot import write_launch_file
+    from runner.plan import load_plan
+
+    plan = load_plan(args.plan)
+    out = write_launch_file(plan, plan_path=args.plan, out=args.out, bucket=args.bucket,
+                            region=args.region)
+    print(f"SkyPilot task written to {out}; launch it from this directory as a managed job "
+          f"(relaunched after preemption, resuming from the bucket's checkpoints):\n"
+          f"  sky jobs launch -n {plan.name} {out}")
     return 0
 
 

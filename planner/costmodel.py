@@ -28,7 +28,8 @@ from runner.memory import (GB, ModelShape, activation_bytes_per_layer,  # noqa: 
                            memory_per_device_bytes, model_state_bytes_per_param)
 from runner.model import training_flops_per_token
 from runner.plan import ModelSection
-from runner.steptime import (collective_seconds, compute_efficiency,  # noqa: F401
+from runner.steptime import (attention_flops_per_token, collective_seconds,  # noqa: F401
+                             compute_efficiency,
                              gradient_sync_seconds, recompute_extra_flops_per_token,
                              ring_allreduce_seconds)
 

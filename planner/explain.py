@@ -50,7 +50,7 @@ def _pins_from_plan(plan: Plan) -> dict:
                 global_batch_tokens_max=0)
 
 
-def uncertainty_terms(row: dict, profile, precision: str) -> dict:
+def uncertainty_terms(row: dict, profile, precision: str, params_total: float = 0.0) -> dict:
     """Which term of the modelled step time dominates, and so the interval.
 
     The interval comes from the leave-one-out residuals of the efficiency fit (published runs);
@@ -65,10 +65,11 @@ def uncertainty_terms(row: dict, profile, precision: str) -> dict:
     shares = {k: v / total for k, v in terms.items()}
     dominant = max(shares, key=shares.get)
     eff = profile.efficiency_for(precision)
+    lo, hi = eff.interval_ratios(params_total)
     basis = (f"leave-one-out residuals of {eff.fit_rows} published runs on this GPU "
-             f"generation (x{eff.throughput_p10:g}..x{eff.throughput_p90:g} on tokens/s)"
+             f"generation (x{lo:g}..x{hi:g} on tokens/s)"
              if eff.fit_rows else "no published runs for this hardware: the wide default "
-             f"spread x{eff.throughput_p10:g}..x{eff.throughput_p90:g} of an uncalibrated prior")
+             f"spread x{lo:g}..x{hi:g} of an uncalibrated prior")
     return {"dominant_term": dominant, "dominant_share": shares[dominant],
             "shares": shares, "interval_basis": basis}
 
@@ -103,7 +104,9 @@ def explain_plan(plan_path, *, spec_path: str | None = None) -> dict:
     here = _one(spec, choice, target, **pins)
     claims = out["claims"]
     if here:
-        out["uncertainty"] = uncertainty_terms(here, choice.profile, plan.training.precision)
+        out["uncertainty"] = uncertainty_terms(
+            here, choice.profile, plan.training.precision,
+            float(cm.ModelShape.from_section(plan.model).params_total))
 
     def claim(name, article, model, verdict):
         claims.append({"claim": name, "article": article, "model": model, "verdict": verdict})
@@ -111,12 +114,18 @@ def explain_plan(plan_path, *, spec_path: str | None = None) -> dict:
     # AMP: memory and speed, same configuration in fp32
     if here and plan.training.precision != "fp32":
         fp32 = _one(spec, choice, target, **(pins | {"precisions": ["fp32"]}))
-        if fp32:
-            mem_saving = 1 - here["memory_gb"] / fp32["memory_gb"]
+        # like for like: flash attention needs 16 bit, so AMP's own saving is measured with
+        # the standard attention kernel on both sides
+        same_kernel = _one(spec, choice, target, **(pins | {"flash_attention": False}))
+        if fp32 and same_kernel:
+            mem_saving = 1 - same_kernel["memory_gb"] / fp32["memory_gb"]
             speedup = fp32["step_time_s"] / here["step_time_s"] - 1
+            flash_note = (f"; with the flash attention 16 bit enables, {here['memory_gb']:.1f}"
+                          " GB" if here.get("flash") else "")
             claim("AMP memory", "about 40% less memory",
                   f"{mem_saving:.0%} less per device ({fp32['memory_gb']:.1f} -> "
-                  f"{here['memory_gb']:.1f} GB) on {choice.profile.name}",
+                  f"{same_kernel['memory_gb']:.1f} GB, same attention kernel) on "
+                  f"{choice.profile.name}{flash_note}",
                   "holds" if 0.25 <= mem_saving <= 0.55 else "differs")
             claim("AMP speed", "30% or more faster",
                   f"{speedup:.0%} faster on {choice.profile.name} (tensor-core peak "
@@ -159,10 +168,18 @@ def explain_plan(plan_path, *, spec_path: str | None = None) -> dict:
                               sample_documents=spec.job.sample_documents,
                               declared_bytes=spec.job.corpus_bytes,
                               seq_lens=spec.constraints.seq_lens, log=lambda *a: None)
+    how = (f"declared in the spec" if stats.tokens_per_character_source == "declared" else
+           f"measured with our {stats.tokenizer_scheme or stats.tokenizer} tokenizer "
+           f"({stats.tokenizer_vocab:,} pieces) on {stats.sample_documents:,} sample documents")
     claim("tokens per character", "1.4 (CPM tokenizer) vs 1.7 (generic BPE)",
-          f"{stats.tokens_per_character:.2f} measured with our jieba+sentencepiece tokenizer "
-          f"({stats.tokenizer_vocab:,} pieces) on {stats.sample_documents:,} sample documents",
-          "differs: a word-level CPM vocabulary gives fewer than 1 token per character")
+          f"{stats.tokens_per_character:.2f} {how}",
+          "differs: a word-level CPM vocabulary gives fewer than 1 token per character"
+          if stats.tokens_per_character < 1.2 else "similar")
+    from planner.corpus_stats import epochs_warning
+
+    warning = epochs_warning(stats, target)
+    if warning:
+        out["warnings"] = [warning]
     # Steps
     steps_article = ARTICLE_TARGET_TOKENS / (256 * 1024)
     claim("190k steps", "about 190k steps at 256 x 1024 tokens per step",
@@ -213,6 +230,7 @@ def render_explanation(result: dict) -> str:
         lines.append(f"  uncertainty: {unc['dominant_term']} is {unc['dominant_share']:.0%} of "
                      f"the modelled step, so it dominates; interval from "
                      f"{unc['interval_basis']}")
+    lines += [f"  {w}" for w in result.get("warnings", [])]
     lines.append("")
     lines.append("Reference-case claims vs the model (all modelled unless marked measured)")
     lines.append(tabulate(result["claims"], headers="keys", tablefmt="github"))

@@ -18,8 +18,9 @@ from runner.tomlconf import from_table, read_toml, setting
 
 # Profile folder, calibration folder and the [efficiency] table are shared with the runner's
 # local rehearsal (runner.profile), so both read a profile the same way.
-from runner.profile import (LOCAL_CALIBRATION_ENV, PROFILE_DIR, Efficiency,  # noqa: F401
-                            ProfileError, calibration_dir, calibration_tables)
+from runner.profile import (LARGE_MODEL_PARAMS, LOCAL_CALIBRATION_ENV,  # noqa: F401
+                            PROFILE_DIR, Efficiency, ProfileError, calibration_dir,
+                            calibration_tables)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class Offer:
     currency: str = setting("USD", "Currency of the prices.")
     source: str = setting("", "Where the price comes from.")
     as_of: str = setting("", "Date of the price.")
+    region: str = setting("", "Cloud region of on_demand_per_hour ('' = not recorded).")
+    spot_region: str = setting("", "Cloud region of spot_per_hour ('' = same as region).")
     profile: str = setting("", "Profile name (only in hardware_profiles/offers/*.toml).")
 
     @property

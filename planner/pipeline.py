@@ -51,6 +51,7 @@ class OptimizeResult:
     tuning: Tuning | None = None
     plan: object | None = None          # runner.plan.Plan to write (None: no plan)
     notes: list[str] = field(default_factory=list)
+    data: dict = field(default_factory=dict)  # planner.dataprep.report(...)["json"]
 
     @property
     def table(self):
@@ -98,15 +99,21 @@ def plan_space(spec, *, log: Callable = print, on_stats: Callable | None = None)
                         f"{spec.constraints.profiles} / offers {spec.constraints.offers}; known "
                         f"profiles: {known}", file=spec.path, key="constraints.profiles")
     model = spec.model_section()
-    stats = corpus_statistics(corpus=spec.job.corpus, tokenizer=spec.job.tokenizer,
-                              vocab_size=model.vocab_size, cache_dir=spec.job.cache_dir,
-                              sample_documents=spec.job.sample_documents,
-                              declared_bytes=spec.job.corpus_bytes,
-                              seq_lens=spec.constraints.seq_lens, log=log)
+    try:
+        stats = corpus_statistics(corpus=spec.job.corpus, tokenizer=spec.job.tokenizer,
+                                  vocab_size=model.vocab_size, cache_dir=spec.job.cache_dir,
+                                  sample_documents=spec.job.sample_documents,
+                                  declared_bytes=spec.job.corpus_bytes,
+                                  seq_lens=spec.constraints.seq_lens,
+                                  tokens_per_char=spec.job.tokens_per_char, log=log)
+    except UserError as exc:  # corpus/tokenizer errors name the spec they came from
+        exc.file = exc.file or spec.path
+        raise
     timings["corpus_statistics_s"] = time.perf_counter() - t0
     sample = min(spec.constraints.seq_lens) + 1
     if stats.total_tokens < sample:  # the runner refuses such a corpus too
-        raise UserError(f"the corpus holds {stats.total_tokens:,.0f} tokens (measured), fewer "
+        raise UserError(f"the corpus holds {stats.total_tokens:,.0f} tokens "
+                        f"({stats.total_tokens_source}), fewer "
                         f"than one training sample of seq_len + 1 = {sample} tokens; give a "
                         "larger corpus or declare job.corpus_bytes", file=spec.path,
                         key="job.corpus")
@@ -210,9 +217,13 @@ def optimize(spec, *, settings=None, local_profile: str = "", work_dir: Path | N
 
     stats, target, decision, timings = plan_space(spec, log=log, on_stats=on_stats)
     result = OptimizeResult(spec, stats, target, decision, timings, chosen=decision.chosen)
+    cur = spec.constraints.currency
+    from planner import dataprep
+
+    result.data = dataprep.report(stats, target, None, cache_dir=spec.job.cache_dir,
+                                  currency=cur)["json"]
     if decision.chosen is None:
         return result
-    cur = spec.constraints.currency
     notes = decision_notes(decision, lambda i: describe(decision.table, i, cur))
     if settings is not None and settings.probes > 0:
         t0 = time.perf_counter()
@@ -228,6 +239,11 @@ def optimize(spec, *, settings=None, local_profile: str = "", work_dir: Path | N
         elif outcome is not None:
             result.chosen, result.chosen_source = outcome.best_row, "probe"
     table = decision.table
+    data = dataprep.report(stats, target, table.row(result.chosen),
+                           cache_dir=spec.job.cache_dir, currency=cur)
+    result.data = data["json"]
+    notes += data["notes"]
+    result.notes += data["notes"][:1]  # the preparation line (the warning is shown with stats)
     if result.chosen_source == "probe":
         best = result.chosen
         tuning = result.tuning

@@ -17,8 +17,15 @@ def _sig(x: float, digits: int = 6) -> float:
     return float(f"{x:.{digits}g}")
 
 
-def _interval_source(prof, precision: str) -> str:
+def _params(spec: Spec) -> float:
+    from planner.costmodel import ModelShape
+
+    return float(ModelShape.from_section(spec.model_section()).params_total)
+
+
+def _interval_source(prof, precision: str, params: float) -> str:
     eff = prof.efficiency_for(precision)
+    lo, hi = eff.interval_ratios(params)
     if eff.calibrated_on:
         where = f"measured spread of the probes around the calibration ({eff.source})"
     elif eff.fit_rows:
@@ -27,7 +34,7 @@ def _interval_source(prof, precision: str) -> str:
     else:
         where = "no published runs for this hardware: the default (wide) spread of an " \
                 "uncalibrated prior"
-    return f"80% interval on throughput x{eff.throughput_p10:g}..x{eff.throughput_p90:g}: {where}"
+    return f"80% interval on throughput x{lo:g}..x{hi:g}: {where}"
 
 
 def candidate_plan(spec: Spec, row: dict, *, target: float, notes: list[str] | None = None,
@@ -88,7 +95,8 @@ def candidate_plan(spec: Spec, row: dict, *, target: float, notes: list[str] | N
             tokens_per_second_p90=_sig(row["tokens_per_s_p90"]),
             hours_p10=_sig(row["hours_p10"]), hours_p90=_sig(row["hours_p90"]),
             cost_p10=_sig(row["cost_p10"]), cost_p90=_sig(row["cost_p90"]),
-            interval=row.get("interval_source") or _interval_source(prof, precision),
+            interval=row.get("interval_source") or _interval_source(prof, precision,
+                                                                    _params(spec)),
             measured=measured or []),
         provenance=ProvenanceSection(
             created_by=f"planner {__version__}",

@@ -86,20 +86,23 @@ def parse_catalog(path: Path, *, provider: str, as_of: str) -> tuple[list[dict],
         key = row["InstanceType"].strip()
         entry = merged.setdefault(key, {"profile": profile, "instance": key, "count": count,
                                         "on_demand": [], "spot": [], "regions": set()})
+        region = (row.get("Region") or "").strip()
         if on_demand is not None:
-            entry["on_demand"].append(on_demand)
+            entry["on_demand"].append((on_demand, region))
         if spot is not None:
-            entry["spot"].append(spot)
-        entry["regions"].add(row.get("Region", ""))
+            entry["spot"].append((spot, region))
+        entry["regions"].add(region)
     offers = []
     for entry in merged.values():
+        # the lowest price and the region it was seen in (SkyPilot launches there)
+        on_demand, region = min(entry["on_demand"]) if entry["on_demand"] else (0.0, "")
+        spot, spot_region = min(entry["spot"]) if entry["spot"] else (0.0, "")
         offers.append({
             "profile": entry["profile"], "provider": provider, "instance": entry["instance"],
             "gpus_per_node": entry["count"], "inter_node_gbits_per_s": 0.0,
-            "on_demand_per_hour": min(entry["on_demand"]) if entry["on_demand"] else 0.0,
-            "spot_per_hour": min(entry["spot"]) if entry["spot"] else 0.0, "currency": "USD",
+            "on_demand_per_hour": on_demand, "spot_per_hour": spot, "currency": "USD",
             "source": f"imported from {path.name}: lowest price over {len(entry['regions'])} "
-                      "region(s)", "as_of": as_of})
+                      "region(s)", "as_of": as_of, "region": region, "spot_region": spot_region})
     return offers, skipped
 
 

@@ -6,7 +6,7 @@ The cost model's step time is linear in 1/efficiency once the layout is fixed:
     compute_s(eff) = work / eff,  eff = max · T/(T + T½) · H/(H + H½)   (planner.costmodel)
 so each row is evaluated once through planner.search.evaluate_layouts and the fit then only
 re-weights these parts (fast enough for leave-one-out over hundreds of rows). The fitted
-parameters per generation are (max, T½, H½, overlap); the fit minimises a robust (soft-L1) loss
+parameters per generation are (max, T½, H½, overlap, attention_relative); the fit minimises a robust (soft-L1) loss
 of log(predicted/published) tokens/s per device.
 """
 
@@ -104,9 +104,16 @@ def load_rows(path: Path = RUNS_CSV, profiles: dict[str, Profile] | None = None)
             parts = {k: float(out[k][0]) for k in ("compute_s", "efficiency", "tp_s", "pp_s",
                                                    "opt_s", "dp_sync_s", "bubble",
                                                    "tokens_per_step", "world")}
+            shape = cm.ModelShape.from_section(m)
+            code = cm.RECOMPUTE_MODES.index(rec["recompute"])
+            f_hw = float(cm.model_flops_per_token(m, i["seq"]) + cm.recompute_extra_flops_per_token(
+                shape, i["seq"], code, i["flash_attention"]))
+            f_attn = float(cm.attention_flops_per_token(shape, i["seq"], code,
+                                                        i["flash_attention"]))
+            work = parts["compute_s"] * parts["efficiency"]
             parts.update(tokens=float(i["micro"] * i["seq"]),
                          hidden_per_tp=i["hidden"] / i["tp"],
-                         work=parts["compute_s"] * parts["efficiency"])
+                         work_dense=work * (1 - f_attn / f_hw), work_attn=work * f_attn / f_hw)
             params = cm.ModelShape.from_section(m).params_total
             rows.append(Row(rec["id"], rec["source"], rec["gpu_profile"],
                             generation_of(rec["gpu_profile"]), params / 1e9,
@@ -122,12 +129,13 @@ def _columns(rows: list[Row]) -> dict[str, np.ndarray]:
     return cols
 
 
-def predict(cols: dict[str, np.ndarray], eff_max, half_tokens, half_hidden, overlap
-            ) -> np.ndarray:
+def predict(cols: dict[str, np.ndarray], eff_max, half_tokens, half_hidden, overlap,
+            attention_relative=1.0) -> np.ndarray:
     """Tokens/s per device of each row under these efficiency parameters."""
     eff = eff_max * cols["tokens"] / (cols["tokens"] + half_tokens) * \
         cols["hidden_per_tp"] / (cols["hidden_per_tp"] + half_hidden)
-    step = (cols["work"] / eff + cols["tp_s"]) * cols["bubble"] + cols["pp_s"] + \
+    work = cols["work_dense"] + cols["work_attn"] / attention_relative
+    step = (work / eff + cols["tp_s"]) * cols["bubble"] + cols["pp_s"] + \
         (1.0 - overlap) * cols["dp_sync_s"] + cols["opt_s"]
     return cols["tokens_per_step"] / step / cols["world"]
 
@@ -139,13 +147,21 @@ class Fit:
     half_hidden: float
     overlap: float
     rows: int
+    attention_relative: float = 1.0
+
+    @property
+    def params(self) -> tuple:
+        return (self.eff_max, self.half_tokens, self.half_hidden, self.overlap,
+                self.attention_relative)
 
     def efficiency(self, base: Efficiency, *, source: str, fit_error: float,
                    date: str) -> Efficiency:
         return dataclasses.replace(base, max=round(self.eff_max, 4),
                                    half_tokens=round(self.half_tokens, 1),
                                    half_hidden=round(self.half_hidden, 1),
-                                   comm_overlap=round(self.overlap, 3), source=source,
+                                   comm_overlap=round(self.overlap, 3),
+                                   attention_relative=round(self.attention_relative, 3),
+                                   source=source,
                                    calibrated_at=date, fit_error=round(fit_error, 4))
 
 
@@ -158,23 +174,25 @@ def fit(cols: dict[str, np.ndarray], mask: np.ndarray | None = None) -> Fit:
 
     if mask is not None:
         cols = {k: v[mask] for k, v in cols.items()}
-    lo = np.array([math.log(0.05), 0.0, 0.0, -6.0])
-    hi = np.array([math.log(0.95), math.log(1e5), math.log(1e5), 3.0])
+    lo = np.array([math.log(0.05), 0.0, 0.0, -6.0, math.log(0.25)])
+    hi = np.array([math.log(0.95), math.log(1e5), math.log(1e5), 3.0, math.log(4.0)])
 
     def unpack(x):
-        return (math.exp(x[0]), math.exp(x[1]), math.exp(x[2]), 0.95 / (1 + math.exp(-x[3])))
+        return (math.exp(x[0]), math.exp(x[1]), math.exp(x[2]), 0.95 / (1 + math.exp(-x[3])),
+                math.exp(x[4]))
 
     def residuals(x):
         return np.log(predict(cols, *unpack(x)) / cols["measured"])
 
-    x0 = np.array([math.log(0.55), math.log(2048.0), math.log(384.0), 0.0])
+    x0 = np.array([math.log(0.55), math.log(2048.0), math.log(384.0), 0.0, 0.0])
     res = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1)
-    return Fit(*unpack(res.x), rows=len(cols["measured"]))
+    e, t, h, o, a = unpack(res.x)
+    return Fit(e, t, h, o, rows=len(cols["measured"]), attention_relative=a)
 
 
 def relative_errors(cols: dict[str, np.ndarray], f: Fit) -> np.ndarray:
     """|predicted - published| / published, tokens/s per device."""
-    pred = predict(cols, f.eff_max, f.half_tokens, f.half_hidden, f.overlap)
+    pred = predict(cols, *f.params)
     return np.abs(pred - cols["measured"]) / cols["measured"]
 
 
@@ -191,10 +209,34 @@ def leave_one_out(rows: list[Row]) -> dict[str, np.ndarray]:
             mask = (gens == gen)
             mask[i] = False
             f = fit(cols, mask)
-            pred[i] = predict({k: v[i:i + 1] for k, v in cols.items()}, f.eff_max,
-                              f.half_tokens, f.half_hidden, f.overlap)[0]
+            pred[i] = predict({k: v[i:i + 1] for k, v in cols.items()}, *f.params)[0]
     return {"predicted": pred, "measured": cols["measured"],
             "ratio": cols["measured"] / pred}
+
+
+def is_large(row: Row) -> bool:
+    from planner.hardware import LARGE_MODEL_PARAMS
+
+    return row.params_billion * 1e9 >= LARGE_MODEL_PARAMS
+
+
+MIN_LARGE_ROWS = 8  # fewer large-model rows than this: the generation's interval applies
+
+
+def row_interval(rows: list[Row], ratios: np.ndarray, i: int) -> tuple[float, float]:
+    """Row i's 80% interval from the other rows' leave-one-out ratios: p10..p90 of its
+    generation, widened to p10..p90 of the generation's large models (>= LARGE_MODEL_PARAMS)
+    when row i is large and there are enough of them. Row i never sets its own interval."""
+    gens = np.array([r.generation for r in rows])
+    large = np.array([is_large(r) for r in rows])
+    ok = np.isfinite(ratios)
+    ok[i] = False
+    lo, hi = interval_ratios(ratios[ok & (gens == gens[i])])
+    side = ok & (gens == gens[i]) & large
+    if large[i] and side.sum() >= MIN_LARGE_ROWS:
+        big_lo, big_hi = interval_ratios(ratios[side])
+        lo, hi = min(lo, big_lo), max(hi, big_hi)
+    return lo, hi
 
 
 def interval_ratios(ratios: np.ndarray) -> tuple[float, float]:

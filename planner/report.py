@@ -284,11 +284,15 @@ def render_stats(stats: CorpusStatistics, target: float) -> str:
         f"in {stats.local_files} local file(s) (measured; skipped {stats.invalid_utf8_lines} "
         f"invalid UTF-8 lines, {stats.empty_lines} empty, {stats.duplicate_documents} "
         "duplicates)",
-        f"tokens per character: {stats.tokens_per_character:.3f} (measured on "
-        f"{stats.sample_documents:,} documents with {stats.tokenizer}, "
-        f"{stats.tokenizer_vocab:,} pieces)",
+        f"tokens per character: {stats.tokens_per_character:.3f} "
+        + (f"(measured on {stats.sample_documents:,} documents with {stats.tokenizer}, "
+           f"{stats.tokenizer_vocab:,} pieces)"
+           if stats.tokens_per_character_source == "measured" else "(declared in the spec)"),
     ]
-    how = "extrapolated from the declared size" if stats.extrapolated else "measured"
+    how = {"measured": "measured: every local document tokenized",
+           "declared": "declared tokens/char x characters"}.get(
+        stats.total_tokens_source, "extrapolated: sample tokens/char x "
+        + ("characters of the declared size" if stats.extrapolated else "characters"))
     lines.append(f"corpus tokens: {_fmt_tokens(stats.total_tokens)} ({how}); target "
                  f"{_fmt_tokens(target)} tokens = {stats.epochs_for(target):.2f} epochs")
     waste = ", ".join(f"seq {k}: {v:.0%}" for k, v in stats.padding_waste.items())

@@ -41,6 +41,9 @@ class JobSpec:
     sample_documents: int = setting(3000, "Documents tokenized to measure tokens per "
                                           "character.", min=10)
     tokenizer: str = setting("sentencepiece", "As in the plan's job.tokenizer.")
+    tokens_per_char: float = setting(0.0, "Tokens per character of the corpus with its "
+                                          "tokenizer, if known (0 = measure on the sample).",
+                                     min=0)
     target_tokens: float = setting(0.0, "Training tokens to reach (0 = use epochs).", min=0)
     epochs: float = setting(0.0, "Passes over the full corpus (used when target_tokens = 0).",
                             min=0)
@@ -239,6 +242,9 @@ def validate_spec(spec: Spec) -> None:
                              ("node_counts", s.node_counts, lambda v: v >= 1)):
         if not values or not all(ok(v) for v in values):
             fail(f"search.{name}", f"{values!r}: needs positive integers")
+    if not all(isinstance(v, int) and v >= 1 for v in s.sharding_degrees):
+        fail("search.sharding_degrees", f"{s.sharding_degrees!r}: needs positive integers "
+             "([] = all batch ranks and the in-node hybrid)")
     for stage in s.sharding:
         if stage not in ("", "stage1", "stage2", "stage3"):
             fail("search.sharding", f"{stage!r}; allowed: '', 'stage1', 'stage2', 'stage3'")

@@ -51,6 +51,31 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--export", action="store_true",
                     help="after training, export the model for inference (paddle.jit.save)")
     ex.add_argument("--json", action="store_true", help="print the final report as JSON")
+    ex.add_argument("--verbose", action="store_true",
+                    help="show the launcher's and ranks' own output (default: only the "
+                         "runner's lines; the rest is in the attempt's log folder)")
+    exp = sub.add_parser("export", help="write a run's model + tokenizer in PaddleNLP format "
+                                        "(save_pretrained)")
+    exp.add_argument("run_dir", type=Path, help="run directory (runs/<name> or job.output_dir)")
+    exp.add_argument("--checkpoint", default=None,
+                     help="step number of the checkpoint to export (default: the newest)")
+    exp.add_argument("--out", type=Path, default=None,
+                     help="output folder (default: RUN_DIR/export/paddlenlp)")
+    exp.add_argument("--jit", action="store_true",
+                     help="also write the paddle.jit.save inference export (RUN_DIR/export)")
+    gen = sub.add_parser("generate", help="sample text from a run's model (PaddleNLP generate)")
+    gen.add_argument("run_dir", type=Path, help="run directory (runs/<name> or job.output_dir)")
+    gen.add_argument("--prompt", required=True, help="text to continue")
+    gen.add_argument("--checkpoint", default=None,
+                     help="step number of a checkpoint (default: the end-of-run export, else "
+                          "the newest checkpoint)")
+    gen.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate")
+    gen.add_argument("--min-new-tokens", type=int, default=0,
+                     help="generate at least this many tokens before <eod> may end the sample")
+    gen.add_argument("--top-k", type=int, default=8, help="sample from the k likeliest tokens")
+    gen.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    gen.add_argument("--seed", type=int, default=0, help="random seed of the sampling")
+    gen.add_argument("--json", action="store_true", help="print the sample as JSON")
     return parser
 
 
@@ -58,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     signals.block()  # a notice during start-up is delivered once our handler is in place
     args = build_parser().parse_args(argv)
     quiet_third_party_warnings()
+    commands = {"execute": execute, "export": cmd_export, "generate": cmd_generate}
     try:
-        return execute(args)
+        return commands[args.command](args)
     except UserError as exc:
         if isinstance(exc, DataError) and not exc.file:
             exc.file = str(args.plan)  # corpus/tokenizer errors name the plan they came from
@@ -185,8 +211,7 @@ def check_budget(plan: Plan, billing, latest: Path | None, plan_file: Path) -> s
 
 def execute(args) -> int:
     from runner.data import prepare_data
-    from runner.launch import (check_hardware, deadline_hit, forwarded_signals, localize,
-                               run_group)
+    from runner.launch import check_hardware, deadline_hit, forwarded_signals, localize
     from runner.metrics import BillingLog
     from runner.parallel import launch_commands
     from runner.rundir import RunDirLock
@@ -210,6 +235,7 @@ def execute(args) -> int:
             print(f"  {change}")
         for line in describe(rehearsal):
             print(line)
+    node_rank = check_node_args(plan, args)
     plan = rehearsal_dir(plan, original, args)
     check_paths(plan, args.plan)
     import paddle  # noqa: F401  (installs Paddle's signal handlers; ours go on top)
@@ -219,7 +245,11 @@ def execute(args) -> int:
     if not (run_dir / "billing.json").exists():  # a new run: refuse before writing anything
         check_budget(plan, BillingLog(run_dir / "billing.json"), None, args.plan)
     lock = None
-    if not args.dry_run:
+    if not args.dry_run and node_rank > 0:
+        # the other nodes of a multi-node run share node 0's run directory (see README);
+        # each holds its own lock, and only node 0 writes checkpoints, billing and reports
+        lock = RunDirLock(run_dir, lock_file=f"runner.node{node_rank:02d}.lock").acquire()
+    elif not args.dry_run:
         lock = RunDirLock(run_dir).acquire()  # one runner per run directory
         ckpt.remove_incomplete(run_dir / "checkpoints")  # first: they may be what fills the disk
         if args.fresh and any(p.name != "runner.lock" for p in run_dir.iterdir()):
@@ -228,7 +258,10 @@ def execute(args) -> int:
             old_lock, lock = lock, RunDirLock(run_dir).acquire()
             old_lock.release()
             print(f"--fresh: previous run kept in {backup}")
-    latest = check_resume(plan, run_dir, args.plan, repair=not args.dry_run)
+    latest = check_resume(plan, run_dir, args.plan,
+                          repair=not args.dry_run and node_rank == 0)
+    # Node 0 bills the whole cluster (price x nnodes x its wall-clock time); other nodes only
+    # read the bill for the budget check (one writer: attempts are never counted twice).
     billing = BillingLog(run_dir / "billing.json")
 
     effective_plan = run_dir / "plan.toml"
@@ -236,11 +269,15 @@ def execute(args) -> int:
     if not args.local and not args.dry_run:
         print_cluster_commands(plan, args)
         check_hardware(plan, node_rank=args.node_rank)
+        if plan.parallel.nnodes > 1 and not (args.master or plan.parallel.master):
+            raise PlanError(f"the plan spans {plan.parallel.nnodes} nodes; give every node the "
+                            "same --master HOST:PORT of node 0 (or set parallel.master)",
+                            key="--master")
     if latest is not None and not args.dry_run:
         state = ckpt.read_state(latest)
         if state["step"] >= plan.training.max_steps:
             print(f"already finished: {latest} is at step {state['step']}")
-            return report(plan, run_dir, args)
+            return report(plan, run_dir, args) if node_rank == 0 else 0
     spent = check_budget(plan, billing, latest, args.plan)
     if spent is not None and not args.dry_run:
         print(spent)
@@ -249,8 +286,15 @@ def execute(args) -> int:
     data = prepare_data(plan)
     print(f"data: {data.num_tokens:,} tokens ({data.meta['num_documents']:,} documents, "
           f"{data.meta['tokens_per_character']:.3f} tokens/char, measured) in {data.path}")
-    attempt = len(billing.attempts) + 1
-    log_dir = run_dir / "logs" / f"attempt_{attempt:03d}"
+    if not plan.training.packing:
+        from runner.data import truncation_loss
+
+        lost = truncation_loss(data, plan.training.seq_len)
+        if lost > 0:
+            print(f"truncation: training.packing = false cuts documents to seq_len + 1 = "
+                  f"{plan.training.seq_len + 1} tokens: {lost:.1%} of the corpus tokens are "
+                  "never trained on (measured); packing loses none")
+    log_dir = attempt_log_dir(run_dir, billing, plan.parallel.nnodes, node_rank)
     commands = launch_commands(plan, plan_path=effective_plan, data_dir=data.path,
                                run_dir=run_dir, log_dir=log_dir, master=args.master)
     if args.dry_run:
@@ -264,7 +308,15 @@ def execute(args) -> int:
     if latest is not None:
         print(f"resuming from {latest} (step {ckpt.read_state(latest)['step']})")
     write_plan(plan, effective_plan, header=f"# effective plan of this run (from {args.plan})\n")
-    attempt_start = billing.start_attempt()
+    if node_rank == 0:  # global rank 0 (on node 0) is the one that writes checkpoints
+        from runner.export import save_run_tokenizer
+
+        save_run_tokenizer(plan, data.meta, run_dir)
+        attempt_start = billing.start_attempt()
+        deadline = budget_guard.deadline(plan, billed_s=billing.previous_seconds(),
+                                         attempt_start=attempt_start)
+    else:
+        attempt_start, deadline = time.time(), None
     if not needs_launch:
         rc = run_in_process(plan, data.path, run_dir)
     else:
@@ -273,10 +325,11 @@ def execute(args) -> int:
 
         limit = rank_memory_limit_bytes(plan, limit_gb=args.memory_limit_gb)
         oom_before = oom_kills()
-        rc = run_group(supervised(commands[args.node_rank or 0], log_dir / "ranks", limit),
-                       group_file=run_dir / "launcher.json",
-                       deadline=budget_guard.deadline(plan, billed_s=billing.previous_seconds(),
-                                                      attempt_start=attempt_start))
+        rc = run_launched(supervised(commands[node_rank], log_dir / "ranks", limit),
+                          run_dir=run_dir, log_dir=log_dir, node_rank=node_rank,
+                          verbose=args.verbose, deadline=deadline)
+    if node_rank > 0:
+        return finish_other_node(plan, run_dir, log_dir, node_rank, rc, since=attempt_start)
     billing.reload()  # rank 0 added its measurements
     billing.touch()
     result = read_result(run_dir, since=attempt_start)
@@ -318,10 +371,12 @@ def execute(args) -> int:
               f"step {result['last_checkpoint_step']} kept; free space and rerun",
               file=sys.stderr)
         return 1
-    if args.export and result["finished"]:
-        from runner.export import export_model
+    if result["finished"]:
+        from runner.export import export_model, export_pretrained
 
-        print(f"exported for inference: {export_model(plan, run_dir)}")
+        print(f"model + tokenizer in PaddleNLP format: {export_pretrained(plan, run_dir)}")
+        if args.export:
+            print(f"exported for inference (paddle.jit.save): {export_model(plan, run_dir)}")
     interrupted = not result["finished"] and result["stop_reason"].startswith("signal")
     return signals.EXIT_SIGNALLED if interrupted else status
 
@@ -333,6 +388,119 @@ def disk_full_line(log_dir: Path) -> str | None:
             if line.startswith("error: no space left"):
                 return line[len("error: "):]
     return None
+
+
+def _run_plan(run_dir: Path) -> Plan:
+    plan_file = Path(run_dir) / "plan.toml"
+    if not plan_file.is_file():
+        raise UserError(f"{plan_file} is missing: {run_dir} is not a run directory (it holds "
+                        "the effective plan.toml of a run)", key="RUN_DIR")
+    return load_plan(plan_file)
+
+
+def cmd_export(args) -> int:
+    from runner.export import export_model, export_pretrained
+
+    plan = _run_plan(args.run_dir)
+    out = export_pretrained(plan, args.run_dir, checkpoint=args.checkpoint, out_dir=args.out)
+    print(f"PaddleNLP format (AutoModelForCausalLM / AutoTokenizer.from_pretrained): {out}")
+    if args.jit:
+        print(f"exported for inference (paddle.jit.save): {export_model(plan, args.run_dir)}")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from runner.export import generate
+
+    for key, value, low in (("--max-new-tokens", args.max_new_tokens, 1),
+                            ("--top-k", args.top_k, 1),
+                            ("--min-new-tokens", args.min_new_tokens, 0)):
+        if value < low:
+            raise UserError(f"{value} must be >= {low}", key=key)
+    if not args.temperature > 0:
+        raise UserError(f"{args.temperature} must be > 0", key="--temperature")
+    _run_plan(args.run_dir)
+    sample = generate(args.run_dir, prompt=args.prompt, checkpoint=args.checkpoint,
+                      max_new_tokens=args.max_new_tokens,
+                      min_new_tokens=args.min_new_tokens, top_k=args.top_k,
+                      temperature=args.temperature, seed=args.seed)
+    if args.json:
+        print(json.dumps(sample, ensure_ascii=False, indent=1))
+    else:
+        print(f"sample from {sample['source']} (top-{sample['top_k']} sampling, seed "
+              f"{sample['seed']}, {sample['new_tokens']} new tokens):")
+        print(f"  {sample['prompt']}[{sample['continuation']}]")
+    return 0
+
+
+def check_node_args(plan: Plan, args) -> int:
+    """This node's rank; --node-rank and --master checked against the plan (exit 2)."""
+    nnodes = plan.parallel.nnodes
+    node_rank = args.node_rank if args.node_rank is not None else 0
+    if not 0 <= node_rank < nnodes:
+        raise PlanError(f"{node_rank} is not a node of this plan; allowed: 0..{nnodes - 1} "
+                        f"(parallel.nnodes = {nnodes})", key="--node-rank")
+    master = args.master or plan.parallel.master
+    if master:
+        host, _, port = master.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise PlanError(f"{master!r} is not host:port (e.g. 10.0.0.1:8090)",
+                            key="--master" if args.master else "parallel.master")
+    return node_rank
+
+
+def attempt_log_dir(run_dir: Path, billing, nnodes: int, node_rank: int) -> Path:
+    """`logs/attempt_NNN` (one node, numbered like billing.json's attempts), or
+    `logs/node_RR/attempt_NNN` on several nodes (each node numbers its own attempts: the
+    nodes' disks may be shared or not, and Paddle names rank logs by local rank)."""
+    if nnodes == 1:
+        return run_dir / "logs" / f"attempt_{len(billing.attempts) + 1:03d}"
+    node_dir = run_dir / "logs" / f"node_{node_rank:02d}"
+    done = len(list(node_dir.glob("attempt_*"))) if node_dir.is_dir() else 0
+    return node_dir / f"attempt_{done + 1:03d}"
+
+
+def run_launched(command, *, run_dir: Path, log_dir: Path, node_rank: int,
+                 verbose: bool, deadline: float | None = None) -> int:
+    """Run this node's launcher; by default its output goes to `launcher.log` and the console
+    shows only the lines rank 0 means for a person (runner.console)."""
+    from runner.console import CONSOLE_ENV, Follower
+    from runner.launch import run_group
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    group_file = run_dir / ("launcher.json" if node_rank == 0 else
+                            f"launcher.node{node_rank:02d}.json")
+    console_file = log_dir / "console.log"
+    command = dataclasses.replace(command, env=command.env | {CONSOLE_ENV: str(console_file)})
+    if verbose:
+        return run_group(command, group_file=group_file, deadline=deadline)
+    print(f"launcher and rank logs: {log_dir} (--verbose shows them here)", flush=True)
+    console_file.touch()
+    with Follower(console_file):
+        return run_group(command, log_file=log_dir / "launcher.log", group_file=group_file,
+                         deadline=deadline)
+
+
+def finish_other_node(plan: Plan, run_dir: Path, log_dir: Path, node_rank: int, rc: int, *,
+                      since: float) -> int:
+    """Node R > 0 reports its own ranks' outcome; billing, metrics, checkpoints and the report
+    are node 0's."""
+    from runner.train import node_result_file
+
+    path = node_result_file(run_dir, node_rank)
+    result = None
+    if path.exists() and path.stat().st_mtime >= since:
+        result = json.loads(path.read_text())
+    if result is None:
+        print(f"node {node_rank}: training failed (exit {rc}); last lines of the rank logs:\n"
+              f"{last_log_lines(log_dir)}", file=sys.stderr)
+        return 1
+    status = "finished" if result["finished"] else f"stopped: {result['stop_reason']}"
+    print(f"node {node_rank}: {status} after {result['completed_steps']}/"
+          f"{result['max_steps']} steps; metrics, checkpoints, billing and the report are "
+          f"written by node 0 (into {run_dir} on node 0)")
+    interrupted = not result["finished"] and result["stop_reason"].startswith("signal")
+    return 143 if interrupted else 0
 
 
 def read_result(run_dir: Path, *, since: float) -> dict | None:

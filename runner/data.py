@@ -1,12 +1,21 @@
 """Prepare the corpus once (tokenize, store token ids), then serve deterministic batches.
 
-On-disk format (one folder per corpus hash + tokenizer, written to a temp folder then renamed):
+On-disk format (one folder per corpus + tokenizer, written to a temp folder then renamed):
   tokens.bin   raw token ids, little-endian uint16 (vocab < 65535) or int32, documents
                concatenated, each followed by <eod>;
   docs.npy     int64 offsets of each document's first token, plus the total length at the end;
-  meta.json    {"format": "gptplan-tokens", "version": 1, dtype, num_tokens, num_documents,
-               eod_id, pad_id, vocab_size, tokenizer, corpus statistics}.
+  meta.json    {"format": "gptplan-tokens", "version": 2, dtype, num_tokens, num_documents,
+               eod_id, pad_id, vocab_size, tokenizer, corpus statistics, preparation
+               throughput}.
 Reading memory-maps tokens.bin; the seq_len-dependent sample index is computed at load time.
+
+Preparation streams: the main process reads the corpus and hands chunks of about
+`CHUNK_CHARS` characters to tokenizer worker processes (at most `INFLIGHT_PER_WORKER` chunks per
+worker in flight), and appends the ids they return to tokens.bin and the document ends to a
+side file; nothing is kept per token or per document in memory, so peak memory does not depend
+on the corpus size (bench/data_prep.py measures it). A cache entry is found by the corpus
+files' (path, size, mtime) and the tokenizer's identity, without re-reading the text; the
+content hash is computed once, while preparing, and stored in meta.json.
 
 Packing (`training.packing = true`): sample i is tokens[i*s : i*s + s + 1] across document
 boundaries, split into input and shifted labels; no token is padding. Unpacked: sample i is
@@ -26,20 +35,29 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import sys
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from runner.corpus import Corpus, read_corpus
+from runner.corpus import (Corpus, CorpusStats, default_dedupe, iter_documents,
+                           resolve_sources, sample_documents, source_key, split_long,
+                           total_bytes)
 from runner.errors import DataError
 from runner.plan import Plan
-from runner.tokenizer import JobTokenizer, load_tokenizer, train_sentencepiece
+from runner.tokenizer import (SAMPLE_CHARS, TOKENIZER_VERSION, FastEncoder, JobTokenizer,
+                              load_tokenizer, read_manifest, train_tokenizer)
 
 FORMAT = "gptplan-tokens"
-VERSION = 1
+VERSION = 2
 IGNORE_INDEX = -100
+CHUNK_CHARS = 64_000        # characters per unit of work handed to a worker
+INFLIGHT_PER_WORKER = 4     # chunks queued or being tokenized per worker (bounds memory)
+THROUGHPUT_FILE = "prep_throughput.json"
 
 
 # ---- preparation ---------------------------------------------------------------------------
@@ -54,94 +72,218 @@ class PreparedData:
         return int(self.meta["num_tokens"])
 
 
-_worker_tokenizer: JobTokenizer | None = None
+_worker_encoder = None
 
 
-def _init_worker(spec: str, model_file: str | None) -> None:
-    global _worker_tokenizer
-    _worker_tokenizer = load_tokenizer(spec, model_file=Path(model_file) if model_file else None)
+def _init_worker(spec: str, model_dir: str | None) -> None:
+    """Load the encoder; a failure is kept and raised by the first task (a pool whose
+    initializer raises would restart its workers forever)."""
+    global _worker_encoder
+    from runner.tokenizer import _worker_quiet
+
+    _worker_quiet()
+    try:
+        if model_dir:
+            _worker_encoder = FastEncoder(Path(model_dir))
+        else:
+            _worker_encoder = _SlowEncoder(load_tokenizer(spec))
+    except Exception as exc:  # noqa: BLE001 - re-raised in the parent through the first task
+        _worker_encoder = exc
 
 
-def _encode_chunk(docs: list[str]) -> list[list[int]]:
-    assert _worker_tokenizer is not None
-    return [_worker_tokenizer.encode(d) for d in docs]
+class _SlowEncoder:
+    """A PaddleNLP tokenizer given by name or directory, one text at a time."""
+
+    def __init__(self, tok: JobTokenizer):
+        self.tok = tok
+        self.dtype = np.uint16 if tok.vocab_size < 65535 else np.int32
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        return [np.asarray(self.tok.encode(t), dtype=self.dtype) for t in texts]
+
+
+def _encode_items(job: tuple[list[tuple[str, bool, bool]], int]):
+    """Tokenize one chunk: (flat ids with <eod> after each finished document, end offsets of
+    the finished documents within flat, documents that tokenized to nothing)."""
+    items, eod = job
+    enc = _worker_encoder
+    if isinstance(enc, Exception) or enc is None:
+        raise DataError(f"the tokenizer worker could not load the tokenizer: {enc!r}",
+                        key="job.tokenizer")
+    ids = enc.encode_batch([text for text, _, _ in items])
+    parts, ends, empty, pos = [], [], 0, 0
+    eod_arr = np.asarray([eod], dtype=enc.dtype)
+    for (_, starts, finishes), arr in zip(items, ids):
+        if starts and finishes and arr.size == 0:
+            empty += 1
+            continue
+        parts.append(arr)
+        pos += arr.size
+        if finishes:
+            parts.append(eod_arr)
+            pos += 1
+            ends.append(pos)
+    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=enc.dtype)
+    return flat, np.asarray(ends, dtype=np.int64), empty
+
+
+def _chunks(documents, eod: int):
+    """Group documents into chunks of about CHUNK_CHARS; cut longer documents into pieces."""
+    items, chars = [], 0
+    for doc in documents:
+        pieces = split_long(doc, CHUNK_CHARS)
+        for i, piece in enumerate(pieces):
+            items.append((piece, i == 0, i == len(pieces) - 1))
+            chars += len(piece)
+            if chars >= CHUNK_CHARS:
+                yield items, eod
+                items, chars = [], 0
+    if items:
+        yield items, eod
 
 
 def tokenize_documents(documents: list[str], spec: str, model_file: Path | None,
                        *, workers: int) -> list[list[int]]:
-    """Tokenize in worker processes; output order equals input order."""
-    chunk = 256
-    chunks = [documents[i:i + chunk] for i in range(0, len(documents), chunk)]
-    if workers <= 1 or len(chunks) == 1:
-        _init_worker(spec, str(model_file) if model_file else None)
-        return [ids for c in chunks for ids in _encode_chunk(c)]
-    ctx = mp.get_context("spawn")  # fork after paddle import is unsafe
-    with ctx.Pool(workers, initializer=_init_worker,
-                  initargs=(spec, str(model_file) if model_file else None)) as pool:
-        return [ids for part in pool.imap(_encode_chunk, chunks) for ids in part]
+    """Tokenize a small list in this process (tests, tools); output order equals input."""
+    model_dir = Path(model_file).parent if model_file and Path(model_file).is_file() \
+        else model_file
+    enc = FastEncoder(model_dir) if model_dir else _SlowEncoder(load_tokenizer(spec))
+    return [a.tolist() for a in enc.encode_batch(documents)]
+
+
+def _tokenizer_dir(*, tokenizer: str, vocab_size: int, cache_dir: str | Path,
+                   paths: list[Path], corpus_key: str, max_documents: int, dedupe: bool,
+                   documents: list[str] | None, workers: int, log) -> Path | None:
+    if tokenizer != "sentencepiece":
+        return None
+    out = Path(cache_dir) / "tokenizers" / f"{corpus_key[:16]}-v{vocab_size}-t{TOKENIZER_VERSION}"
+    if (out / "tokenizer.json").exists():
+        m = read_manifest(out)
+        log(f"reusing tokenizer {out} ({m['scheme']}, identity {m['identity']}; corpus files "
+            "unchanged: same paths, sizes and modification times)")
+        return out
+    t0 = time.perf_counter()
+    if documents is None:
+        documents = sample_documents(paths, max_chars=SAMPLE_CHARS, dedupe=dedupe,
+                                     max_documents=max_documents)
+    else:
+        import random
+
+        documents = list(documents)
+        random.Random(0).shuffle(documents)
+        keep, chars = [], 0
+        for d in documents:
+            if chars >= SAMPLE_CHARS:
+                break
+            keep.append(d[:SAMPLE_CHARS - chars])
+            chars += len(keep[-1])
+        documents = keep
+    log(f"training the tokenizer on a sample of {len(documents):,} documents "
+        f"({sum(map(len, documents)):,} characters)")
+    train_tokenizer(documents, vocab_size=vocab_size, out_dir=out, workers=workers, log=log)
+    log(f"tokenizer trained in {time.perf_counter() - t0:.1f} s -> {out}")
+    return out
+
+
+def _model_file(directory: Path | None) -> Path | None:
+    if directory is None:
+        return None
+    scheme = read_manifest(directory)["scheme"]
+    return directory / ("sentencepiece.model" if scheme == "cpm" else "vocab.json")
 
 
 def job_tokenizer(*, tokenizer: str, vocab_size: int, cache_dir: str | Path,
-                  corpus: Corpus) -> tuple[JobTokenizer, Path | None]:
-    """The job's tokenizer; trains (or reuses) the sentencepiece model when asked to.
+                  corpus: Corpus | None = None, patterns: list[str] | None = None,
+                  max_documents: int = 0, workers: int | None = None,
+                  log=lambda *_: None) -> tuple[JobTokenizer, Path | None]:
+    """The job's tokenizer; trains (or reuses) one when asked to.
 
     Shared by the runner (data preparation) and the planner (corpus statistics), so both
-    measure with the same tokenizer from the same cache.
+    measure with the same tokenizer from the same cache. Give the corpus read in memory
+    (`corpus`) or its patterns (sampled from disk, not read whole).
     """
-    model_file = None
-    if tokenizer == "sentencepiece":
-        key = f"{corpus.stats.sha256[:16]}-v{vocab_size}"
-        model_file = train_sentencepiece(corpus.documents, vocab_size=vocab_size,
-                                         out_dir=Path(cache_dir) / "tokenizers" / key)
+    directory = ensure_tokenizer(tokenizer=tokenizer, vocab_size=vocab_size,
+                                 cache_dir=cache_dir, corpus=corpus, patterns=patterns,
+                                 max_documents=max_documents, workers=workers, log=log)
+    model_file = _model_file(directory)
     tok = load_tokenizer(tokenizer, model_file=model_file)
-    if tok.vocab_size > vocab_size:
-        raise DataError(f"{vocab_size} is smaller than the tokenizer's vocabulary "
-                        f"({tok.vocab_size}); allowed: >= {tok.vocab_size}",
-                        key="model.vocab_size")
+    _check_vocab(tok.vocab_size, vocab_size)
     return tok, model_file
 
 
-def prepare_data(plan: Plan, *, workers: int | None = None, log=print) -> PreparedData:
-    """Read, tokenize and store the corpus once; later calls reuse the cache."""
-    corpus = read_corpus(plan.job.corpus, max_documents=plan.job.max_documents)
-    tok, model_file = job_tokenizer(tokenizer=plan.job.tokenizer,
-                                    vocab_size=plan.model.vocab_size,
-                                    cache_dir=plan.job.cache_dir, corpus=corpus)
-    key = hashlib.sha256(f"{corpus.stats.sha256}|{tok.fingerprint}|{FORMAT}{VERSION}"
+def ensure_tokenizer(*, tokenizer: str, vocab_size: int, cache_dir: str | Path,
+                     corpus: Corpus | None = None, patterns: list[str] | None = None,
+                     max_documents: int = 0, workers: int | None = None,
+                     log=lambda *_: None) -> Path | None:
+    """The trained tokenizer's directory (None for a PaddleNLP tokenizer by name/dir)."""
+    workers = workers or default_workers()
+    if corpus is not None:
+        return _tokenizer_dir(tokenizer=tokenizer, vocab_size=vocab_size, cache_dir=cache_dir,
+                              paths=[Path(s) for s in corpus.sources], corpus_key=corpus.key,
+                              max_documents=max_documents, dedupe=False,
+                              documents=corpus.documents, workers=workers, log=log)
+    paths = resolve_sources(patterns or [])
+    dedupe = default_dedupe(patterns or [])
+    key = source_key(paths, max_documents=max_documents, dedupe=dedupe)
+    return _tokenizer_dir(tokenizer=tokenizer, vocab_size=vocab_size, cache_dir=cache_dir,
+                          paths=paths, corpus_key=key, max_documents=max_documents,
+                          dedupe=dedupe, documents=None, workers=workers, log=log)
+
+
+def _check_vocab(have: int, allowed: int) -> None:
+    if have > allowed:
+        raise DataError(f"{allowed} is smaller than the tokenizer's vocabulary "
+                        f"({have}); allowed: >= {have}", key="model.vocab_size")
+
+
+def default_workers() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+def _tokenizer_info(tokenizer: str, directory: Path | None) -> dict:
+    """eod/pad ids, vocabulary size and identity, without importing Paddle for trained ones."""
+    if directory is None:
+        tok = load_tokenizer(tokenizer)
+        return {"eod_id": tok.eod_id, "pad_id": tok.pad_id, "vocab_size": tok.vocab_size,
+                "identity": tok.fingerprint, "name": tok.name, "scheme": ""}
+    m = read_manifest(directory)
+    enc = FastEncoder(directory)
+    if m["scheme"] == "cpm":
+        eod, pad = enc.sp.piece_to_id("<eod>"), enc.sp.pad_id()
+    else:
+        eod = enc.bpe.token_to_id("<|endoftext|>")
+        pad = eod
+    return {"eod_id": int(eod), "pad_id": int(pad), "vocab_size": enc.vocab_size,
+            "identity": m["identity"], "name": f"{m['scheme']}:{directory.name}",
+            "scheme": m["scheme"], "script_mix": m.get("script_mix")}
+
+
+def prepare_data(plan: Plan, *, workers: int | None = None, log=print,
+                 progress: bool = True) -> PreparedData:
+    """Read, tokenize and store the corpus once, streaming; later calls reuse the cache."""
+    job = plan.job
+    paths = resolve_sources(job.corpus)
+    dedupe = default_dedupe(job.corpus)
+    corpus_key = source_key(paths, max_documents=job.max_documents, dedupe=dedupe)
+    workers = workers or default_workers()
+    directory = ensure_tokenizer(tokenizer=job.tokenizer, vocab_size=plan.model.vocab_size,
+                                 cache_dir=job.cache_dir, patterns=job.corpus,
+                                 max_documents=job.max_documents, workers=workers, log=log)
+    info = _tokenizer_info(job.tokenizer, directory)
+    _check_vocab(info["vocab_size"], plan.model.vocab_size)
+    key = hashlib.sha256(f"{corpus_key}|{info['identity']}|{FORMAT}{VERSION}"
                          .encode()).hexdigest()[:20]
-    out = Path(plan.job.cache_dir) / "data" / key
+    out = Path(job.cache_dir) / "data" / key
     if (out / "meta.json").exists():
+        log(f"reusing prepared data {out} (corpus files unchanged: same paths, sizes and "
+            f"modification times; tokenizer {info['identity']})")
         return PreparedData(out, json.loads((out / "meta.json").read_text()))
-    log(f"preparing data: {corpus.stats.summary()}")
-    workers = workers or max(1, min(os.cpu_count() or 1, 8))
-    encoded = tokenize_documents(corpus.documents, plan.job.tokenizer, model_file,
-                                 workers=workers)
-    dtype = np.uint16 if tok.vocab_size < 65535 else np.int32
-    lengths = np.array([len(ids) + 1 for ids in encoded], dtype=np.int64)
-    keep = lengths > 1  # a document that tokenizes to nothing is dropped and counted
-    offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum(lengths[keep])
-    flat = np.empty(int(offsets[-1]), dtype=dtype)
-    pos = 0
-    for ids, k in zip(encoded, keep):
-        if k:
-            flat[pos:pos + len(ids)] = ids
-            flat[pos + len(ids)] = tok.eod_id
-            pos += len(ids) + 1
-    stats = corpus.stats.__dict__ | {"empty_after_tokenizing": int((~keep).sum())}
-    meta = {"format": FORMAT, "version": VERSION, "dtype": np.dtype(dtype).name,
-            "num_tokens": int(flat.size), "num_documents": int(keep.sum()),
-            "eod_id": tok.eod_id, "pad_id": tok.pad_id, "vocab_size": tok.vocab_size,
-            "tokenizer": tok.name, "tokenizer_model": str(model_file) if model_file else "",
-            "tokens_per_character": float(flat.size - keep.sum()) / max(1, corpus.stats
-                                                                        .characters),
-            "corpus": stats}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=key + ".", suffix=".tmp", dir=out.parent))
     try:
-        flat.tofile(tmp / "tokens.bin")
-        np.save(tmp / "docs.npy", offsets)
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False))
+        meta = _stream_prepare(paths, tmp, job=job, dedupe=dedupe, info=info,
+                               model_dir=directory, workers=workers, log=log,
+                               progress=progress)
         if out.exists():
             shutil.rmtree(tmp)
         else:
@@ -149,7 +291,153 @@ def prepare_data(plan: Plan, *, workers: int | None = None, log=print) -> Prepar
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _record_throughput(Path(job.cache_dir), meta)
     return PreparedData(out, meta)
+
+
+def _stream_prepare(paths, tmp: Path, *, job, dedupe: bool, info: dict, model_dir,
+                    workers: int, log, progress: bool) -> dict:
+    from tqdm import tqdm
+
+    stats = CorpusStats()
+    size = total_bytes(paths)
+    log(f"preparing data: {len(paths)} file(s), {size / 1e6:,.1f} MB, {workers} tokenizer "
+        f"worker(s), tokenizer {info['name']}")
+    dtype = np.uint16 if info["vocab_size"] < 65535 else np.int32
+    t0 = time.perf_counter()
+    cpu0 = _cpu_seconds()
+    # bytes read and tokenized (the two are pipelined), MB/s, ETA; documents as a postfix.
+    # Not a terminal (a log file): a line every 30 s instead of a live bar.
+    bar = tqdm(total=size, unit="B", unit_scale=True, desc="reading + tokenizing",
+               mininterval=2.0 if sys.stderr.isatty() else 30.0, disable=not progress,
+               leave=False)
+    docs_iter = iter_documents(paths, stats, dedupe=dedupe, max_documents=job.max_documents,
+                               progress=bar.update)
+    chunks = _chunks(docs_iter, info["eod_id"])
+    num_tokens = num_docs = empty = 0
+    with open(tmp / "tokens.bin", "wb") as tokens_out, \
+            open(tmp / "ends.i64", "wb") as ends_out:
+        def write(result):
+            nonlocal num_tokens, num_docs, empty
+            flat, ends, n_empty = result
+            if flat.dtype != dtype:
+                flat = flat.astype(dtype)
+            tokens_out.write(flat.tobytes())
+            (ends + num_tokens).tofile(ends_out)
+            num_tokens += int(flat.size)
+            num_docs += int(ends.size)
+            empty += n_empty
+            bar.set_postfix_str(f"{stats.documents:,} docs", refresh=False)
+
+        if workers <= 1:
+            _init_worker(job.tokenizer, str(model_dir) if model_dir else None)
+            for chunk in chunks:
+                write(_encode_items(chunk))
+        else:
+            _run_pool(chunks, write, workers=workers, spec=job.tokenizer, model_dir=model_dir)
+    bar.close()
+    seconds = time.perf_counter() - t0
+    cpu = _cpu_seconds() - cpu0  # this process + its reaped workers: load-independent
+    if num_docs == 0:
+        raise DataError(f"every document tokenized to nothing ({stats.summary()})",
+                        key="job.corpus")
+    # docs.npy: 0, then the end of every document (= the start of the next)
+    ends = np.memmap(tmp / "ends.i64", dtype=np.int64, mode="r", shape=(num_docs,))
+    offsets = np.lib.format.open_memmap(tmp / "docs.npy", mode="w+", dtype=np.int64,
+                                        shape=(num_docs + 1,))
+    offsets[0] = 0
+    block = 1 << 20
+    for i in range(0, num_docs, block):
+        offsets[1 + i:1 + i + block] = ends[i:i + block]
+    offsets.flush()
+    del offsets, ends
+    (tmp / "ends.i64").unlink()
+    corpus_stats = stats.__dict__ | {"empty_after_tokenizing": empty}
+    meta = {"format": FORMAT, "version": VERSION, "dtype": np.dtype(dtype).name,
+            "num_tokens": num_tokens, "num_documents": num_docs,
+            "eod_id": info["eod_id"], "pad_id": info["pad_id"],
+            "vocab_size": info["vocab_size"], "tokenizer": info["name"],
+            "tokenizer_identity": info["identity"], "tokenizer_scheme": info["scheme"],
+            "tokenizer_model": str(_model_file(model_dir)) if model_dir else "",
+            "tokens_per_character": (num_tokens - num_docs) / max(1, stats.characters),
+            "corpus": corpus_stats,
+            "preparation": {"seconds": round(seconds, 3), "bytes": stats.bytes,
+                            "workers": workers, "cpus": os.cpu_count() or 1,
+                            "bytes_per_second": stats.bytes / max(seconds, 1e-9),
+                            "cpu_seconds": round(cpu, 3),
+                            "bytes_per_cpu_second": stats.bytes / max(cpu, 1e-9)}}
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False))
+    log(f"prepared {num_tokens:,} tokens from {stats.summary()} in {seconds:.1f} s "
+        f"({stats.bytes / 1e6 / max(seconds, 1e-9):.2f} MB/s measured)")
+    return meta
+
+
+def _run_pool(chunks, write, *, workers: int, spec: str, model_dir) -> None:
+    """imap over a bounded generator: at most INFLIGHT_PER_WORKER chunks per worker are read
+    ahead, so a fast reader never fills memory with text waiting for the tokenizers."""
+    slots = threading.Semaphore(INFLIGHT_PER_WORKER * workers)
+    stop = threading.Event()
+
+    def bounded():
+        for chunk in chunks:
+            slots.acquire()
+            if stop.is_set():
+                return
+            yield chunk
+
+    ctx = mp.get_context("spawn")  # fork after a paddle import is unsafe
+    pool = ctx.Pool(workers, initializer=_init_worker,
+                    initargs=(spec, str(model_dir) if model_dir else None))
+    try:
+        for result in pool.imap(_encode_items, bounded()):
+            slots.release()
+            write(result)
+        pool.close()
+    except BaseException:
+        stop.set()
+        for _ in range(INFLIGHT_PER_WORKER * workers + 1):
+            slots.release()
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _record_throughput(cache_dir: Path, meta: dict) -> None:
+    """Keep the last measured preparation throughput per tokenizer scheme (the planner uses it
+    to put data preparation into the plan)."""
+    from runner.tomlconf import write_text_atomic
+
+    prep = meta["preparation"]
+    if prep["bytes"] < 1e6:  # too small to say anything about throughput
+        return
+    path = cache_dir / THROUGHPUT_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        data = {}
+    data[meta["tokenizer_scheme"] or "other"] = {
+        # per CPU-second of the whole process tree: what one core does, whatever the load
+        "bytes_per_second_per_core": prep["bytes_per_cpu_second"],
+        "bytes": prep["bytes"], "workers": prep["workers"], "cpus": prep["cpus"],
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    write_text_atomic(path, json.dumps(data, indent=1))
+
+
+def truncation_loss(data: PreparedData, seq_len: int) -> float:
+    """Share of the tokens a non-packed run never sees: each document is cut to seq_len + 1."""
+    offsets = np.load(data.path / "docs.npy", mmap_mode="r")
+    lengths = np.diff(offsets)
+    total = int(lengths.sum())
+    return float(1.0 - np.minimum(lengths, seq_len + 1).sum() / total) if total else 0.0
 
 
 def open_prepared(path: str | Path) -> PreparedData:

@@ -1,33 +1,216 @@
-"""Export the trained model for inference with paddle.jit.save (static graph + params)."""
+"""Models people can use: PaddleNLP's own format (`save_pretrained`), and paddle.jit.save.
+
+A run keeps its tokenizer in `<run_dir>/tokenizer/` (saved when the run starts, so the run dir
+alone is enough to export or sample later, even after the data cache is gone). At the end of a
+run, and with `runner export RUN_DIR`, the trained weights and that tokenizer are written to
+`<run_dir>/export/paddlenlp/` with `save_pretrained`; they load with
+`AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained`. `--export` adds the
+static-graph `paddle.jit.save` export for inference (`<run_dir>/export/model.*`).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from runner import checkpoint as ckpt
+from runner.console import quiet_paddlenlp
 from runner.errors import UserError
 from runner.model import build_model
 from runner.plan import Plan
 
+TOKENIZER_DIR = "tokenizer"
+PRETRAINED_DIR = Path("export") / "paddlenlp"
 
-def export_model(plan: Plan, run_dir: Path) -> Path:
-    import paddle
-    from paddle.static import InputSpec
 
-    latest = ckpt.latest_checkpoint(run_dir / "checkpoints")
-    if latest is None:
-        raise UserError(f"no checkpoint in {run_dir / 'checkpoints'} to export")
+def _replace_dir(tmp: Path, final: Path) -> None:
+    """Move a finished folder into place (the old one, if any, goes only after that)."""
+    old = None
+    if final.exists():
+        old = final.with_name(final.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def save_run_tokenizer(plan: Plan, meta: dict, run_dir: Path) -> Path:
+    """Save the job's tokenizer (PaddleNLP format) into the run dir, once."""
+    from runner.tokenizer import load_tokenizer
+
+    quiet_paddlenlp()
+    out = Path(run_dir) / TOKENIZER_DIR
+    if (out / "tokenizer_config.json").exists():
+        return out
+    model_file = meta.get("tokenizer_model") or None
+    tok = load_tokenizer(plan.job.tokenizer, model_file=Path(model_file) if model_file
+                         else None).tokenizer
+    sp = getattr(tok, "sp", None)
+    if "pad_token" not in tok.special_tokens_map and sp is not None and sp.pad_id() >= 0:
+        tok.pad_token = sp.id_to_piece(sp.pad_id())  # so that a reloaded tokenizer pads
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tokenizer.", dir=out.parent))
+    try:
+        tok.save_pretrained(str(tmp))
+        _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def resolve_checkpoint(run_dir: Path, checkpoint: str | None = None) -> Path:
+    """The newest complete checkpoint, or the one named by step number or folder."""
+    root = Path(run_dir) / "checkpoints"
+    found = ckpt.complete_checkpoints(root)
+    if not found:
+        raise UserError(f"no complete checkpoint in {root}", key="RUN_DIR")
+    if checkpoint is None:
+        return found[-1][1]
+    for step, path in found:
+        if checkpoint in (str(step), path.name, str(path)):
+            return path
+    raise UserError(f"{checkpoint!r} is not a complete checkpoint of this run; allowed: "
+                    f"{', '.join(str(step) for step, _ in found)} (step numbers)",
+                    key="--checkpoint")
+
+
+def _check_exportable(plan: Plan) -> None:
     if plan.parallel.tensor_parallel_degree > 1 or plan.parallel.pipeline_parallel_degree > 1:
         raise UserError("export of tensor/pipeline-parallel shards is not supported; merge "
                         "the shards first", key="parallel")
+
+
+def load_trained_model(plan: Plan, checkpoint: Path):
+    """PaddleNLP GPTForCausalLM (fp32, eval mode) with the weights of `checkpoint`."""
+    import paddle
+
+    quiet_paddlenlp()
+    _check_exportable(plan)
     paddle.set_device("cpu")
-    single = dataclasses.replace(plan.parallel, recompute="none")
+    single = dataclasses.replace(plan.parallel, recompute="none", sequence_parallel=False)
     net = build_model(plan.model, single, seq_len=plan.training.seq_len)
-    state, _, _ = ckpt.load_shard(latest, ckpt.ShardId())
-    net.set_state_dict(state)
+    state, _, _ = ckpt.load_shard(checkpoint, ckpt.ShardId())
+    net.set_state_dict({k: v.astype("float32") if hasattr(v, "astype") else v
+                        for k, v in state.items()})
     net.eval()
-    prefix = run_dir / "export" / "model"
+    return net
+
+
+def load_run_tokenizer(run_dir: Path):
+    from paddlenlp.transformers import AutoTokenizer
+
+    quiet_paddlenlp()
+    path = Path(run_dir) / TOKENIZER_DIR
+    if not (path / "tokenizer_config.json").exists():
+        raise UserError(f"{path} is missing (runs started before this runner version do not "
+                        "keep their tokenizer); run `runner execute` on the plan again to "
+                        "save it", key="RUN_DIR")
+    from runner.tokenizer import _quiet_jieba
+
+    _quiet_jieba()
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def set_special_ids(net, tokenizer) -> None:
+    """Generation stops at the tokenizer's end-of-document piece."""
+    for attr in ("eos", "pad", "bos"):
+        token_id = getattr(tokenizer, f"{attr}_token_id", None)
+        if token_id is not None:
+            setattr(net.config, f"{attr}_token_id", int(token_id))
+            if getattr(net, "generation_config", None) is not None:
+                setattr(net.generation_config, f"{attr}_token_id", int(token_id))
+
+
+def export_pretrained(plan: Plan, run_dir: Path, *, checkpoint: str | None = None,
+                      out_dir: Path | None = None) -> Path:
+    """Write model + tokenizer with `save_pretrained` (PaddleNLP format); returns the folder."""
+    run_dir = Path(run_dir)
+    path = resolve_checkpoint(run_dir, checkpoint)
+    tokenizer = load_run_tokenizer(run_dir)
+    net = load_trained_model(plan, path)
+    set_special_ids(net, tokenizer)
+    out = Path(out_dir) if out_dir else run_dir / PRETRAINED_DIR
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        net.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        (tmp / "gptplan_checkpoint.txt").write_text(f"{path.name}\n")
+        _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def export_model(plan: Plan, run_dir: Path) -> Path:
+    """paddle.jit.save of the newest checkpoint (static graph + params) for inference."""
+    import paddle
+    from paddle.static import InputSpec
+
+    net = load_trained_model(plan, resolve_checkpoint(run_dir))
+    prefix = Path(run_dir) / "export" / "model"
     paddle.jit.save(net, str(prefix), input_spec=[InputSpec([None, None], "int64",
                                                             name="input_ids")])
     return prefix
+
+
+def generate(run_dir: Path, *, prompt: str, checkpoint: str | None = None,
+             max_new_tokens: int = 32, min_new_tokens: int = 0, top_k: int = 8,
+             temperature: float = 1.0, seed: int = 0) -> dict:
+    """Sample a continuation of `prompt` with PaddleNLP's generation API.
+
+    From `export/paddlenlp` (the end-of-run export) unless a checkpoint is named, in which case
+    the model is built from that checkpoint and the run's tokenizer.
+    """
+    from runner.plan import load_plan
+
+    run_dir = Path(run_dir)
+    pretrained = run_dir / PRETRAINED_DIR
+    use_export = checkpoint is None and (pretrained / "config.json").exists()
+    path = None if use_export else resolve_checkpoint(run_dir, checkpoint)  # bad input first
+    import paddle
+    from paddlenlp.transformers import AutoModelForCausalLM
+
+    quiet_paddlenlp()
+    if use_export:
+        paddle.set_device("cpu")
+        net = AutoModelForCausalLM.from_pretrained(str(pretrained))
+        net.eval()
+        tokenizer = load_run_tokenizer(run_dir)
+        source = f"{pretrained} ({(pretrained / 'gptplan_checkpoint.txt').read_text().strip()})"
+    else:
+        plan_file = run_dir / "plan.toml"
+        if not plan_file.exists():
+            raise UserError(f"{plan_file} is missing: not a run directory", key="RUN_DIR")
+        tokenizer = load_run_tokenizer(run_dir)
+        net = load_trained_model(load_plan(plan_file), path)
+        source = str(path)
+    set_special_ids(net, tokenizer)
+    ids = tokenizer(prompt)["input_ids"]
+    if not ids:
+        raise UserError("the prompt tokenizes to nothing; give some text", key="--prompt")
+    paddle.seed(seed)
+    with paddle.no_grad():
+        out, _ = net.generate(input_ids=paddle.to_tensor([ids], dtype="int64"),
+                              max_new_tokens=max_new_tokens,
+                              min_new_tokens=min(min_new_tokens, max_new_tokens),
+                              decode_strategy="sampling",
+                              top_k=top_k, temperature=temperature)
+    new_ids = [int(i) for i in out.numpy()[0].tolist()]
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is not None and eos in new_ids:
+        new_ids = new_ids[:new_ids.index(eos)]
+    if hasattr(tokenizer, "convert_ids_to_string"):  # CPM style: undoes the space pieces
+        text = tokenizer.convert_ids_to_string(new_ids)
+    else:
+        text = tokenizer.decode(new_ids, skip_special_tokens=True)
+    return {"prompt": prompt, "continuation": text, "source": source,
+            "prompt_tokens": len(ids), "new_tokens": len(new_ids),
+            "decode_strategy": "sampling", "top_k": top_k, "temperature": temperature,
+            "seed": seed}

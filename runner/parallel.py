@@ -122,6 +122,11 @@ def thread_env(plan: Plan) -> dict[str, str]:
             "FLAGS_paddle_num_threads": per_proc}
 
 
+def is_loopback(master: str) -> bool:
+    host = master.rpartition(":")[0].strip("[]")
+    return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
 def launch_commands(plan: Plan, *, plan_path: Path, data_dir: Path, run_dir: Path,
                     log_dir: Path, master: str = "", python: str = sys.executable
                     ) -> list[LaunchCommand]:
@@ -139,5 +144,10 @@ def launch_commands(plan: Plan, *, plan_path: Path, data_dir: Path, run_dir: Pat
         if plan.hardware.device in ("gpu", "xpu"):
             argv += ["--devices", ",".join(str(i) for i in range(p.nproc_per_node))]
         argv += [str(ENTRY_SCRIPT), *worker_args(plan_path, data_dir, run_dir)]
-        commands.append(LaunchCommand(node, argv, thread_env(plan)))
+        env = thread_env(plan)
+        if p.nnodes > 1 and env and is_loopback(master or p.master):
+            # every "node" runs on this machine (a loopback rehearsal): they share its cores
+            per_proc = max(1, (os.cpu_count() or 1) // plan.parallel.world_size)
+            env = {k: str(per_proc) for k in env}
+        commands.append(LaunchCommand(node, argv, env))
     return commands

@@ -31,6 +31,10 @@ def calibration_dir(profile_dir: Path = PROFILE_DIR) -> Path:
     return Path(override) if override else Path(profile_dir) / "local"
 
 
+# Models this large get their own interval (their published runs scatter more).
+LARGE_MODEL_PARAMS = 15e9
+
+
 @dataclass(frozen=True)
 class Efficiency:
     max: float = setting(0.5, "Highest achievable fraction of peak FLOP/s.", min=0, max=1)
@@ -41,6 +45,10 @@ class Efficiency:
     rolloff_tokens: float = setting(0.0, "Tokens per micro-batch beyond which efficiency falls "
                                          "again (the working set outgrows the caches, seen on "
                                          "CPUs); 0 = never.", min=0)
+    attention_relative: float = setting(1.0, "Achieved FLOP/s of the attention score/value "
+                                             "matmuls relative to the rest of the layer "
+                                             "(fitted from runs at several seq_len).", min=0,
+                                        min_exclusive=True)
     comm_overlap: float = setting(0.5, "Share of data-parallel gradient sync hidden behind "
                                        "backward compute.", min=0, max=1)
     memory_overhead_gb: float = setting(1.5, "Framework memory per device beyond the model "
@@ -59,7 +67,20 @@ class Efficiency:
     throughput_p90: float = setting(1.7, "90th percentile of measured/modelled tokens/s: the "
                                          "high end of the 80% interval.", min=0,
                                     min_exclusive=True)
+    throughput_p10_large: float = setting(
+        0.0, "Like throughput_p10, for models of at least LARGE_MODEL_PARAMS (15e9) parameters, "
+             "whose published runs scatter more: the interval widened to their own spread "
+             "(0 = use throughput_p10).", min=0)
+    throughput_p90_large: float = setting(0.0, "Like throughput_p90 for large models (0 = use "
+                                               "throughput_p90).", min=0)
     fit_rows: int = setting(0, "Published runs the fit used (0 = not fitted).", min=0)
+
+    def interval_ratios(self, params_total: float) -> tuple[float, float]:
+        """(p10, p90) of measured/modelled tokens/s for a model of this size."""
+        if params_total >= LARGE_MODEL_PARAMS and self.throughput_p10_large and \
+                self.throughput_p90_large:
+            return self.throughput_p10_large, self.throughput_p90_large
+        return self.throughput_p10, self.throughput_p90
 
 
 def calibration_tables(path: Path) -> tuple[Efficiency | None, dict[str, Efficiency]]:

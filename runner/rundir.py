@@ -25,14 +25,15 @@ class RunDirBusy(UserError):
 
 
 class RunDirLock:
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, *, lock_file: str = LOCK_FILE):
         self.run_dir = Path(run_dir)
+        self.lock_file = lock_file  # nodes > 0 of a multi-node run hold their own
         self.fd: int | None = None
 
     def acquire(self) -> "RunDirLock":
         with guard_disk_writes(self.run_dir, needed_bytes=4096):
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(self.run_dir / self.lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

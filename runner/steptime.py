@@ -46,6 +46,20 @@ def recompute_extra_flops_per_token(shape: ModelShape, seq_len, recompute_code,
     return extra + np.where(flash, attn_core, 0.0)
 
 
+def attention_flops_per_token(shape: ModelShape, seq_len, recompute_code,
+                              flash_attention=False):
+    """The part of the hardware FLOPs per token spent in the attention score/value matmuls:
+    12·L·h·s of model FLOPs [P22], plus 4·L·h·s for each recomputed attention forward
+    (core_attn/full_attn/full recompute without flash; flash attention's backward always)."""
+    L, h = shape.layers, shape.hidden
+    s = np.asarray(seq_len, dtype=float)
+    core = 4.0 * L * h * s
+    code = np.asarray(recompute_code)
+    flash = np.asarray(flash_attention, dtype=bool)
+    recomputed = np.where(code == 0, 0.0, np.where((code == 1) & flash, 0.0, core))
+    return 12.0 * L * h * s + recomputed + np.where(flash, core, 0.0)
+
+
 def compute_efficiency(*, micro_batch, seq_len, hidden_per_tp, eff_max, half_tokens,
                        half_hidden, rolloff_tokens=0.0):
     """Achieved/peak FLOP/s as a function of work per device (calibrated per profile).
@@ -149,7 +163,10 @@ def data_parallel_step_time_s(plan: Plan, perf: PerformanceData) -> float:
         hidden_per_tp=m.hidden_size, eff_max=eff.max, half_tokens=eff.half_tokens,
         half_hidden=eff.half_hidden, rolloff_tokens=eff.rolloff_tokens))
     tokens_per_rank = t.per_device_train_batch_size * t.gradient_accumulation_steps * t.seq_len
-    t_compute = tokens_per_rank * f_hw / (peak * efficiency)
+    f_attn = float(attention_flops_per_token(
+        shape, t.seq_len, RECOMPUTE_CODES[plan.parallel.recompute], flash))
+    f_effective = f_hw - f_attn + f_attn / eff.attention_relative
+    t_compute = tokens_per_rank * f_effective / (peak * efficiency)
     t_dp = float(gradient_sync_seconds(
         params=shape.params_total, grad_bytes=2.0 if mixed else 4.0, tp=1, pp=1, dp=ranks,
         shard_degree=1, stage_code=0, accumulation=t.gradient_accumulation_steps,

@@ -1,24 +1,57 @@
-"""The job's tokenizer: a CPM-style sentencepiece model trained offline, or a given one.
+"""The job's tokenizer: trained offline on a bounded sample of the corpus, or a given one.
 
-CPM's tokenizer (PaddleNLP `GPTChineseTokenizer`) runs jieba on the text, maps space and newline
-to the pieces U+2582 and U+2583, joins the words with spaces and encodes with sentencepiece. We
-train the sentencepiece model on exactly that pre-segmented text, with `<bod>`, `<eod>`, `<pad>`
-and the newline/space pieces as user-defined symbols: a missing special piece would otherwise
-silently become `<unk>`. Trained models are cached by corpus hash and vocabulary size.
+`job.tokenizer = "sentencepiece"` trains one, choosing the scheme from the sample's script mix
+(and saying which):
+
+- **cpm** (mostly CJK text): CPM's scheme, loaded with PaddleNLP's `GPTChineseTokenizer`: jieba
+  segments the text, space and newline become the pieces U+2582 and U+2583, the words are joined
+  with spaces and encoded by a unigram sentencepiece model. Trained here with identity
+  normalisation (full-width characters stay full-width), byte fallback (a rare character
+  becomes its UTF-8 bytes, never `<unk>`) and "▁▂" (word separator + space) as one
+  user-defined piece, so a space costs one piece instead of two ("▁", "▂"). Every text
+  decodes back exactly.
+- **bpe** (mostly Latin or other scripts): a GPT-2-style byte-level BPE (trained with the
+  `tokenizers` package, loaded with PaddleNLP's `GPTTokenizer`): exact round trip by
+  construction, and jieba's word splitting does not cost English a piece per space.
+
+Training reads at most `SAMPLE_CHARS` characters (a random sample; see
+`runner.corpus.sample_documents`), runs jieba on that sample in parallel, and gives
+sentencepiece at most `MAX_SENTENCES` sentences, so its time and memory do not grow with the
+corpus. A trained tokenizer is identified by what defines it (pieces, scores, normalisation;
+vocabulary and merges), not by incidental file bytes.
+
+Encoding for data preparation (`FastEncoder`) uses jieba + sentencepiece or `tokenizers`
+directly, without importing Paddle, and gives the same ids as the PaddleNLP classes (tested).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import multiprocessing as mp
 import os
 import shutil
+import sys
 import tempfile
+import time
+import unicodedata
+from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import numpy as np
 
 from runner.errors import DataError
 
-SPECIAL_PIECES = ["<bod>", "<eod>", "\u2583", "\u2582"]  # begin, end of document, newline, space
+TOKENIZER_VERSION = 2
+SAMPLE_CHARS = 12_000_000      # characters of corpus read to train a tokenizer
+MAX_SENTENCES = 2_000_000      # sentencepiece's input_sentence_size
+TRAIN_PIECE_CHARS = 4_000      # documents are cut into pieces this long for training
+CJK_SHARE_FOR_CPM = 0.3        # share of letters that are CJK above which the CPM scheme is used
+# begin and end of document; space and newline each as one piece together with the word
+# separator before them ("▁▂" instead of "▁" + "▂"), and alone as a fallback
+SPECIAL_PIECES = ["<bod>", "<eod>", "\u2581\u2582", "\u2581\u2583", "\u2582", "\u2583"]
+EOT = "<|endoftext|>"
 _TRANSLATE = str.maketrans(" \n", "\u2582\u2583")
 
 
@@ -35,41 +68,198 @@ def cpm_segment(text: str) -> str:
     return " ".join(word.translate(_TRANSLATE) for word in jieba.cut(text, cut_all=False))
 
 
-def train_sentencepiece(documents: list[str], *, vocab_size: int, out_dir: Path,
-                        seed_text_limit: int = 2_000_000) -> Path:
-    """Train a unigram sentencepiece model on jieba-segmented documents; return its path.
+def _segment_many(texts: list[str]) -> list[str]:
+    return [cpm_segment(t) for t in texts]
+
+
+# ---- script mix ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ScriptMix:
+    letters: int
+    cjk_share: float
+    latin_share: float
+    other_share: float
+
+    @property
+    def scheme(self) -> str:
+        return "cpm" if self.cjk_share >= CJK_SHARE_FOR_CPM else "bpe"
+
+    def describe(self) -> str:
+        why = (f"CJK >= {CJK_SHARE_FOR_CPM:.0%} of letters: CPM-style jieba + sentencepiece "
+               "unigram, byte fallback" if self.scheme == "cpm" else
+               f"CJK < {CJK_SHARE_FOR_CPM:.0%} of letters: GPT-2-style byte-level BPE")
+        return (f"script mix of the sample: {self.cjk_share:.0%} CJK, {self.latin_share:.0%} "
+                f"Latin, {self.other_share:.0%} other letters -> {why}")
+
+
+def _is_cjk(ch: str) -> bool:
+    o = ord(ch)
+    return (0x4E00 <= o <= 0x9FFF or 0x3400 <= o <= 0x4DBF or 0x20000 <= o <= 0x2FA1F
+            or 0x3040 <= o <= 0x30FF or 0xAC00 <= o <= 0xD7AF or 0xF900 <= o <= 0xFAFF)
+
+
+def script_mix(documents: list[str], *, max_chars: int = 2_000_000) -> ScriptMix:
+    cjk = latin = other = 0
+    seen = 0
+    for doc in documents:
+        for ch in doc:
+            if _is_cjk(ch):
+                cjk += 1
+            elif ch.isalpha():
+                if ch.isascii() or unicodedata.name(ch, "").startswith("LATIN"):
+                    latin += 1
+                else:
+                    other += 1
+        seen += len(doc)
+        if seen >= max_chars:
+            break
+    letters = max(1, cjk + latin + other)
+    return ScriptMix(cjk + latin + other, cjk / letters, latin / letters, other / letters)
+
+
+# ---- training --------------------------------------------------------------------------------
+
+def _training_pieces(documents: list[str]) -> list[str]:
+    from runner.corpus import split_long
+
+    return [p for d in documents for p in split_long(d, TRAIN_PIECE_CHARS)]
+
+
+def _segment_parallel(pieces: list[str], workers: int, progress) -> list[str]:
+    chunk = 2000
+    chunks = [pieces[i:i + chunk] for i in range(0, len(pieces), chunk)]
+    out: list[str] = []
+    if workers <= 1 or len(chunks) <= 2:
+        for c in chunks:
+            out.extend(_segment_many(c))
+            progress(sum(len(t) for t in c))
+        return out
+    with mp.get_context("spawn").Pool(workers, initializer=_worker_quiet) as pool:
+        for c, seg in zip(chunks, pool.imap(_segment_many, chunks)):
+            out.extend(seg)
+            progress(sum(len(t) for t in c))
+    return out
+
+
+def _worker_quiet() -> None:
+    """Tokenizer workers print nothing to the console (no Paddle, setuptools or jieba noise)."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    _quiet_jieba()
+
+
+def _character_coverage(texts: list[str], vocab_size: int) -> float:
+    """0.995, or less when the sample's frequent characters would not leave room for words:
+    with byte fallback, a character outside the coverage is spelt as its UTF-8 bytes."""
+    from collections import Counter
+
+    counts = Counter()
+    for t in texts:
+        counts.update(t)
+    room = max(50, (vocab_size - 256 - len(SPECIAL_PIECES) - 3) * 2 // 3)
+    freqs = sorted(counts.values(), reverse=True)
+    total = sum(freqs) or 1
+    if len(freqs) <= room:
+        return 0.995
+    return max(0.98, min(0.995, sum(freqs[:room]) / total * 0.999))  # sentencepiece: >= 0.98
+
+
+def _train_cpm(pieces: list[str], vocab_size: int, tmp: Path, workers: int, progress,
+               log) -> None:
+    import sentencepiece as spm
+
+    coverage = _character_coverage(pieces, vocab_size)
+    segmented = _segment_parallel(pieces, workers, progress)
+    text_file = tmp / "train.txt"
+    with open(text_file, "w", encoding="utf-8") as handle:
+        for s in segmented:
+            handle.write(s + "\n")
+    del segmented
+    log(f"training a {vocab_size}-piece sentencepiece model on {len(pieces):,} sentences ...")
+    try:
+        spm.SentencePieceTrainer.train(
+            input=str(text_file), model_prefix=str(tmp / "raw"),
+            vocab_size=vocab_size, model_type="unigram", character_coverage=coverage,
+            byte_fallback=True, normalization_rule_name="identity",
+            remove_extra_whitespaces=False, unk_id=0, pad_id=1, bos_id=-1, eos_id=-1,
+            pad_piece="<pad>", user_defined_symbols=SPECIAL_PIECES,
+            input_sentence_size=MAX_SENTENCES, shuffle_input_sentence=True,
+            num_threads=max(1, min(4, os.cpu_count() or 1)), max_sentence_length=1 << 16,
+            minloglevel=2, hard_vocab_limit=False)  # a small sample may not fill the vocab
+    except RuntimeError as exc:
+        reason = str(exc).strip().splitlines()[-1]
+        raise DataError(f"sentencepiece could not train a {vocab_size}-piece model on the "
+                        f"{len(pieces):,}-sentence sample: {reason}; allowed: a "
+                        "model.vocab_size the sample supports (at least 300 + the "
+                        "distinct characters)", key="model.vocab_size") from None
+    text_file.unlink()
+    # The model file embeds its training paths: store it without them, so the same training
+    # gives the same bytes.
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    proto = pb.ModelProto()
+    proto.ParseFromString((tmp / "raw.model").read_bytes())
+    proto.trainer_spec.ClearField("input")
+    proto.trainer_spec.ClearField("model_prefix")
+    proto.trainer_spec.ClearField("num_threads")
+    (tmp / "sentencepiece.model").write_bytes(proto.SerializeToString())
+    (tmp / "raw.model").unlink()
+    (tmp / "raw.vocab").unlink(missing_ok=True)
+
+
+def _train_bpe(pieces: list[str], vocab_size: int, tmp: Path, progress, log) -> None:
+    from tokenizers import ByteLevelBPETokenizer
+
+    log(f"training a {vocab_size}-token byte-level BPE on {len(pieces):,} documents ...")
+    tok = ByteLevelBPETokenizer(add_prefix_space=False)
+
+    def feed():
+        for p in pieces:
+            progress(len(p))
+            yield p
+
+    tok.train_from_iterator(feed(), vocab_size=vocab_size, min_frequency=2,
+                            special_tokens=[EOT], show_progress=False, length=len(pieces))
+    tok.save_model(str(tmp))
+
+
+def train_tokenizer(documents: list[str], *, vocab_size: int, out_dir: Path,
+                    workers: int = 1, scheme: str = "auto", log=print) -> Path:
+    """Train on a sample of documents; return the tokenizer directory (a cache entry).
 
     Written into a temporary folder, then renamed: a cache entry is complete or absent.
     """
-    import sentencepiece as spm
+    from tqdm import tqdm
 
     out_dir = Path(out_dir)
-    model_path = out_dir / "sentencepiece.model"
-    if model_path.exists():
-        return model_path
+    if (out_dir / "tokenizer.json").exists():
+        return out_dir
+    mix = script_mix(documents)
+    scheme = mix.scheme if scheme == "auto" else scheme
+    log(mix.describe() if scheme == mix.scheme else f"scheme {scheme} (asked)")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", suffix=".tmp", dir=out_dir.parent))
+    t0 = time.perf_counter()
     try:
-        text_file = tmp / "train.txt"
-        with open(text_file, "w", encoding="utf-8") as handle:
-            for doc in documents:
-                handle.write(cpm_segment(doc) + "\n")
-        try:
-            spm.SentencePieceTrainer.train(
-                input=str(text_file), model_prefix=str(tmp / "sentencepiece"),
-                vocab_size=vocab_size, model_type="unigram", character_coverage=0.9995,
-                unk_id=0, pad_id=1, bos_id=-1, eos_id=-1, pad_piece="<pad>",
-                user_defined_symbols=SPECIAL_PIECES, input_sentence_size=seed_text_limit,
-                shuffle_input_sentence=True, num_threads=max(1, min(4, os.cpu_count() or 1)),
-                max_sentence_length=1 << 16, minloglevel=2,
-                hard_vocab_limit=False)  # a small local sample may not support the full vocab
-        except RuntimeError as exc:
-            reason = str(exc).strip().splitlines()[-1]
-            raise DataError(f"cannot train a {vocab_size}-piece sentencepiece model on this "
-                            f"corpus: {reason}; choose another model.vocab_size (Chinese "
-                            "text needs a piece for every frequent character)",
-                            key="model.vocab_size") from None
-        text_file.unlink()
+        pieces = _training_pieces(documents)
+        chars = sum(len(p) for p in pieces)
+        with tqdm(total=chars, unit="char", unit_scale=True, desc="tokenizer training sample",
+                  mininterval=2.0 if sys.stderr.isatty() else 30.0, leave=False) as bar:
+            if scheme == "cpm":
+                _train_cpm(pieces, vocab_size, tmp, workers, bar.update, log)
+            else:
+                _train_bpe(pieces, vocab_size, tmp, bar.update, log)
+        manifest = {"format": "gptplan-tokenizer", "version": TOKENIZER_VERSION,
+                    "scheme": scheme, "script_mix": asdict(mix),
+                    "sample_documents": len(documents), "sample_characters": chars,
+                    "train_seconds": round(time.perf_counter() - t0, 2)}
+        manifest["identity"] = tokenizer_identity(tmp, scheme)
+        (tmp / "tokenizer.json").write_text(json.dumps(manifest, indent=1))
         if out_dir.exists():  # another process finished first
             shutil.rmtree(tmp)
         else:
@@ -77,16 +267,84 @@ def train_sentencepiece(documents: list[str], *, vocab_size: int, out_dir: Path,
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return model_path
+    return out_dir
 
+
+def tokenizer_identity(directory: Path, scheme: str) -> str:
+    """Hash of what defines the tokenizer: pieces, scores, types and normalisation (cpm), or
+    vocabulary and merges (bpe). Two identical trainings give the same identity."""
+    digest = hashlib.sha256(f"{scheme};v{TOKENIZER_VERSION}".encode())
+    directory = Path(directory)
+    if scheme == "cpm":
+        from sentencepiece import sentencepiece_model_pb2 as pb
+
+        proto = pb.ModelProto()
+        proto.ParseFromString((directory / "sentencepiece.model").read_bytes())
+        for piece in proto.pieces:
+            digest.update(piece.SerializeToString())
+        digest.update(proto.normalizer_spec.SerializeToString())
+        digest.update(proto.denormalizer_spec.SerializeToString())
+        t = proto.trainer_spec
+        digest.update(f"{t.byte_fallback};{t.treat_whitespace_as_suffix};{t.unk_id};"
+                      f"{t.pad_id};{t.bos_id};{t.eos_id}".encode())
+    else:
+        vocab = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
+        digest.update(json.dumps(sorted(vocab.items(), key=lambda kv: kv[1]),
+                                 ensure_ascii=False).encode())
+        merges = (directory / "merges.txt").read_text(encoding="utf-8").splitlines()
+        digest.update("\n".join(m for m in merges if not m.startswith("#")).encode())
+    return digest.hexdigest()[:16]
+
+
+def read_manifest(directory: Path) -> dict:
+    return json.loads((Path(directory) / "tokenizer.json").read_text())
+
+
+# ---- fast encoding (no Paddle) ---------------------------------------------------------------
+
+class FastEncoder:
+    """Batch encoding for data preparation; the same ids as the PaddleNLP class."""
+
+    def __init__(self, directory: Path):
+        directory = Path(directory)
+        self.scheme = read_manifest(directory)["scheme"]
+        if self.scheme == "cpm":
+            import sentencepiece as spm
+
+            self.jieba = _quiet_jieba()
+            self.sp = spm.SentencePieceProcessor(model_file=str(directory /
+                                                                "sentencepiece.model"))
+            self.vocab_size = self.sp.get_piece_size()
+        else:
+            from tokenizers import ByteLevelBPETokenizer
+
+            self.bpe = ByteLevelBPETokenizer(str(directory / "vocab.json"),
+                                             str(directory / "merges.txt"),
+                                             add_prefix_space=False)
+            self.vocab_size = self.bpe.get_vocab_size()
+        self.dtype = np.uint16 if self.vocab_size < 65535 else np.int32
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        if self.scheme == "cpm":
+            cut = self.jieba.cut
+            segs = [" ".join(w.translate(_TRANSLATE) for w in cut(t, cut_all=False))
+                    for t in texts]
+            ids = self.sp.encode(segs, num_threads=1)
+        else:
+            ids = [e.ids for e in self.bpe.encode_batch(texts)]
+        return [np.asarray(i, dtype=self.dtype) for i in ids]
+
+
+# ---- the PaddleNLP tokenizer -----------------------------------------------------------------
 
 class JobTokenizer:
     """Thin handle on a PaddleNLP tokenizer with the ids the data pipeline needs."""
 
-    def __init__(self, hf_tokenizer, *, name: str, fingerprint: str):
+    def __init__(self, hf_tokenizer, *, name: str, fingerprint: str, scheme: str = ""):
         self.tokenizer = hf_tokenizer
         self.name = name
         self.fingerprint = fingerprint
+        self.scheme = scheme
         self.eod_id = self._special_id("eos_token", "<eod>")
         pad = getattr(hf_tokenizer, "pad_token_id", None)
         sp = getattr(hf_tokenizer, "sp", None)
@@ -108,26 +366,46 @@ class JobTokenizer:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.convert_tokens_to_ids(self.tokenizer.tokenize(text))
 
+    def decode(self, ids) -> str:
+        return self.tokenizer.convert_ids_to_string([int(i) for i in ids])
 
-def _file_sha(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+def _import_paddlenlp_quietly():
+    """PaddleNLP (through Paddle) warns about ccache and setuptools on import: not for users."""
+    import contextlib
+    import io
+    import warnings
+
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        import paddlenlp.transformers as transformers  # noqa: F401
+    return transformers
 
 
 def load_tokenizer(spec: str, *, model_file: Path | None = None) -> JobTokenizer:
-    """Load by spec: a trained sentencepiece model file, a local directory, or a PaddleNLP name."""
+    """Load by spec: a trained tokenizer (its directory or model file), a local directory, or a
+    PaddleNLP name."""
     if spec == "sentencepiece":
         if model_file is None:
             raise ValueError("sentencepiece tokenizer needs the trained model file")
-        from paddlenlp.transformers import GPTChineseTokenizer
-
-        _quiet_jieba()
-        tok = GPTChineseTokenizer(model_file=str(model_file))
-        return JobTokenizer(tok, name=f"sentencepiece:{model_file.parent.name}",
-                            fingerprint=_file_sha(model_file))
-    from paddlenlp.transformers import AutoTokenizer
-
+        directory = Path(model_file) if Path(model_file).is_dir() else Path(model_file).parent
+        transformers = _import_paddlenlp_quietly()
+        manifest = read_manifest(directory) if (directory / "tokenizer.json").exists() \
+            else {"scheme": "cpm"}
+        if manifest["scheme"] == "bpe":
+            tok = transformers.GPTTokenizer(vocab_file=str(directory / "vocab.json"),
+                                            merges_file=str(directory / "merges.txt"),
+                                            eos_token=EOT, pad_token=EOT, unk_token=EOT)
+        else:
+            _quiet_jieba()
+            tok = transformers.GPTChineseTokenizer(
+                model_file=str(directory / "sentencepiece.model"))
+        identity = manifest.get("identity") or tokenizer_identity(directory, "cpm")
+        return JobTokenizer(tok, name=f"{manifest['scheme']}:{directory.name}",
+                            fingerprint=identity, scheme=manifest["scheme"])
+    transformers = _import_paddlenlp_quietly()
     try:
-        tok = AutoTokenizer.from_pretrained(spec)
+        tok = transformers.AutoTokenizer.from_pretrained(spec)
     except Exception as exc:  # PaddleNLP raises many types for a name it cannot resolve
         raise DataError(f"cannot load tokenizer {spec!r} ({type(exc).__name__}); allowed: "
                         "'sentencepiece', a local tokenizer directory, or a PaddleNLP name "

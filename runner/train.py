@@ -22,6 +22,7 @@ from pathlib import Path
 from runner import budget as budget_guard
 from runner import checkpoint as ckpt
 from runner import signals
+from runner.console import say
 from runner.diskspace import free_bytes
 from runner.errors import DiskFullError
 from runner.data import BatchSource, DeterministicSampler, TokenDataset, open_prepared
@@ -255,6 +256,58 @@ def agree_on_stop(flags: list[int], rank: RankInfo) -> list[int]:
     return [int(v) for v in tensor.numpy()]
 
 
+def agree_on_data(data_dir: Path, rank: RankInfo) -> None:
+    """Every node prepares the data into its own cache; all must hold the same tokens.
+    Compared by content (counts and the first and last MiB of token ids), not by file names."""
+    if rank.world == 1:
+        return
+    import hashlib
+
+    import paddle
+    import paddle.distributed as dist
+
+    meta = json.loads((Path(data_dir) / "meta.json").read_text())
+    digest = hashlib.sha256(json.dumps([meta.get(k) for k in (
+        "num_tokens", "num_documents", "vocab_size", "eod_id", "dtype")]).encode())
+    with open(Path(data_dir) / "tokens.bin", "rb") as handle:
+        digest.update(handle.read(1 << 20))
+        handle.seek(max(0, handle.seek(0, 2) - (1 << 20)))
+        digest.update(handle.read())
+    key = int(digest.hexdigest()[:15], 16)
+    low = paddle.to_tensor([key], dtype="int64")
+    high = paddle.to_tensor([key], dtype="int64")
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    if int(low.item()) != int(high.item()):
+        raise RuntimeError(f"rank {rank.rank} prepared other data ({data_dir}) than its peers "
+                           "(another corpus or tokenizer on this node); give every node the "
+                           "same corpus files and job.tokenizer")
+
+
+def agree_on_checkpoint(latest: Path | None, rank: RankInfo) -> Path | None:
+    """Every rank must resume from the same step. On several nodes that needs the run
+    directory on storage all nodes share; a node that sees another newest checkpoint than its
+    peers (per-node disks) is refused instead of silently training from another step."""
+    if rank.world == 1:
+        return latest
+    import paddle
+    import paddle.distributed as dist
+
+    step = ckpt.read_state(latest)["step"] if latest is not None else -1
+    low = paddle.to_tensor([step], dtype="int64")
+    high = paddle.to_tensor([step], dtype="int64")
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    if int(low.item()) != int(high.item()):
+        seen = f"step {step}" if step >= 0 else "no checkpoint"
+        raise RuntimeError(
+            f"rank {rank.rank} sees {seen} in {latest.parent if latest else 'its run dir'}, "
+            f"other ranks see steps {int(low.item())}..{int(high.item())} (-1 = none): the run "
+            "directory (job.output_dir / --output-dir) must be on storage shared by all nodes, "
+            "e.g. the bucket the SkyPilot task mounts")
+    return latest
+
+
 class StopSignal:
     """SIGTERM/SIGINT (a spot preemption notice) asks for a checkpoint at the next step end."""
 
@@ -328,9 +381,10 @@ def distribute(trainer: Trainer) -> None:
 
 def log_line(plan: Plan, rec) -> str:
     cur = plan.hardware.currency
+    mfu = f"MFU {rec.mfu * 100:.2f}%" if plan.hardware.peak_tflops > 0 else "MFU peak unknown"
     return (f"step {rec.step + 1}/{plan.training.max_steps} | loss {rec.loss:.4f} | "
             f"lr {rec.learning_rate:.2e} | {rec.step_time_s * 1000:.0f} ms/step | "
-            f"{rec.tokens_per_second:,.0f} tok/s | MFU {rec.mfu * 100:.2f}% | "
+            f"{rec.tokens_per_second:,.0f} tok/s | {mfu} | "
             f"mem {rec.peak_memory_gb:.2f} GB | cost {rec.cost:.4f} {cur} | "
             f"projected {rec.projected_cost:.4f} {cur}   (all measured)")
 
@@ -338,6 +392,7 @@ def log_line(plan: Plan, rec) -> str:
 def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
     """Run (or resume) the plan on this rank; returns the result dict rank 0 also writes."""
     rank = init_distributed(plan)
+    agree_on_data(Path(data_dir), rank)
     trainer = build_trainer(plan, data_dir, rank)
     stop_signal = StopSignal()  # after importing paddle, which installs its own handlers
     signals.unblock()  # a notice that came during start-up is delivered now
@@ -347,7 +402,7 @@ def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
 
     root = run_dir / "checkpoints"
     start_step, tokens_before, padded_before = 0, 0, 0
-    latest = ckpt.latest_checkpoint(root)
+    latest = agree_on_checkpoint(ckpt.latest_checkpoint(root), rank)
     if latest is not None:
         state = ckpt.read_state(latest)
         trainer.restore(latest)
@@ -362,8 +417,8 @@ def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
     budget, t = plan.budget, plan.training
     if rank.is_main:
         resumed = f", resumed from {latest.name}" if latest else ""
-        print(f"training {plan.name}: {t.max_steps} steps x {plan.tokens_per_step} tokens, "
-              f"world size {rank.world}{resumed}", flush=True)
+        say(f"training {plan.name}: {t.max_steps} steps x {plan.tokens_per_step} tokens, "
+            f"world size {rank.world}{resumed}")
     # A progress bar when a person watches rank 0 (launch redirects ranks to log files).
     progress = None
     if rank.is_main and sys.stdout.isatty():
@@ -401,7 +456,7 @@ def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
                 if progress is not None:
                     progress.write(log_line(plan, record))
                 else:
-                    print(log_line(plan, record), flush=True)
+                    say(log_line(plan, record))
 
         # Would the next step, the checkpoint after it and shutting down cross a limit?
         # Decide on rank 0 (measured costs, runner.budget), agree on all ranks, so every rank
@@ -421,9 +476,9 @@ def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
             if budget.max_cost > 0 and not alerted and \
                     spent >= budget.alert_at * budget.max_cost:
                 alerted = True
-                print(f"WARNING: spent {spent:.4f} {budget.currency} (measured), "
-                      f"{spent / budget.max_cost:.0%} of budget.max_cost "
-                      f"{budget.max_cost} {budget.currency}", flush=True)
+                say(f"WARNING: spent {spent:.4f} {budget.currency} (measured), "
+                    f"{spent / budget.max_cost:.0%} of budget.max_cost "
+                    f"{budget.max_cost} {budget.currency}")
         if rank.is_main and (checkpoint_due or any(flags)) and last_checkpoint_bytes:
             # A checkpoint needs about as much room as the previous one: stop cleanly (the
             # last good checkpoint kept) rather than half-write one.
@@ -448,14 +503,13 @@ def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
                 billing.note(checkpoint_s=seconds)
         if out_of_disk:
             if rank.is_main:
-                print(f"stopping after step {step}: disk full, {free_bytes(root):,} bytes free "
-                      f"in {root}, a checkpoint needs about {last_checkpoint_bytes:,}; the "
-                      f"last good checkpoint (step {last_saved}) is kept", flush=True)
+                say(f"stopping after step {step}: disk full, {free_bytes(root):,} bytes free "
+                    f"in {root}, a checkpoint needs about {last_checkpoint_bytes:,}; the "
+                    f"last good checkpoint (step {last_saved}) is kept")
             break
         if stopping:
             if rank.is_main:
-                print(f"stopping after step {step}: {stop_reason}; checkpoint saved",
-                      flush=True)
+                say(f"stopping after step {step}: {stop_reason}; checkpoint saved")
             break
     writer.close()
     if progress is not None:
@@ -474,7 +528,16 @@ def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
             billing.note(step_s=max(r.step_time_s for r in steady))
         billing.touch()
         write_text_atomic(run_dir / "result.json", json.dumps(result, indent=1))
+    elif rank.rank % plan.parallel.nproc_per_node == 0:  # first rank of node > 0
+        node = rank.rank // plan.parallel.nproc_per_node
+        write_text_atomic(node_result_file(run_dir, node), json.dumps(result, indent=1))
     return result
+
+
+def node_result_file(run_dir: Path, node: int) -> Path:
+    """Where the first rank of node `node` > 0 writes the result its node's runner reads
+    (node 0's runner reads result.json, written by global rank 0)."""
+    return Path(run_dir) / f"result.node{node:02d}.json"
 
 
 def worker_main(argv: list[str] | None = None) -> int:

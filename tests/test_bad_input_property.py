@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 from conftest import REPO
 
-PLAN_CASES = int(os.environ.get("GPTPLAN_PROPERTY_CASES", 40))
-SPEC_CASES = int(os.environ.get("GPTPLAN_PROPERTY_CASES", 25))
+PLAN_CASES = int(os.environ.get("GPTPLAN_PROPERTY_CASES", 30))
+SPEC_CASES = int(os.environ.get("GPTPLAN_PROPERTY_CASES", 20))
 PLANS = sorted((REPO / "plans").glob("*.toml"))
 SPECS = sorted((REPO / "planner" / "specs").glob("*.toml"))
 DELETE = object()

@@ -305,3 +305,11 @@ def test_every_multi_gpu_offer_states_its_network_and_fast_clusters_exist():
 
 def test_model_registry_unchanged():
     assert MODEL_SIZES["gpt-base-110m"].hidden_size == 768
+
+
+@pytest.mark.parametrize("key,value", [("virtual_pp", [0]), ("sharding_degrees", [0])])
+def test_new_search_lists_are_validated(key, value):
+    from planner.spec import SpecError
+
+    with pytest.raises(SpecError, match=f"search.{key}"):
+        spec({"search": {key: value}})

@@ -51,7 +51,7 @@ def test_shipped_priors_fit_the_published_runs(rows):
         mask = gens == gen
         sub = {k: v[mask] for k, v in cols.items()}
         err = pb.relative_errors(sub, pb.Fit(e.max, e.half_tokens, e.half_hidden,
-                                             e.comm_overlap, 0))
+                                             e.comm_overlap, 0, e.attention_relative))
         assert np.median(err) <= 0.10, gen
         assert e.throughput_p10 < 1 < e.throughput_p90
 
@@ -116,3 +116,16 @@ def test_explain_names_the_dominant_uncertainty_term():
     assert u["dominant_term"].startswith("compute")
     assert u["shares"]["gradient sync (not hidden)"] == pytest.approx(0.2 / 1.35)
     assert "published runs" in u["interval_basis"]
+
+
+def test_large_models_get_the_wider_interval():
+    from planner.hardware import Efficiency
+
+    e = Efficiency(throughput_p10=0.9, throughput_p90=1.1, throughput_p10_large=0.8,
+                   throughput_p90_large=1.2)
+    assert e.interval_ratios(1e9) == (0.9, 1.1)
+    assert e.interval_ratios(20e9) == (0.8, 1.2)
+    assert Efficiency().interval_ratios(20e9) == (0.6, 1.7)  # no large interval: the default
+    shipped = load_profiles()["a100-80gb"].efficiency
+    lo, hi = shipped.interval_ratios(70e9)
+    assert lo <= shipped.throughput_p10 and hi >= shipped.throughput_p90

@@ -120,3 +120,20 @@ def test_price_import_validates_rows_and_names(tmp_path):
     with pytest.raises(ProfileError, match="is a directory"):
         import_catalog(tmp_path, directory=tmp_path)
     assert sorted(p.name for p in (tmp_path / "offers").iterdir()) == ["aws.toml"]
+
+
+def test_planner_corpus_errors_name_the_spec_and_tiny_corpus_is_refused(tmp_path):
+    from planner.cli import main
+
+    (tmp_path / "tiny.txt").write_text("abcd\n")
+    for corpus, needle in (("missing*.txt", "matches no file"),
+                           ("tiny.txt", "fewer than one training sample")):
+        spec = tmp_path / "spec.toml"
+        spec.write_text(tomli_w.dumps({
+            "job": {"name": "tiny", "corpus": [str(tmp_path / corpus)], "epochs": 1.0,
+                    "cache_dir": str(tmp_path / "cache")},
+            "model": {"size": "gpt-tiny"},
+            "constraints": {"profiles": ["cpu"], "seq_lens": [64]}}))
+        rc, _, lines = call(main, ["estimate", "--spec", str(spec)])
+        assert rc == 2 and len(lines) == 1, lines
+        assert "spec.toml: job.corpus" in lines[0] and needle in lines[0], lines[0]

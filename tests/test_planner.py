@@ -175,6 +175,9 @@ def test_optimize_bank_faq_end_to_end(optimized):
     out = proc.stdout
     assert "tokens per character" in out and "(measured" in out
     assert "all numbers modelled" in out and "Best plan per offer" in out
+    # 50B tokens on ~10 GB of text repeat it about 18 times: warned, in fresh-data terms
+    assert "Muennighoff" in out and "fresh tokens" in out
+    assert "data preparation" in out and "MB/s per core" in out
     plan = load_plan(work / "plans" / "bank_faq.toml")
     assert plan.estimate.source == "model" and plan.estimate.cost <= 12000
     assert plan.budget.currency == plan.hardware.currency == "CNY"
@@ -199,6 +202,7 @@ def test_explain_and_runner_dry_run_accept_the_plan(optimized):
     proc = run_cli("planner", "explain", "plans/bank_faq.toml", cwd=work)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "AMP memory" in proc.stdout and "7 days" in proc.stdout
+    assert "Muennighoff" in proc.stdout
     dry = run_cli("runner", "execute", "plans/bank_faq.toml", "--dry-run", cwd=work)
     assert dry.returncode == 0, dry.stderr[-2000:]
     assert "dry run OK" in dry.stdout and "paddle.distributed.launch" in dry.stdout

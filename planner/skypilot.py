@@ -1,0 +1,191 @@
+"""Hand a plan to SkyPilot: the task YAML that provisions the planned offer and runs the plan.
+
+`planner launch-file PLAN` writes `<plan>.sky.yaml`:
+
+  resources   cloud, instance_type, accelerators (SkyPilot's name and count), use_spot, and
+              the region the price was seen in (when the price list recorded one)
+  num_nodes   the plan's nnodes
+  workdir     this project (synced to every node)
+  file_mounts a bucket at /checkpoints holding the run directory (checkpoints, billing,
+              metrics, report), shared by all nodes and kept across preemptions
+  setup       this project with the `gpu` extra and the pinned constraints
+  run         `runner execute` with the node rank and master from SKYPILOT_NODE_RANK /
+              SKYPILOT_NODE_IPS, the run directory in the bucket
+
+`sky jobs launch` recovers a preempted spot job by starting the task again; the runner resumes
+from the newest complete checkpoint in the bucket by itself (its automatic resume), and
+billing.json there keeps counting every attempt against the budget.
+
+The result is plain data (`task_dict`) so that a test can check it against SkyPilot's own
+schema; `render` adds the explanatory comments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+import textwrap
+from pathlib import Path
+
+from runner.errors import UserError
+from runner.plan import Plan
+
+# Our profile -> SkyPilot's accelerator name: the inverse of the catalog import's mapping
+# (planner.prices.ACCELERATORS), so that the two always meet. A10 (Azure) and A10G (AWS) both
+# map to our a10g profile; the provider decides.
+PROVIDER_ACCELERATOR = {("azure", "a10g"): "A10"}
+CLOUDS = {"aws": "aws", "gcp": "gcp", "azure": "azure", "lambda": "lambda", "oci": "oci",
+          "runpod": "runpod", "paperspace": "paperspace", "fluidstack": "fluidstack",
+          "cudo": "cudo", "ibm": "ibm", "nebius": "nebius", "do": "do", "vast": "vast"}
+BUCKET_STORES = {"aws": "s3", "gcp": "gcs", "azure": "azure", "ibm": "ibm", "oci": "oci",
+                 "nebius": "nebius"}
+MOUNT = "/checkpoints"
+MASTER_PORT = 8090
+GPU_INDEX = "https://www.paddlepaddle.org.cn/packages/stable/cu126/"
+
+
+def sky_accelerator(profile: str, provider: str) -> str:
+    from planner.prices import ACCELERATORS
+
+    if (provider, profile) in PROVIDER_ACCELERATOR:
+        return PROVIDER_ACCELERATOR[(provider, profile)]
+    names = [name for name, prof in ACCELERATORS.items() if prof == profile]
+    if not names:
+        raise UserError(f"{profile!r} has no SkyPilot accelerator name; allowed profiles: "
+                        f"{', '.join(sorted(set(ACCELERATORS.values())))}",
+                        key="hardware.profile")
+    return names[0]
+
+
+def default_bucket(plan: Plan) -> str:
+    """A bucket name valid on S3 and GCS: lowercase, digits, hyphens, 3-63 characters."""
+    digest = hashlib.sha256(plan.fingerprint().encode()).hexdigest()[:8]
+    base = re.sub(r"[^a-z0-9-]+", "-", plan.name.lower()).strip("-")[:40] or "run"
+    return f"gptplan-{base}-{digest}"
+
+
+def offer_region(plan: Plan) -> str:
+    """Region of the plan's price, from the price list ('' when it recorded none)."""
+    from planner.hardware import load_profiles
+
+    profile = load_profiles().get(plan.hardware.profile)
+    for offer in profile.offers if profile else ():
+        if offer.key == plan.hardware.offer:
+            return offer.spot_region if plan.hardware.spot and offer.spot_region \
+                else offer.region
+    return ""
+
+
+def task_dict(plan: Plan, *, plan_path: str, bucket: str = "", region: str | None = None,
+              python: str = "python3") -> dict:
+    """The SkyPilot task for `plan` as plain data (see the module docstring)."""
+    hw, p = plan.hardware, plan.parallel
+    if hw.device != "gpu" or "/" not in hw.offer:
+        raise UserError(f"{hw.offer!r} ({hw.device}) is not a cloud GPU offer; a SkyPilot task "
+                        "needs a plan for a cloud provider's instance (provider/instance)",
+                        key="hardware.offer")
+    provider, instance = hw.offer.split("/", 1)
+    cloud = CLOUDS.get(provider)
+    if cloud is None:
+        raise UserError(f"{provider!r} is not a SkyPilot cloud; allowed: "
+                        f"{', '.join(sorted(CLOUDS))}", key="hardware.offer")
+    store = BUCKET_STORES.get(cloud)
+    if store is None:
+        raise UserError(f"SkyPilot has no bucket store on {cloud!r}; allowed clouds for a "
+                        f"checkpoint bucket: {', '.join(sorted(BUCKET_STORES))}",
+                        key="hardware.offer")
+    region = offer_region(plan) if region is None else region
+    resources = {"cloud": cloud, "instance_type": instance,
+                 "accelerators": f"{sky_accelerator(hw.profile, provider)}:{p.nproc_per_node}",
+                 "use_spot": bool(hw.spot)}
+    if region:
+        resources["region"] = region
+    if hw.spot:
+        # A preempted managed job is relaunched (same region first, then others); the runner's
+        # own resume picks up the checkpoints in the bucket.
+        resources["job_recovery"] = {"strategy": "FAILOVER", "max_restarts_on_errors": 1}
+    bucket = bucket or default_bucket(plan)
+    run_dir = f"{MOUNT}/{plan.name}"
+    venv = "~/gptplan-venv"
+    setup = "\n".join([
+        "set -e",
+        f"{python} -m venv {venv}",
+        f"{venv}/bin/pip install --quiet --upgrade pip",
+        "# this project with the GPU extra; every other package pinned by constraints.txt",
+        f"{venv}/bin/pip install --quiet -c constraints.txt -e '.[gpu]' "
+        f"--extra-index-url {GPU_INDEX}",
+    ]) + "\n"
+    run = "\n".join([
+        "set -e",
+        'MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | head -n1)',
+        f"{venv}/bin/runner execute {shlex.quote(plan_path)} --output-dir {run_dir} "
+        f"--node-rank $SKYPILOT_NODE_RANK --master $MASTER_ADDR:{MASTER_PORT}",
+    ]) + "\n"
+    return {
+        "name": plan.name,
+        "workdir": ".",
+        "num_nodes": p.nnodes,
+        "resources": resources,
+        "file_mounts": {MOUNT: {"name": bucket, "store": store, "mode": "MOUNT_CACHED",
+                                "persistent": True}},
+        "setup": setup,
+        "run": run,
+    }
+
+
+def render(task: dict, plan: Plan, *, plan_path: str, out_path: str) -> str:
+    """YAML text with a header saying what it is, where the price came from, how to launch."""
+    import yaml
+
+    hw = plan.hardware
+    region = task["resources"].get("region")
+    header = [
+        f"# SkyPilot task for plan {plan.name!r} ({plan_path}), written by gptplan's planner.",
+        f"# Offer: {hw.offer}, {plan.parallel.nnodes} node(s) x {plan.parallel.nproc_per_node} "
+        f"{hw.profile}, {'spot' if hw.spot else 'on-demand'}, "
+        f"{hw.price_per_node_hour:g} {hw.currency} per node-hour.",
+        f"# Price source: {plan.provenance.prices_source or 'not recorded'} "
+        f"(as of {plan.provenance.prices_as_of or 'unknown'}).",
+        "# Region: " + (f"{region}, where the price was seen." if region else
+                        "not recorded with the price (the price list gives the lowest over "
+                        "regions); SkyPilot picks the cheapest region that has capacity."),
+        "# Run from the project root (workdir '.'); as a managed job that survives preemption:",
+        f"#   sky jobs launch -n {plan.name} {out_path}",
+        "# Checkpoints, billing, metrics and the report live in the bucket mounted at "
+        f"{MOUNT} (shared by all nodes, kept after the job); a relaunched job resumes from "
+        "the newest complete checkpoint there (the runner's automatic resume).",
+    ]
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper, value: str):  # multi-line scripts as YAML block literals
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value,
+                                       style="|" if "\n" in value else None)
+
+    Dumper.add_representer(str, text)
+    body = yaml.dump(task, Dumper=Dumper, sort_keys=False, default_flow_style=False,
+                     width=1000, allow_unicode=True)
+    wrapped = [line for text_line in header for line in
+               textwrap.wrap(text_line, 99, subsequent_indent="#   ")]
+    return "\n".join(wrapped) + "\n" + body
+
+
+def write_launch_file(plan: Plan, *, plan_path: Path, out: Path | None = None,
+                      bucket: str = "", region: str | None = None) -> Path:
+    """Write the task YAML next to the plan (atomically); returns its path."""
+    from runner.tomlconf import write_text_atomic
+
+    out = Path(out) if out else Path(plan_path).with_suffix(".sky.yaml")
+    try:  # SkyPilot syncs the working directory: the plan must be inside it
+        relative = Path(plan_path).resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        raise UserError(f"{plan_path} is outside the current directory; run launch-file from "
+                        "the project root with a plan inside it (SkyPilot syncs that folder "
+                        "to the nodes)", key="PLAN") from None
+    if bucket and not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket):
+        raise UserError(f"{bucket!r} is not a valid bucket name; allowed: 3-63 lowercase "
+                        "letters, digits, '.' and '-'", key="--bucket")
+    task = task_dict(plan, plan_path=relative, bucket=bucket, region=region)
+    write_text_atomic(out, render(task, plan, plan_path=relative, out_path=str(out)))
+    return out

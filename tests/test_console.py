@@ -1,0 +1,34 @@
+"""The quiet console: rank 0's lines reach the person through console.log, whole lines only."""
+
+from __future__ import annotations
+
+import io
+
+from runner.console import CONSOLE_ENV, Follower, say
+
+
+def test_say_prints_and_copies_to_the_console_file(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "console.log"
+    monkeypatch.setenv(CONSOLE_ENV, str(path))
+    say("step 1/2 | loss 8.3")
+    assert capsys.readouterr().out == "step 1/2 | loss 8.3\n"
+    assert path.read_text() == "step 1/2 | loss 8.3\n"
+    monkeypatch.setenv(CONSOLE_ENV, str(tmp_path / "missing" / "dir" / "console.log"))
+    say("still printed")  # an unwritable copy never breaks training
+    assert capsys.readouterr().out == "still printed\n"
+
+
+def test_follower_shows_whole_lines_only_and_drains_at_the_end(tmp_path):
+    path = tmp_path / "console.log"
+    path.write_text("")
+    out = io.StringIO()
+    with Follower(path, out=out, interval=0.01):
+        with open(path, "a") as handle:
+            handle.write("first line\nsecond, half")
+            handle.flush()
+            import time
+
+            time.sleep(0.1)
+            assert out.getvalue() == "first line\n"  # the half line waits
+            handle.write(" done\n")
+    assert out.getvalue() == "first line\nsecond, half done\n"

@@ -1,0 +1,85 @@
+"""Models people can use: a finished run leaves its model and tokenizer in PaddleNLP's format
+(reloaded here with AutoModelForCausalLM / AutoTokenizer), `runner export` writes any
+checkpoint, `runner generate` samples from the export or a checkpoint."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+from test_train_e2e import execute
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, shared_cache):
+    import tomli_w
+
+    from conftest import BASE_PLAN, merge
+
+    root = tmp_path_factory.mktemp("export")
+    data = merge(BASE_PLAN, {"job": {"cache_dir": str(shared_cache),
+                                     "output_dir": str(root / "run")},
+                             "training": {"max_steps": 6}, "checkpoint": {"interval_steps": 3}})
+    plan = root / "plan.toml"
+    plan.write_text(tomli_w.dumps(data))
+    proc = execute(plan)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "PaddleNLP format" in proc.stdout
+    return root / "run"
+
+
+def test_end_of_run_export_reloads_with_paddlenlp_auto_classes(finished_run):
+    import paddle
+    from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from runner.export import load_trained_model, resolve_checkpoint
+    from runner.plan import load_plan
+
+    export = finished_run / "export" / "paddlenlp"
+    assert (export / "gptplan_checkpoint.txt").read_text().strip() == "step_00000006"
+    model = AutoModelForCausalLM.from_pretrained(str(export))
+    tokenizer = AutoTokenizer.from_pretrained(str(export))
+    model.eval()
+    ids = tokenizer("这个手机很好用")["input_ids"]
+    assert ids and tokenizer.unk_token_id not in ids
+    assert tokenizer.convert_ids_to_string(ids).replace(" ", "") == "这个手机很好用"
+    assert model.config.eos_token_id == tokenizer.convert_tokens_to_ids("<eod>")
+    # the same weights as the run's last checkpoint
+    reference = load_trained_model(load_plan(finished_run / "plan.toml"),
+                                   resolve_checkpoint(finished_run))
+    x = paddle.to_tensor([ids], dtype="int64")
+    with paddle.no_grad():
+        got, want = model(x), reference(x)
+    got = got[0] if isinstance(got, (tuple, list)) else got
+    want = want[0] if isinstance(want, (tuple, list)) else want
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_export_and_generate_from_a_checkpoint(finished_run, tmp_path):
+    from runner.export import generate
+
+    out = tmp_path / "step3"
+    proc = run_cli("runner", "export", str(finished_run), "--checkpoint", "3", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (out / "model_state.pdparams").exists() and (out / "tokenizer_config.json").exists()
+    assert (out / "gptplan_checkpoint.txt").read_text().strip() == "step_00000003"
+    sample = generate(finished_run, prompt="这个手机", checkpoint="3", max_new_tokens=8, seed=1)
+    assert sample["source"].endswith("step_00000003") and 0 < sample["new_tokens"] <= 8
+    assert sample["continuation"]
+    again = generate(finished_run, prompt="这个手机", checkpoint="3", max_new_tokens=8, seed=1)
+    assert again["continuation"] == sample["continuation"]  # seeded sampling repeats
+    final = generate(finished_run, prompt="这个手机", max_new_tokens=8, min_new_tokens=8)
+    assert "export" in final["source"] and final["new_tokens"] == 8  # no early <eod>
+
+
+def test_bad_export_and_generate_input_is_one_line(finished_run, tmp_path):
+    proc = run_cli("runner", "export", str(tmp_path / "nothing"))
+    assert proc.returncode == 2 and "not a run directory" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = run_cli("runner", "generate", str(finished_run), "--prompt", "x", "--checkpoint", "5")
+    assert proc.returncode == 2 and "allowed: 3, 6" in proc.stderr
+    proc = run_cli("runner", "generate", str(finished_run), "--prompt", "x", "--top-k", "0")
+    assert proc.returncode == 2 and "--top-k" in proc.stderr

@@ -1,0 +1,146 @@
+"""Multi-node over the loopback: two `runner execute --node-rank R --master 127.0.0.1:PORT`
+processes (2 nodes x 1 process) on this machine, as on a real cluster with a shared run dir.
+
+One chained scenario keeps the suite short: kill -9 of node 1 mid-run, resume of both, SIGTERM
+to node 1 (both nodes checkpoint and exit 143), a start with per-node run dirs that the ranks
+refuse, resume to the end; the per-step losses equal those of 1 node x 2 processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from test_train_e2e import execute, metrics
+
+pytestmark = pytest.mark.e2e
+STEPS = 12
+BASE = {"training": {"max_steps": STEPS}, "checkpoint": {"interval_steps": 3}}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_node(plan: Path, rank: int, port: int, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "runner", "execute", str(plan),
+                             "--node-rank", str(rank), "--master", f"127.0.0.1:{port}", *extra],
+                            cwd=plan.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def start_cluster(plan: Path, *node1_extra: str) -> list[subprocess.Popen]:
+    port = free_port()
+    return [start_node(plan, 0, port), start_node(plan, 1, port, *node1_extra)]
+
+
+def finish(nodes: list[subprocess.Popen], timeout: float = 300) -> list[tuple[int, str]]:
+    out = []
+    for proc in nodes:
+        text, _ = proc.communicate(timeout=timeout)
+        out.append((proc.returncode, text))
+    return out
+
+
+def wait_for_step(run: Path, step: int, nodes: list[subprocess.Popen], timeout: float = 300):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (run / "metrics.jsonl").exists() and max(metrics(run), default=-1) >= step:
+            return
+        if any(p.poll() is not None for p in nodes):
+            raise AssertionError(f"a node ended early: {finish(nodes, 60)}")
+        time.sleep(0.1)
+    raise AssertionError(f"step {step} not reached in {timeout}s")
+
+
+def test_two_nodes_kill9_sigterm_resume_match_one_node(write_plan, tmp_path):
+    reference = write_plan(BASE | {"job": {"output_dir": str(tmp_path / "ref")},
+                                   "parallel": {"nproc_per_node": 2,
+                                                "data_parallel_degree": 2}}, "ref.toml")
+    assert execute(reference).returncode == 0
+    plan = write_plan(BASE | {"job": {"output_dir": str(tmp_path / "run")},
+                              "parallel": {"nnodes": 2, "nproc_per_node": 1,
+                                           "data_parallel_degree": 2}}, "two.toml")
+    run = tmp_path / "run"
+
+    # 1. kill -9 of node 1 (its runner and its launcher's group): node 0's rank fails too.
+    nodes = start_cluster(plan)
+    wait_for_step(run, 4, nodes)  # past the checkpoint at step 3
+    node1_launcher = json.loads((run / "launcher.node01.json").read_text())["process_group"]
+    for group in (os.getpgid(nodes[1].pid), node1_launcher):
+        os.killpg(group, signal.SIGKILL)
+    (rc0, out0), _ = finish(nodes)
+    assert rc0 == 1, out0[-3000:]
+    killed_at = max(metrics(run))
+    assert killed_at < STEPS - 1, "the kill came too late to test anything"
+
+    # 2. resume both; SIGTERM to node 1 only: every rank stops at the same step, node 0 writes
+    #    the checkpoint, both runners exit 143.
+    nodes = start_cluster(plan)
+    wait_for_step(run, killed_at + 1, nodes)
+    nodes[1].send_signal(signal.SIGTERM)
+    (rc0, out0), (rc1, out1) = finish(nodes)
+    assert (rc0, rc1) == (143, 143), (out0[-2000:], out1[-2000:])
+    assert "resuming from" in out0
+    result = json.loads((run / "result.json").read_text())
+    assert result["stop_reason"].startswith("signal") and not result["finished"]
+    stopped = result["completed_steps"]
+    assert stopped < STEPS
+    assert json.loads((run / "checkpoints" / f"step_{stopped:08d}" / "state.json").read_text()
+                      )["step"] == stopped
+    assert "node 1: stopped: signal" in out1
+
+    # 3. per-node run dirs (node 1 sees no checkpoint): the ranks refuse to start from
+    #    different steps instead of silently diverging.
+    nodes = start_cluster(plan, "--output-dir", str(tmp_path / "node1_disk"))
+    (rc0, out0), (rc1, out1) = finish(nodes)
+    assert rc0 == 1 and rc1 == 1
+    assert "must be on storage shared by all nodes" in out0 + out1
+
+    # 4. resume to the end: same losses, step by step, as 1 node x 2 processes.
+    (rc0, out0), (rc1, out1) = finish(start_cluster(plan))
+    assert (rc0, rc1) == (0, 0), (out0[-2000:], out1[-2000:])
+    ref_steps, run_steps = metrics(tmp_path / "ref"), metrics(run)
+    assert sorted(run_steps) == sorted(ref_steps) == list(range(STEPS))
+    assert [run_steps[s]["loss"] for s in range(STEPS)] == \
+        [ref_steps[s]["loss"] for s in range(STEPS)]
+    ref_result = json.loads((tmp_path / "ref" / "result.json").read_text())
+    result = json.loads((run / "result.json").read_text())
+    assert result["measured"]["tokens_trained"] == ref_result["measured"]["tokens_trained"]
+
+    # One writer of the bill (node 0: one attempt per start, the refused one included) and of
+    # the report; each node keeps its own logs; the console shows runner lines only.
+    assert len(json.loads((run / "billing.json").read_text())["attempts"]) == 4
+    assert "LAUNCH INFO" not in out0 + out1 and "step 12/12" in out0
+    assert "node 1: finished" in out1 and "tokens trained" not in out1
+    logs = {node: len(list((run / "logs" / node).glob("attempt_*/workerlog.0")))
+            for node in ("node_00", "node_01")}
+    assert logs == {"node_00": 4, "node_01": 3}  # node 1's refused start logged on its disk
+
+
+def test_loopback_nodes_share_this_machines_cores(monkeypatch):
+    """Two "nodes" on one machine split its cores like 1 node x 2 processes does (the same
+    thread count gives the same float reductions); real nodes each use all of theirs."""
+    from conftest import BASE_PLAN, merge
+    from runner.parallel import launch_commands
+    from runner.plan import plan_from_dict
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    plan = plan_from_dict(merge(BASE_PLAN, {"parallel": {"nnodes": 2, "nproc_per_node": 1,
+                                                         "data_parallel_degree": 2}}))
+    paths = dict(plan_path=Path("p"), data_dir=Path("d"), run_dir=Path("r"), log_dir=Path("l"))
+    for master, threads in (("127.0.0.1:8090", "4"), ("localhost:1", "4"),
+                            ("10.0.0.1:8090", "8")):
+        commands = launch_commands(plan, master=master, python="python", **paths)
+        assert [c.env["OMP_NUM_THREADS"] for c in commands] == [threads, threads], master
+        assert commands[1].argv[commands[1].argv.index("--rank") + 1] == "1"
