@@ -80,7 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    signals.block()  # a notice during start-up is delivered once our handler is in place
+    # A notice during start-up is delivered once our handler is in place. The caller's signal
+    # mask and handlers come back on return: an in-process caller (tests, notebooks) must not
+    # keep SIGTERM blocked, or worker pools it starts later could never be terminated.
+    with signals.restored_on_exit():
+        signals.block()
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     quiet_third_party_warnings()
     commands = {"execute": execute, "export": cmd_export, "generate": cmd_generate}

@@ -9,6 +9,8 @@ arrived meanwhile is delivered then, to our handler.
 from __future__ import annotations
 
 import signal
+import threading
+from contextlib import contextmanager
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 EXIT_SIGNALLED = 143  # 128 + SIGTERM, what schedulers expect from a preempted job
@@ -39,3 +41,18 @@ def raise_on_signal() -> None:
     for sig in SIGNALS:
         signal.signal(sig, _raise)
     unblock()
+
+
+@contextmanager
+def restored_on_exit():
+    """Give the caller back its signal mask and SIGTERM/SIGINT handlers when the block ends."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    handlers = {sig: signal.getsignal(sig) for sig in SIGNALS} if main_thread else {}
+    try:
+        yield
+    finally:
+        for sig, handler in handlers.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)

@@ -137,3 +137,20 @@ def test_planner_corpus_errors_name_the_spec_and_tiny_corpus_is_refused(tmp_path
         rc, _, lines = call(main, ["estimate", "--spec", str(spec)])
         assert rc == 2 and len(lines) == 1, lines
         assert "spec.toml: job.corpus" in lines[0] and needle in lines[0], lines[0]
+
+
+def test_in_process_runner_gives_back_the_callers_signal_mask(tmp_path):
+    """runner.cli.main blocks SIGTERM/SIGINT during start-up; an in-process caller must get its
+    mask and handlers back, or a worker pool it starts later inherits the block and
+    Pool.terminate() waits forever (seen: the test suite hung in test_data's fixture)."""
+    import signal
+
+    from runner import cli
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("schema = 1\nnot_a_section = 1\n")
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    handler = signal.getsignal(signal.SIGTERM)
+    assert cli.main(["execute", str(bad), "--dry-run"]) == 2
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
+    assert signal.getsignal(signal.SIGTERM) is handler
