@@ -291,6 +291,8 @@ def execute(args) -> int:
         print(spent)
         return 0
 
+    if args.dry_run:
+        check_dry_run_memory(plan, args.plan)
     data = prepare_data(plan)
     print(f"data: {data.num_tokens:,} tokens ({data.meta['num_documents']:,} documents, "
           f"{data.meta['tokens_per_character']:.3f} tokens/char, measured) in {data.path}")
@@ -540,17 +542,25 @@ def run_in_process(plan: Plan, data_dir: Path, run_dir: Path) -> int:
     return 0
 
 
-def dry_run(plan: Plan, data, plan_file: Path) -> int:
-    from runner.data import TokenDataset
-    from runner.model import build_model, parameter_count, training_flops_per_token
+def check_dry_run_memory(plan: Plan, plan_file: Path) -> None:
+    """The dry run builds the whole model in fp32 on this machine: refuse sizes it cannot hold
+    (checked before data preparation, so bad sizes are one line and nothing is prepared)."""
+    from runner.model import parameter_count
 
-    dataset = TokenDataset(data, seq_len=plan.training.seq_len, packing=plan.training.packing)
-    need = parameter_count(plan.model) * 4  # the dry run builds the whole model in fp32
+    need = parameter_count(plan.model) * 4
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
     if need > have / 2:
         raise PlanError(f"{parameter_count(plan.model):,} parameters need {need / 1e9:.3g} GB "
                         f"to build for the dry run; this machine has {have / 1e9:.3g} GB free. "
                         "Check the model.* sizes", file=str(plan_file), key="model")
+
+
+def dry_run(plan: Plan, data, plan_file: Path) -> int:
+    from runner.data import TokenDataset
+    from runner.model import build_model, parameter_count, training_flops_per_token
+
+    dataset = TokenDataset(data, seq_len=plan.training.seq_len, packing=plan.training.packing)
+    check_dry_run_memory(plan, plan_file)
     import paddle
 
     paddle.set_device("cpu")

@@ -79,8 +79,13 @@ def _init_worker(spec: str, model_dir: str | None) -> None:
     """Load the encoder; a failure is kept and raised by the first task (a pool whose
     initializer raises would restart its workers forever)."""
     global _worker_encoder
+    import signal
+
     from runner.tokenizer import _worker_quiet
 
+    # A caller that blocks SIGTERM/SIGINT (the runner does during start-up) passes the block on
+    # through spawn; unblock so that Pool.terminate() can always end the workers.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM, signal.SIGINT))
     _worker_quiet()
     try:
         if model_dir:
@@ -308,7 +313,8 @@ def _stream_prepare(paths, tmp: Path, *, job, dedupe: bool, info: dict, model_di
     cpu0 = _cpu_seconds()
     # bytes read and tokenized (the two are pipelined), MB/s, ETA; documents as a postfix.
     # Not a terminal (a log file): a line every 30 s instead of a live bar.
-    bar = tqdm(total=size, unit="B", unit_scale=True, desc="reading + tokenizing",
+    # No bar in the first 5 s: a quick failure stays one error line.
+    bar = tqdm(total=size, unit="B", unit_scale=True, desc="reading + tokenizing", delay=5.0,
                mininterval=2.0 if sys.stderr.isatty() else 30.0, disable=not progress,
                leave=False)
     docs_iter = iter_documents(paths, stats, dedupe=dedupe, max_documents=job.max_documents,

@@ -249,7 +249,8 @@ def train_tokenizer(documents: list[str], *, vocab_size: int, out_dir: Path,
         pieces = _training_pieces(documents)
         chars = sum(len(p) for p in pieces)
         with tqdm(total=chars, unit="char", unit_scale=True, desc="tokenizer training sample",
-                  mininterval=2.0 if sys.stderr.isatty() else 30.0, leave=False) as bar:
+                  delay=5.0, mininterval=2.0 if sys.stderr.isatty() else 30.0,
+                  leave=False) as bar:
             if scheme == "cpm":
                 _train_cpm(pieces, vocab_size, tmp, workers, bar.update, log)
             else:

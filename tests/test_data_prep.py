@@ -229,3 +229,26 @@ def test_one_huge_line_trains_and_says_so(tmp_path, monkeypatch):
     manifest = read_manifest(directory)
     assert manifest["sample_characters"] <= 150_000
     assert tok_mod.TRAIN_PIECE_CHARS * 3 < 65536  # pieces stay under the sentence limit
+
+
+def test_workers_end_after_a_failure_even_when_the_caller_blocks_sigterm(tmp_path, monkeypatch):
+    """The runner blocks SIGTERM/SIGINT during start-up and spawn passes the block on: the
+    workers unblock them, so Pool.terminate() after a failure ends them instead of waiting
+    forever (seen: the suite hung here). A hang ends the test process after 300 s."""
+    import faulthandler
+    import signal
+
+    good = write_corpus(list(peoples_daily_1998())[:200], tmp_path / "a.txt")
+    (tmp_path / "b.txt").write_bytes("你好世界\n再见\n".encode("gbk") * 50)
+    plan = _plan(tmp_path / "cache", [str(good), str(tmp_path / "b.txt")], 2000)
+    monkeypatch.setattr(data_mod, "sample_documents",
+                        lambda paths, **k: corpus_mod.sample_documents(paths[:1], **k))
+    sigs = (signal.SIGTERM, signal.SIGINT)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    faulthandler.dump_traceback_later(300, exit=True)
+    try:
+        with pytest.raises(DataError, match="not UTF-8"):
+            prepare_data(plan, workers=2, **QUIET, progress=False)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
