@@ -33,8 +33,6 @@ import sys
 import time
 from pathlib import Path
 
-from runner.lifeline import set_parent_death_signal
-
 STATUS_DIR_ENV = "RUNNER_RANK_STATUS_DIR"
 LIMIT_ENV = "RUNNER_RANK_MEMORY_LIMIT_BYTES"
 POLL_S = 0.05
@@ -108,6 +106,13 @@ def _memory(pid: int) -> tuple[int, int]:
     return rss, hwm
 
 
+def _die_with_parent(sig: int) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _write(path: Path, record: dict) -> None:
@@ -137,10 +142,10 @@ def supervise() -> None:
     folder = Path(status_dir)
     folder.mkdir(parents=True, exist_ok=True)
     parent = os.getpid()
-    set_parent_death_signal(signal.SIGKILL)  # the supervisor dies with the launcher
+    _die_with_parent(signal.SIGKILL)  # the supervisor dies with the launcher
     pid = os.fork()
     if pid == 0:
-        set_parent_death_signal(signal.SIGKILL)  # and the rank with its supervisor
+        _die_with_parent(signal.SIGKILL)  # and the rank with its supervisor
         if os.getppid() != parent:
             os._exit(1)
         return
