@@ -98,7 +98,7 @@ def machine_info(fingerprint: str) -> dict:
     return {"fingerprint": fingerprint, "cpus": os.cpu_count(),
             "platform": platform.platform(), "python": platform.python_version(),
             "paddle": paddle.__version__,
-            "shared": "shared with other tenants (up to six agents); load average recorded "
+            "shared": "a shared machine; the load average is recorded "
                       "per probe"}
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from runner.errors import HardwareError
 from runner.parallel import LaunchCommand, local_device_count
 from runner.plan import Plan
+from runner.supervise import STATUS_DIR_ENV, signal_supervised_ranks
 
-GRACE_SECONDS = 60  # how long the ranks get to checkpoint after a forwarded SIGTERM
 forwarded_signals: list[int] = []  # signals run_group passed on to its group (last run)
 deadline_hit: list[float] = []      # when run_group killed its group at the budget deadline
 
@@ -37,49 +37,83 @@ def _term_with_parent() -> None:
 
 def run_group(command: LaunchCommand, *, log_file: Path | None = None,
               group_file: Path | None = None, deadline: float | None = None) -> int:
-    """Run one launch command in its own process group; forward SIGTERM/SIGINT; return rc.
+    """Run one launch command in its own process group; pass on SIGTERM/SIGINT; return rc.
 
     `group_file` records the group id so operators (and tests) can end exactly this group.
     At `deadline` (time.time(), the budget's hard ceiling) the group is killed: the ranks
     stop themselves well before it, this only bounds a start-up slower than any measured.
+
+    A termination notice reaches the ranks by two ways. The launcher gets it (its handler
+    stops its pod), but `paddle.distributed.launch` starts every rank in a session of its own
+    and its handler ends by raising SystemExit, which a bare `except:` inside its start-up
+    code (Container._get_fd, Container.logs) can swallow: ranks it starts afterwards would
+    then train to the end, unbilled. So the runner also tells every rank itself, through the
+    rank supervisors of this launch (runner.supervise), including ranks that start later.
     """
     env = dict(os.environ) | command.env
-    out = open(log_file, "ab") if log_file else None
-    proc = subprocess.Popen(command.argv, env=env, start_new_session=True,
-                            preexec_fn=_term_with_parent if sys.platform == "linux" else None,
-                            stdout=out or None, stderr=subprocess.STDOUT if out else None)
-    pgid = os.getpgid(proc.pid)
-    if group_file is not None:
-        group_file.write_text(json.dumps({"launcher_pid": proc.pid, "process_group": pgid,
-                                          "runner_pid": os.getpid()}))
-
+    status_dir = command.env.get(STATUS_DIR_ENV)
     forwarded_signals.clear()
     deadline_hit.clear()
+    group: dict[str, int] = {}
+    told: set[int] = set()  # supervisors this launch has told
+
+    def tell(signum: int) -> None:
+        # The launcher once (a second notice makes it force-kill its ranks after 10 s,
+        # whatever they are writing); each supervisor once, as it appears.
+        if "pgid" in group and not group.get("launcher_told"):
+            group["launcher_told"] = 1
+            try:
+                os.killpg(group["pgid"], signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        if status_dir:
+            told.update(signal_supervised_ranks(Path(status_dir), signal.SIGTERM,
+                                                since=group.get("started", 0.0),
+                                                skip=told))
 
     def forward(signum, frame):
         forwarded_signals.append(signum)
-        try:
-            os.killpg(pgid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        tell(signum)
 
+    # In place before the launcher exists: a notice during Popen is passed on, not lost.
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    out = open(log_file, "ab") if log_file else None
+    proc = None
     try:
+        group["started"] = time.time() - 1.0  # status records carry time.time() stamps
+        proc = subprocess.Popen(command.argv, env=env, start_new_session=True,
+                                preexec_fn=_term_with_parent if sys.platform == "linux"
+                                else None,
+                                stdout=out or None, stderr=subprocess.STDOUT if out else None)
+        group["pgid"] = proc.pid  # start_new_session: the launcher leads its own group
+        if group_file is not None:
+            group_file.write_text(json.dumps({"launcher_pid": proc.pid,
+                                              "process_group": proc.pid,
+                                              "runner_pid": os.getpid()}))
+        if forwarded_signals:  # a notice came while the launcher was being started
+            tell(forwarded_signals[-1])
         while True:
-            timeout = None if deadline is None else max(0.0, deadline - time.time())
+            # Short waits: ranks that start after a notice are told too (see above).
+            timeout = 0.25 if forwarded_signals else 1.0
+            if deadline is not None:
+                timeout = min(timeout, max(0.0, deadline - time.time()))
             try:
                 return proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                deadline_hit.append(time.time())
-                os.killpg(pgid, signal.SIGKILL)
-                deadline = None
+                if forwarded_signals:
+                    tell(forwarded_signals[-1])
+                if deadline is not None and time.time() >= deadline:
+                    deadline_hit.append(time.time())
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    deadline = None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        try:  # nothing of ours may outlive the run
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        if proc is not None:
+            try:  # nothing of ours may outlive the run
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         if out:
             out.close()
 

@@ -15,6 +15,8 @@ from pathlib import Path
 from runner.plan import Plan
 
 ENTRY_SCRIPT = Path(__file__).with_name("_launch_entry.py")
+# paddle.distributed.launch behind an entry that makes it safe to signal at any moment
+LAUNCH_MODULE = "runner.paddle_launch"
 
 
 def strategy_settings(plan: Plan) -> dict:
@@ -130,11 +132,12 @@ def is_loopback(master: str) -> bool:
 def launch_commands(plan: Plan, *, plan_path: Path, data_dir: Path, run_dir: Path,
                     log_dir: Path, master: str = "", python: str = sys.executable
                     ) -> list[LaunchCommand]:
-    """One `python -m paddle.distributed.launch` argv per node (node 0 first)."""
+    """One `python -m runner.paddle_launch` (paddle.distributed.launch) argv per node (node 0
+    first)."""
     p = plan.parallel
     commands = []
     for node in range(p.nnodes):
-        argv = [python, "-m", "paddle.distributed.launch",
+        argv = [python, "-m", LAUNCH_MODULE,
                 "--nnodes", str(p.nnodes), "--nproc_per_node", str(p.nproc_per_node),
                 "--log_dir", str(log_dir),
                 # a failed rank ends the run; resuming is the runner's job, from a checkpoint

@@ -35,6 +35,7 @@ from pathlib import Path
 
 STATUS_DIR_ENV = "RUNNER_RANK_STATUS_DIR"
 LIMIT_ENV = "RUNNER_RANK_MEMORY_LIMIT_BYTES"
+OWNER_ENV = "RUNNER_OWNER_PROCESS"  # "<pid>:<start time>" of the runner that started the ranks
 POLL_S = 0.05
 MACHINE_SHARE = 0.9  # of the machine's memory, split between the ranks of one node
 
@@ -80,7 +81,26 @@ def oom_kills() -> int:
 
 def supervision_env(status_dir: Path, limit_bytes: int) -> dict[str, str]:
     """Environment that makes every rank started with it supervised (see supervise())."""
-    return {STATUS_DIR_ENV: str(status_dir), LIMIT_ENV: str(int(limit_bytes))}
+    return {STATUS_DIR_ENV: str(status_dir), LIMIT_ENV: str(int(limit_bytes)),
+            OWNER_ENV: f"{os.getpid()}:{process_start(os.getpid())}"}
+
+
+def process_start(pid: int) -> int:
+    """When `pid` started (clock ticks since boot, /proc/PID/stat field 22); -1 if gone.
+    With the pid it names one process for good: pids are reused, (pid, start) pairs are not."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rpartition(")")[2].split()[19])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def owner_alive(owner: str) -> bool:
+    """Is the process named by an OWNER_ENV value still running? (True if it cannot be told.)"""
+    pid, _, start = owner.partition(":")
+    if not (pid.isdigit() and start.lstrip("-").isdigit()) or int(start) < 0:
+        return True
+    return process_start(int(pid)) == int(start)
 
 
 def supervised(command, status_dir: Path, limit_bytes: int):
@@ -149,11 +169,17 @@ def supervise() -> None:
         if os.getppid() != parent:
             os._exit(1)
         return
-    watch(pid, rank=int(rank), limit_bytes=limit, status_file=folder / f"rank_{rank}.json")
+    watch(pid, rank=int(rank), limit_bytes=limit, status_file=folder / f"rank_{rank}.json",
+          owner=os.environ.get(OWNER_ENV, ""))
 
 
-def watch(pid: int, *, rank: int, limit_bytes: int, status_file: Path) -> None:
-    """Supervisor loop for child `pid`; exits this process like the child ended."""
+def watch(pid: int, *, rank: int, limit_bytes: int, status_file: Path, owner: str = "") -> None:
+    """Supervisor loop for child `pid`; exits this process like the child ended.
+
+    If the runner that started the ranks (`owner`) is gone, the rank gets SIGTERM (it
+    checkpoints at its next step end and exits): training never goes on without the runner
+    that bills it, even if the launcher in between missed its own parent-death notice.
+    """
     def forward(signum, frame):
         try:
             os.kill(pid, signum)
@@ -167,7 +193,8 @@ def watch(pid: int, *, rank: int, limit_bytes: int, status_file: Path) -> None:
               "started": time.time(), "ended": None, "exit_code": None, "signal": None,
               "killed_for_memory": False}
     _write(status_file, record)
-    written = time.monotonic()
+    written = checked = time.monotonic()
+    orphaned = False
     while True:
         try:
             done, status = os.waitpid(pid, os.WNOHANG)
@@ -186,6 +213,11 @@ def watch(pid: int, *, rank: int, limit_bytes: int, status_file: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        if owner and not orphaned and time.monotonic() - checked > 1.0:
+            checked = time.monotonic()
+            if not owner_alive(owner):
+                orphaned = record["runner_gone"] = True
+                forward(signal.SIGTERM, None)
         if time.monotonic() - written > 1.0:  # a live view for the runner and for operators
             _write(status_file, record)
             written = time.monotonic()
@@ -201,6 +233,34 @@ def watch(pid: int, *, rank: int, limit_bytes: int, status_file: Path) -> None:
             pass
         os.kill(os.getpid(), -code)
     os._exit(code)
+
+
+def signal_supervised_ranks(status_dir: Path, sig: int, *, since: float = 0.0,
+                            skip: set[int] = frozenset()) -> set[int]:
+    """Send `sig` to every live rank supervisor of `status_dir` (each forwards it to its rank);
+    return the supervisor pids signalled.
+
+    Only supervisors whose record is of this launch (started >= `since`, not ended) and whose
+    environment names this very status folder are signalled: a pid the kernel has since given
+    to another process is never touched.
+    """
+    sent: set[int] = set()
+    marker = f"{STATUS_DIR_ENV}={status_dir}".encode()
+    for record in read_status(status_dir):
+        pid = record.get("supervisor_pid")
+        if not isinstance(pid, int) or pid in skip or record.get("ended") is not None:
+            continue
+        if (record.get("started") or 0.0) < since:
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                if marker not in handle.read().split(b"\0"):
+                    continue
+            os.kill(pid, sig)
+        except (OSError, ProcessLookupError):
+            continue
+        sent.add(pid)
+    return sent
 
 
 def read_status(status_dir: Path) -> list[dict]:

@@ -104,7 +104,7 @@ def test_multinode_gpu_launch_commands():
                            python="python")
     assert len(cmds) == 2
     argv = cmds[1].argv
-    assert argv[:3] == ["python", "-m", "paddle.distributed.launch"]
+    assert argv[:3] == ["python", "-m", "runner.paddle_launch"]
     assert argv[argv.index("--nnodes") + 1] == "2"
     assert argv[argv.index("--nproc_per_node") + 1] == "8"
     assert argv[argv.index("--master") + 1] == "10.0.0.1:8090"

@@ -205,7 +205,7 @@ def test_explain_and_runner_dry_run_accept_the_plan(optimized):
     assert "Muennighoff" in proc.stdout
     dry = run_cli("runner", "execute", "plans/bank_faq.toml", "--dry-run", cwd=work)
     assert dry.returncode == 0, dry.stderr[-2000:]
-    assert "dry run OK" in dry.stdout and "paddle.distributed.launch" in dry.stdout
+    assert "dry run OK" in dry.stdout and "runner.paddle_launch" in dry.stdout
 
 
 def test_optimize_impossible_budget_exits_1_without_plan(tmp_path):

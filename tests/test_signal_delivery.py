@@ -1,0 +1,170 @@
+"""A termination notice reaches every rank, whatever the launcher in between does with it.
+
+`paddle.distributed.launch` starts each rank in a session of its own and stops them from its
+SIGTERM handler, which ends by raising SystemExit; raised inside one of the bare `except:` of
+its start-up code (Container._get_fd, Container.logs) the exit is swallowed, and ranks it starts
+afterwards train to the end (seen in CI: SIGTERM one second into a run, exit 0 after all 400
+steps). These tests stand a launcher that never passes a notice on in front of supervised ranks
+(runner.supervise), so they fail whenever the runner relies on the launcher alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A launcher that ignores SIGTERM (as one whose handler's SystemExit was swallowed) and starts
+# its "rank" in a new session, after a delay, like Paddle's (setsid per container).
+DEAF_LAUNCHER = textwrap.dedent("""
+    import signal, subprocess, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(float(sys.argv[2]))
+    rank = subprocess.Popen([sys.executable, sys.argv[1]], start_new_session=True)
+    rc = rank.wait()
+    sys.exit(rc if rc >= 0 else 128 - rc)
+""")
+
+# A supervised rank: exits 143 on SIGTERM (what a training rank does after its checkpoint),
+# 0 if it is left to "train" for 60 s.
+RANK = textwrap.dedent("""
+    import os, signal, sys, time
+    from runner.supervise import supervise
+    supervise()
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+    open(os.environ["READY_FILE"], "w").close()
+    time.sleep(60)
+    sys.exit(0)
+""")
+
+# The runner's side: run_group with the supervision environment the runner gives its ranks.
+DRIVER = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from runner.launch import forwarded_signals, run_group
+    from runner.parallel import LaunchCommand
+    from runner.supervise import supervision_env
+    launcher, rank, delay, status_dir = sys.argv[1:5]
+    env = supervision_env(Path(status_dir), 1 << 34)
+    rc = run_group(LaunchCommand(0, [sys.executable, launcher, rank, delay], env))
+    print(json.dumps({"rc": rc, "forwarded": list(forwarded_signals)}))
+""")
+
+
+def scripts(tmp_path: Path) -> dict[str, Path]:
+    out = {}
+    for name, text in {"launcher.py": DEAF_LAUNCHER, "rank.py": RANK,
+                       "driver.py": DRIVER}.items():
+        out[name] = tmp_path / name
+        out[name].write_text(text)
+    return out
+
+
+def environment(tmp_path: Path) -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(REPO), READY_FILE=str(tmp_path / "ready"))
+
+
+@pytest.mark.parametrize("rank_starts", ["before the notice", "after the notice"])
+def test_notice_reaches_ranks_the_launcher_does_not_tell(tmp_path, rank_starts):
+    s = scripts(tmp_path)
+    delay = "0" if rank_starts == "before the notice" else "1.5"
+    driver = subprocess.Popen([sys.executable, str(s["driver.py"]), str(s["launcher.py"]),
+                               str(s["rank.py"]), delay, str(tmp_path / "ranks")],
+                              env=environment(tmp_path), stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        if rank_starts == "before the notice":
+            deadline = time.time() + 30
+            while not (tmp_path / "ready").exists() and time.time() < deadline:
+                time.sleep(0.05)
+            assert (tmp_path / "ready").exists()
+        else:
+            time.sleep(0.5)  # the launcher is up, its rank not yet
+            assert not (tmp_path / "ready").exists()
+        began = time.time()
+        driver.send_signal(signal.SIGTERM)
+        out, _ = driver.communicate(timeout=45)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result == {"rc": 143, "forwarded": [signal.SIGTERM]}
+    assert time.time() - began < 30  # told, not left to run out its 60 s
+    rank = json.loads((tmp_path / "ranks" / "rank_0.json").read_text())
+    assert rank["exit_code"] == 143 and rank["ended"] is not None
+
+
+def test_rank_stops_when_its_runner_is_gone(tmp_path):
+    """The runner SIGKILLed while the launcher ignores its parent-death signal: the rank's
+    supervisor notices the runner is gone and tells the rank (no training goes on unbilled)."""
+    s = scripts(tmp_path)
+    driver = subprocess.Popen([sys.executable, str(s["driver.py"]), str(s["launcher.py"]),
+                               str(s["rank.py"]), "0", str(tmp_path / "ranks")],
+                              env=environment(tmp_path), stdout=subprocess.DEVNULL,
+                              start_new_session=True)
+    status = tmp_path / "ranks" / "rank_0.json"
+    try:
+        deadline = time.time() + 30
+        while not (tmp_path / "ready").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        assert (tmp_path / "ready").exists()
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=10)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            record = json.loads(status.read_text())
+            if record["ended"] is not None:
+                break
+            time.sleep(0.1)
+        assert record["ended"] is not None, "the rank went on after its runner died"
+        assert record["exit_code"] == 143 and record["runner_gone"] is True
+    finally:
+        try:
+            os.killpg(driver.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def caught_signals(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith("SigCgt:"):
+                return int(line.split()[1], 16)
+    return 0
+
+
+def test_launcher_signalled_while_importing_paddle_exits_cleanly(tmp_path):
+    """A notice at the moment Paddle's import has installed its C-level handlers (before the
+    launcher's controller replaces them) must end the launcher, not run Paddle's handler
+    (FatalError, or a hang in malloc inside the handler, as seen once)."""
+    from runner.parallel import LAUNCH_MODULE
+
+    script = tmp_path / "rank.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-m", LAUNCH_MODULE, "--nnodes", "1",
+                             "--nproc_per_node", "1", "--log_dir", str(tmp_path / "logs"),
+                             str(script)], env=dict(os.environ, PYTHONPATH=str(REPO)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and proc.poll() is None:
+            if caught_signals(proc.pid) & (1 << (signal.SIGTERM - 1)):
+                break  # the first handler for SIGTERM is in place: Paddle's, from its import
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode in (128 + signal.SIGTERM, signal.SIGTERM), out[-2000:]
+    assert "FatalError" not in out and "Termination signal" not in out
