@@ -115,6 +115,9 @@ def task_dict(plan: Plan, *, plan_path: str, bucket: str = "", region: str | Non
         "# this project with the GPU extra; every other package pinned by constraints.txt",
         f"{venv}/bin/pip install --quiet -c constraints.txt -e '.[gpu]' "
         f"--extra-index-url {GPU_INDEX}",
+        "# jieba's loops in C for data preparation (same ids); optional: needs a C compiler",
+        f"{venv}/bin/pip install --quiet -c constraints.txt -e '.[gpu,fast]' "
+        f"--extra-index-url {GPU_INDEX} || echo 'jieba_fast not built: jieba is used'",
     ]) + "\n"
     run = "\n".join([
         "set -e",

@@ -63,9 +63,11 @@ def _quiet_jieba():
 
 
 def cpm_segment(text: str) -> str:
-    """The text GPTChineseTokenizer hands to sentencepiece (same rule as its `_tokenize`)."""
-    jieba = _quiet_jieba()
-    return " ".join(word.translate(_TRANSLATE) for word in jieba.cut(text, cut_all=False))
+    """The text GPTChineseTokenizer hands to sentencepiece (same rule as its `_tokenize`:
+    `jieba.cut`, through runner.segment's C kernels when jieba_fast is installed)."""
+    from runner import segment
+
+    return " ".join(word.translate(_TRANSLATE) for word in segment.cut(text))
 
 
 def _segment_many(texts: list[str]) -> list[str]:
@@ -312,7 +314,6 @@ class FastEncoder:
         if self.scheme == "cpm":
             import sentencepiece as spm
 
-            self.jieba = _quiet_jieba()
             self.sp = spm.SentencePieceProcessor(model_file=str(directory /
                                                                 "sentencepiece.model"))
             self.vocab_size = self.sp.get_piece_size()
@@ -327,9 +328,7 @@ class FastEncoder:
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         if self.scheme == "cpm":
-            cut = self.jieba.cut
-            segs = [" ".join(w.translate(_TRANSLATE) for w in cut(t, cut_all=False))
-                    for t in texts]
+            segs = [cpm_segment(t) for t in texts]
             ids = self.sp.encode(segs, num_threads=1)
         else:
             ids = [e.ids for e in self.bpe.encode_batch(texts)]
