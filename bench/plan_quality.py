@@ -73,7 +73,7 @@ def space(quick: bool):
 RECORD_OVERRIDES = {"constraints.precisions": ["fp32"],
                     "search.micro_batch_sizes": [4, 8, 12, 16, 24, 32],
                     "search.accumulation_steps": [1, 2, 4]}
-RECORDING = REPO / "bench" / "recordings" / "cpu_space_v1.json.gz"
+RECORDING = REPO / "bench" / "recordings" / "cpu_space_v2.json.gz"
 
 
 def record_space():

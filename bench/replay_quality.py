@@ -1,6 +1,6 @@
 """Search quality without machine noise: every tuning method replayed on the shipped recording.
 
-The recording (`bench/recordings/cpu_space_v1.json.gz`, written by
+The recording (`bench/recordings/cpu_space_v2.json.gz`, written by
 `python bench/plan_quality.py --record`) holds every configuration of the CPU benchmark space
 probed in several interleaved passes. Each method runs against `planner.replay.ReplayProbe`
 (the same interface as the live probe: a probe draws its steps from the configuration's

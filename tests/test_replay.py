@@ -16,15 +16,21 @@ from planner.probes import ProbeCache, ProbeResult
 from planner.replay import Recording, RecordingError, replay_space
 
 REPO = Path(__file__).resolve().parents[1]
-RECORDING = REPO / "bench" / "recordings" / "cpu_space_v1.json.gz"
-SEEDS = range(5)
-# The bound the planner must stay under on the small space below (median regret over SEEDS,
-# 8 probes). The recording was made on a shared machine whose load swung between 4 and 20:
-# near the top of the space the truth differs by less than that noise, so the bound is what
-# the recording can resolve (the planner: 8% on this space when the bound was set), not the
-# 1% target. A search that does not search (test_a_bad_search_fails_the_bound) is far above.
-REGRET_BOUND = 0.15
+RECORDING = REPO / "bench" / "recordings" / "cpu_space_v2.json.gz"
+SEEDS = range(20)
+# The issue's targets for at most 8 probes, checked on the whole recorded space (112
+# configurations, recorded on a quiet machine: the pass means of one configuration differ by
+# 5.6% (median), single steps by 1.3%). A search that does not search
+# (test_a_bad_search_fails_the_bound) is far above them.
+MEDIAN_BOUND, P90_BOUND = 0.01, 0.03
 SMALL = {"acc": 2}   # the accumulation-2 part of the recording: 42 configurations
+
+
+@pytest.fixture(scope="module")
+def full_space():
+    """The whole shipped recording."""
+    recording = Recording.load(RECORDING)
+    return replay_space(recording, REPO / recording.space["spec"])
 
 
 @pytest.fixture(scope="module")
@@ -44,17 +50,23 @@ def planner_pick(space, seed, **overrides):
     return outcome
 
 
-def median_regret(space, search) -> float:
-    return statistics.median(space.regret(search(space, seed)) for seed in SEEDS)
+def regrets(space, search) -> list[float]:
+    return sorted(space.regret(search(space, seed)) for seed in SEEDS)
 
 
-def test_planner_median_regret_on_the_recorded_space_is_under_the_bound(small_space):
-    assert len(small_space.rows) >= 15
-    regret = median_regret(small_space, lambda s, seed: planner_pick(s, seed).best_row)
-    assert regret <= REGRET_BOUND, f"median regret {regret:.1%} > {REGRET_BOUND:.0%}"
+def median_and_p90(values: list[float]) -> tuple[float, float]:
+    return statistics.median(values), float(np.quantile(values, 0.9))
 
 
-def test_a_bad_search_fails_the_bound(small_space):
+def test_planner_regret_on_the_recorded_space_meets_the_targets(full_space):
+    assert len(full_space.rows) >= 100
+    median, p90 = median_and_p90(regrets(full_space,
+                                         lambda s, seed: planner_pick(s, seed).best_row))
+    assert median <= MEDIAN_BOUND and p90 <= P90_BOUND, \
+        f"regret median {median:.1%} (<= {MEDIAN_BOUND:.0%}), p90 {p90:.1%} (<= {P90_BOUND:.0%})"
+
+
+def test_a_bad_search_fails_the_bound(full_space):
     """The check has teeth: a search that probes the model's most expensive candidates and
     keeps the best of them (a model read upside down) is far above the bound."""
     def bad(space, seed):
@@ -63,7 +75,8 @@ def test_a_bad_search_fails_the_bound(small_space):
         results = {int(i): backend.run(space.plans[int(i)]) for i in worst}
         return min(results, key=lambda i: measured_cost(space.table, i, results[i])[0])
 
-    assert median_regret(small_space, bad) > REGRET_BOUND
+    median, p90 = median_and_p90(regrets(full_space, bad))
+    assert median > MEDIAN_BOUND and p90 > P90_BOUND
 
 
 def test_replay_is_deterministic_and_charges_recorded_wall_cost(small_space):
