@@ -336,6 +336,10 @@ def main() -> int:
     parser.add_argument("--tokens-only", action="store_true")
     parser.add_argument("--skip-tokens", action="store_true")
     parser.add_argument("--workdir", default="", help="where corpora are generated (deleted)")
+    parser.add_argument("--ours-only", action="store_true",
+                        help="skip the baseline (e.g. a 10 GB run that shows the bound holds)")
+    parser.add_argument("--out", default="", help="results file (default: bench/results/"
+                                                  "data_prep[_quick].json)")
     parser.add_argument("--_child", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._child:
@@ -362,11 +366,11 @@ def main() -> int:
         try:
             for gb in sizes:
                 report["runs"].append(run_size(gb, work, args))
-                write(report, args.quick)
+                write(report, args.quick, args.out)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         report["extrapolation_10gb"] = extrapolate(report["runs"])
-    write(report, args.quick)
+    write(report, args.quick, args.out)
     print_runs(report)
     return 0
 
@@ -387,9 +391,12 @@ def run_size(gb: float, work: Path, args) -> dict:
     shutil.rmtree(cache / "data", ignore_errors=True)  # free the disk before the baseline
     base_dir = work / f"baseline_{gb}"
     base_dir.mkdir(exist_ok=True)
-    base = measure(me + ["baseline", str(corpus), str(model), str(args.workers),
-                         str(base_dir)], time_limit=args.time_limit,
-                   progress_file=base_dir / "progress")
+    if getattr(args, "ours_only", False):
+        base = {"skipped": "--ours-only"}
+    else:
+        base = measure(me + ["baseline", str(corpus), str(model), str(args.workers),
+                             str(base_dir)], time_limit=args.time_limit,
+                       progress_file=base_dir / "progress")
     print(f"{gb} GB baseline: {json.dumps({k: v for k, v in base.items() if k != 'log'})}",
           flush=True)
     if ours.get("tokenizer_model"):  # no paths of this machine in the results
@@ -442,6 +449,8 @@ def print_runs(report: dict) -> None:
     for r in report["runs"]:
         for name in ("ours", "baseline"):
             s = r[name]
+            if s.get("skipped"):
+                continue
             rows.append({"corpus GB": f"{r['corpus_gb']:.2f}", "pipeline": name,
                          "peak RSS of tree, GB": f"{s['peak_rss_tree_gb']:.2f}",
                          "tokenizing MB/s": f"{s.get('tokenizing_mb_per_s', 0):.2f}"
@@ -457,9 +466,10 @@ def print_runs(report: dict) -> None:
         print("10 GB (extrapolated):", json.dumps(report["extrapolation_10gb"]))
 
 
-def write(report: dict, quick: bool) -> None:
+def write(report: dict, quick: bool, out: str = "") -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / ("data_prep_quick.json" if quick else "data_prep.json")
+    path = Path(out) if out else RESULTS / ("data_prep_quick.json" if quick else
+                                            "data_prep.json")
     path.write_text(json.dumps(report, indent=1, ensure_ascii=False))
 
 
