@@ -11,22 +11,12 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
     sys.path.pop(0)
 
 
-def _die_with_parent() -> None:
-    """If the launcher dies (SIGKILL), take this worker down too instead of orphaning it."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 if __name__ == "__main__":
+    from runner.lifeline import set_parent_death_signal
     from runner.supervise import supervise
 
     supervise()  # the rank runs in a forked child; memory limit, peak RSS and exit status
-    _die_with_parent()
+    set_parent_death_signal()  # the launcher dies (SIGKILL): this worker goes too
     from runner import quiet_third_party_warnings
 
     quiet_third_party_warnings()

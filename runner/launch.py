@@ -13,26 +13,17 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from runner.errors import HardwareError
+from runner.lifeline import die_with_parent
 from runner.parallel import LaunchCommand, local_device_count
 from runner.plan import Plan
 from runner.supervise import STATUS_DIR_ENV, signal_supervised_ranks
 
 forwarded_signals: list[int] = []  # signals run_group passed on to its group (last run)
 deadline_hit: list[float] = []      # when run_group killed its group at the budget deadline
-
-
-def _term_with_parent() -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def run_group(command: LaunchCommand, *, log_file: Path | None = None,
@@ -82,8 +73,7 @@ def run_group(command: LaunchCommand, *, log_file: Path | None = None,
     try:
         group["started"] = time.time() - 1.0  # status records carry time.time() stamps
         proc = subprocess.Popen(command.argv, env=env, start_new_session=True,
-                                preexec_fn=_term_with_parent if sys.platform == "linux"
-                                else None,
+                                preexec_fn=die_with_parent(signal.SIGTERM),
                                 stdout=out or None, stderr=subprocess.STDOUT if out else None)
         group["pgid"] = proc.pid  # start_new_session: the launcher leads its own group
         if group_file is not None:

@@ -15,6 +15,17 @@ import sys
 PR_SET_PDEATHSIG = 1
 
 
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
+    """Have the kernel send `sig` to this process when its parent ends; False if unsupported."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
 def die_with_parent(sig: int = signal.SIGKILL):
     """A `preexec_fn` for subprocess.Popen (Linux; None elsewhere)."""
     if sys.platform != "linux":
@@ -22,13 +33,7 @@ def die_with_parent(sig: int = signal.SIGKILL):
     parent = os.getpid()
 
     def preexec() -> None:
-        try:
-            import ctypes
-
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
-        except (OSError, AttributeError):
-            return
-        if os.getppid() != parent:  # the parent died before the prctl took effect
-            os.kill(os.getpid(), sig)
+        if set_parent_death_signal(sig) and os.getppid() != parent:
+            os.kill(os.getpid(), sig)  # the parent died before the prctl took effect
 
     return preexec

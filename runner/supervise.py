@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from runner.lifeline import set_parent_death_signal
+
 STATUS_DIR_ENV = "RUNNER_RANK_STATUS_DIR"
 LIMIT_ENV = "RUNNER_RANK_MEMORY_LIMIT_BYTES"
 OWNER_ENV = "RUNNER_OWNER_PROCESS"  # "<pid>:<start time>" of the runner that started the ranks
@@ -86,11 +88,13 @@ def supervision_env(status_dir: Path, limit_bytes: int) -> dict[str, str]:
 
 
 def process_start(pid: int) -> int:
-    """When `pid` started (clock ticks since boot, /proc/PID/stat field 22); -1 if gone.
-    With the pid it names one process for good: pids are reused, (pid, start) pairs are not."""
+    """When `pid` started (clock ticks since boot, /proc/PID/stat field 22); -1 if gone or a
+    zombie (ended, not yet reaped). With the pid it names one process for good: pids are
+    reused, (pid, start) pairs are not."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
-            return int(handle.read().rpartition(")")[2].split()[19])
+            fields = handle.read().rpartition(")")[2].split()
+        return -1 if fields[0] in ("Z", "X") else int(fields[19])
     except (OSError, ValueError, IndexError):
         return -1
 
@@ -126,15 +130,6 @@ def _memory(pid: int) -> tuple[int, int]:
     return rss, hwm
 
 
-def _die_with_parent(sig: int) -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def _write(path: Path, record: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     try:
@@ -162,10 +157,10 @@ def supervise() -> None:
     folder = Path(status_dir)
     folder.mkdir(parents=True, exist_ok=True)
     parent = os.getpid()
-    _die_with_parent(signal.SIGKILL)  # the supervisor dies with the launcher
+    set_parent_death_signal(signal.SIGKILL)  # the supervisor dies with the launcher
     pid = os.fork()
     if pid == 0:
-        _die_with_parent(signal.SIGKILL)  # and the rank with its supervisor
+        set_parent_death_signal(signal.SIGKILL)  # and the rank with its supervisor
         if os.getppid() != parent:
             os._exit(1)
         return
