@@ -45,43 +45,40 @@ def run_group(command: LaunchCommand, *, log_file: Path | None = None,
     status_dir = command.env.get(STATUS_DIR_ENV)
     forwarded_signals.clear()
     deadline_hit.clear()
-    group: dict[str, int] = {}
-    told: set[int] = set()  # supervisors this launch has told
+    proc = None
+    started = time.time() - 1.0  # status records carry time.time() stamps
+    told: set[int] = set()  # the launcher's pid and the supervisors this launch has told
 
-    def tell(signum: int) -> None:
+    def tell() -> None:
         # The launcher once (a second notice makes it force-kill its ranks after 10 s,
         # whatever they are writing); each supervisor once, as it appears.
-        if "pgid" in group and not group.get("launcher_told"):
-            group["launcher_told"] = 1
+        if proc is not None and proc.pid not in told:
+            told.add(proc.pid)
             try:
-                os.killpg(group["pgid"], signal.SIGTERM)
+                os.killpg(proc.pid, signal.SIGTERM)  # start_new_session: it leads its group
             except ProcessLookupError:
                 pass
         if status_dir:
             told.update(signal_supervised_ranks(Path(status_dir), signal.SIGTERM,
-                                                since=group.get("started", 0.0),
-                                                skip=told))
+                                                since=started, skip=told))
 
     def forward(signum, frame):
         forwarded_signals.append(signum)
-        tell(signum)
+        tell()
 
     # In place before the launcher exists: a notice during Popen is passed on, not lost.
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     out = open(log_file, "ab") if log_file else None
-    proc = None
     try:
-        group["started"] = time.time() - 1.0  # status records carry time.time() stamps
         proc = subprocess.Popen(command.argv, env=env, start_new_session=True,
                                 preexec_fn=die_with_parent(signal.SIGTERM),
                                 stdout=out or None, stderr=subprocess.STDOUT if out else None)
-        group["pgid"] = proc.pid  # start_new_session: the launcher leads its own group
         if group_file is not None:
             group_file.write_text(json.dumps({"launcher_pid": proc.pid,
                                               "process_group": proc.pid,
                                               "runner_pid": os.getpid()}))
         if forwarded_signals:  # a notice came while the launcher was being started
-            tell(forwarded_signals[-1])
+            tell()
         while True:
             # Short waits: ranks that start after a notice are told too (see above).
             timeout = 0.25 if forwarded_signals else 1.0
@@ -91,7 +88,7 @@ def run_group(command: LaunchCommand, *, log_file: Path | None = None,
                 return proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 if forwarded_signals:
-                    tell(forwarded_signals[-1])
+                    tell()
                 if deadline is not None and time.time() >= deadline:
                     deadline_hit.append(time.time())
                     os.killpg(proc.pid, signal.SIGKILL)

@@ -14,7 +14,7 @@ with Paddle's own argument parsing, exactly as `python -m paddle.distributed.lau
 import os
 import signal
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+from runner import signals
 
 
 def _before_controller(signum, frame) -> None:
@@ -22,12 +22,12 @@ def _before_controller(signum, frame) -> None:
 
 
 def main() -> None:
-    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    signals.block()
     from paddle.distributed.launch.main import launch  # installs Paddle's C handlers
 
-    for sig in SIGNALS:
+    for sig in signals.SIGNALS:
         signal.signal(sig, _before_controller)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+    signals.unblock()  # a notice that came meanwhile is delivered now
     launch()  # its controller installs Paddle's Python handlers before starting any rank
 
 

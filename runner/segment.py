@@ -94,6 +94,15 @@ def _make_tokenizer():
             route: list = []
             _kernels._get_DAG_and_calc(self.FREQ, sentence, route, float(self.total))
             freq, words = self.FREQ, []
+
+            def flush(buf: str) -> None:  # jieba's rule for a run of single characters
+                if len(buf) == 1:
+                    words.append(buf)
+                elif not freq.get(buf):
+                    words.extend(hmm_words(buf))
+                else:
+                    words.extend(buf)
+
             x, buf, n = 0, "", len(sentence)
             while x < n:
                 y = route[x] + 1
@@ -101,23 +110,13 @@ def _make_tokenizer():
                 if y - x == 1:
                     buf += word
                 else:
-                    if buf:  # jieba's rule for a run of single characters
-                        if len(buf) == 1:
-                            words.append(buf)
-                        elif not freq.get(buf):
-                            words.extend(hmm_words(buf))
-                        else:
-                            words.extend(buf)
+                    if buf:
+                        flush(buf)
                         buf = ""
                     words.append(word)
                 x = y
             if buf:
-                if len(buf) == 1:
-                    words.append(buf)
-                elif not freq.get(buf):
-                    words.extend(hmm_words(buf))
-                else:
-                    words.extend(buf)
+                flush(buf)
             return words
 
     tokenizer = FastTokenizer()  # jieba's default dictionary (and its cache file)
