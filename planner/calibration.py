@@ -25,7 +25,7 @@ import tomli_w
 from planner.hardware import PROFILE_DIR, Efficiency, Profile, calibration_dir
 from planner.probes import ProbeResult
 from planner.search import PRECISIONS, CandidateTable
-from runner.tomlconf import write_text_atomic
+from gptplan.tomlconf import write_text_atomic
 
 
 @dataclass(frozen=True)

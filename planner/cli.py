@@ -20,9 +20,9 @@ from pathlib import Path
 import tomli
 
 from planner import __version__
-from runner import quiet_third_party_warnings
-from runner.cliargs import OneLineParser
-from runner.errors import UserError
+from gptplan import quiet_third_party_warnings
+from gptplan.cliargs import OneLineParser
+from gptplan.errors import UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -228,7 +228,7 @@ def cmd_optimize(args) -> int:
     from planner.report import (plot_pareto, render_calibration, render_candidates,
                                 render_choice, render_per_offer, render_stats)
     from planner.spec import load_spec
-    from runner.plan import write_plan
+    from gptplan.plan import write_plan
 
     spec = load_spec(args.spec, overrides=spec_overrides(args))
     check_writable_file(args.out or Path("plans") / f"{spec.job.name}.toml", key="--out")
@@ -425,7 +425,7 @@ def cmd_estimate(args) -> int:
     from planner.pipeline import optimize
     from planner.report import render_candidates, render_choice
     from planner.spec import load_spec
-    from runner.plan import load_plan
+    from gptplan.plan import load_plan
 
     overrides = {}
     spec_path = args.spec
@@ -489,7 +489,7 @@ def cmd_profiles() -> int:
 
 def cmd_launch_file(args) -> int:
     from planner.skypilot import write_launch_file
-    from runner.plan import load_plan
+    from gptplan.plan import load_plan
 
     plan = load_plan(args.plan)
     out = write_launch_file(plan, plan_path=args.plan, out=args.out, bucket=args.bucket,

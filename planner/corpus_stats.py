@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from runner.corpus import default_dedupe, read_corpus, resolve_sources, source_key
-from runner.tomlconf import write_text_atomic
+from gptplan.corpus import default_dedupe, read_corpus, resolve_sources, source_key
+from gptplan.tomlconf import write_text_atomic
 
 STATS_VERSION = 3
 # Muennighoff et al. 2023, "Scaling Data-Constrained Language Models" (NeurIPS 2023), eq. 5:
@@ -102,7 +102,7 @@ def _padding_tables(lengths: np.ndarray, seq_lens: list[int]) -> tuple[dict, dic
 
 def _cache_key(corpus: list[str], *, tokenizer: str, vocab_size: int, sample_documents: int,
                seq_lens: list[int], tokens_per_char: float) -> str:
-    from runner.tokenizer import TOKENIZER_VERSION
+    from gptplan.tokenizer import TOKENIZER_VERSION
 
     paths = resolve_sources(corpus)
     skey = source_key(paths, dedupe=default_dedupe(corpus))
@@ -161,21 +161,21 @@ def corpus_statistics(*, corpus: list[str], tokenizer: str, vocab_size: int, cac
 
 
 def _measure(sample: list[str], *, corpus, tokenizer, vocab_size, cache_dir, log):
-    from runner.data import _check_vocab, ensure_tokenizer
-    from runner.tokenizer import FastEncoder, load_tokenizer, read_manifest
+    from gptplan.tokenizer import check_vocab, ensure_tokenizer
+    from gptplan.tokenizer import FastEncoder, load_tokenizer, read_manifest
 
     directory = ensure_tokenizer(tokenizer=tokenizer, vocab_size=vocab_size,
                                  cache_dir=cache_dir, patterns=corpus, log=log)
     if directory is not None:
         enc = FastEncoder(directory)
-        _check_vocab(enc.vocab_size, vocab_size)
+        check_vocab(enc.vocab_size, vocab_size)
         scheme = read_manifest(directory)["scheme"]
         name = f"{scheme}:{directory.name}"
         log(f"measuring tokens/char on {len(sample)} documents with {name}")
         lengths = np.array([a.size + 1 for a in enc.encode_batch(sample)])  # + <eod>
         return name, enc.vocab_size, scheme, lengths
     tok = load_tokenizer(tokenizer)
-    _check_vocab(tok.vocab_size, vocab_size)
+    check_vocab(tok.vocab_size, vocab_size)
     log(f"measuring tokens/char on {len(sample)} documents with {tok.name}")
     lengths = np.array([len(tok.encode(d)) + 1 for d in sample])
     return tok.name, tok.vocab_size, "", lengths

@@ -8,12 +8,12 @@ Sources (see ../shared/REFERENCES.md section 1):
          Clusters": parameter count (eq. 2), FLOPs per iteration with/without recompute (eq. 3),
          pipeline bubble (p-1)/m.
 - [P22]  Chowdhery et al. 2022, PaLM, appendix B: model FLOPs per token 6N + 12·L·h·s and MFU.
-- [K22], [Z20]: memory per device (activations, model states) lives in runner.memory, shared
+- [K22], [Z20]: memory per device (activations, model states) lives in gptplan.memory, shared
          with the runner's local rehearsal, and is re-exported here.
 - [Z20]  Rajbhandari et al. 2020, ZeRO: communication volume of each sharding stage.
 - [FA]   Dao et al. 2022, FlashAttention: scores recomputed in the backward pass.
 - recompute_extra_flops_per_token, compute_efficiency and the collectives (ring all-reduce,
-         hierarchical collectives, gradient sync) live in runner.steptime, shared with the
+         hierarchical collectives, gradient sync) live in gptplan.steptime, shared with the
          runner's local rehearsal, and are re-exported here.
 - [YD]   Young 1974 / Daly 2006: optimal checkpoint interval sqrt(2·delta/lambda).
 The model FLOPs and parameter count are shared with the runner (runner.model), so MFU means the
@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from runner.memory import (GB, ModelShape, activation_bytes_per_layer,  # noqa: F401
+from gptplan.memory import (GB, ModelShape, activation_bytes_per_layer,  # noqa: F401
                            memory_per_device_bytes, model_state_bytes_per_param)
-from runner.model import training_flops_per_token
-from runner.plan import ModelSection
-from runner.steptime import (attention_flops_per_token, collective_seconds,  # noqa: F401
+from gptplan.modelfacts import training_flops_per_token
+from gptplan.plan import ModelSection
+from gptplan.steptime import (attention_flops_per_token, collective_seconds,  # noqa: F401
                              compute_efficiency,
                              gradient_sync_seconds, recompute_extra_flops_per_token,
                              ring_allreduce_seconds)

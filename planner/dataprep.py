@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from planner.hardware import PROFILE_DIR
-from runner.tomlconf import read_toml
+from gptplan.tomlconf import read_toml
 
 NODE_FILE = PROFILE_DIR / "cpus" / "node_cpus.toml"
 THROUGHPUT_FILE = "prep_throughput.json"

@@ -15,7 +15,7 @@ from planner import costmodel as cm
 from planner.hardware import load_profiles
 from planner.search import OfferChoice, evaluate_offer
 from planner.spec import load_spec
-from runner.plan import Plan, load_plan
+from gptplan.plan import Plan, load_plan
 
 ARTICLE_TARGET_TOKENS = 50e9
 

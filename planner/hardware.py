@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from runner.tomlconf import from_table, read_toml, setting
+from gptplan.tomlconf import from_table, read_toml, setting
 
 # Profile folder, calibration folder and the [efficiency] table are shared with the runner's
-# local rehearsal (runner.profile), so both read a profile the same way.
-from runner.profile import (LARGE_MODEL_PARAMS, LOCAL_CALIBRATION_ENV,  # noqa: F401
+# local rehearsal (gptplan.profile), so both read a profile the same way.
+from gptplan.profile import (LARGE_MODEL_PARAMS, LOCAL_CALIBRATION_ENV,  # noqa: F401
                             PROFILE_DIR, Efficiency, ProfileError, calibration_dir,
                             calibration_tables)
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from runner.errors import UserError
+from gptplan.errors import UserError
 
 MEASURED_FIELDS = ["tokens_per_second", "step_time_s", "peak_memory_gb", "mfu", "hours",
                    "cost", "cost_per_million_tokens", "step_time_interval_s",
@@ -49,7 +49,7 @@ class OptimizeResult:
     chosen: int | None = None           # the one decision: a row of decision.table
     chosen_source: str = "model"        # "model" | "probe"
     tuning: Tuning | None = None
-    plan: object | None = None          # runner.plan.Plan to write (None: no plan)
+    plan: object | None = None          # gptplan.plan.Plan to write (None: no plan)
     notes: list[str] = field(default_factory=list)
     data: dict = field(default_factory=dict)  # planner.dataprep.report(...)["json"]
 

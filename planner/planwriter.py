@@ -1,4 +1,4 @@
-"""Turn one chosen candidate into the runner's plan (runner.plan is the schema)."""
+"""Turn one chosen candidate into the runner's plan (gptplan.plan is the schema)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 from planner import __version__
 from planner.search import Decision
 from planner.spec import Spec
-from runner.plan import (BudgetSection, CheckpointSection, EstimateSection, HardwareSection,
+from gptplan.plan import (BudgetSection, CheckpointSection, EstimateSection, HardwareSection,
                          JobSection, ParallelSection, Plan, ProvenanceSection, TrainingSection)
 
 

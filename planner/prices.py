@@ -17,7 +17,7 @@ from pathlib import Path
 import tomli_w
 
 from planner.hardware import PROFILE_DIR, ProfileError
-from runner.tomlconf import name_problem, write_text_atomic
+from gptplan.tomlconf import name_problem, write_text_atomic
 
 # SkyPilot accelerator names -> our profile names
 ACCELERATORS = {

@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
-from runner.lifeline import die_with_parent
-from runner.plan import Plan, write_plan
+from gptplan.lifeline import die_with_parent
+from gptplan.plan import Plan, write_plan
 from runner.probe import layout_key, probe_command, request_path, serve_command
-from runner.tomlconf import write_text_atomic
+from gptplan.tomlconf import write_text_atomic
 
 
 def hardware_fingerprint() -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from planner.hardware import PROFILE_DIR, Efficiency, Offer, Profile, load_profiles
-from runner.plan import ModelSection
+from gptplan.plan import ModelSection
 
 RUNS_CSV = PROFILE_DIR / "published_runs.csv"
 

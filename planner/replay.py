@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from planner.probes import ProbeResult, config_key
-from runner.plan import Plan
+from gptplan.plan import Plan
 from runner.probe import layout_key
 
 FORMAT = "gptplan-probe-recording"

@@ -142,7 +142,7 @@ def _accumulations(lo: np.ndarray, hi: np.ndarray, pp: np.ndarray
 def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
                    ) -> dict[str, np.ndarray]:
     """All valid candidates on one offer, evaluated. Cheap integer rules filter first."""
-    from runner.plan import (sequence_parallel_fits, tensor_parallel_fits_node,
+    from gptplan.plan import (sequence_parallel_fits, tensor_parallel_fits_node,
                              virtual_pipeline_fits)
 
     m = spec.model_section()
@@ -177,7 +177,7 @@ def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
     ok &= ~((g["pp"] > 1) & (g["stage_code"] >= 2))               # PaddleNLP: pp + stage2/3
     ok &= sequence_parallel_fits(g["micro"], g["seq"], g["tp"], g["sp"])
     ok &= tensor_parallel_fits_node(g["tp"], gpn)
-    # the accumulation-free part of runner.plan.virtual_pipeline_fits, applied again in full
+    # the accumulation-free part of gptplan.plan.virtual_pipeline_fits, applied again in full
     # once accumulation is known (it prunes before the accumulation expansion)
     ok &= virtual_pipeline_fits(m.num_hidden_layers, g["pp"], g["vpp"], 2 * g["pp"])
     g = {k: v[ok] for k, v in g.items()}

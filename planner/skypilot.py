@@ -28,8 +28,8 @@ import shlex
 import textwrap
 from pathlib import Path
 
-from runner.errors import UserError
-from runner.plan import Plan
+from gptplan.errors import UserError
+from gptplan.plan import Plan
 
 # Our profile -> SkyPilot's accelerator name: the inverse of the catalog import's mapping
 # (planner.prices.ACCELERATORS), so that the two always meet. A10 (Azure) and A10G (AWS) both
@@ -177,7 +177,7 @@ def render(task: dict, plan: Plan, *, plan_path: str, out_path: str) -> str:
 def write_launch_file(plan: Plan, *, plan_path: Path, out: Path | None = None,
                       bucket: str = "", region: str | None = None) -> Path:
     """Write the task YAML next to the plan (atomically); returns its path."""
-    from runner.tomlconf import write_text_atomic
+    from gptplan.tomlconf import write_text_atomic
 
     out = Path(out) if out else Path(plan_path).with_suffix(".sky.yaml")
     try:  # SkyPilot syncs the working directory: the plan must be inside it

@@ -16,10 +16,10 @@ from typing import Literal
 
 import tomli
 
-from runner.errors import UserError
-from runner.model import MODEL_SIZES, size_fields
-from runner.plan import ModelSection
-from runner.tomlconf import folder_problem, from_table, read_toml, setting, unknown_key_error
+from gptplan.errors import UserError
+from gptplan.modelfacts import MODEL_SIZES, size_fields
+from gptplan.plan import ModelSection
+from gptplan.tomlconf import folder_problem, from_table, read_toml, setting, unknown_key_error
 
 EMBEDDED_SPEC = Path(__file__).with_name("specs") / "bank_faq.toml"
 CURRENCY = re.compile(r"^[A-Z]{3}$")

@@ -12,12 +12,12 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 
 
 if __name__ == "__main__":
-    from runner.lifeline import set_parent_death_signal
+    from gptplan.lifeline import set_parent_death_signal
     from runner.supervise import supervise
 
     supervise()  # the rank runs in a forked child; memory limit, peak RSS and exit status
     set_parent_death_signal()  # the launcher dies (SIGKILL): this worker goes too
-    from runner import quiet_third_party_warnings
+    from gptplan import quiet_third_party_warnings
 
     quiet_third_party_warnings()
     if sys.argv[1:2] == ["probe"]:

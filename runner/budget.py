@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runner.plan import Plan
+from gptplan.plan import Plan
 
 # Priors for costs not measured yet in this run (modelled, conservative for the CPU machine):
 SHUTDOWN_PRIOR_S = {False: 1.0, True: 6.0}  # in-process vs launched ranks
@@ -37,7 +37,7 @@ class StopCosts:
 
 def checkpoint_prior_bytes(plan: Plan) -> int:
     """Modelled checkpoint size: weights and two AdamW moments in fp32 (tied weights once)."""
-    from runner.model import parameter_count
+    from gptplan.modelfacts import parameter_count
 
     return parameter_count(plan.model) * 12
 
@@ -52,7 +52,7 @@ def modelled_step_s(plan: Plan) -> tuple[float, str]:
     if plan.estimate.step_time_s > 0:
         return plan.estimate.step_time_s, f"{plan.estimate.source} estimate"
     if plan.hardware.peak_tflops > 0:
-        from runner.model import training_flops_per_token
+        from gptplan.modelfacts import training_flops_per_token
 
         flops = training_flops_per_token(plan.model, plan.training.seq_len) * \
             plan.tokens_per_step

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.diskspace import guard_disk_writes
+from gptplan.diskspace import guard_disk_writes
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 MANIFEST = "manifest.json"

@@ -17,11 +17,12 @@ from pathlib import Path
 from runner import __version__
 from runner import budget as budget_guard
 from runner import checkpoint as ckpt
-from runner import quiet_third_party_warnings, signals
-from runner.cliargs import OneLineParser
-from runner.errors import BudgetError, DataError, PlanError, UserError
-from runner.plan import Plan, load_plan, write_plan
-from runner.tomlconf import folder_problem
+from runner import signals
+from gptplan import quiet_third_party_warnings
+from gptplan.cliargs import OneLineParser
+from gptplan.errors import BudgetError, DataError, PlanError, UserError
+from gptplan.plan import Plan, load_plan, write_plan
+from gptplan.tomlconf import folder_problem
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -545,7 +546,7 @@ def run_in_process(plan: Plan, data_dir: Path, run_dir: Path) -> int:
 def check_dry_run_memory(plan: Plan, plan_file: Path) -> None:
     """The dry run builds the whole model in fp32 on this machine: refuse sizes it cannot hold
     (checked before data preparation, so bad sizes are one line and nothing is prepared)."""
-    from runner.model import parameter_count
+    from gptplan.modelfacts import parameter_count
 
     need = parameter_count(plan.model) * 4
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
@@ -557,7 +558,8 @@ def check_dry_run_memory(plan: Plan, plan_file: Path) -> None:
 
 def dry_run(plan: Plan, data, plan_file: Path) -> int:
     from runner.data import TokenDataset
-    from runner.model import build_model, parameter_count, training_flops_per_token
+    from gptplan.modelfacts import parameter_count, training_flops_per_token
+    from runner.model import build_model
 
     dataset = TokenDataset(data, seq_len=plan.training.seq_len, packing=plan.training.packing)
     check_dry_run_memory(plan, plan_file)
@@ -582,7 +584,7 @@ def dry_run(plan: Plan, data, plan_file: Path) -> int:
 def report(plan: Plan, run_dir: Path, args) -> int:
     from runner.metrics import BillingLog
     from runner.report import planned_vs_actual, render
-    from runner.tomlconf import write_text_atomic
+    from gptplan.tomlconf import write_text_atomic
 
     result_file = run_dir / "result.json"
     if not result_file.exists():

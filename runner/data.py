@@ -44,13 +44,14 @@ from pathlib import Path
 
 import numpy as np
 
-from runner.corpus import (Corpus, CorpusStats, default_dedupe, iter_documents,
-                           resolve_sources, sample_documents, source_key, split_long,
+from gptplan.corpus import (CorpusStats, default_dedupe, iter_documents,
+                           resolve_sources, source_key, split_long,
                            total_bytes)
-from runner.errors import DataError
-from runner.plan import Plan
-from runner.tokenizer import (SAMPLE_CHARS, TOKENIZER_VERSION, FastEncoder, JobTokenizer,
-                              load_tokenizer, read_manifest, train_tokenizer)
+from gptplan.errors import DataError
+from gptplan.plan import Plan
+from gptplan.tokenizer import (FastEncoder, JobTokenizer, check_vocab, default_workers,
+                              ensure_tokenizer, load_tokenizer, model_file_of,
+                              read_manifest)
 
 FORMAT = "gptplan-tokens"
 VERSION = 2
@@ -81,7 +82,7 @@ def _init_worker(spec: str, model_dir: str | None) -> None:
     global _worker_encoder
     import signal
 
-    from runner.tokenizer import _worker_quiet
+    from gptplan.tokenizer import _worker_quiet
 
     # A caller that blocks SIGTERM/SIGINT (the runner does during start-up) passes the block on
     # through spawn; unblock so that Pool.terminate() can always end the workers.
@@ -147,104 +148,6 @@ def _chunks(documents, eod: int):
         yield items, eod
 
 
-def tokenize_documents(documents: list[str], spec: str, model_file: Path | None,
-                       *, workers: int) -> list[list[int]]:
-    """Tokenize a small list in this process (tests, tools); output order equals input."""
-    model_dir = Path(model_file).parent if model_file and Path(model_file).is_file() \
-        else model_file
-    enc = FastEncoder(model_dir) if model_dir else _SlowEncoder(load_tokenizer(spec))
-    return [a.tolist() for a in enc.encode_batch(documents)]
-
-
-def _tokenizer_dir(*, tokenizer: str, vocab_size: int, cache_dir: str | Path,
-                   paths: list[Path], corpus_key: str, max_documents: int, dedupe: bool,
-                   documents: list[str] | None, workers: int, log) -> Path | None:
-    if tokenizer != "sentencepiece":
-        return None
-    out = Path(cache_dir) / "tokenizers" / f"{corpus_key[:16]}-v{vocab_size}-t{TOKENIZER_VERSION}"
-    if (out / "tokenizer.json").exists():
-        m = read_manifest(out)
-        log(f"reusing tokenizer {out} ({m['scheme']}, identity {m['identity']}; corpus files "
-            "unchanged: same paths, sizes and modification times)")
-        return out
-    t0 = time.perf_counter()
-    if documents is None:
-        documents = sample_documents(paths, max_chars=SAMPLE_CHARS, dedupe=dedupe,
-                                     max_documents=max_documents)
-    else:
-        import random
-
-        documents = list(documents)
-        random.Random(0).shuffle(documents)
-        keep, chars = [], 0
-        for d in documents:
-            if chars >= SAMPLE_CHARS:
-                break
-            keep.append(d[:SAMPLE_CHARS - chars])
-            chars += len(keep[-1])
-        documents = keep
-    log(f"training the tokenizer on a sample of {len(documents):,} documents "
-        f"({sum(map(len, documents)):,} characters)")
-    train_tokenizer(documents, vocab_size=vocab_size, out_dir=out, workers=workers, log=log)
-    log(f"tokenizer trained in {time.perf_counter() - t0:.1f} s -> {out}")
-    return out
-
-
-def _model_file(directory: Path | None) -> Path | None:
-    if directory is None:
-        return None
-    scheme = read_manifest(directory)["scheme"]
-    return directory / ("sentencepiece.model" if scheme == "cpm" else "vocab.json")
-
-
-def job_tokenizer(*, tokenizer: str, vocab_size: int, cache_dir: str | Path,
-                  corpus: Corpus | None = None, patterns: list[str] | None = None,
-                  max_documents: int = 0, workers: int | None = None,
-                  log=lambda *_: None) -> tuple[JobTokenizer, Path | None]:
-    """The job's tokenizer; trains (or reuses) one when asked to.
-
-    Shared by the runner (data preparation) and the planner (corpus statistics), so both
-    measure with the same tokenizer from the same cache. Give the corpus read in memory
-    (`corpus`) or its patterns (sampled from disk, not read whole).
-    """
-    directory = ensure_tokenizer(tokenizer=tokenizer, vocab_size=vocab_size,
-                                 cache_dir=cache_dir, corpus=corpus, patterns=patterns,
-                                 max_documents=max_documents, workers=workers, log=log)
-    model_file = _model_file(directory)
-    tok = load_tokenizer(tokenizer, model_file=model_file)
-    _check_vocab(tok.vocab_size, vocab_size)
-    return tok, model_file
-
-
-def ensure_tokenizer(*, tokenizer: str, vocab_size: int, cache_dir: str | Path,
-                     corpus: Corpus | None = None, patterns: list[str] | None = None,
-                     max_documents: int = 0, workers: int | None = None,
-                     log=lambda *_: None) -> Path | None:
-    """The trained tokenizer's directory (None for a PaddleNLP tokenizer by name/dir)."""
-    workers = workers or default_workers()
-    if corpus is not None:
-        return _tokenizer_dir(tokenizer=tokenizer, vocab_size=vocab_size, cache_dir=cache_dir,
-                              paths=[Path(s) for s in corpus.sources], corpus_key=corpus.key,
-                              max_documents=max_documents, dedupe=False,
-                              documents=corpus.documents, workers=workers, log=log)
-    paths = resolve_sources(patterns or [])
-    dedupe = default_dedupe(patterns or [])
-    key = source_key(paths, max_documents=max_documents, dedupe=dedupe)
-    return _tokenizer_dir(tokenizer=tokenizer, vocab_size=vocab_size, cache_dir=cache_dir,
-                          paths=paths, corpus_key=key, max_documents=max_documents,
-                          dedupe=dedupe, documents=None, workers=workers, log=log)
-
-
-def _check_vocab(have: int, allowed: int) -> None:
-    if have > allowed:
-        raise DataError(f"{allowed} is smaller than the tokenizer's vocabulary "
-                        f"({have}); allowed: >= {have}", key="model.vocab_size")
-
-
-def default_workers() -> int:
-    return max(1, min(os.cpu_count() or 1, 8))
-
-
 def _tokenizer_info(tokenizer: str, directory: Path | None) -> dict:
     """eod/pad ids, vocabulary size and identity, without importing Paddle for trained ones."""
     if directory is None:
@@ -275,7 +178,7 @@ def prepare_data(plan: Plan, *, workers: int | None = None, log=print,
                                  cache_dir=job.cache_dir, patterns=job.corpus,
                                  max_documents=job.max_documents, workers=workers, log=log)
     info = _tokenizer_info(job.tokenizer, directory)
-    _check_vocab(info["vocab_size"], plan.model.vocab_size)
+    check_vocab(info["vocab_size"], plan.model.vocab_size)
     key = hashlib.sha256(f"{corpus_key}|{info['identity']}|{FORMAT}{VERSION}"
                          .encode()).hexdigest()[:20]
     out = Path(job.cache_dir) / "data" / key
@@ -364,7 +267,7 @@ def _stream_prepare(paths, tmp: Path, *, job, dedupe: bool, info: dict, model_di
             "eod_id": info["eod_id"], "pad_id": info["pad_id"],
             "vocab_size": info["vocab_size"], "tokenizer": info["name"],
             "tokenizer_identity": info["identity"], "tokenizer_scheme": info["scheme"],
-            "tokenizer_model": str(_model_file(model_dir)) if model_dir else "",
+            "tokenizer_model": str(model_file_of(model_dir)) if model_dir else "",
             "tokens_per_character": (num_tokens - num_docs) / max(1, stats.characters),
             "corpus": corpus_stats,
             "preparation": {"seconds": round(seconds, 3), "bytes": stats.bytes,
@@ -420,7 +323,7 @@ def _cpu_seconds() -> float:
 def _record_throughput(cache_dir: Path, meta: dict) -> None:
     """Keep the last measured preparation throughput per tokenizer scheme (the planner uses it
     to put data preparation into the plan)."""
-    from runner.tomlconf import write_text_atomic
+    from gptplan.tomlconf import write_text_atomic
 
     prep = meta["preparation"]
     if prep["bytes"] < 1e6:  # too small to say anything about throughput

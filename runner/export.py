@@ -18,9 +18,9 @@ from pathlib import Path
 
 from runner import checkpoint as ckpt
 from runner.console import quiet_paddlenlp
-from runner.errors import UserError
+from gptplan.errors import UserError
 from runner.model import build_model
-from runner.plan import Plan
+from gptplan.plan import Plan
 
 TOKENIZER_DIR = "tokenizer"
 PRETRAINED_DIR = Path("export") / "paddlenlp"
@@ -40,7 +40,7 @@ def _replace_dir(tmp: Path, final: Path) -> None:
 
 def save_run_tokenizer(plan: Plan, meta: dict, run_dir: Path) -> Path:
     """Save the job's tokenizer (PaddleNLP format) into the run dir, once."""
-    from runner.tokenizer import load_tokenizer
+    from gptplan.tokenizer import load_tokenizer
 
     quiet_paddlenlp()
     out = Path(run_dir) / TOKENIZER_DIR
@@ -110,7 +110,7 @@ def load_run_tokenizer(run_dir: Path):
         raise UserError(f"{path} is missing (runs started before this runner version do not "
                         "keep their tokenizer); run `runner execute` on the plan again to "
                         "save it", key="RUN_DIR")
-    from runner.tokenizer import _quiet_jieba
+    from gptplan.tokenizer import _quiet_jieba
 
     _quiet_jieba()
     return AutoTokenizer.from_pretrained(str(path))
@@ -168,7 +168,7 @@ def generate(run_dir: Path, *, prompt: str, checkpoint: str | None = None,
     From `export/paddlenlp` (the end-of-run export) unless a checkpoint is named, in which case
     the model is built from that checkpoint and the run's tokenizer.
     """
-    from runner.plan import load_plan
+    from gptplan.plan import load_plan
 
     run_dir = Path(run_dir)
     pretrained = run_dir / PRETRAINED_DIR

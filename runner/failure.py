@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.memory import GB
-from runner.plan import Plan
+from gptplan.memory import GB
+from gptplan.plan import Plan
 from runner.supervise import read_status
 
 OOM_TEXT = ("MemoryError", "ResourceExhausted", "std::bad_alloc", "Cannot allocate memory",

@@ -16,10 +16,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from runner.errors import HardwareError
-from runner.lifeline import die_with_parent
+from gptplan.errors import HardwareError
+from gptplan.lifeline import die_with_parent
 from runner.parallel import LaunchCommand, local_device_count
-from runner.plan import Plan
+from gptplan.plan import Plan
 from runner.supervise import STATUS_DIR_ENV, signal_supervised_ranks
 
 forwarded_signals: list[int] = []  # signals run_group passed on to its group (last run)
@@ -175,7 +175,7 @@ def localize(plan: Plan) -> tuple[Plan, list[str]]:
     budget = dataclasses.replace(plan.budget, max_cost=0.0)
     if plan.budget.max_cost:
         changes.append("budget.max_cost: not enforced locally (price 0)")
-    from runner.plan import EstimateSection
+    from gptplan.plan import EstimateSection
 
     if plan.estimate.source != "none":
         changes.append("estimate: dropped (it describes the planned cluster, not this machine)")

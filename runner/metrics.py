@@ -14,8 +14,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from runner.model import training_flops_per_token
-from runner.plan import Plan
+from gptplan.modelfacts import training_flops_per_token
+from gptplan.plan import Plan
 
 WARMUP_STEPS = 2  # steps after (re)start excluded from throughput summaries (compile, caches)
 
@@ -54,7 +54,7 @@ class BillingLog:
 
     def reload(self) -> None:
         """Re-read the file (another process of the run may have written it)."""
-        from runner.errors import UserError
+        from gptplan.errors import UserError
 
         if not self.path.exists():
             return
@@ -105,7 +105,7 @@ class BillingLog:
         return sum(a["last_seen"] - a["start"] for a in self.attempts)
 
     def _save(self) -> None:
-        from runner.tomlconf import write_text_atomic
+        from gptplan.tomlconf import write_text_atomic
 
         write_text_atomic(self.path, json.dumps({"attempts": self.attempts}))
 
@@ -243,7 +243,7 @@ class MetricsWriter:
     def write(self, record: StepRecord) -> None:
         if not self.enabled:
             return
-        from runner.diskspace import guard_disk_writes
+        from gptplan.diskspace import guard_disk_writes
 
         with guard_disk_writes(Path(self._file.name).parent):
             self._file.write(json.dumps(asdict(record)) + "\n")
@@ -264,7 +264,7 @@ def drop_from_step(path: Path, first_step: int) -> None:
     """Keep one record per step: a resumed run redoes the steps after its checkpoint, so the
     records from `first_step` on (and a line torn by a kill) are removed before it logs them
     again."""
-    from runner.tomlconf import write_text_atomic
+    from gptplan.tomlconf import write_text_atomic
 
     if not path.exists():
         return

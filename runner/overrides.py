@@ -13,9 +13,9 @@ from pathlib import Path
 
 import tomli
 
-from runner.errors import PlanError
-from runner.plan import SECTIONS, Plan, plan_from_dict
-from runner.tomlconf import read_toml
+from gptplan.errors import PlanError
+from gptplan.plan import SECTIONS, Plan, plan_from_dict
+from gptplan.tomlconf import read_toml
 
 
 def parse_assignment(text: str) -> tuple[list[str], object]:

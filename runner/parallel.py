@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.plan import Plan
+from gptplan.plan import Plan
 
 ENTRY_SCRIPT = Path(__file__).with_name("_launch_entry.py")
 # paddle.distributed.launch behind an entry that makes it safe to signal at any moment

@@ -31,8 +31,8 @@ import time
 import traceback
 from pathlib import Path
 
-from runner.plan import load_plan
-from runner.tomlconf import write_text_atomic
+from gptplan.plan import load_plan
+from gptplan.tomlconf import write_text_atomic
 
 FAULTS = ("", "crash", "hang")  # fault injection, for testing the classification
 

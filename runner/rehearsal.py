@@ -3,8 +3,8 @@
 `runner.launch.localize` moves the plan to this machine's devices (one node, data parallel,
 a precision the CPU has). This module then
 
-- predicts memory per rank with the planner's own formulas (runner.memory, one place) and the
-  local profile's overhead (hardware_profiles/<profile>.toml via runner.profile); when that
+- predicts memory per rank with the planner's own formulas (gptplan.memory, one place) and the
+  local profile's overhead (hardware_profiles/<profile>.toml via gptplan.profile); when that
   does not fit the rank's memory with HEADROOM, halves the micro-batch, then seq_len, until it
   does, raising gradient accumulation so each rank still trains the same tokens per step (the
   global batch is kept);
@@ -25,12 +25,12 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from runner.errors import HardwareError
-from runner.memory import GB, ModelShape, memory_per_device_bytes
-from runner.model import training_flops_per_token
-from runner.plan import EstimateSection, Plan
-from runner.profile import PerformanceData, ProfileError, read_performance
-from runner.steptime import RECOMPUTE_CODES, data_parallel_step_time_s
+from gptplan.errors import HardwareError
+from gptplan.memory import GB, ModelShape, memory_per_device_bytes
+from gptplan.modelfacts import training_flops_per_token
+from gptplan.plan import EstimateSection, Plan
+from gptplan.profile import PerformanceData, ProfileError, read_performance
+from gptplan.steptime import RECOMPUTE_CODES, data_parallel_step_time_s
 from runner.supervise import machine_memory_bytes, machine_share_bytes
 
 # A rehearsal's modelled memory may use this share of a rank's memory: the formulas (made for
@@ -72,7 +72,7 @@ def local_performance(plan: Plan) -> PerformanceData | None:
 
 
 def modelled_memory_bytes(plan: Plan, perf: PerformanceData | None) -> float:
-    """Peak bytes per rank of `plan`, from runner.memory's formulas."""
+    """Peak bytes per rank of `plan`, from gptplan.memory's formulas."""
     t, p = plan.training, plan.parallel
     eff = perf.efficiency_for(t.precision) if perf else None
     return float(memory_per_device_bytes(
@@ -240,7 +240,7 @@ def describe(r: Rehearsal) -> list[str]:
     t = r.plan.training
     uncertainty = (f"80% interval {r.step_time_p10_s:.3g}-{r.step_time_p90_s:.3g} s from the "
                    "profile's measured/modelled spread")
-    lines = [f"memory per rank: {r.memory_bytes / GB:.2f} GB modelled (runner.memory formulas, "
+    lines = [f"memory per rank: {r.memory_bytes / GB:.2f} GB modelled (gptplan.memory formulas, "
              f"micro-batch {t.per_device_train_batch_size} x seq_len {t.seq_len}); limit "
              f"{r.memory_limit_bytes / GB:.2f} GB per rank of {r.machine_memory_bytes / GB:.1f}"
              " GB on this machine (the runner ends a rank above it)"]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from tabulate import tabulate
 
-from runner.plan import Plan
+from gptplan.plan import Plan
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import socket
 import time
 from pathlib import Path
 
-from runner.diskspace import guard_disk_writes
-from runner.errors import UserError
+from gptplan.diskspace import guard_disk_writes
+from gptplan.errors import UserError
 
 LOCK_FILE = "runner.lock"
 

@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from runner.lifeline import set_parent_death_signal
+from gptplan.lifeline import set_parent_death_signal
 
 STATUS_DIR_ENV = "RUNNER_RANK_STATUS_DIR"
 LIMIT_ENV = "RUNNER_RANK_MEMORY_LIMIT_BYTES"

@@ -23,14 +23,14 @@ from runner import budget as budget_guard
 from runner import checkpoint as ckpt
 from runner import signals
 from runner.console import say
-from runner.diskspace import free_bytes
-from runner.errors import DiskFullError
+from gptplan.diskspace import free_bytes
+from gptplan.errors import DiskFullError
 from runner.data import BatchSource, DeterministicSampler, TokenDataset, open_prepared
 from runner.metrics import BillingLog, MetricsWriter, RunMeter
 from runner.model import build_model
 from runner.parallel import build_strategy, sharding_groups
-from runner.plan import Plan, TrainingSection, load_plan
-from runner.tomlconf import write_text_atomic
+from gptplan.plan import Plan, TrainingSection, load_plan
+from gptplan.tomlconf import write_text_atomic
 
 STOP_SIGNAL, STOP_BUDGET, STOP_HOURS, STOP_DISK = 0, 1, 2, 3
 STOP_REASONS = {STOP_SIGNAL: "signal (preemption notice)", STOP_BUDGET: "budget.max_cost",

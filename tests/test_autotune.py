@@ -18,7 +18,7 @@ from planner.hardware import load_profiles
 from planner.probes import LocalProbe, ProbeCache, ProbeResult, config_key
 from planner.search import allowed_offers, decide, evaluate_space
 from planner.spec import load_spec
-from runner.plan import plan_from_dict
+from gptplan.plan import plan_from_dict
 
 CPU_SPEC = Path(__file__).resolve().parents[1] / "planner" / "specs" / "cpu_demo.toml"
 
@@ -91,7 +91,7 @@ def test_served_worker_ends_with_its_planner(tiny_plan, tmp_path):
 import os, sys
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from conftest import BASE_PLAN
-from runner.plan import plan_from_dict
+from gptplan.plan import plan_from_dict
 from planner.probes import LocalProbe
 probe = LocalProbe({str(tmp_path)!r}, steps=1, warmup=1, fingerprint="fp")
 assert probe.run(plan_from_dict(BASE_PLAN)).ok
@@ -340,7 +340,7 @@ def test_optimize_with_probes_end_to_end(tmp_path):
     import json
 
     from conftest import run_cli
-    from runner.plan import load_plan
+    from gptplan.plan import load_plan
 
     env = {"GPTPLAN_CALIBRATION_DIR": str(tmp_path / "calib")}
     args = ("planner", "optimize", "--spec", str(CPU_SPEC), "--probes", "3", "--seed", "1")

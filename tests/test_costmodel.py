@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from planner import costmodel as cm
-from runner.model import MODEL_SIZES
-from runner.plan import ModelSection
+from gptplan.modelfacts import MODEL_SIZES
+from gptplan.plan import ModelSection
 
 BASE = ModelSection(**vars(MODEL_SIZES["gpt-base-110m"]))
 SHAPE = cm.ModelShape.from_section(BASE)

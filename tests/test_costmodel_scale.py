@@ -12,9 +12,9 @@ from planner import costmodel as cm
 from planner.hardware import load_profiles
 from planner.search import allowed_offers, decide, evaluate_space
 from planner.spec import EMBEDDED_SPEC, spec_from_dict
-from runner.errors import PlanError
-from runner.model import MODEL_SIZES
-from runner.plan import ModelSection, plan_from_dict, tensor_parallel_fits_node
+from gptplan.errors import PlanError
+from gptplan.modelfacts import MODEL_SIZES
+from gptplan.plan import ModelSection, plan_from_dict, tensor_parallel_fits_node
 
 BANK = tomli.loads(EMBEDDED_SPEC.read_text())
 GB = 1e9

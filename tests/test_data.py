@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from conftest import BASE_PLAN, merge
-from runner.corpus import read_corpus
+from gptplan.corpus import read_corpus
 from runner.data import (IGNORE_INDEX, BatchSource, DeterministicSampler, TokenDataset,
                          prepare_data)
-from runner.errors import DataError
-from runner.plan import plan_from_dict
+from gptplan.errors import DataError
+from gptplan.plan import plan_from_dict
 
 
 def test_invalid_utf8_and_empty_lines_are_counted_not_fatal(tmp_path):
@@ -92,7 +92,7 @@ def test_prepared_data_layout_and_cache(prepared):
 
 
 def test_tokenizer_round_trips_text(prepared):
-    from runner.tokenizer import load_tokenizer
+    from gptplan.tokenizer import load_tokenizer
     from pathlib import Path
 
     _, data = prepared

@@ -9,7 +9,7 @@ import pytest
 
 from planner import corpus_stats as cs
 from planner import dataprep
-from runner.sample_corpora import peoples_daily_1998, write_corpus
+from gptplan.sample_corpora import peoples_daily_1998, write_corpus
 
 
 def _stats(tmp_path, **kw):
@@ -24,7 +24,7 @@ def test_statistics_are_cached_by_file_identity_and_declared_tpc_skips_tokenizin
         tmp_path, monkeypatch):
     corpus, args = _stats(tmp_path, tokens_per_char=0.8)
     # declared tokens/char: no tokenizer is trained or loaded
-    monkeypatch.setattr("runner.data.ensure_tokenizer",
+    monkeypatch.setattr("gptplan.tokenizer.ensure_tokenizer",
                         lambda **_: pytest.fail("trained a tokenizer despite tokens_per_char"))
     first = cs.corpus_statistics(**args)
     assert first.tokens_per_character == 0.8
@@ -107,7 +107,7 @@ def test_training_line_says_peak_unknown_instead_of_zero_mfu():
     from types import SimpleNamespace
 
     from conftest import BASE_PLAN, merge
-    from runner.plan import plan_from_dict
+    from gptplan.plan import plan_from_dict
     from runner.train import log_line
 
     rec = SimpleNamespace(step=0, loss=1.0, learning_rate=1e-3, step_time_s=0.1,

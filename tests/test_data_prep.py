@@ -1,5 +1,5 @@
 """Streaming data preparation, tokenizers for any language with an exact round trip, input
-formats, caches. Corpora come from installed packages (runner.sample_corpora), no download."""
+formats, caches. Corpora come from installed packages (gptplan.sample_corpora), no download."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from conftest import BASE_PLAN, merge
-from runner import corpus as corpus_mod
+from gptplan import corpus as corpus_mod
 from runner import data as data_mod
-from runner.corpus import read_corpus
+from gptplan.corpus import read_corpus
 from runner.data import prepare_data
-from runner.errors import DataError
-from runner.plan import plan_from_dict
-from runner.sample_corpora import peoples_daily_1998, python_docs_english, write_corpus
-from runner.tokenizer import (FastEncoder, load_tokenizer, read_manifest, script_mix,
+from gptplan.errors import DataError
+from gptplan.plan import plan_from_dict
+from gptplan.sample_corpora import peoples_daily_1998, python_docs_english, write_corpus
+from gptplan.tokenizer import (FastEncoder, load_tokenizer, read_manifest, script_mix,
                               train_tokenizer)
 
 QUIET = {"log": lambda *_: None}
@@ -217,7 +217,7 @@ def test_truncation_loss_of_a_non_packed_run(tmp_path):
 def test_one_huge_line_trains_and_says_so(tmp_path, monkeypatch):
     """A corpus that is one line far over sentencepiece's 64 KB sentence limit: the sample is
     bounded and cut into pieces for training, so training works."""
-    from runner import tokenizer as tok_mod
+    from gptplan import tokenizer as tok_mod
 
     monkeypatch.setattr(data_mod, "SAMPLE_CHARS", 150_000)
     text = "".join(list(peoples_daily_1998())[:2000])

@@ -36,7 +36,7 @@ def test_end_of_run_export_reloads_with_paddlenlp_auto_classes(finished_run):
     from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
     from runner.export import load_trained_model, resolve_checkpoint
-    from runner.plan import load_plan
+    from gptplan.plan import load_plan
 
     export = finished_run / "export" / "paddlenlp"
     assert (export / "gptplan_checkpoint.txt").read_text().strip() == "step_00000006"

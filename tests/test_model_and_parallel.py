@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from conftest import BASE_PLAN, merge
-from runner.model import MODEL_SIZES, parameter_count, training_flops_per_token
+from gptplan.modelfacts import MODEL_SIZES, parameter_count, training_flops_per_token
 from runner.parallel import launch_commands, strategy_settings
-from runner.plan import ModelSection, plan_from_dict
+from gptplan.plan import ModelSection, plan_from_dict
 from runner.train import learning_rate_at
 
 
@@ -28,7 +28,7 @@ def test_parameter_count_matches_built_paddlenlp_model():
     import paddle
 
     from runner.model import build_model
-    from runner.plan import ParallelSection
+    from gptplan.plan import ParallelSection
 
     paddle.set_device("cpu")
     m = ModelSection(vocab_size=500, hidden_size=32, num_hidden_layers=3,

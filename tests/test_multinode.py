@@ -133,7 +133,7 @@ def test_loopback_nodes_share_this_machines_cores(monkeypatch):
     thread count gives the same float reductions); real nodes each use all of theirs."""
     from conftest import BASE_PLAN, merge
     from runner.parallel import launch_commands
-    from runner.plan import plan_from_dict
+    from gptplan.plan import plan_from_dict
 
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
     plan = plan_from_dict(merge(BASE_PLAN, {"parallel": {"nnodes": 2, "nproc_per_node": 1,

@@ -8,8 +8,8 @@ import pytest
 import tomli_w
 
 from conftest import BASE_PLAN, REPO, merge, run_cli
-from runner.errors import PlanError
-from runner.plan import Plan, load_plan, plan_from_dict, write_plan
+from gptplan.errors import PlanError
+from gptplan.plan import Plan, load_plan, plan_from_dict, write_plan
 
 # (id, overrides applied to BASE_PLAN, dotted key the error must name, a word it must contain)
 BAD_PLANS = [

@@ -15,7 +15,7 @@ from planner.hardware import load_profiles
 from planner.prices import import_catalog
 from planner.search import allowed_offers, decide, evaluate_space
 from planner.spec import EMBEDDED_SPEC, SpecError, spec_from_dict
-from runner.plan import load_plan
+from gptplan.plan import load_plan
 
 BANK = tomli.loads(EMBEDDED_SPEC.read_text())
 

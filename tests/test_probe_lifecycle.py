@@ -19,7 +19,7 @@ PLANNER_SCRIPT = """
 import sys
 from pathlib import Path
 from planner.probes import LocalProbe
-from runner.plan import load_plan
+from gptplan.plan import load_plan
 
 plan = load_plan(sys.argv[1])
 probe = LocalProbe(Path(sys.argv[2]), steps=100000, warmup=1, timeout_s=600)

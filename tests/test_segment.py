@@ -1,4 +1,4 @@
-"""runner.segment gives exactly jieba's words (what GPTChineseTokenizer feeds sentencepiece),
+"""gptplan.segment gives exactly jieba's words (what GPTChineseTokenizer feeds sentencepiece),
 with jieba's loops in C when jieba_fast is installed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runner import sample_corpora, segment
+from gptplan import sample_corpora, segment
 
 
 def jieba_words(text: str) -> list[str]:

@@ -13,8 +13,8 @@ import yaml
 from conftest import REPO, run_cli
 from planner import skypilot
 from planner.prices import ACCELERATORS, parse_catalog
-from runner.errors import UserError
-from runner.plan import load_plan
+from gptplan.errors import UserError
+from gptplan.plan import load_plan
 
 BANK_FAQ = REPO / "plans" / "bank_faq.toml"
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from runner.memory import ModelShape
-from runner.model import training_flops_per_token
-from runner.plan import Plan
-from runner.profile import PerformanceData
+from gptplan.memory import ModelShape
+from gptplan.modelfacts import training_flops_per_token
+from gptplan.plan import Plan
+from gptplan.profile import PerformanceData
 
 RECOMPUTE_CODES = {"none": 0, "core_attn": 1, "full_attn": 2, "full": 3}
 

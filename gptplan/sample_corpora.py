@@ -17,7 +17,6 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-_TAG = re.compile(r"/[A-Za-z]+\b")
 _BRACKET = re.compile(r"\][A-Za-z]+")
 
 

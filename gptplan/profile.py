@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runner.errors import UserError
-from runner.tomlconf import from_table, read_toml, setting
+from gptplan.errors import UserError
+from gptplan.tomlconf import from_table, read_toml, setting
 
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "hardware_profiles"
 # Machine-specific calibrations; GPTPLAN_CALIBRATION_DIR moves them (tests, shared setups).

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from runner.errors import PlanError
-from runner.tomlconf import (from_table, name_problem, read_toml, setting, to_table,
+from gptplan.errors import PlanError
+from gptplan.tomlconf import (from_table, name_problem, read_toml, setting, to_table,
                              unknown_key_error, write_toml_atomic)
 
 SCHEMA_VERSION = 1
@@ -26,6 +26,7 @@ Precision = Literal["fp32", "fp16", "bf16"]
 Device = Literal["cpu", "gpu", "xpu", "npu"]
 Recompute = Literal["none", "full", "full_attn", "core_attn"]
 Sharding = Literal["", "stage1", "stage2", "stage3"]
+Family = Literal["gpt", "llama"]
 
 
 @dataclass
@@ -51,6 +52,9 @@ class JobSection:
 @dataclass
 class ModelSection:
     name: str = setting("custom", "A label for the size (e.g. 'gpt-tiny', 'gpt-base-110m').")
+    family: Family = setting("gpt", "Architecture: 'gpt' (PaddleNLP GPTForCausalLM: learned "
+                                    "positions, GELU MLP, LayerNorm, tied LM head) or 'llama' "
+                                    "(LlamaForCausalLM: RoPE, SwiGLU MLP, RMSNorm, GQA).")
     vocab_size: int = setting(8000, "Vocabulary size (>= the tokenizer's).", min=8,
                               max=10_000_000)
     hidden_size: int = setting(128, "Hidden size h.", min=8, max=1_000_000)
@@ -65,6 +69,14 @@ class ModelSection:
     attention_probs_dropout_prob: float = setting(0.1, "Dropout on attention probabilities.",
                                                   min=0, max=1)
     initializer_range: float = setting(0.02, "Std of the normal weight init.", min=0)
+    num_key_value_heads: int = setting(0, "Llama: key/value heads (grouped-query attention; "
+                                          "must divide num_attention_heads); 0 = as many as "
+                                          "attention heads.", min=0, max=10_000)
+    rms_norm_eps: float = setting(1e-6, "Llama: RMSNorm epsilon.", min=0, max=1,
+                                  min_exclusive=True)
+    rope_theta: float = setting(10000.0, "Llama: RoPE base.", min=1, max=1e9)
+    tie_word_embeddings: bool = setting(False, "Llama: share the LM head with the word "
+                                               "embeddings (GPT always shares them).")
 
 
 @dataclass

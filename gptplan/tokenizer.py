@@ -15,7 +15,7 @@
   construction, and jieba's word splitting does not cost English a piece per space.
 
 Training reads at most `SAMPLE_CHARS` characters (a random sample; see
-`runner.corpus.sample_documents`), runs jieba on that sample in parallel, and gives
+`gptplan.corpus.sample_documents`), runs jieba on that sample in parallel, and gives
 sentencepiece at most `MAX_SENTENCES` sentences, so its time and memory do not grow with the
 corpus. A trained tokenizer is identified by what defines it (pieces, scores, normalisation;
 vocabulary and merges), not by incidental file bytes.
@@ -41,7 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from runner.errors import DataError
+from gptplan.corpus import Corpus, default_dedupe, resolve_sources, sample_documents, source_key
+from gptplan.errors import DataError
 
 TOKENIZER_VERSION = 2
 SAMPLE_CHARS = 12_000_000      # characters of corpus read to train a tokenizer
@@ -64,8 +65,8 @@ def _quiet_jieba():
 
 def cpm_segment(text: str) -> str:
     """The text GPTChineseTokenizer hands to sentencepiece (same rule as its `_tokenize`:
-    `jieba.cut`, through runner.segment's C kernels when jieba_fast is installed)."""
-    from runner import segment
+    `jieba.cut`, through gptplan.segment's C kernels when jieba_fast is installed)."""
+    from gptplan import segment
 
     return " ".join(word.translate(_TRANSLATE) for word in segment.cut(text))
 
@@ -123,7 +124,7 @@ def script_mix(documents: list[str], *, max_chars: int = 2_000_000) -> ScriptMix
 # ---- training --------------------------------------------------------------------------------
 
 def _training_pieces(documents: list[str]) -> list[str]:
-    from runner.corpus import split_long
+    from gptplan.corpus import split_long
 
     return [p for d in documents for p in split_long(d, TRAIN_PIECE_CHARS)]
 
@@ -419,3 +420,75 @@ def load_tokenizer(spec: str, *, model_file: Path | None = None) -> JobTokenizer
     else:
         fingerprint = hashlib.sha256(spec.encode()).hexdigest()[:16]
     return JobTokenizer(tok, name=spec, fingerprint=fingerprint)
+
+
+# ---- the job's tokenizer, trained once per corpus and cached (runner and planner) --------
+
+def _tokenizer_dir(*, tokenizer: str, vocab_size: int, cache_dir: str | Path,
+                   paths: list[Path], corpus_key: str, max_documents: int, dedupe: bool,
+                   documents: list[str] | None, workers: int, log) -> Path | None:
+    if tokenizer != "sentencepiece":
+        return None
+    out = Path(cache_dir) / "tokenizers" / f"{corpus_key[:16]}-v{vocab_size}-t{TOKENIZER_VERSION}"
+    if (out / "tokenizer.json").exists():
+        m = read_manifest(out)
+        log(f"reusing tokenizer {out} ({m['scheme']}, identity {m['identity']}; corpus files "
+            "unchanged: same paths, sizes and modification times)")
+        return out
+    t0 = time.perf_counter()
+    if documents is None:
+        documents = sample_documents(paths, max_chars=SAMPLE_CHARS, dedupe=dedupe,
+                                     max_documents=max_documents)
+    else:
+        import random
+
+        documents = list(documents)
+        random.Random(0).shuffle(documents)
+        keep, chars = [], 0
+        for d in documents:
+            if chars >= SAMPLE_CHARS:
+                break
+            keep.append(d[:SAMPLE_CHARS - chars])
+            chars += len(keep[-1])
+        documents = keep
+    log(f"training the tokenizer on a sample of {len(documents):,} documents "
+        f"({sum(map(len, documents)):,} characters)")
+    train_tokenizer(documents, vocab_size=vocab_size, out_dir=out, workers=workers, log=log)
+    log(f"tokenizer trained in {time.perf_counter() - t0:.1f} s -> {out}")
+    return out
+
+
+def model_file_of(directory: Path | None) -> Path | None:
+    if directory is None:
+        return None
+    scheme = read_manifest(directory)["scheme"]
+    return directory / ("sentencepiece.model" if scheme == "cpm" else "vocab.json")
+
+
+def ensure_tokenizer(*, tokenizer: str, vocab_size: int, cache_dir: str | Path,
+                     corpus: Corpus | None = None, patterns: list[str] | None = None,
+                     max_documents: int = 0, workers: int | None = None,
+                     log=lambda *_: None) -> Path | None:
+    """The trained tokenizer's directory (None for a PaddleNLP tokenizer by name/dir)."""
+    workers = workers or default_workers()
+    if corpus is not None:
+        return _tokenizer_dir(tokenizer=tokenizer, vocab_size=vocab_size, cache_dir=cache_dir,
+                              paths=[Path(s) for s in corpus.sources], corpus_key=corpus.key,
+                              max_documents=max_documents, dedupe=False,
+                              documents=corpus.documents, workers=workers, log=log)
+    paths = resolve_sources(patterns or [])
+    dedupe = default_dedupe(patterns or [])
+    key = source_key(paths, max_documents=max_documents, dedupe=dedupe)
+    return _tokenizer_dir(tokenizer=tokenizer, vocab_size=vocab_size, cache_dir=cache_dir,
+                          paths=paths, corpus_key=key, max_documents=max_documents,
+                          dedupe=dedupe, documents=None, workers=workers, log=log)
+
+
+def check_vocab(have: int, allowed: int) -> None:
+    if have > allowed:
+        raise DataError(f"{allowed} is smaller than the tokenizer's vocabulary "
+                        f"({have}); allowed: >= {have}", key="model.vocab_size")
+
+
+def default_workers() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))

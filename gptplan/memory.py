@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runner.model import parameter_count
-from runner.plan import ModelSection
+from gptplan.modelfacts import parameter_count
+from gptplan.plan import ModelSection
 
 GB = 1e9
 

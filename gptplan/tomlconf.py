@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 import tomli
 import tomli_w
 
-from runner.errors import UserError
+from gptplan.errors import UserError
 
 T = TypeVar("T")
 
@@ -98,8 +98,8 @@ def write_toml_atomic(path: Path, data: dict, header: str = "") -> None:
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Temp file in the same folder, fsync, rename: never half-written. A full disk becomes
-    one DiskFullError line (runner.diskspace)."""
-    from runner.diskspace import guard_disk_writes
+    one DiskFullError line (gptplan.diskspace)."""
+    from gptplan.diskspace import guard_disk_writes
 
     path = Path(path)
     with guard_disk_writes(path.parent, needed_bytes=len(text.encode())):
@@ -241,7 +241,3 @@ def to_table(obj: Any) -> dict:
             value = to_table(value)
         out[field.name] = value
     return out
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    return {f.name: f.metadata.get("doc", "") for f in dataclasses.fields(cls)}
