@@ -153,7 +153,7 @@ def test_bad_file_mid_stream_leaves_nothing_half_written(tmp_path, monkeypatch):
     (tmp_path / "b.txt").write_bytes("你好世界\n再见\n".encode("gbk") * 50)
     plan = _plan(tmp_path / "cache", [str(good), str(tmp_path / "b.txt")], 2000)
     # the tokenizer's sample comes from the good file, so the failure is in the workers' stream
-    monkeypatch.setattr(data_mod, "sample_documents",
+    monkeypatch.setattr("gptplan.tokenizer.sample_documents",
                         lambda paths, **k: corpus_mod.sample_documents(paths[:1], **k))
     with pytest.raises(DataError, match="not UTF-8"):
         prepare_data(plan, workers=2, **QUIET, progress=False)
@@ -241,7 +241,7 @@ def test_workers_end_after_a_failure_even_when_the_caller_blocks_sigterm(tmp_pat
     good = write_corpus(list(peoples_daily_1998())[:200], tmp_path / "a.txt")
     (tmp_path / "b.txt").write_bytes("你好世界\n再见\n".encode("gbk") * 50)
     plan = _plan(tmp_path / "cache", [str(good), str(tmp_path / "b.txt")], 2000)
-    monkeypatch.setattr(data_mod, "sample_documents",
+    monkeypatch.setattr("gptplan.tokenizer.sample_documents",
                         lambda paths, **k: corpus_mod.sample_documents(paths[:1], **k))
     sigs = (signal.SIGTERM, signal.SIGINT)
     old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
