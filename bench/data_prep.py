@@ -78,7 +78,8 @@ def run_ours(corpus: str, cache: str, workers: int, sample_chars: int, out_dir: 
     from gptplan.plan import plan_from_dict
 
     if sample_chars:
-        data_mod.SAMPLE_CHARS = sample_chars
+        import gptplan.tokenizer as tok_mod
+        tok_mod.SAMPLE_CHARS = sample_chars
     progress = Path(out_dir) / "progress"
     reader = data_mod.iter_documents
     t_start = [0.0]

@@ -219,13 +219,13 @@ def test_one_huge_line_trains_and_says_so(tmp_path, monkeypatch):
     bounded and cut into pieces for training, so training works."""
     from gptplan import tokenizer as tok_mod
 
-    monkeypatch.setattr(data_mod, "SAMPLE_CHARS", 150_000)
+    monkeypatch.setattr(tok_mod, "SAMPLE_CHARS", 150_000)
     text = "".join(list(peoples_daily_1998())[:2000])
     assert len(text.encode()) > 3 * 65536
     path = tmp_path / "one_line.txt"
     path.write_text(text + "\n", encoding="utf-8")
-    directory = data_mod.ensure_tokenizer(tokenizer="sentencepiece", vocab_size=3000,
-                                          cache_dir=tmp_path / "cache", patterns=[str(path)])
+    directory = tok_mod.ensure_tokenizer(tokenizer="sentencepiece", vocab_size=3000,
+                                         cache_dir=tmp_path / "cache", patterns=[str(path)])
     manifest = read_manifest(directory)
     assert manifest["sample_characters"] <= 150_000
     assert tok_mod.TRAIN_PIECE_CHARS * 3 < 65536  # pieces stay under the sentence limit
