@@ -6,7 +6,7 @@ Throughput and memory: corpora of the requested sizes are generated from the emb
 runs in its own process tree, sampled every 0.2 s for the summed RSS of the tree (an upper
 bound: shared pages count once per process) and its CPU time:
 
-- ours: `runner.data.prepare_data` (bounded random sample for tokenizer training, then
+- ours: `runner.prepare.prepare_data` (bounded random sample for tokenizer training, then
   streaming tokenization into tokens.bin); tokenizer training and tokenizing are timed
   separately;
 - baseline: what PaddleNLP's `create_pretraining_data.py` does for GPT: one
@@ -73,8 +73,8 @@ def generate(path: Path, size_bytes: int) -> int:
 # ---- the two pipelines (run in child processes) ------------------------------------------------
 
 def run_ours(corpus: str, cache: str, workers: int, sample_chars: int, out_dir: str) -> dict:
-    import runner.data as data_mod
-    from runner.data import prepare_data
+    import runner.prepare as data_mod
+    from runner.prepare import prepare_data
     from gptplan.plan import plan_from_dict
 
     if sample_chars:

@@ -33,7 +33,6 @@ import multiprocessing as mp
 import os
 import shutil
 import sys
-import tempfile
 import time
 import unicodedata
 from dataclasses import asdict, dataclass
@@ -41,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gptplan import cachedirs
 from gptplan.corpus import Corpus, default_dedupe, resolve_sources, sample_documents, source_key
 from gptplan.errors import DataError
 
@@ -245,10 +245,8 @@ def train_tokenizer(documents: list[str], *, vocab_size: int, out_dir: Path,
     mix = script_mix(documents)
     scheme = mix.scheme if scheme == "auto" else scheme
     log(mix.describe() if scheme == mix.scheme else f"scheme {scheme} (asked)")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", suffix=".tmp", dir=out_dir.parent))
     t0 = time.perf_counter()
-    try:
+    with cachedirs.writing(out_dir.parent, out_dir.name) as tmp:
         pieces = _training_pieces(documents)
         chars = sum(len(p) for p in pieces)
         with tqdm(total=chars, unit="char", unit_scale=True, desc="tokenizer training sample",
@@ -264,13 +262,7 @@ def train_tokenizer(documents: list[str], *, vocab_size: int, out_dir: Path,
                     "train_seconds": round(time.perf_counter() - t0, 2)}
         manifest["identity"] = tokenizer_identity(tmp, scheme)
         (tmp / "tokenizer.json").write_text(json.dumps(manifest, indent=1))
-        if out_dir.exists():  # another process finished first
-            shutil.rmtree(tmp)
-        else:
-            os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        cachedirs.publish(tmp, out_dir)  # another process may have finished first
     return out_dir
 
 
@@ -302,6 +294,26 @@ def tokenizer_identity(directory: Path, scheme: str) -> str:
 
 def read_manifest(directory: Path) -> dict:
     return json.loads((Path(directory) / "tokenizer.json").read_text())
+
+
+def tokenizer_problem(directory: Path) -> str | None:
+    """None if a trained tokenizer's files still define the tokenizer its manifest names
+    (the identity is recomputed from the files), else what is wrong (one phrase)."""
+    try:
+        manifest = read_manifest(directory)
+        scheme, identity = manifest["scheme"], manifest["identity"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "tokenizer.json is missing or unreadable"
+    if scheme not in ("cpm", "bpe"):
+        return f"tokenizer.json names scheme {scheme!r}"
+    try:
+        found = tokenizer_identity(directory, scheme)
+    except Exception as exc:  # noqa: BLE001 - protobuf/JSON/OS errors of damaged files
+        what = "sentencepiece.model" if scheme == "cpm" else "vocab.json or merges.txt"
+        return f"{what} does not load ({type(exc).__name__})"
+    if found != identity:
+        return f"its files define tokenizer {found}, the manifest says {identity}"
+    return None
 
 
 # ---- fast encoding (no Paddle) ---------------------------------------------------------------
@@ -430,11 +442,20 @@ def _tokenizer_dir(*, tokenizer: str, vocab_size: int, cache_dir: str | Path,
     if tokenizer != "sentencepiece":
         return None
     out = Path(cache_dir) / "tokenizers" / f"{corpus_key[:16]}-v{vocab_size}-t{TOKENIZER_VERSION}"
-    if (out / "tokenizer.json").exists():
-        m = read_manifest(out)
-        log(f"reusing tokenizer {out} ({m['scheme']}, identity {m['identity']}; corpus files "
-            "unchanged: same paths, sizes and modification times)")
-        return out
+    cachedirs.remove_stale(out.parent, log=log)
+    if out.exists() or out.is_symlink():
+        problem = tokenizer_problem(out) if out.is_dir() else "it is not a folder"
+        if problem is None:
+            m = read_manifest(out)
+            log(f"reusing tokenizer {out} ({m['scheme']}, identity {m['identity']}; corpus "
+                "files unchanged: same paths, sizes and modification times)")
+            return out
+        # derived from the corpus: training again gives the same tokenizer (same identity)
+        log(f"tokenizer {out} is damaged ({problem}); removed it, training again")
+        if out.is_dir() and not out.is_symlink():
+            shutil.rmtree(out)
+        else:
+            out.unlink()
     t0 = time.perf_counter()
     if documents is None:
         documents = sample_documents(paths, max_chars=SAMPLE_CHARS, dedupe=dedupe,

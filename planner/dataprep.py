@@ -2,7 +2,7 @@
 
 hours = corpus bytes / (measured bytes per second per core x the node's CPU count). The
 throughput per core is measured: by the last preparation on this machine
-(`<cache_dir>/prep_throughput.json`, written by runner.data) or else by bench/data_prep.py
+(`<cache_dir>/prep_throughput.json`, written by runner.prepare) or else by bench/data_prep.py
 (hardware_profiles/cpus/node_cpus.toml, with its date). CPU counts per node come from the same
 data file (providers' instance pages); the local machine's is read from the OS. Every node
 prepares its copy in parallel, so the cluster is billed for those hours if data is prepared on

@@ -219,7 +219,7 @@ def check_budget(plan: Plan, billing, latest: Path | None, plan_file: Path) -> s
 
 
 def execute(args) -> int:
-    from runner.data import prepare_data
+    from runner.prepare import prepare_data
     from runner.launch import check_hardware, deadline_hit, forwarded_signals, localize
     from runner.metrics import BillingLog
     from runner.parallel import launch_commands
@@ -298,7 +298,7 @@ def execute(args) -> int:
     print(f"data: {data.num_tokens:,} tokens ({data.meta['num_documents']:,} documents, "
           f"{data.meta['tokens_per_character']:.3f} tokens/char, measured) in {data.path}")
     if not plan.training.packing:
-        from runner.data import truncation_loss
+        from runner.prepare import truncation_loss
 
         lost = truncation_loss(data, plan.training.seq_len)
         if lost > 0:
@@ -557,7 +557,7 @@ def check_dry_run_memory(plan: Plan, plan_file: Path) -> None:
 
 
 def dry_run(plan: Plan, data, plan_file: Path) -> int:
-    from runner.data import TokenDataset
+    from runner.batches import TokenDataset
     from gptplan.modelfacts import parameter_count, training_flops_per_token
     from runner.model import build_model
 

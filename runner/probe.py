@@ -110,7 +110,7 @@ def _map_kernel_libraries(trainer) -> None:
 
 
 class SyntheticBatches:
-    """Stand-in for runner.data.BatchSource: random ids, same shapes, fixed token counts."""
+    """Stand-in for runner.batches.BatchSource: random ids, same shapes, fixed token counts."""
 
     def __init__(self, plan, seed: int):
         import numpy as np
@@ -119,7 +119,7 @@ class SyntheticBatches:
         self.rng = np.random.default_rng(seed)
 
     def micro_batch(self, step: int, micro: int):
-        from runner.data import MicroBatch
+        from runner.batches import MicroBatch
 
         t = self.plan.training
         ids = self.rng.integers(0, self.plan.model.vocab_size,

@@ -25,7 +25,8 @@ from runner import signals
 from runner.console import say
 from gptplan.diskspace import free_bytes
 from gptplan.errors import DiskFullError
-from runner.data import BatchSource, DeterministicSampler, TokenDataset, open_prepared
+from runner.batches import BatchSource, DeterministicSampler, TokenDataset
+from runner.datacache import open_prepared
 from runner.metrics import BillingLog, MetricsWriter, RunMeter
 from runner.model import build_model
 from runner.parallel import build_strategy, sharding_groups

@@ -9,8 +9,8 @@ import pytest
 
 from conftest import BASE_PLAN, merge
 from gptplan.corpus import read_corpus
-from runner.data import (IGNORE_INDEX, BatchSource, DeterministicSampler, TokenDataset,
-                         prepare_data)
+from runner.batches import IGNORE_INDEX, BatchSource, DeterministicSampler, TokenDataset
+from runner.prepare import prepare_data
 from gptplan.errors import DataError
 from gptplan.plan import plan_from_dict
 

@@ -11,9 +11,9 @@ import pytest
 
 from conftest import BASE_PLAN, merge
 from gptplan import corpus as corpus_mod
-from runner import data as data_mod
+from runner import prepare as data_mod
 from gptplan.corpus import read_corpus
-from runner.data import prepare_data
+from runner.prepare import prepare_data
 from gptplan.errors import DataError
 from gptplan.plan import plan_from_dict
 from gptplan.sample_corpora import peoples_daily_1998, python_docs_english, write_corpus
@@ -202,7 +202,7 @@ def test_split_long_keeps_every_character():
 
 
 def test_truncation_loss_of_a_non_packed_run(tmp_path):
-    from runner.data import truncation_loss
+    from runner.prepare import truncation_loss
 
     path = write_corpus(list(peoples_daily_1998())[:300], tmp_path / "zh.txt")
     data = prepare_data(_plan(tmp_path / "cache", [str(path)], 3000), workers=1, **QUIET,

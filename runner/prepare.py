@@ -1,13 +1,4 @@
-"""Prepare the corpus once (tokenize, store token ids), then serve deterministic batches.
-
-On-disk format (one folder per corpus + tokenizer, written to a temp folder then renamed):
-  tokens.bin   raw token ids, little-endian uint16 (vocab < 65535) or int32, documents
-               concatenated, each followed by <eod>;
-  docs.npy     int64 offsets of each document's first token, plus the total length at the end;
-  meta.json    {"format": "gptplan-tokens", "version": 2, dtype, num_tokens, num_documents,
-               eod_id, pad_id, vocab_size, tokenizer, corpus statistics, preparation
-               throughput}.
-Reading memory-maps tokens.bin; the seq_len-dependent sample index is computed at load time.
+"""Prepare the corpus once, offline: tokenize it and store the token ids (runner.datacache).
 
 Preparation streams: the main process reads the corpus and hands chunks of about
 `CHUNK_CHARS` characters to tokenizer worker processes (at most `INFLIGHT_PER_WORKER` chunks per
@@ -17,15 +8,9 @@ on the corpus size (bench/data_prep.py measures it). A cache entry is found by t
 files' (path, size, mtime) and the tokenizer's identity, without re-reading the text; the
 content hash is computed once, while preparing, and stored in meta.json.
 
-Packing (`training.packing = true`): sample i is tokens[i*s : i*s + s + 1] across document
-boundaries, split into input and shifted labels; no token is padding. Unpacked: sample i is
-document i truncated to s+1 tokens and padded; padded label positions are -100 (ignored) and
-counted separately, unlike `paddle.numel(input_ids)` which counts padding as training tokens.
-
-Order: a permutation of the samples per epoch from (seed, epoch) alone. Optimizer step k takes
-global samples [k*G, (k+1)*G); micro-step j of batch rank r takes the b samples starting at
-k*G + (j*R + r)*b. So every rank can compute any step's data, and a resumed run continues at
-the exact next sample.
+A cache entry is used only after it matches its manifest (sizes and per-chunk hashes); a
+damaged one is removed and prepared again, and temporary folders left by a killed preparation
+are removed first (gptplan.cachedirs), each with one line saying so.
 """
 
 from __future__ import annotations
@@ -36,41 +21,24 @@ import multiprocessing as mp
 import os
 import shutil
 import sys
-import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from gptplan.corpus import (CorpusStats, default_dedupe, iter_documents,
-                           resolve_sources, source_key, split_long,
-                           total_bytes)
+from gptplan import cachedirs
+from gptplan.corpus import (CorpusStats, default_dedupe, iter_documents, resolve_sources,
+                            source_key, split_long, total_bytes)
 from gptplan.errors import DataError
 from gptplan.plan import Plan
 from gptplan.tokenizer import (FastEncoder, JobTokenizer, check_vocab, default_workers,
-                              ensure_tokenizer, load_tokenizer, model_file_of,
-                              read_manifest)
+                               ensure_tokenizer, load_tokenizer, model_file_of, read_manifest)
+from runner.datacache import FORMAT, VERSION, PreparedData, verify, write_manifest
 
-FORMAT = "gptplan-tokens"
-VERSION = 2
-IGNORE_INDEX = -100
 CHUNK_CHARS = 64_000        # characters per unit of work handed to a worker
 INFLIGHT_PER_WORKER = 4     # chunks queued or being tokenized per worker (bounds memory)
 THROUGHPUT_FILE = "prep_throughput.json"
-
-
-# ---- preparation ---------------------------------------------------------------------------
-
-@dataclass
-class PreparedData:
-    path: Path
-    meta: dict
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.meta["num_tokens"])
 
 
 _worker_encoder = None
@@ -182,25 +150,36 @@ def prepare_data(plan: Plan, *, workers: int | None = None, log=print,
     key = hashlib.sha256(f"{corpus_key}|{info['identity']}|{FORMAT}{VERSION}"
                          .encode()).hexdigest()[:20]
     out = Path(job.cache_dir) / "data" / key
-    if (out / "meta.json").exists():
+    cachedirs.remove_stale(out.parent, log=log)
+    found = _verified(out, log=log)
+    if found is not None:
         log(f"reusing prepared data {out} (corpus files unchanged: same paths, sizes and "
-            f"modification times; tokenizer {info['identity']})")
-        return PreparedData(out, json.loads((out / "meta.json").read_text()))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=key + ".", suffix=".tmp", dir=out.parent))
-    try:
+            f"modification times; tokenizer {info['identity']}; every chunk matches its hash)")
+        return found
+    with cachedirs.writing(out.parent, key) as tmp:
         meta = _stream_prepare(paths, tmp, job=job, dedupe=dedupe, info=info,
                                model_dir=directory, workers=workers, log=log,
                                progress=progress)
-        if out.exists():
-            shutil.rmtree(tmp)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        write_manifest(tmp)
+        cachedirs.publish(tmp, out)
     _record_throughput(Path(job.cache_dir), meta)
     return PreparedData(out, meta)
+
+
+def _verified(out: Path, *, log) -> PreparedData | None:
+    """The cache entry at `out` if it matches its manifest; a damaged one is removed (it is
+    derived data: preparing it again gives the same bytes), with one line saying why."""
+    if not out.exists() and not out.is_symlink():
+        return None
+    problem = verify(out) if out.is_dir() else "it is not a folder"
+    if problem is None:
+        return PreparedData(out, json.loads((out / "meta.json").read_text()))
+    log(f"prepared data {out} is damaged ({problem}); removed it, preparing again")
+    if out.is_dir() and not out.is_symlink():
+        shutil.rmtree(out)
+    else:
+        out.unlink()
+    return None
 
 
 def _stream_prepare(paths, tmp: Path, *, job, dedupe: bool, info: dict, model_dir,
@@ -347,138 +326,3 @@ def truncation_loss(data: PreparedData, seq_len: int) -> float:
     lengths = np.diff(offsets)
     total = int(lengths.sum())
     return float(1.0 - np.minimum(lengths, seq_len + 1).sum() / total) if total else 0.0
-
-
-def open_prepared(path: str | Path) -> PreparedData:
-    path = Path(path)
-    try:
-        meta = json.loads((path / "meta.json").read_text())
-    except FileNotFoundError:
-        raise DataError(f"{path} holds no prepared data (meta.json missing); run "
-                        "'runner execute' without --data-dir to prepare it") from None
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-        raise DataError(f"{path}: data format {meta.get('format')} v{meta.get('version')} is "
-                        f"not {FORMAT} v{VERSION}; delete it to re-prepare")
-    return PreparedData(path, meta)
-
-
-# ---- batches -------------------------------------------------------------------------------
-
-@dataclass
-class MicroBatch:
-    input_ids: np.ndarray  # [b, s] int64
-    labels: np.ndarray     # [b, s] int64, IGNORE_INDEX where padded
-    real_tokens: int       # label positions that are real text
-    padded_tokens: int     # label positions that are padding
-
-
-class TokenDataset:
-    """Samples of seq_len+1 tokens from prepared data, packed or padded per document."""
-
-    def __init__(self, data: PreparedData, *, seq_len: int, packing: bool):
-        self.seq_len = seq_len
-        self.packing = packing
-        meta = data.meta
-        self.tokens = np.memmap(data.path / "tokens.bin", dtype=meta["dtype"], mode="r")
-        self.doc_offsets = np.load(data.path / "docs.npy")
-        self.pad_id = int(meta["pad_id"])
-        if packing:
-            self.num_samples = (len(self.tokens) - 1) // seq_len
-        else:
-            self.num_samples = len(self.doc_offsets) - 1
-        if self.num_samples < 1:
-            raise DataError(f"the corpus has {len(self.tokens)} tokens, fewer than one sample "
-                            f"of seq_len + 1 = {seq_len + 1}; lower training.seq_len or add "
-                            "text", key="training.seq_len")
-
-    def sample_real_tokens(self, index: int) -> int:
-        if self.packing:
-            return self.seq_len
-        length = int(self.doc_offsets[index + 1] - self.doc_offsets[index])
-        return min(length, self.seq_len + 1) - 1
-
-    def sample(self, index: int) -> tuple[np.ndarray, int]:
-        """(seq_len+1 token ids, number of real label positions)."""
-        s = self.seq_len
-        if self.packing:
-            window = np.asarray(self.tokens[index * s:index * s + s + 1], dtype=np.int64)
-            return window, s
-        start, end = int(self.doc_offsets[index]), int(self.doc_offsets[index + 1])
-        doc = np.asarray(self.tokens[start:min(end, start + s + 1)], dtype=np.int64)
-        window = np.full(s + 1, self.pad_id, dtype=np.int64)
-        window[:len(doc)] = doc
-        return window, len(doc) - 1
-
-
-class DeterministicSampler:
-    """Maps (step, micro-step, batch rank) to sample indices from (seed, epoch) alone."""
-
-    def __init__(self, num_samples: int, *, seed: int, micro_batch: int, accumulation: int,
-                 batch_ranks: int):
-        self.num_samples = num_samples
-        self.seed = seed
-        self.micro_batch = micro_batch
-        self.accumulation = accumulation
-        self.batch_ranks = batch_ranks
-        self._perm_epoch = -1
-        self._perm: np.ndarray | None = None
-
-    @property
-    def global_batch(self) -> int:
-        return self.micro_batch * self.accumulation * self.batch_ranks
-
-    def _permutation(self, epoch: int) -> np.ndarray:
-        if epoch != self._perm_epoch:
-            self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
-            self._perm_epoch = epoch
-        return self._perm
-
-    def global_indices(self, start: int, count: int) -> list[int]:
-        out = []
-        for g in range(start, start + count):
-            epoch, pos = divmod(g, self.num_samples)
-            out.append(int(self._permutation(epoch)[pos]))
-        return out
-
-    def micro_batch_indices(self, step: int, micro: int, rank: int) -> list[int]:
-        start = step * self.global_batch + (micro * self.batch_ranks + rank) * self.micro_batch
-        return self.global_indices(start, self.micro_batch)
-
-    def step_indices(self, step: int) -> list[int]:
-        return self.global_indices(step * self.global_batch, self.global_batch)
-
-    def epoch_at(self, step: int) -> float:
-        return step * self.global_batch / self.num_samples
-
-
-class BatchSource:
-    """What the training loop asks for: a micro-batch, and the global token counts of a step."""
-
-    def __init__(self, dataset: TokenDataset, sampler: DeterministicSampler, *, rank: int):
-        self.dataset = dataset
-        self.sampler = sampler
-        self.rank = rank
-
-    def micro_batch(self, step: int, micro: int) -> MicroBatch:
-        windows, real = [], 0
-        for index in self.sampler.micro_batch_indices(step, micro, self.rank):
-            window, n = self.dataset.sample(index)
-            windows.append(window)
-            real += n
-        batch = np.stack(windows)
-        inputs, labels = batch[:, :-1].copy(), batch[:, 1:].copy()
-        if not self.dataset.packing:
-            positions = np.arange(self.dataset.seq_len)[None, :]
-            lengths = np.array([self.dataset.sample_real_tokens(i) for i in
-                                self.sampler.micro_batch_indices(step, micro, self.rank)])
-            labels[positions >= lengths[:, None]] = IGNORE_INDEX
-        total = labels.size
-        return MicroBatch(inputs, labels, real, total - real)
-
-    def step_token_counts(self, step: int) -> tuple[int, int]:
-        """(real, padded) label tokens of the whole global batch of `step`, on every rank."""
-        if self.dataset.packing:
-            return self.sampler.global_batch * self.dataset.seq_len, 0
-        real = sum(self.dataset.sample_real_tokens(i) for i in self.sampler.step_indices(step))
-        total = self.sampler.global_batch * self.dataset.seq_len
-        return real, total - real
