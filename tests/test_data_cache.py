@@ -1,0 +1,203 @@
+"""The data cache is verified before use: a damaged tokenized corpus or tokenizer is detected,
+removed and rebuilt (one line saying so) to the same bytes; temporary folders of a killed
+preparation are removed by the next one, and never those of a live one."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import BASE_PLAN, REPO, merge, run_cli
+
+from gptplan import cachedirs
+from gptplan.plan import load_plan, plan_from_dict
+from runner.datacache import CHUNK_BYTES, verify
+from runner.prepare import prepare_data
+
+
+def _plan(cache: Path):
+    return plan_from_dict(merge(BASE_PLAN, {"job": {"cache_dir": str(cache)}}))
+
+
+def _prepare(cache: Path) -> tuple[object, list[str]]:
+    lines: list[str] = []
+    data = prepare_data(_plan(cache), workers=1, log=lines.append, progress=False)
+    return data, lines
+
+
+@pytest.fixture(scope="module")
+def base_cache(tmp_path_factory) -> Path:
+    cache = tmp_path_factory.mktemp("base") / "cache"
+    data, _ = _prepare(cache)
+    assert verify(data.path) is None
+    return cache
+
+
+def _copy(base: Path, tmp_path: Path) -> Path:
+    cache = tmp_path / "cache"
+    shutil.copytree(base, cache)
+    return cache
+
+
+def _entry(cache: Path) -> Path:
+    (entry,) = (cache / "data").iterdir()
+    return entry
+
+
+def _tokenizer_dir(cache: Path) -> Path:
+    (directory,) = (cache / "tokenizers").iterdir()
+    return directory
+
+
+def _truncate_half(path: Path) -> None:
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def _garble(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    middle = len(raw) // 2
+    raw[middle:middle + 8] = b"\x00garble\xff"
+    path.write_bytes(bytes(raw))
+
+
+DAMAGE = {
+    "tokens.bin cut to half": (_entry, "tokens.bin", _truncate_half, "prepared data"),
+    "docs.npy deleted": (_entry, "docs.npy", Path.unlink, "prepared data"),
+    "meta.json garbled": (_entry, "meta.json", _garble, "prepared data"),
+    "manifest.json garbled": (_entry, "manifest.json", _garble, "prepared data"),
+    "sentencepiece.model truncated": (_tokenizer_dir, "sentencepiece.model", _truncate_half,
+                                      "tokenizer"),
+    "tokenizer.json garbled": (_tokenizer_dir, "tokenizer.json", _garble, "tokenizer"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_damaged_cache_file_is_detected_and_rebuilt_to_the_same_tokens(base_cache, tmp_path,
+                                                                       damage):
+    folder_of, name, harm, what = DAMAGE[damage]
+    original = _entry(base_cache)
+    cache = _copy(base_cache, tmp_path)
+    harm(folder_of(cache) / name)
+    data, lines = _prepare(cache)
+    damaged = [line for line in lines if "is damaged" in line]
+    assert len(damaged) == 1 and damaged[0].startswith(what), lines
+    assert "removed it" in damaged[0]
+    assert verify(data.path) is None
+    for kept in ("tokens.bin", "docs.npy"):
+        assert (data.path / kept).read_bytes() == (original / kept).read_bytes(), kept
+    assert json.loads((data.path / "meta.json").read_text())["num_tokens"] == data.num_tokens
+
+
+def test_verify_names_the_damaged_chunk(base_cache, tmp_path, monkeypatch):
+    import runner.datacache as datacache
+
+    cache = _copy(base_cache, tmp_path)
+    entry = _entry(cache)
+    size = (entry / "tokens.bin").stat().st_size
+    monkeypatch.setattr(datacache, "CHUNK_BYTES", 4096)  # many chunks in a small file
+    datacache.write_manifest(entry)
+    raw = bytearray((entry / "tokens.bin").read_bytes())
+    raw[3 * 4096 + 10] ^= 0xFF  # one flipped byte in the fourth chunk, size unchanged
+    (entry / "tokens.bin").write_bytes(bytes(raw))
+    assert datacache.verify(entry) == \
+        f"tokens.bin bytes {3 * 4096:,}..{min(size, 4 * 4096):,} differ from the manifest's hash"
+    assert CHUNK_BYTES == 64 << 20
+
+
+def test_cache_entry_replaced_by_a_file_is_rebuilt(base_cache, tmp_path):
+    cache = _copy(base_cache, tmp_path)
+    entry = _entry(cache)
+    shutil.rmtree(entry)
+    entry.write_text("not a folder")
+    data, lines = _prepare(cache)
+    assert any("is damaged (it is not a folder)" in line for line in lines)
+    assert data.path == entry and verify(entry) is None
+
+
+KILLED_PREPARATION = """
+import sys, time
+from conftest import BASE_PLAN, merge
+from gptplan.plan import load_plan, plan_from_dict
+import runner.prepare as prep
+
+real = prep._chunks
+def slow_chunks(documents, eod):
+    for chunk in real(documents, eod):
+        yield chunk
+        print("preparing", flush=True)
+        time.sleep(60)  # killed here: mid-preparation, its temporary folder half written
+prep._chunks = slow_chunks
+plan = plan_from_dict(merge(BASE_PLAN, {"job": {"cache_dir": sys.argv[1]}}))
+prep.prepare_data(plan, workers=1, progress=False, log=lambda *_: None)
+"""
+
+
+def test_sigkill_during_preparation_leaves_tmp_that_next_preparation_removes(base_cache,
+                                                                             tmp_path):
+    cache = _copy(base_cache, tmp_path)
+    shutil.rmtree(cache / "data")  # the tokenizer stays; the data must be prepared
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_PREPARATION, str(cache)],
+                            cwd=REPO / "tests", stdout=subprocess.PIPE, text=True,
+                            env=os.environ | {"PYTHONPATH": str(REPO / "tests")})
+    try:
+        assert proc.stdout.readline().strip() == "preparing"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    leftovers = list((cache / "data").glob("*.tmp"))
+    assert len(leftovers) == 1 and (leftovers[0] / "tokens.bin").exists()
+    data, lines = _prepare(cache)
+    assert not list((cache / "data").glob("*.tmp"))
+    assert any(line.startswith("removed 1 temporary folder(s)") and leftovers[0].name in line
+               for line in lines), lines
+    assert verify(data.path) is None
+
+
+def test_live_writers_tmp_is_kept_and_old_unlocked_tmp_removed(tmp_path):
+    with cachedirs.writing(tmp_path, "entry") as live:
+        orphan = tmp_path / "old.abc.tmp"  # from before the lock rule: no lock file
+        orphan.mkdir()
+        old = time.time() - cachedirs.UNLOCKED_GRACE_S - 5
+        os.utime(orphan, (old, old))
+        fresh = tmp_path / "new.abc.tmp"  # a writer's first instant: too young to judge
+        fresh.mkdir()
+        lines: list[str] = []
+        removed = cachedirs.remove_stale(tmp_path, log=lines.append)
+        assert removed == [orphan] and live.is_dir() and fresh.is_dir()
+        assert len(lines) == 1 and "old.abc.tmp" in lines[0]
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    out = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        out[record["step"]] = record["loss"]
+    return out
+
+
+@pytest.mark.e2e
+def test_half_truncated_tokens_bin_is_rebuilt_and_losses_equal_an_undisturbed_run(
+        write_plan, tmp_path):
+    """Before the manifest, this run exited 0 on half the tokens with other losses."""
+    first = write_plan({"training": {"max_steps": 5}})
+    proc = run_cli("runner", "execute", str(first), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    undisturbed = _losses(tmp_path / "run")
+    plan = load_plan(first)
+    (entry,) = [p for p in (Path(plan.job.cache_dir) / "data").iterdir()
+                if p.is_dir() and not p.name.endswith(".tmp")]
+    _truncate_half(entry / "tokens.bin")
+    second = write_plan({"training": {"max_steps": 5},
+                         "job": {"output_dir": str(tmp_path / "again")}}, name="again.toml")
+    proc = run_cli("runner", "execute", str(second), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    damaged = [line for line in proc.stdout.splitlines() if "is damaged" in line]
+    assert len(damaged) == 1 and "tokens.bin has" in damaged[0], proc.stdout[-3000:]
+    assert _losses(tmp_path / "again") == undisturbed
