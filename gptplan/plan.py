@@ -47,6 +47,26 @@ class JobSection:
     cache_dir: str = setting(".cache/gptplan", "Where trained tokenizers and tokenized corpora "
                                                "are cached by content hash.")
     seed: int = setting(1234, "Seed for initialisation, data order and dropout.", min=0)
+    # The corpus as planned (written by `planner optimize`); the runner compares the corpus it
+    # finds with these before launching. 0 / [] = not recorded (a plan by hand or from before).
+    corpus_sample: list[str] = setting(
+        [], "Files the planner measured the corpus statistics on (tokens per character, and "
+            "corpus_tokens when extrapolated); often a local sample of the corpus.")
+    corpus_bytes: float = setting(0.0, "Bytes of the corpus as planned: declared in the spec "
+                                       "when the local files are a sample, else measured.",
+                                  min=0, max=1e18)
+    corpus_tokens: float = setting(0.0, "Tokens of the corpus as planned (corpus_tokens_source "
+                                        "says how they were obtained).", min=0, max=1e18)
+    corpus_tokens_source: Literal["", "measured", "extrapolated", "declared"] = setting(
+        "", "'measured' (the sample is the whole corpus), 'extrapolated' (declared bytes x "
+            "tokens per character measured on the sample) or 'declared' in the spec.")
+    tokens_per_char: float = setting(0.0, "Tokens per character of the job's tokenizer, "
+                                          "measured on the sample (or declared).", min=0,
+                                     max=1e6)
+    planned_epochs: float = setting(0.0, "Passes over the planned corpus: max_steps x tokens "
+                                         "per step / corpus_tokens. The runner refuses a full "
+                                         "run on a corpus it would repeat far more often.",
+                                    min=0, max=1e18)
 
 
 @dataclass
@@ -217,6 +237,10 @@ class ProvenanceSection:
     notes: list[str] = setting([], "Free-form notes (alternatives, warnings).")
 
 
+# The planner's record of the corpus: not part of the trajectory (the data is job.corpus).
+PLANNED_CORPUS_FIELDS = ("corpus_sample", "corpus_bytes", "corpus_tokens",
+                         "corpus_tokens_source", "tokens_per_char", "planned_epochs")
+
 SECTIONS: dict[str, type] = {
     "job": JobSection,
     "model": ModelSection,
@@ -275,6 +299,7 @@ class Plan:
             for key, value in to_table(getattr(self, section)).items():
                 flat[f"{section}.{key}"] = value
         for volatile in ("job.output_dir", "job.cache_dir", "job.target_tokens",
+                         *(f"job.{k}" for k in PLANNED_CORPUS_FIELDS),
                          "training.logging_steps", "parallel.master"):
             flat.pop(volatile, None)
         return flat

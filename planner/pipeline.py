@@ -259,10 +259,11 @@ def optimize(spec, *, settings=None, local_profile: str = "", work_dir: Path | N
             notes.append(f"calibration: {tuning.profile} fit error "
                          f"{tuning.calibration.fit_error:.1%}")
         result.plan = candidate_plan(spec, row, target=target, notes=notes,
-                                     measured=MEASURED_FIELDS, probes=len(outcome.probed))
+                                     measured=MEASURED_FIELDS, probes=len(outcome.probed),
+                                     stats=stats)
     else:
         result.plan = candidate_plan(spec, table.row(result.chosen), target=target,
-                                     notes=notes)
+                                     notes=notes, stats=stats)
     return result
 
 

@@ -37,8 +37,22 @@ def _interval_source(prof, precision: str, params: float) -> str:
     return f"80% interval on throughput x{lo:g}..x{hi:g}: {where}"
 
 
+def planned_corpus(spec: Spec, stats, *, trained_tokens: float) -> dict:
+    """JobSection fields recording the corpus as planned (planner.corpus_stats statistics),
+    apart from the sample they were measured on; {} without statistics."""
+    if stats is None or not stats.total_tokens:
+        return {}
+    return {"corpus_sample": list(spec.job.corpus),
+            "corpus_bytes": _sig(stats.declared_bytes or stats.local_bytes),
+            "corpus_tokens": _sig(stats.total_tokens),
+            "corpus_tokens_source": stats.total_tokens_source,
+            "tokens_per_char": _sig(stats.tokens_per_character),
+            "planned_epochs": _sig(trained_tokens / stats.total_tokens)}
+
+
 def candidate_plan(spec: Spec, row: dict, *, target: float, notes: list[str] | None = None,
-                   measured: list[str] | None = None, probes: int = 0) -> Plan:
+                   measured: list[str] | None = None, probes: int = 0,
+                   stats=None) -> Plan:
     choice = row["offer_choice"]
     prof, offer = choice.profile, choice.offer
     steps = int(row["steps"])
@@ -56,7 +70,9 @@ def candidate_plan(spec: Spec, row: dict, *, target: float, notes: list[str] | N
         name=spec.job.name,
         job=JobSection(corpus=list(spec.job.corpus), tokenizer=spec.job.tokenizer,
                        target_tokens=int(target), seed=spec.job.seed,
-                       cache_dir=spec.job.cache_dir),
+                       cache_dir=spec.job.cache_dir,
+                       **planned_corpus(spec, stats,
+                                        trained_tokens=steps * row["tokens_per_step"])),
         model=spec.model_section(),
         training=TrainingSection(
             seq_len=row["seq"], per_device_train_batch_size=row["micro"],

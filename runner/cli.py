@@ -297,6 +297,11 @@ def execute(args) -> int:
     data = prepare_data(plan)
     print(f"data: {data.num_tokens:,} tokens ({data.meta['num_documents']:,} documents, "
           f"{data.meta['tokens_per_character']:.3f} tokens/char, measured) in {data.path}")
+    from runner.corpuscheck import check_before_launch
+
+    corpus_problem = check_before_launch(original, data.num_tokens, plan_file=args.plan,
+                                         rehearsal=args.local or args.max_steps is not None,
+                                         dry_run=args.dry_run)
     if not plan.training.packing:
         from runner.prepare import truncation_loss
 
@@ -314,7 +319,7 @@ def execute(args) -> int:
             print("launch command(s) this runner starts:")
             for cmd in commands:
                 print(f"  node {cmd.node_rank}: {cmd.render()}")
-        return dry_run(plan, data, args.plan)
+        return dry_run(plan, data, args.plan, corpus_problem=corpus_problem)
 
     if latest is not None:
         print(f"resuming from {latest} (step {ckpt.read_state(latest)['step']})")
@@ -556,7 +561,7 @@ def check_dry_run_memory(plan: Plan, plan_file: Path) -> None:
                         "Check the model.* sizes", file=str(plan_file), key="model")
 
 
-def dry_run(plan: Plan, data, plan_file: Path) -> int:
+def dry_run(plan: Plan, data, plan_file: Path, *, corpus_problem: str | None = None) -> int:
     from runner.batches import TokenDataset
     from gptplan.modelfacts import parameter_count, training_flops_per_token
     from runner.model import build_model
@@ -577,6 +582,9 @@ def dry_run(plan: Plan, data, plan_file: Path) -> int:
           f"{training_flops_per_token(plan.model, plan.training.seq_len):.3g} FLOPs/token")
     print(f"samples: {dataset.num_samples:,} of {plan.training.seq_len} tokens; "
           f"{plan.training.max_steps} steps x {plan.global_batch_size} = {epochs:.2f} epochs")
+    if corpus_problem:  # runner.corpuscheck: a full run would refuse this corpus
+        print(f"dry run FAILED: {plan_file}: job.corpus: {corpus_problem}", file=sys.stderr)
+        return 2
     print("dry run OK: plan, data and model are valid")
     return 0
 

@@ -197,15 +197,21 @@ def test_estimate_of_the_written_plan_agrees(optimized):
     assert data["chosen"]["modelled_cost_cny"] == pytest.approx(plan.estimate.cost, rel=1e-3, abs=1)
 
 
-def test_explain_and_runner_dry_run_accept_the_plan(optimized):
+def test_explain_accepts_the_plan_and_dry_run_refuses_its_sample_corpus(optimized):
     work, _ = optimized
     proc = run_cli("planner", "explain", "plans/bank_faq.toml", cwd=work)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "AMP memory" in proc.stdout and "7 days" in proc.stdout
     assert "Muennighoff" in proc.stdout
+    # the plan records the declared 10 GB corpus; job.corpus is still the 1 MB sample
+    plan = load_plan(work / "plans" / "bank_faq.toml")
+    assert plan.job.corpus_bytes == 10e9 and plan.job.corpus_tokens_source == "extrapolated"
+    assert plan.job.planned_epochs == pytest.approx(
+        plan.training.max_steps * plan.tokens_per_step / plan.job.corpus_tokens, rel=1e-4)
     dry = run_cli("runner", "execute", "plans/bank_faq.toml", "--dry-run", cwd=work)
-    assert dry.returncode == 0, dry.stderr[-2000:]
-    assert "dry run OK" in dry.stdout and "runner.paddle_launch" in dry.stdout
+    assert dry.returncode == 2, dry.stderr[-2000:]
+    assert "dry run OK" not in dry.stdout and "runner.paddle_launch" in dry.stdout
+    assert "dry run FAILED" in dry.stderr and "job.corpus" in dry.stderr
 
 
 def test_optimize_impossible_budget_exits_1_without_plan(tmp_path):
