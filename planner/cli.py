@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "gptplan-<plan name>-<hash>)")
     lf.add_argument("--region", default=None, help="cloud region (default: the region the "
                                                    "price was seen in, if recorded)")
+    lf.add_argument("--corpus-bucket", default="", metavar="URI",
+                    help="bucket holding the full corpus, mounted at /corpus on the nodes and "
+                         "used as job.corpus: s3://BUCKET[/PREFIX][/GLOB] (also gs://, r2://, "
+                         "https://ACCOUNT.blob.core.windows.net/CONTAINER/...); default: the "
+                         "plan's job.corpus as synced with the project")
     prices = sub.add_parser("prices", help="price lists")
     prices_sub = prices.add_subparsers(dest="prices_command", required=True)
     imp = prices_sub.add_parser("import", help="import a SkyPilot-style catalog CSV")
@@ -492,11 +497,17 @@ def cmd_launch_file(args) -> int:
     from gptplan.plan import load_plan
 
     plan = load_plan(args.plan)
+    import yaml
+
+    from planner.skypilot import corpus_note, disk_plan
+
     out = write_launch_file(plan, plan_path=args.plan, out=args.out, bucket=args.bucket,
-                            region=args.region)
+                            region=args.region, corpus_bucket=args.corpus_bucket)
     print(f"SkyPilot task written to {out}; launch it from this directory as a managed job "
           f"(relaunched after preemption, resuming from the bucket's checkpoints):\n"
           f"  sky jobs launch -n {plan.name} {out}")
+    print(corpus_note(yaml.safe_load(out.read_text()), plan))
+    print(disk_plan(plan)[1])
     return 0
 
 

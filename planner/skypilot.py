@@ -7,7 +7,11 @@
   num_nodes   the plan's nnodes
   workdir     this project (synced to every node)
   file_mounts a bucket at /checkpoints holding the run directory (checkpoints, billing,
-              metrics, report), shared by all nodes and kept across preemptions
+              metrics, report), shared by all nodes and kept across preemptions; with
+              `--corpus-bucket URI` the user's corpus bucket at /corpus (read as it is
+              needed), and job.corpus pointed at it on the command line (`--set`)
+  disk_size   prepared data + checkpoints + the corpus mount's cache + the image, with
+              headroom (`disk_plan` says how much of each, and the header repeats it)
   setup       this project with the `gpu` extra and the pinned constraints
   run         `runner execute` with the node rank and master from SKYPILOT_NODE_RANK /
               SKYPILOT_NODE_IPS, the run directory in the bucket
@@ -23,6 +27,8 @@ schema; `render` adds the explanatory comments.
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import re
 import shlex
 import textwrap
@@ -41,6 +47,15 @@ CLOUDS = {"aws": "aws", "gcp": "gcp", "azure": "azure", "lambda": "lambda", "oci
 BUCKET_STORES = {"aws": "s3", "gcp": "gcs", "azure": "azure", "ibm": "ibm", "oci": "oci",
                  "nebius": "nebius"}
 MOUNT = "/checkpoints"
+CORPUS_MOUNT = "/corpus"
+# Existing buckets SkyPilot mounts by URI (`source`), by scheme
+CORPUS_SCHEMES = ("s3", "gs", "r2", "https", "cos", "oci", "nebius")
+GLOB_CHARS = set("*?[")
+# Boot disk: the image (OS, CUDA, drivers), this project's venv with Paddle GPU, logs
+IMAGE_GB = 50.0
+DISK_HEADROOM = 1.25        # on the data parts, which are modelled
+CHECKPOINT_BYTES_PER_PARAM = 16  # weights + master weights + two AdamW moments (upper bound)
+OFFSET_BYTES_PER_TOKEN = 0.5     # docs.npy + its side file, at >= 32 tokens a document
 MASTER_PORT = 8090
 GPU_INDEX = "https://www.paddlepaddle.org.cn/packages/stable/cu126/"
 
@@ -77,8 +92,50 @@ def offer_region(plan: Plan) -> str:
     return ""
 
 
+def corpus_mount(uri: str) -> tuple[str, str]:
+    """'s3://bucket/text/*.jsonl' -> (bucket source to mount, job.corpus glob under
+    CORPUS_MOUNT). Without a glob in the last part every file under the prefix is read."""
+    scheme, sep, rest = uri.partition("://")
+    parts = [p for p in rest.split("/") if p]
+    if not sep or scheme not in CORPUS_SCHEMES or not parts or \
+            (scheme == "https" and len(parts) < 2):
+        raise UserError(f"{uri!r} is not a bucket URI; allowed: "
+                        f"{', '.join(s + '://BUCKET[/PREFIX][/GLOB]' for s in CORPUS_SCHEMES[:3])}"
+                        ", https://ACCOUNT.blob.core.windows.net/CONTAINER[/PREFIX][/GLOB] "
+                        "(Azure), cos://, oci://, nebius://", key="--corpus-bucket")
+    keep = 2 if scheme == "https" else 1  # Azure: the account host, then the container
+    source = f"{scheme}://{'/'.join(parts[:keep])}"
+    inner = parts[keep:]
+    if not inner or not GLOB_CHARS & set(inner[-1]):
+        inner.append("**/*")
+    return source, "/".join([CORPUS_MOUNT, *inner])
+
+
+def disk_plan(plan: Plan) -> tuple[int, str]:
+    """Boot disk in GB for the task, and how it was reckoned (modelled)."""
+    from gptplan.modelfacts import parameter_count
+
+    job = plan.job
+    tokens = job.corpus_tokens or plan.training.max_steps * plan.tokens_per_step
+    tokens_how = "job.corpus_tokens" if job.corpus_tokens else \
+        "the trained tokens (job.corpus_tokens not recorded)"
+    width = 2 if plan.model.vocab_size < 65535 else 4
+    prepared = tokens * (width + OFFSET_BYTES_PER_TOKEN)
+    checkpoints = (plan.checkpoint.keep_last + 1) * parameter_count(plan.model) * \
+        CHECKPOINT_BYTES_PER_PARAM
+    corpus = job.corpus_bytes
+    gb = math.ceil(IMAGE_GB + DISK_HEADROOM * (prepared + checkpoints + corpus) / 1e9)
+    why = (f"disk_size {gb} GB (modelled) = {IMAGE_GB:g} GB image and venv + "
+           f"{DISK_HEADROOM:g} x (prepared data {prepared / 1e9:,.1f} GB: {tokens:,.0f} "
+           f"tokens from {tokens_how} x {width + OFFSET_BYTES_PER_TOKEN:g} bytes; checkpoints "
+           f"{checkpoints / 1e9:,.1f} GB: keep_last {plan.checkpoint.keep_last} + 1 being "
+           f"written, cached locally by the bucket mount; corpus {corpus / 1e9:,.1f} GB for the "
+           "mount's read cache)")
+    return gb, why
+
+
 def task_dict(plan: Plan, *, plan_path: str, bucket: str = "", region: str | None = None,
-              python: str = "python3") -> dict:
+              python: str = "python3", corpus_bucket: str = "") -> dict:
     """The SkyPilot task for `plan` as plain data (see the module docstring)."""
     hw, p = plan.hardware, plan.parallel
     if hw.device != "gpu" or "/" not in hw.offer:
@@ -98,7 +155,7 @@ def task_dict(plan: Plan, *, plan_path: str, bucket: str = "", region: str | Non
     region = offer_region(plan) if region is None else region
     resources = {"cloud": cloud, "instance_type": instance,
                  "accelerators": f"{sky_accelerator(hw.profile, provider)}:{p.nproc_per_node}",
-                 "use_spot": bool(hw.spot)}
+                 "use_spot": bool(hw.spot), "disk_size": disk_plan(plan)[0]}
     if region:
         resources["region"] = region
     if hw.spot:
@@ -119,10 +176,17 @@ def task_dict(plan: Plan, *, plan_path: str, bucket: str = "", region: str | Non
         f"{venv}/bin/pip install --quiet -c constraints.txt -e '.[gpu,fast]' "
         f"--extra-index-url {GPU_INDEX} || echo 'jieba_fast not built: jieba is used'",
     ]) + "\n"
+    mounts = {MOUNT: {"name": bucket, "store": store, "mode": "MOUNT_CACHED",
+                      "persistent": True}}
+    corpus = ""
+    if corpus_bucket:
+        source, pattern = corpus_mount(corpus_bucket)
+        mounts[CORPUS_MOUNT] = {"source": source, "mode": "MOUNT"}
+        corpus = " --set " + shlex.quote(f"job.corpus={json.dumps([pattern])}")
     run = "\n".join([
         "set -e",
         'MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | head -n1)',
-        f"{venv}/bin/runner execute {shlex.quote(plan_path)} --output-dir {run_dir} "
+        f"{venv}/bin/runner execute {shlex.quote(plan_path)} --output-dir {run_dir}{corpus} "
         f"--node-rank $SKYPILOT_NODE_RANK --master $MASTER_ADDR:{MASTER_PORT}",
     ]) + "\n"
     return {
@@ -130,11 +194,27 @@ def task_dict(plan: Plan, *, plan_path: str, bucket: str = "", region: str | Non
         "workdir": ".",
         "num_nodes": p.nnodes,
         "resources": resources,
-        "file_mounts": {MOUNT: {"name": bucket, "store": store, "mode": "MOUNT_CACHED",
-                                "persistent": True}},
+        "file_mounts": mounts,
         "setup": setup,
         "run": run,
     }
+
+
+def corpus_note(task: dict, plan: Plan) -> str:
+    """One sentence on where the nodes find the corpus."""
+    planned = (f"the planned {plan.job.corpus_tokens / 1e9:,.3g}B tokens"
+               if plan.job.corpus_tokens else "what the plan records")
+    mount = task["file_mounts"].get(CORPUS_MOUNT)
+    if mount:
+        pattern = json.loads(shlex.split(task["run"].split("--set ", 1)[1])[0]
+                             .split("=", 1)[1])[0]
+        return (f"corpus: {mount['source']} mounted at {CORPUS_MOUNT} (read as needed), "
+                f"job.corpus = {pattern} (--set on the run line); the runner checks it holds "
+                f"{planned} before training")
+    return (f"corpus: no --corpus-bucket: the nodes read job.corpus = "
+            f"{', '.join(plan.job.corpus)} from the synced project; the runner refuses a "
+            f"corpus much smaller than {planned}; pass --corpus-bucket s3://BUCKET/PREFIX to "
+            "mount the full corpus")
 
 
 def render(task: dict, plan: Plan, *, plan_path: str, out_path: str) -> str:
@@ -158,6 +238,8 @@ def render(task: dict, plan: Plan, *, plan_path: str, out_path: str) -> str:
         "# Checkpoints, billing, metrics and the report live in the bucket mounted at "
         f"{MOUNT} (shared by all nodes, kept after the job); a relaunched job resumes from "
         "the newest complete checkpoint there (the runner's automatic resume).",
+        f"# {corpus_note(task, plan)[0].upper()}{corpus_note(task, plan)[1:]}.",
+        f"# Boot {disk_plan(plan)[1]}.",
     ]
     class Dumper(yaml.SafeDumper):
         pass
@@ -175,7 +257,8 @@ def render(task: dict, plan: Plan, *, plan_path: str, out_path: str) -> str:
 
 
 def write_launch_file(plan: Plan, *, plan_path: Path, out: Path | None = None,
-                      bucket: str = "", region: str | None = None) -> Path:
+                      bucket: str = "", region: str | None = None,
+                      corpus_bucket: str = "") -> Path:
     """Write the task YAML next to the plan (atomically); returns its path."""
     from gptplan.tomlconf import write_text_atomic
 
@@ -189,6 +272,7 @@ def write_launch_file(plan: Plan, *, plan_path: Path, out: Path | None = None,
     if bucket and not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket):
         raise UserError(f"{bucket!r} is not a valid bucket name; allowed: 3-63 lowercase "
                         "letters, digits, '.' and '-'", key="--bucket")
-    task = task_dict(plan, plan_path=relative, bucket=bucket, region=region)
+    task = task_dict(plan, plan_path=relative, bucket=bucket, region=region,
+                     corpus_bucket=corpus_bucket)
     write_text_atomic(out, render(task, plan, plan_path=relative, out_path=str(out)))
     return out

