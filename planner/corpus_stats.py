@@ -119,10 +119,9 @@ def corpus_statistics(*, corpus: list[str], tokenizer: str, vocab_size: int, cac
                      sample_documents=sample_documents, seq_lens=seq_lens,
                      tokens_per_char=tokens_per_char)
     cache_file = Path(cache_dir) / "stats" / f"{key}.json"
-    if cache_file.exists():
-        log(f"corpus statistics reused from {cache_file} (corpus files unchanged: same paths, "
-            "sizes and modification times)")
-        return _finish(json.loads(cache_file.read_text()), declared_bytes)
+    cached = _cached(cache_file, declared_bytes, log=log)
+    if cached is not None:
+        return cached
     local = read_corpus(corpus)
     docs = local.documents
     step = max(1, len(docs) // sample_documents)
@@ -158,6 +157,21 @@ def corpus_statistics(*, corpus: list[str], tokenizer: str, vocab_size: int, cac
     }
     write_text_atomic(cache_file, json.dumps(data, ensure_ascii=False))
     return _finish(data, declared_bytes)
+
+
+def _cached(cache_file: Path, declared_bytes: float, *, log) -> CorpusStatistics | None:
+    """The cached statistics, or None (absent; a damaged file is measured again, one line)."""
+    if not cache_file.exists():
+        return None
+    try:
+        stats = _finish(json.loads(cache_file.read_text(encoding="utf-8")), declared_bytes)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        log(f"corpus statistics cache {cache_file} is damaged ({type(exc).__name__}); "
+            "measuring again")
+        return None
+    log(f"corpus statistics reused from {cache_file} (corpus files unchanged: same paths, "
+        "sizes and modification times)")
+    return stats
 
 
 def _measure(sample: list[str], *, corpus, tokenizer, vocab_size, cache_dir, log):

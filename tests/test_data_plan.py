@@ -41,6 +41,26 @@ def test_statistics_are_cached_by_file_identity_and_declared_tpc_skips_tokenizin
         cs.corpus_statistics(**args)
 
 
+@pytest.mark.parametrize("damage", ["garbled", "truncated", "other fields"])
+def test_damaged_statistics_cache_is_measured_again_with_one_line(tmp_path, damage):
+    from pathlib import Path
+
+    _, args = _stats(tmp_path, tokens_per_char=0.8)
+    first = cs.corpus_statistics(**args)
+    (cached,) = (Path(args["cache_dir"]) / "stats").iterdir()
+    text = cached.read_text()
+    cached.write_text({"garbled": text[:20] + "\x00%%" + text[25:],
+                       "truncated": text[:len(text) // 2],
+                       "other fields": '{"tokens_per_character": 0.8}'}[damage])
+    said = []
+    again = cs.corpus_statistics(**(args | {"log": said.append}))
+    assert again == first
+    assert [s for s in said if "damaged" in s] == [
+        s for s in said if s.startswith(f"corpus statistics cache {cached} is damaged")]
+    assert len([s for s in said if "damaged" in s]) == 1
+    assert cs.corpus_statistics(**args) == first  # rewritten: reused next time
+
+
 def test_measured_statistics_say_what_was_measured_and_what_extrapolated(tmp_path):
     _, args = _stats(tmp_path)
     stats = cs.corpus_statistics(**args)
