@@ -28,12 +28,27 @@ from pathlib import Path
 import numpy as np
 
 from gptplan import cachedirs
-from gptplan.corpus import (CorpusStats, default_dedupe, iter_documents, resolve_sources,
-                            source_key, split_long, total_bytes)
+from gptplan.corpus import (
+    CorpusStats,
+    default_dedupe,
+    iter_documents,
+    resolve_sources,
+    source_key,
+    split_long,
+    total_bytes,
+)
 from gptplan.errors import DataError
 from gptplan.plan import Plan
-from gptplan.tokenizer import (FastEncoder, JobTokenizer, check_vocab, default_workers,
-                               ensure_tokenizer, load_tokenizer, model_file_of, read_manifest)
+from gptplan.tokenizer import (
+    FastEncoder,
+    JobTokenizer,
+    check_vocab,
+    default_workers,
+    ensure_tokenizer,
+    load_tokenizer,
+    model_file_of,
+    read_manifest,
+)
 from runner.datacache import FORMAT, VERSION, PreparedData, verify, write_manifest
 
 CHUNK_CHARS = 64_000        # characters per unit of work handed to a worker
@@ -87,7 +102,7 @@ def _encode_items(job: tuple[list[tuple[str, bool, bool]], int]):
     ids = enc.encode_batch([text for text, _, _ in items])
     parts, ends, empty, pos = [], [], 0, 0
     eod_arr = np.asarray([eod], dtype=enc.dtype)
-    for (_, starts, finishes), arr in zip(items, ids):
+    for (_, starts, finishes), arr in zip(items, ids, strict=True):
         if starts and finishes and arr.size == 0:
             empty += 1
             continue

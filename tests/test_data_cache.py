@@ -153,8 +153,13 @@ def test_sigkill_during_preparation_leaves_tmp_that_next_preparation_removes(bas
         proc.wait()
     leftovers = list((cache / "data").glob("*.tmp"))
     assert len(leftovers) == 1 and (leftovers[0] / "tokens.bin").exists()
+    # a tokenizer training killed before the lock rule: an unlocked, old temporary folder
+    orphan = _tokenizer_dir(cache).with_name("tok.x1y2.tmp")
+    orphan.mkdir()
+    old = time.time() - cachedirs.UNLOCKED_GRACE_S - 5
+    os.utime(orphan, (old, old))
     data, lines = _prepare(cache)
-    assert not list((cache / "data").glob("*.tmp"))
+    assert not list((cache / "data").glob("*.tmp")) and not orphan.exists()
     assert any(line.startswith("removed 1 temporary folder(s)") and leftovers[0].name in line
                for line in lines), lines
     assert verify(data.path) is None
