@@ -126,6 +126,21 @@ def verify(folder: Path) -> str | None:
     return None
 
 
+def content_key(folder: Path) -> int:
+    """What the tokens are (counts and the manifest's hashes of tokens.bin and docs.npy), as a
+    63-bit integer ranks can compare; equal on two nodes that prepared the same data, whatever
+    their paths or preparation times."""
+    import hashlib
+
+    folder = Path(folder)
+    meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    files = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["files"]
+    blob = json.dumps([[meta.get(k) for k in ("num_tokens", "num_documents", "vocab_size",
+                                              "eod_id", "dtype")],
+                       files["tokens.bin"], files["docs.npy"]], sort_keys=True)
+    return int(hashlib.sha256(blob.encode()).hexdigest()[:15], 16)
+
+
 def open_prepared(path: str | Path) -> PreparedData:
     """The prepared data in `path` (the runner verified it before launching the ranks)."""
     path = Path(path)

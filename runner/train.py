@@ -26,7 +26,7 @@ from runner.console import say
 from gptplan.diskspace import free_bytes
 from gptplan.errors import DiskFullError
 from runner.batches import BatchSource, DeterministicSampler, TokenDataset
-from runner.datacache import open_prepared
+from runner.datacache import content_key, open_prepared
 from runner.metrics import BillingLog, MetricsWriter, RunMeter
 from runner.model import build_model
 from runner.parallel import build_strategy, sharding_groups
@@ -259,22 +259,14 @@ def agree_on_stop(flags: list[int], rank: RankInfo) -> list[int]:
 
 def agree_on_data(data_dir: Path, rank: RankInfo) -> None:
     """Every node prepares the data into its own cache; all must hold the same tokens.
-    Compared by content (counts and the first and last MiB of token ids), not by file names."""
+    Compared by content (counts, and the manifest's per-chunk hashes of every token id and
+    document offset, runner.datacache), not by file names."""
     if rank.world == 1:
         return
-    import hashlib
-
     import paddle
     import paddle.distributed as dist
 
-    meta = json.loads((Path(data_dir) / "meta.json").read_text())
-    digest = hashlib.sha256(json.dumps([meta.get(k) for k in (
-        "num_tokens", "num_documents", "vocab_size", "eod_id", "dtype")]).encode())
-    with open(Path(data_dir) / "tokens.bin", "rb") as handle:
-        digest.update(handle.read(1 << 20))
-        handle.seek(max(0, handle.seek(0, 2) - (1 << 20)))
-        digest.update(handle.read())
-    key = int(digest.hexdigest()[:15], 16)
+    key = content_key(data_dir)
     low = paddle.to_tensor([key], dtype="int64")
     high = paddle.to_tensor([key], dtype="int64")
     dist.all_reduce(low, op=dist.ReduceOp.MIN)

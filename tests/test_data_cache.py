@@ -206,3 +206,23 @@ def test_half_truncated_tokens_bin_is_rebuilt_and_losses_equal_an_undisturbed_ru
     damaged = [line for line in proc.stdout.splitlines() if "is damaged" in line]
     assert len(damaged) == 1 and "tokens.bin has" in damaged[0], proc.stdout[-3000:]
     assert _losses(tmp_path / "again") == undisturbed
+
+
+def test_content_key_sees_every_token_not_paths_or_timings(base_cache, tmp_path):
+    """What the ranks of several nodes compare before training (runner.train.agree_on_data);
+    it used to hash only the first and last MiB of tokens.bin."""
+    from runner.datacache import content_key, write_manifest
+
+    entry = _entry(_copy(base_cache, tmp_path))
+    key = content_key(entry)
+    meta = json.loads((entry / "meta.json").read_text())
+    meta["preparation"]["seconds"] += 1.0  # another node, another preparation time
+    meta["tokenizer_model"] = "/elsewhere/sentencepiece.model"
+    (entry / "meta.json").write_text(json.dumps(meta))
+    write_manifest(entry)
+    assert content_key(entry) == key
+    raw = bytearray((entry / "tokens.bin").read_bytes())
+    raw[len(raw) // 2] ^= 0x01  # one token id in the middle, far from the first/last MiB
+    (entry / "tokens.bin").write_bytes(bytes(raw))
+    write_manifest(entry)
+    assert content_key(entry) != key
