@@ -134,6 +134,26 @@ def disk_plan(plan: Plan) -> tuple[int, str]:
     return gb, why
 
 
+def _mounts_and_run(plan: Plan, *, plan_path: str, bucket: str, store: str,
+                    corpus_bucket: str, venv: str) -> tuple[dict, str]:
+    """file_mounts (checkpoint bucket, and the corpus bucket if given) and the run script."""
+    mounts = {MOUNT: {"name": bucket, "store": store, "mode": "MOUNT_CACHED",
+                      "persistent": True}}
+    corpus = ""
+    if corpus_bucket:
+        source, pattern = corpus_mount(corpus_bucket)
+        mounts[CORPUS_MOUNT] = {"source": source, "mode": "MOUNT"}
+        corpus = " --set " + shlex.quote(f"job.corpus={json.dumps([pattern])}")
+    run = "\n".join([
+        "set -e",
+        'MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | head -n1)',
+        f"{venv}/bin/runner execute {shlex.quote(plan_path)} --output-dir "
+        f"{MOUNT}/{plan.name}{corpus} --node-rank $SKYPILOT_NODE_RANK "
+        f"--master $MASTER_ADDR:{MASTER_PORT}",
+    ]) + "\n"
+    return mounts, run
+
+
 def task_dict(plan: Plan, *, plan_path: str, bucket: str = "", region: str | None = None,
               python: str = "python3", corpus_bucket: str = "") -> dict:
     """The SkyPilot task for `plan` as plain data (see the module docstring)."""
@@ -163,7 +183,6 @@ def task_dict(plan: Plan, *, plan_path: str, bucket: str = "", region: str | Non
         # own resume picks up the checkpoints in the bucket.
         resources["job_recovery"] = {"strategy": "FAILOVER", "max_restarts_on_errors": 1}
     bucket = bucket or default_bucket(plan)
-    run_dir = f"{MOUNT}/{plan.name}"
     venv = "~/gptplan-venv"
     setup = "\n".join([
         "set -e",
@@ -176,19 +195,8 @@ def task_dict(plan: Plan, *, plan_path: str, bucket: str = "", region: str | Non
         f"{venv}/bin/pip install --quiet -c constraints.txt -e '.[gpu,fast]' "
         f"--extra-index-url {GPU_INDEX} || echo 'jieba_fast not built: jieba is used'",
     ]) + "\n"
-    mounts = {MOUNT: {"name": bucket, "store": store, "mode": "MOUNT_CACHED",
-                      "persistent": True}}
-    corpus = ""
-    if corpus_bucket:
-        source, pattern = corpus_mount(corpus_bucket)
-        mounts[CORPUS_MOUNT] = {"source": source, "mode": "MOUNT"}
-        corpus = " --set " + shlex.quote(f"job.corpus={json.dumps([pattern])}")
-    run = "\n".join([
-        "set -e",
-        'MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | head -n1)',
-        f"{venv}/bin/runner execute {shlex.quote(plan_path)} --output-dir {run_dir}{corpus} "
-        f"--node-rank $SKYPILOT_NODE_RANK --master $MASTER_ADDR:{MASTER_PORT}",
-    ]) + "\n"
+    mounts, run = _mounts_and_run(plan, plan_path=plan_path, bucket=bucket, store=store,
+                                  corpus_bucket=corpus_bucket, venv=venv)
     return {
         "name": plan.name,
         "workdir": ".",

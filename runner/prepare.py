@@ -244,19 +244,20 @@ def _stream_prepare(paths, tmp: Path, *, job, dedupe: bool, info: dict, model_di
     if num_docs == 0:
         raise DataError(f"every document tokenized to nothing ({stats.summary()})",
                         key="job.corpus")
-    # docs.npy: 0, then the end of every document (= the start of the next)
-    ends = np.memmap(tmp / "ends.i64", dtype=np.int64, mode="r", shape=(num_docs,))
-    offsets = np.lib.format.open_memmap(tmp / "docs.npy", mode="w+", dtype=np.int64,
-                                        shape=(num_docs + 1,))
-    offsets[0] = 0
-    block = 1 << 20
-    for i in range(0, num_docs, block):
-        offsets[1 + i:1 + i + block] = ends[i:i + block]
-    offsets.flush()
-    del offsets, ends
-    (tmp / "ends.i64").unlink()
+    _write_offsets(tmp, num_docs)
+    meta = _meta(stats, info, model_dir, dtype=dtype, num_tokens=num_tokens,
+                 num_docs=num_docs, empty=empty, seconds=seconds, cpu=cpu, workers=workers)
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False))
+    log(f"prepared {num_tokens:,} tokens from {stats.summary()} in {seconds:.1f} s "
+        f"({stats.bytes / 1e6 / max(seconds, 1e-9):.2f} MB/s measured)")
+    return meta
+
+
+def _meta(stats: CorpusStats, info: dict, model_dir, *, dtype, num_tokens: int, num_docs: int,
+          empty: int, seconds: float, cpu: float, workers: int) -> dict:
+    """meta.json: format, counts, tokenizer, corpus statistics, measured throughput."""
     corpus_stats = stats.__dict__ | {"empty_after_tokenizing": empty}
-    meta = {"format": FORMAT, "version": VERSION, "dtype": np.dtype(dtype).name,
+    return {"format": FORMAT, "version": VERSION, "dtype": np.dtype(dtype).name,
             "num_tokens": num_tokens, "num_documents": num_docs,
             "eod_id": info["eod_id"], "pad_id": info["pad_id"],
             "vocab_size": info["vocab_size"], "tokenizer": info["name"],
@@ -269,10 +270,21 @@ def _stream_prepare(paths, tmp: Path, *, job, dedupe: bool, info: dict, model_di
                             "bytes_per_second": stats.bytes / max(seconds, 1e-9),
                             "cpu_seconds": round(cpu, 3),
                             "bytes_per_cpu_second": stats.bytes / max(cpu, 1e-9)}}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False))
-    log(f"prepared {num_tokens:,} tokens from {stats.summary()} in {seconds:.1f} s "
-        f"({stats.bytes / 1e6 / max(seconds, 1e-9):.2f} MB/s measured)")
-    return meta
+
+
+def _write_offsets(tmp: Path, num_docs: int) -> None:
+    """docs.npy from the side file of document ends: 0, then the end of every document (= the
+    start of the next), copied in blocks (never all in memory)."""
+    ends = np.memmap(tmp / "ends.i64", dtype=np.int64, mode="r", shape=(num_docs,))
+    offsets = np.lib.format.open_memmap(tmp / "docs.npy", mode="w+", dtype=np.int64,
+                                        shape=(num_docs + 1,))
+    offsets[0] = 0
+    block = 1 << 20
+    for i in range(0, num_docs, block):
+        offsets[1 + i:1 + i + block] = ends[i:i + block]
+    offsets.flush()
+    del offsets, ends
+    (tmp / "ends.i64").unlink()
 
 
 def _run_pool(chunks, write, *, workers: int, spec: str, model_dir) -> None:
