@@ -15,7 +15,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from gptplan.errors import PlanError
 from gptplan.tomlconf import (from_table, name_problem, read_toml, setting, to_table,
@@ -301,12 +301,13 @@ def plan_from_dict(data: dict, *, file: str = "<plan>") -> Plan:
         raise PlanError(f"{schema!r} is not a supported schema version; allowed: "
                         f"{SCHEMA_VERSION}", file=file, key="schema")
     name = data.get("name")
-    if name_problem(name):
-        raise PlanError(name_problem(name), file=file, key="name")
-    sections = {section: from_table(cls, data.get(section, {}), file=file, section=section,
+    problem = name_problem(name)
+    if problem:
+        raise PlanError(problem, file=file, key="name")
+    sections: dict[str, Any] = {section: from_table(cls, data.get(section, {}), file=file, section=section,
                                     error=PlanError)
                 for section, cls in SECTIONS.items()}
-    plan = Plan(name=name, **sections)
+    plan = Plan(name=str(name), **sections)
     validate(plan, file=file)
     return plan
 
