@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -27,6 +28,22 @@ Device = Literal["cpu", "gpu", "xpu", "npu"]
 Recompute = Literal["none", "full", "full_attn", "core_attn"]
 Sharding = Literal["", "stage1", "stage2", "stage3"]
 Family = Literal["gpt", "llama"]
+
+# The vocabulary tables: the one place the names live. The order is the code order the
+# planner's vectorised search uses (cheapest recompute and least sharding first).
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
+RECOMPUTE_MODES: tuple[str, ...] = ("none", "core_attn", "full_attn", "full")
+SHARDING_STAGES: tuple[str, ...] = ("", "stage1", "stage2", "stage3")
+FAMILIES: tuple[str, ...] = ("gpt", "llama")
+assert set(PRECISIONS) == set(typing.get_args(Precision))
+assert set(RECOMPUTE_MODES) == set(typing.get_args(Recompute))
+assert set(SHARDING_STAGES) == set(typing.get_args(Sharding))
+assert set(FAMILIES) == set(typing.get_args(Family))
+
+
+def allowed(values: tuple[str, ...]) -> str:
+    """How a vocabulary table is listed in an error line: 'fp32', 'fp16', 'bf16'."""
+    return ", ".join(repr(v) for v in values)
 
 
 @dataclass
@@ -374,9 +391,9 @@ def validate(plan: Plan, *, file: str = "<plan>") -> None:
         fail("training.precision", f"{t.precision!r} is not supported by hardware profile "
              f"{h.profile!r}; allowed: {', '.join(h.precisions)}")
     for precision in h.precisions:
-        if precision not in ("fp32", "fp16", "bf16"):
+        if precision not in PRECISIONS:
             fail("hardware.precisions", f"{precision!r} is not a precision; allowed: "
-                 "'fp32', 'fp16', 'bf16'")
+                 f"{allowed(PRECISIONS)}")
     if t.fp16_opt_level == "O2" and t.precision == "fp32":
         fail("training.fp16_opt_level", "'O2' needs precision fp16 or bf16; use 'O1' for fp32")
 
