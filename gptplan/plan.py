@@ -357,6 +357,12 @@ def validate(plan: Plan, *, file: str = "<plan>") -> None:
     def fail(key: str, message: str) -> None:
         raise PlanError(message, file=file, key=key)
 
+    from gptplan.modelfacts import model_problem  # modelfacts imports this module
+
+    key, problem = model_problem(m, plan.parallel.tensor_parallel_degree)
+    if problem:
+        fail("parallel.tensor_parallel_degree" if key == "tensor_parallel" else f"model.{key}",
+             problem)
     if m.hidden_size % m.num_attention_heads:
         fail("model.num_attention_heads", f"{m.num_attention_heads} does not divide "
              f"model.hidden_size = {m.hidden_size}; allowed: {_divisors(m.hidden_size)}")
