@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
+
 from gptplan.plan import ModelSection, ParallelSection
+
+# PaddleNLP 2.8.1's Llama MLP calls paddle.incubate's swiglu, deprecated in Paddle 3.3 (the same
+# kernel); its warning would show in every Llama run, export and sample
+warnings.filterwarnings("ignore", message=r"(?s).*incubate\.nn\.functional\.swiglu")
 
 
 def flash_attention_supported(precision: str) -> bool:
@@ -133,8 +139,6 @@ def build_model(model: ModelSection, parallel: ParallelSection, *, seq_len: int,
     activation memory); Llama's fused RMSNorm and RoPE on GPUs only."""
     kernels = kernel_choice(model, use_flash_attention=use_flash_attention, precision=precision)
     if use_flash_attention and not kernels["flash_attention"]:
-        import warnings
-
         warnings.warn("the plan asks for flash attention but this device cannot run it "
                       f"(needs a CUDA GPU of compute capability >= 8.0 and fp16/bf16, precision "
                       f"is {precision}); using the standard attention kernel", stacklevel=2)
