@@ -65,9 +65,11 @@ class ModelSection:
                                      max=4_000_000)
     max_position_embeddings: int = setting(128, "Longest sequence the model accepts.", min=8,
                                            max=10_000_000)
-    hidden_dropout_prob: float = setting(0.1, "Dropout after attention and MLP.", min=0, max=1)
-    attention_probs_dropout_prob: float = setting(0.1, "Dropout on attention probabilities.",
-                                                  min=0, max=1)
+    hidden_dropout_prob: float = setting(0.1, "Dropout after attention and MLP (GPT; "
+                                              "PaddleNLP's Llama has none and ignores it).",
+                                         min=0, max=1)
+    attention_probs_dropout_prob: float = setting(0.1, "Dropout on attention probabilities "
+                                                       "(GPT only, as above).", min=0, max=1)
     initializer_range: float = setting(0.02, "Std of the normal weight init.", min=0)
     num_key_value_heads: int = setting(0, "Llama: key/value heads (grouped-query attention; "
                                           "must divide num_attention_heads); 0 = as many as "

@@ -166,9 +166,13 @@ class Spec:
                      "tie_word_embeddings"):
             if getattr(m, name):
                 fields[name] = getattr(m, name)
-        return ModelSection(name=m.size or "custom", hidden_dropout_prob=m.hidden_dropout_prob,
-                            attention_probs_dropout_prob=m.attention_probs_dropout_prob,
-                            **fields)
+        # PaddleNLP 2.8.1's Llama has no dropout: a Llama plan says 0 rather than a value the
+        # model would ignore
+        dropout = m.family != "llama" and fields.get("family") != "llama"
+        return ModelSection(name=m.size or "custom",
+                            hidden_dropout_prob=m.hidden_dropout_prob if dropout else 0.0,
+                            attention_probs_dropout_prob=m.attention_probs_dropout_prob
+                            if dropout else 0.0, **fields)
 
     def rate(self, currency: str) -> float:
         """Units of the spec currency per unit of `currency` (explicit, never guessed)."""
