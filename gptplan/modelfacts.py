@@ -90,7 +90,7 @@ def model_problem(model: ModelSection, tensor_parallel_degree: int = 1) -> tuple
     if model.family == "gpt":
         for name, default in LLAMA_ONLY_FIELDS.items():
             if getattr(model, name) != default:
-                return name, (f"is a Llama field; family 'gpt' does not use it (remove it or "
+                return name, ("is a Llama field; family 'gpt' does not use it (remove it or "
                               "set family = 'llama')")
         return "", ""
     if model.tie_word_embeddings:

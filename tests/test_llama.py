@@ -10,12 +10,17 @@ import json
 import warnings
 
 import pytest
-
 from conftest import BASE_PLAN, LLAMA, REPO, merge, run_cli
+
 from gptplan.errors import PlanError
 from gptplan.memory import ModelShape, activation_coefficients
-from gptplan.modelfacts import (MODEL_SIZES, PUBLISHED_PARAMETERS, kv_heads, parameter_count,
-                                size_fields)
+from gptplan.modelfacts import (
+    MODEL_SIZES,
+    PUBLISHED_PARAMETERS,
+    kv_heads,
+    parameter_count,
+    size_fields,
+)
 from gptplan.plan import ModelSection, ParallelSection, plan_from_dict
 
 LLAMA_PLAN = merge(BASE_PLAN, LLAMA)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAMILIES, LLAMA, run_cli
+from conftest import FAMILIES, LLAMA, merge, run_cli
 from runner.launch import local_precisions
 
 pytestmark = pytest.mark.e2e
@@ -83,7 +83,7 @@ def test_single_process_trains_checkpoints_reports_and_exports(write_plan, tmp_p
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_two_process_data_parallel(write_plan, tmp_path, family):
-    plan = write_plan(DP2 | {"training": {"max_steps": 6}} | FAMILIES[family])
+    plan = write_plan(merge(FAMILIES[family], DP2 | {"training": {"max_steps": 6}}))
     proc = execute(plan)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "run"
@@ -99,7 +99,7 @@ def test_two_process_data_parallel(write_plan, tmp_path, family):
 def test_kill9_then_resume_matches_uninterrupted_run(write_plan, tmp_path, overrides):
     """SIGKILL every process of a run mid-way; the resumed run ends with the same tokens and
     the same per-step losses as a run that was never interrupted."""
-    base = overrides | {"training": {"max_steps": 10}, "checkpoint": {"interval_steps": 3}}
+    base = merge(overrides, {"training": {"max_steps": 10}, "checkpoint": {"interval_steps": 3}})
     reference = write_plan(base | {"job": {"output_dir": str(tmp_path / "ref")}}, "ref.toml")
     assert execute(reference).returncode == 0
     plan = write_plan(base | {"job": {"output_dir": str(tmp_path / "killed")}}, "killed.toml")
