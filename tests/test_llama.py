@@ -221,13 +221,23 @@ def test_planner_search_keeps_tp_within_the_kv_heads():
     assert len(result.table) and set(result.table["tp"]) <= {1, 2}
 
 
-def test_estimate_json_names_the_family_parameters_and_flops():
-    proc = run_cli("planner", "estimate", "--plan", "plans/llama_zh.toml", "--json")
+def test_estimate_json_names_the_family_parameters_and_flops(tmp_path):
+    """The plan's own model is estimated, also an unnamed one whose spec is gone (it used to
+    fall back to the embedded bank-FAQ spec's GPT)."""
+    text = (REPO / "plans" / "llama_zh.toml").read_text()
+    for old, new in (('spec = "planner/specs/llama_zh.toml"', 'spec = "gone.toml"'),
+                     ('name = "llama-125m"', 'name = "my-llama"'),
+                     ("num_key_value_heads = 0", "num_key_value_heads = 4")):
+        assert old in text
+        text = text.replace(old, new)
+    plan = tmp_path / "llama_zh.toml"
+    plan.write_text(text)
+    proc = run_cli("planner", "estimate", "--plan", str(plan), "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(proc.stdout)
-    model = section("llama-125m")
-    assert data["model_family"] == "llama" and data["model_name"] == "llama-125m"
-    assert data["model_parameters"] == parameter_count(model) == 134_105_856
+    model = ModelSection(**{**size_fields("llama-125m"), "num_key_value_heads": 4})
+    assert data["model_family"] == "llama"
+    assert data["model_parameters"] == parameter_count(model) == 134_105_856 - 12 * 2 * 768 * 512
     from gptplan.modelfacts import training_flops_per_token
 
     assert data["model_flops_per_token"] == pytest.approx(
