@@ -86,7 +86,8 @@ def _check_exportable(plan: Plan) -> None:
 
 
 def load_trained_model(plan: Plan, checkpoint: Path):
-    """PaddleNLP GPTForCausalLM (fp32, eval mode) with the weights of `checkpoint`."""
+    """PaddleNLP GPTForCausalLM or LlamaForCausalLM (fp32, eval mode) with the weights of
+    `checkpoint`."""
     import paddle
 
     quiet_paddlenlp()
