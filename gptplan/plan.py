@@ -82,9 +82,11 @@ class ModelSection:
                                      max=4_000_000)
     max_position_embeddings: int = setting(128, "Longest sequence the model accepts.", min=8,
                                            max=10_000_000)
-    hidden_dropout_prob: float = setting(0.1, "Dropout after attention and MLP.", min=0, max=1)
-    attention_probs_dropout_prob: float = setting(0.1, "Dropout on attention probabilities.",
-                                                  min=0, max=1)
+    hidden_dropout_prob: float = setting(0.1, "Dropout after attention and MLP (GPT; "
+                                              "PaddleNLP's Llama has none and ignores it).",
+                                         min=0, max=1)
+    attention_probs_dropout_prob: float = setting(0.1, "Dropout on attention probabilities "
+                                                       "(GPT only, as above).", min=0, max=1)
     initializer_range: float = setting(0.02, "Std of the normal weight init.", min=0)
     num_key_value_heads: int = setting(0, "Llama: key/value heads (grouped-query attention; "
                                           "must divide num_attention_heads); 0 = as many as "
@@ -375,6 +377,12 @@ def validate(plan: Plan, *, file: str = "<plan>") -> None:
     def fail(key: str, message: str) -> None:
         raise PlanError(message, file=file, key=key)
 
+    from gptplan.modelfacts import model_problem  # modelfacts imports this module
+
+    key, problem = model_problem(m, plan.parallel.tensor_parallel_degree)
+    if problem:
+        fail("parallel.tensor_parallel_degree" if key == "tensor_parallel" else f"model.{key}",
+             problem)
     if m.hidden_size % m.num_attention_heads:
         fail("model.num_attention_heads", f"{m.num_attention_heads} does not divide "
              f"model.hidden_size = {m.hidden_size}; allowed: {_divisors(m.hidden_size)}")

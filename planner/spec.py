@@ -17,7 +17,7 @@ from typing import Literal
 import tomli
 
 from gptplan.errors import UserError
-from gptplan.modelfacts import MODEL_SIZES, size_fields
+from gptplan.modelfacts import MODEL_SIZES, model_problem, size_fields
 from gptplan.plan import (PRECISIONS, RECOMPUTE_MODES, SHARDING_STAGES, ModelSection,
                           allowed)
 from gptplan.tomlconf import folder_problem, from_table, read_toml, setting, unknown_key_error
@@ -63,6 +63,13 @@ class ModelSpec:
     max_position_embeddings: int = setting(0, "Overrides the named size (0 = keep).", min=0)
     hidden_dropout_prob: float = setting(0.1, "Dropout.", min=0, max=1)
     attention_probs_dropout_prob: float = setting(0.1, "Attention dropout.", min=0, max=1)
+    family: str = setting("", "'gpt' or 'llama' ('' = the named size's family, else 'gpt').")
+    num_key_value_heads: int = setting(0, "Llama: key/value heads (0 = keep the named size's; "
+                                          "without one, all heads).", min=0)
+    rms_norm_eps: float = setting(0.0, "Llama: RMSNorm epsilon (0 = keep).", min=0)
+    rope_theta: float = setting(0.0, "Llama: RoPE base (0 = keep).", min=0)
+    tie_word_embeddings: bool = setting(False, "Llama: tie the LM head to the embeddings "
+                                               "(PaddleNLP 2.8.1 refuses true).")
 
 
 @dataclass
@@ -155,12 +162,18 @@ class Spec:
         m = self.model
         fields = size_fields(m.size) if m.size else {}
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings"):
+                     "intermediate_size", "max_position_embeddings", "family",
+                     "num_key_value_heads", "rms_norm_eps", "rope_theta",
+                     "tie_word_embeddings"):
             if getattr(m, name):
                 fields[name] = getattr(m, name)
-        return ModelSection(name=m.size or "custom", hidden_dropout_prob=m.hidden_dropout_prob,
-                            attention_probs_dropout_prob=m.attention_probs_dropout_prob,
-                            **fields)
+        # PaddleNLP 2.8.1's Llama has no dropout: a Llama plan says 0 rather than a value the
+        # model would ignore
+        dropout = m.family != "llama" and fields.get("family") != "llama"
+        return ModelSection(name=m.size or "custom",
+                            hidden_dropout_prob=m.hidden_dropout_prob if dropout else 0.0,
+                            attention_probs_dropout_prob=m.attention_probs_dropout_prob
+                            if dropout else 0.0, **fields)
 
     def rate(self, currency: str) -> float:
         """Units of the spec currency per unit of `currency` (explicit, never guessed)."""
@@ -219,7 +232,12 @@ def validate_spec(spec: Spec) -> None:
                                                       "intermediate_size",
                                                       "max_position_embeddings")):
         fail("model.size", "give a named size or all six model fields")
+    if m.family not in ("", "gpt", "llama"):
+        fail("model.family", f"{m.family!r}; allowed: 'gpt', 'llama'")
     model = spec.model_section()
+    key, problem = model_problem(model)
+    if problem:
+        fail(f"model.{key}", problem)
     if model.hidden_size % model.num_attention_heads:
         fail("model.num_attention_heads", f"{model.num_attention_heads} does not divide "
              f"hidden_size {model.hidden_size}")
