@@ -30,12 +30,34 @@ class ModelShape:
     vocab: int
     params_total: int
     params_body: int  # without embeddings
+    # Activation bytes per layer in units of s·b·h at 16 bit, by family (see
+    # `activation_coefficients`); GPT's are [K22] table 2's.
+    act_replicated: float = 10.0   # not split by tensor parallel (norm and matmul inputs)
+    act_split: float = 24.0        # split by tensor parallel
+    act_scores: float = 5.0        # times a·s/h: the stored attention scores
+    kept_replicated: float = 4.0   # full_attn recompute keeps the norms ...
+    kept_split: float = 19.0       # ... and the MLP
 
     @classmethod
     def from_section(cls, m: ModelSection) -> "ModelShape":
         return cls(m.num_hidden_layers, m.hidden_size, m.num_attention_heads,
                    m.intermediate_size, m.vocab_size, parameter_count(m),
-                   parameter_count(m, include_embeddings=False))
+                   parameter_count(m, include_embeddings=False), *activation_coefficients(m))
+
+
+def activation_coefficients(m: ModelSection) -> tuple[float, float, float, float, float]:
+    """(replicated, split, scores, kept_replicated, kept_split) per family, 16-bit units.
+
+    GPT: [K22] table 2 (34·s·b·h + 5·a·s²·b; dropout masks included, MLP 4h wide).
+    Llama as PaddleNLP 2.8.1 runs it (no dropout): two RMSNorm inputs 4, the attention and MLP
+    inputs 2 + 2 (replicated); Q, K, V (K and V repeated to all heads before the score matmul
+    when not flash) and the attention output 2 each, the SwiGLU gate, up, SiLU(gate) and their
+    product 2·f/h each (split); scores: the softmax kept in fp32 plus its 16-bit cast, 3·a·s²·b.
+    """
+    if m.family != "llama":
+        return 10.0, 24.0, 5.0, 4.0, 19.0
+    mlp = 8.0 * m.intermediate_size / m.hidden_size
+    return 8.0, 8.0 + mlp, 3.0, 4.0, 2.0 + mlp
 
 
 # ---- memory ------------------------------------------------------------------------------------
@@ -61,6 +83,7 @@ def activation_bytes_per_layer(shape: ModelShape, seq_len, micro_batch, tp, seq_
     """[K22] table 2, scaled from 16-bit to `act_bytes` per element.
 
     none:      s·b·h·(34 + 5·a·s/h)            (tp: 10 + 24/t + 5as/(ht); tp+sp: all / t)
+               (GPT's coefficients; each family's come from `activation_coefficients`)
     core_attn: drops the 5·a·s/h term (selective recompute)
     full_attn: keeps layer input, MLP and norms: s·b·h·23 (/t where split)
     full:      only each layer's input, 2·s·b·h
@@ -73,14 +96,17 @@ def activation_bytes_per_layer(shape: ModelShape, seq_len, micro_batch, tp, seq_
     sp = np.asarray(seq_parallel, dtype=bool)
     h, a = shape.hidden, shape.heads
     sbh = s * b * h
-    attn_scores = 5.0 * a * s / h
-    linear_part = np.where(sp, 34.0 / t, np.where(t > 1, 10.0 + 24.0 / t, 34.0))
+    attn_scores = shape.act_scores * a * s / h
+    rep, split = shape.act_replicated, shape.act_split
+    kept_rep, kept_split = shape.kept_replicated, shape.kept_split
+    linear_part = np.where(sp, (rep + split) / t, np.where(t > 1, rep + split / t, rep + split))
     scores_part = np.where(np.asarray(flash_attention, dtype=bool), 0.0, attn_scores / t)
     code = np.asarray(recompute_code)
+    kept = np.where(sp, (kept_rep + kept_split) / t,
+                    np.where(t > 1, kept_rep + kept_split / t, kept_rep + kept_split))
     per_layer_16bit = np.select(
         [code == 0, code == 1, code == 2, code == 3],
-        [sbh * (linear_part + scores_part), sbh * linear_part,
-         sbh * np.where(sp, 23.0 / t, np.where(t > 1, 4.0 + 19.0 / t, 23.0)), 2.0 * sbh])
+        [sbh * (linear_part + scores_part), sbh * linear_part, sbh * kept, 2.0 * sbh])
     return per_layer_16bit * (np.asarray(act_bytes, dtype=float) / 2.0)
 
 
