@@ -8,9 +8,10 @@ a full run that would repeat the corpus more than `TOLERANCE` times as often as 
 refused (exit 2, one line saying how to point job.corpus at the real data); a rehearsal
 (--local, --max-steps) goes on with a warning; a dry run reports it as its failure.
 
-A plan without the record (written by hand, or before these fields existed) is held to
-`UNRECORDED_MAX_EPOCHS`: about where repeated data stops being worth anything (Muennighoff et
-al. 2023, R* = 15.4 repetitions); such a plan accepts more by stating `job.planned_epochs`.
+A plan without the record (written by hand, or before these fields existed) says nothing of
+what was planned, so it is never refused: beyond `UNRECORDED_MAX_EPOCHS` (about where repeated
+data stops being worth anything, Muennighoff et al. 2023, R* = 15.4 repetitions) every kind of
+run gets the warning line and goes on; stating `job.planned_epochs` silences it.
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ def check_before_launch(plan: Plan, found_tokens: int, *, plan_file: Path, rehea
     the dry run to report as its failure; None when the corpus is the planned one."""
     problem = corpus_check(plan, found_tokens)
     if problem is None:
+        return None
+    if not (plan.job.planned_epochs or plan.job.corpus_tokens):
+        log(f"warning: job.corpus: {problem}. Going on: the plan records no planned corpus")
         return None
     if rehearsal:
         log(f"warning: job.corpus: {problem}. Going on: this is a rehearsal")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -48,6 +49,13 @@ def test_plan_without_a_record_is_held_to_the_repetition_limit():
     assert "records no planned corpus" in problem and "Muennighoff" in problem
     # stating the epochs accepts a deliberately repeated small corpus
     assert corpus_check(_plan(planned_epochs=40.0), int(trained / 40)) is None
+    # ... but a plan that records nothing is never refused: it warns, in every kind of run
+    for dry_run in (False, True):
+        lines: list[str] = []
+        assert check_before_launch(plan, int(trained / (UNRECORDED_MAX_EPOCHS * 2)),
+                                   plan_file=Path("p.toml"), rehearsal=False, dry_run=dry_run,
+                                   log=lines.append) is None
+        assert len(lines) == 1 and "records no planned corpus" in lines[-1]
 
 
 def test_full_run_refuses_rehearsal_warns_dry_run_returns_the_problem(tmp_path):
