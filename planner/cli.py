@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--top", type=int, default=None, help="rows in the candidate table")
     opt.add_argument("--json", action="store_true", help="machine-readable output")
     opt.add_argument("--plot", type=Path, default=None, help="save the Pareto front (PNG)")
+    opt.add_argument("--wide", action="store_true", help="every column of every candidate "
+                                                         "(wider than 120 columns)")
     _tune_args(opt)
 
     est = sub.add_parser("estimate", help="evaluate one fully given configuration")
@@ -94,6 +96,12 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
                    help="allow spot capacity")
     p.add_argument("--no-spot", dest="spot", action="store_false", help="on-demand only")
     p.add_argument("--target-tokens", type=float, default=None, help="job.target_tokens")
+    p.add_argument("--allow-outlier-prices", action="store_true", default=None,
+                   help="let an outlier spot price (below half the same GPU's other spot "
+                        "offers) make the headline")
+    p.add_argument("--spot-fallback-hours", type=float, default=None, metavar="HOURS",
+                   help="price spot with on-demand fallback after HOURS of waiting "
+                        "(spot.fallback_wait_hours)")
 
 
 def _tune_args(p: argparse.ArgumentParser, default_probes: int = 0) -> None:
@@ -115,7 +123,9 @@ def _tune_args(p: argparse.ArgumentParser, default_probes: int = 0) -> None:
 # Which command-line flag sets which spec key (errors in those values name the flag).
 FLAGS = {"constraints.budget": "--budget", "constraints.deadline_hours": "--deadline-hours",
          "constraints.currency": "--currency", "constraints.profiles": "--hardware",
-         "constraints.spot": "--spot/--no-spot", "job.target_tokens": "--target-tokens"}
+         "constraints.spot": "--spot/--no-spot", "job.target_tokens": "--target-tokens",
+         "spot.fallback_wait_hours": "--spot-fallback-hours",
+         "constraints.allow_outlier_prices": "--allow-outlier-prices"}
 
 
 def check_writable_file(path: Path, *, key: str) -> None:
@@ -146,6 +156,10 @@ def spec_overrides(args) -> dict:
         out["constraints.spot"] = args.spot
     if args.target_tokens is not None:
         out["job.target_tokens"] = args.target_tokens
+    if getattr(args, "allow_outlier_prices", None):
+        out["constraints.allow_outlier_prices"] = True
+    if getattr(args, "spot_fallback_hours", None) is not None:
+        out["spot.fallback_wait_hours"] = args.spot_fallback_hours
     for item in getattr(args, "set", []) or []:
         key, sep, raw = item.partition("=")
         if not sep or "." not in key:
@@ -225,8 +239,9 @@ def probe_logger(log):
 
 def cmd_optimize(args) -> int:
     from planner.pipeline import optimize
+    from planner.costreport import fit_lines, render_decisions, render_offers
     from planner.report import (plot_pareto, render_calibration, render_candidates,
-                                render_choice, render_per_offer, render_stats)
+                                render_choice, render_stats)
     from planner.spec import load_spec
     from gptplan.plan import write_plan
 
@@ -244,9 +259,8 @@ def cmd_optimize(args) -> int:
                       local_profile=local_profile_name(args) if args.probes else "",
                       log=log, on_stats=on_stats, on_probe=probe_logger(log))
     cur = spec.constraints.currency
-    c = spec.constraints
     if args.plot:
-        plot_pareto(result.decision, str(args.plot), cur)
+        plot_pareto(result.decision, str(args.plot), cur, spec=spec, chosen=result.chosen)
     out = args.out or Path("plans") / f"{spec.job.name}.toml"
     if result.plan is not None:
         write_plan(result.plan, out, header=f"# Written by planner {__version__} from "
@@ -259,11 +273,15 @@ def cmd_optimize(args) -> int:
         print(render_calibration(result.tuning))
     for note in result.notes:
         print(note)
-    print(render_candidates(result, args.top or spec.search.top))
+    top = args.top or spec.search.top
+    print(render_offers(result.decision, spec, wide=args.wide))
     print()
-    print(render_per_offer(result.decision, c.budget, c.deadline_hours, cur))
+    if args.wide or result.tuning is not None:
+        print(render_candidates(result, top))
+    else:
+        print(render_decisions(result, top))
     print()
-    print(render_choice(result))
+    print(fit_lines(render_choice(result)))
     timings = result.timings
     print(f"planned in {timings['search_s']:.2f} s ({timings['candidates']:,} candidates; "
           f"corpus statistics {timings['corpus_statistics_s']:.1f} s"
@@ -280,6 +298,7 @@ def optimize_json(result, out) -> dict:
     """The result as data: raw numbers under snake_case keys that carry their units."""
     from dataclasses import asdict
 
+    from planner.costreport import cost_json
     from planner.report import candidate_record, candidate_records, per_offer_records, \
         result_rows
 
@@ -321,7 +340,7 @@ def optimize_json(result, out) -> dict:
         "per_offer": per_offer_records(decision, spec.constraints.budget,
                                        spec.constraints.deadline_hours, cur),
         "pareto": candidate_records(table, decision.pareto, cur, result.chosen),
-        "tuning": tuning, "notes": result.notes,
+        "tuning": tuning, "notes": result.notes, **cost_json(result),
         "timings": result.timings, "plan": str(out) if out else None,
     }
 
