@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--spec", default=None, help="spec the plan came from (default: the one "
                                                    "recorded in the plan)")
     exp.add_argument("--json", action="store_true")
+    exp.add_argument("--claims", action="store_true", default=None,
+                     help="check the bank-FAQ article's claims (default: only for plans from "
+                          "the bank-FAQ spec)")
 
     sub.add_parser("profiles", help="list hardware profiles and offers")
 
@@ -469,7 +472,7 @@ def cmd_estimate(args) -> int:
 def cmd_explain(args) -> int:
     from planner.explain import explain_plan, render_explanation
 
-    result = explain_plan(args.plan, spec_path=args.spec)
+    result = explain_plan(args.plan, spec_path=args.spec, claims=args.claims)
     print(json.dumps(result, indent=1) if args.json else render_explanation(result))
     return 0
 

@@ -138,7 +138,7 @@ def allowed_offers(spec: Spec, profiles: dict[str, Profile]) -> list[OfferChoice
             choices.append(OfferChoice(prof, offer, spec.rate(offer.currency)))
     facts = price_facts(choices, stale_after_days=c.max_price_age_days,
                         preemption_override=spec.spot.preemptions_per_node_hour)
-    return [dataclasses.replace(ch, facts=f) for ch, f in zip(choices, facts)]
+    return [dataclasses.replace(ch, facts=f) for ch, f in zip(choices, facts, strict=True)]
 
 
 def _powers_of_two_up_to(n: int) -> list[int]:
