@@ -491,7 +491,7 @@ def cmd_profiles() -> int:
         base = {"profile": prof.name + ("" if prof.verified else " (unverified)"),
                 "device": prof.device, "mem GB": prof.memory_gb,
                 "TFLOPS fp32/tf32/fp16/bf16": peaks, "TDP W": prof.tdp_w,
-                "efficiency": f"{prof.efficiency.max:g} ({prof.efficiency.source[:24]})"}
+                "efficiency max": f"{prof.efficiency.max:g}"}
         if not prof.offers:
             rows.append(base | {"offer": "(none: price unknown)", "per node-hour": ""})
         for offer in prof.offers:
@@ -502,8 +502,10 @@ def cmd_profiles() -> int:
                 price = f"{offer.on_demand_per_hour:g} / {offer.spot_per_hour:g} spot " \
                         f"{offer.currency}"
             rows.append(base | {"offer": f"{offer.key} ({offer.gpus_per_node}x, "
-                                         f"{offer.as_of})", "per node-hour": price})
-    print(tabulate(rows, headers="keys", tablefmt="github"))
+                                         f"{offer.as_of or 'undated'})", "per node-hour": price})
+    # whole cells: long text wraps inside its column instead of being cut
+    print(tabulate(rows, headers="keys", tablefmt="grid", maxcolwidths=[None, None, None, None,
+                                                                        None, None, 34, 26]))
     print("Specs from datasheets; prices from the sources named in each profile (as_of dates "
           "shown). Unverified profiles are leads, not facts.")
     return 0
