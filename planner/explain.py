@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
+from gptplan.plan import Plan, load_plan
+from gptplan.tomlconf import read_toml
 from planner import costmodel as cm
 from planner.hardware import load_profiles
 from planner.search import OfferChoice, evaluate_offer
 from planner.spec import SpecError, load_spec
-from gptplan.plan import Plan, load_plan
-from gptplan.tomlconf import read_toml
 
 
 def _one(spec, choice: OfferChoice, target: float, **pins) -> dict | None:

@@ -11,10 +11,10 @@ import json
 import numpy as np
 import pytest
 import tomli
+from conftest import merge, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import merge, run_cli
 from planner.hardware import load_profiles
 from planner.search import allowed_offers, decide, evaluate_space
 from planner.spec import EMBEDDED_SPEC, SpecError, spec_from_dict
