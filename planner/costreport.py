@@ -262,6 +262,12 @@ def price_lines(result) -> list[str]:
     stale = "; STALE: refresh with 'planner prices import'" if f.stale else ""
     lines = [f"price: {native:g} {offer.currency}/node-hour{rate}; price as of "
              f"{offer.as_of or '(no date)'} ({age}{stale})"]
+    fallback = spec.spot.fallback_wait_hours
+    if r["spot"] and fallback:
+        p = f.risk.unavailable_probability
+        lines.append(f"spot with on-demand fallback: if no spot capacity after {fallback:g} h "
+                     f"(chance {p:.0%}, {offer.provider}), the plan runs on-demand; cost = "
+                     f"expected over both, hours = the later of the two")
     if r["spot"]:
         od = r["cost_on_demand"]
         lines.append(

@@ -634,6 +634,8 @@ def _binding_constraint(spec: Spec, table: CandidateTable, chosen: int) -> str:
     c = spec.constraints
     if c.deadline_hours and (cheaper & table["fits"] & (table["hours"] > c.deadline_hours)).any():
         reasons.append(f"the deadline ({c.deadline_hours:g} h)")
+    if not c.allow_outlier_prices and (cheaper & table["fits"] & outlier_rows(table)).any():
+        reasons.append("an outlier spot price (excluded; --allow-outlier-prices)")
     return " and ".join(reasons) or "none"
 
 
