@@ -332,7 +332,7 @@ def render_choice(result) -> str:
              f"        {est.tokens_per_second:,.0f} tokens/s, {est.peak_memory_gb:.2f} "
              f"GB/device, MFU {est.mfu:.1%}, {est.cost_per_million_tokens:.4g} {cur}/Mtok "
              f"({source}), {est.energy_kwh:,.3g} kWh (modelled, TDP upper bound)"]
-    from planner.costreport import price_lines, sensitivity, sensitivity_line
+    from planner.costreport import budget_line, price_lines, sensitivity, sensitivity_line
 
     lines += price_lines(result)
     if est.cost_p90 > 0:
@@ -351,7 +351,9 @@ def render_choice(result) -> str:
 
         lines.append("        " + race_note(result.table, race))
     if result.chosen_source == "model":
-        lines.append(sensitivity_line(sensitivity(result.table, result.chosen), cur))
+        lines.append(sensitivity_line(sensitivity(
+            result.table, result.chosen, result.spec.job.target_tokens > 0), cur))
+        lines += [x for x in [budget_line(decision, result.spec)] if x]
         lines.append(f"        binding constraint: {decision.binding}")
     else:
         lines.append(f"        the model alone chose {short_config(result.table, decision.chosen)}")
