@@ -73,6 +73,16 @@ def test_every_cost_is_price_times_rate_times_hours(currency, usd, budget_rate):
         prices = price_record(table, int(i), currency)
         assert prices["price_usd_per_node_hour"] * rate == \
             pytest.approx(prices[f"price_{currency.lower()}_per_node_hour"])
+    # printed: the per-offer table shows each best plan's cost = price x rate x nodes x hours
+    from planner.costreport import money, offer_summary, render_offers
+
+    text = render_offers(decision, spec)
+    for rec in offer_summary(decision, spec):
+        cost = rec[f"modelled_cost_{currency.lower()}"]
+        native = rec[f"price_usd_per_node_hour_{rec['capacity']}"]
+        assert cost == pytest.approx(native * rate * rec["nodes"] * rec["modelled_hours"],
+                                     rel=1e-9)
+        assert f"{money(cost)} (" in text and f"cost {currency}" in text
 
 
 def test_outlier_spot_price_is_flagged_and_kept_out_of_the_headline():
