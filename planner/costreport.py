@@ -188,8 +188,8 @@ def render_offers(decision: Decision, spec, *, wide: bool = False) -> str:
         cost = r[f"modelled_cost_{cur.lower()}"]
         od = r.get(f"modelled_cost_on_demand_{cur.lower()}")
         notes = ["undated" if r["price_age_days"] is None else f"{r['price_age_days']} d"]
-        notes += [x for x, on in (("stale", r["price_stale"]),
-                                  ("OUTLIER", r["spot_price_outlier"]),
+        notes += [x for x, on in (("stale", r["price_stale"] and r["price_age_days"] is not None),
+                                  ("spot-OUTLIER", r["spot_price_outlier"]),
                                   (r["status"], r["status"] != "ok")) if on]
         line = [r["offer"].split(" @ ")[1] if not wide else r["offer"],
                 f"{r['capacity'].replace('_', '-')} {r['nodes']}x{r['devices_per_node']}"

@@ -188,7 +188,7 @@ def test_console_fits_120_columns_and_shows_spot_risk(console):
     assert "expected preemptions" in chosen and "on-demand costs" in chosen
     assert "price as of" in chosen and ("days old" in chosen or "undated" in chosen)
     assert "sensitivity: the cost moves most with" in chosen
-    assert "OUTLIER" in out and "stale" in out
+    assert "spot-OUTLIER" in out and "stale" in out and "undated" in out
 
 
 def test_json_carries_cost_facts_under_unit_keys(console):
