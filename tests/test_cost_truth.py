@@ -167,7 +167,7 @@ def test_explain_works_on_a_usd_plan_without_the_articles_claims(tmp_path):
     proc = run_cli("planner", "explain", str(tmp_path / "usd_job.toml"), "--spec",
                    str(spec_file), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "7 days" not in proc.stdout and "190k steps" not in proc.stdout
+    assert "about 7 days on 8 cards" not in proc.stdout and "190k steps" not in proc.stdout
 
 
 @pytest.fixture(scope="module")
