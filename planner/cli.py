@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--top", type=int, default=None, help="rows in the candidate table")
     opt.add_argument("--json", action="store_true", help="machine-readable output")
     opt.add_argument("--plot", type=Path, default=None, help="save the Pareto front (PNG)")
+    opt.add_argument("--wide", action="store_true", help="every column of every candidate "
+                                                         "(wider than 120 columns)")
     _tune_args(opt)
 
     est = sub.add_parser("estimate", help="evaluate one fully given configuration")
@@ -51,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--spec", default=None, help="spec the plan came from (default: the one "
                                                    "recorded in the plan)")
     exp.add_argument("--json", action="store_true")
+    exp.add_argument("--claims", action="store_true", default=None,
+                     help="check the bank-FAQ article's claims (default: only for plans from "
+                          "the bank-FAQ spec)")
 
     sub.add_parser("profiles", help="list hardware profiles and offers")
 
@@ -99,6 +104,12 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
                    help="allow spot capacity")
     p.add_argument("--no-spot", dest="spot", action="store_false", help="on-demand only")
     p.add_argument("--target-tokens", type=float, default=None, help="job.target_tokens")
+    p.add_argument("--allow-outlier-prices", action="store_true", default=None,
+                   help="let an outlier spot price (below half the same GPU's other spot "
+                        "offers) make the headline")
+    p.add_argument("--spot-fallback-hours", type=float, default=None, metavar="HOURS",
+                   help="price spot with on-demand fallback after HOURS of waiting "
+                        "(spot.fallback_wait_hours)")
 
 
 def _tune_args(p: argparse.ArgumentParser, default_probes: int = 0) -> None:
@@ -120,7 +131,9 @@ def _tune_args(p: argparse.ArgumentParser, default_probes: int = 0) -> None:
 # Which command-line flag sets which spec key (errors in those values name the flag).
 FLAGS = {"constraints.budget": "--budget", "constraints.deadline_hours": "--deadline-hours",
          "constraints.currency": "--currency", "constraints.profiles": "--hardware",
-         "constraints.spot": "--spot/--no-spot", "job.target_tokens": "--target-tokens"}
+         "constraints.spot": "--spot/--no-spot", "job.target_tokens": "--target-tokens",
+         "spot.fallback_wait_hours": "--spot-fallback-hours",
+         "constraints.allow_outlier_prices": "--allow-outlier-prices"}
 
 
 def check_writable_file(path: Path, *, key: str) -> None:
@@ -151,6 +164,10 @@ def spec_overrides(args) -> dict:
         out["constraints.spot"] = args.spot
     if args.target_tokens is not None:
         out["job.target_tokens"] = args.target_tokens
+    if getattr(args, "allow_outlier_prices", None):
+        out["constraints.allow_outlier_prices"] = True
+    if getattr(args, "spot_fallback_hours", None) is not None:
+        out["spot.fallback_wait_hours"] = args.spot_fallback_hours
     for item in getattr(args, "set", []) or []:
         key, sep, raw = item.partition("=")
         if not sep or "." not in key:
@@ -230,8 +247,9 @@ def probe_logger(log):
 
 def cmd_optimize(args) -> int:
     from planner.pipeline import optimize
+    from planner.costreport import fit_lines, render_decisions, render_offers
     from planner.report import (plot_pareto, render_calibration, render_candidates,
-                                render_choice, render_model, render_per_offer, render_stats)
+                                render_choice, render_model, render_stats)
     from planner.spec import load_spec
     from gptplan.plan import write_plan
 
@@ -249,9 +267,8 @@ def cmd_optimize(args) -> int:
                       local_profile=local_profile_name(args) if args.probes else "",
                       log=log, on_stats=on_stats, on_probe=probe_logger(log))
     cur = spec.constraints.currency
-    c = spec.constraints
     if args.plot:
-        plot_pareto(result.decision, str(args.plot), cur)
+        plot_pareto(result.decision, str(args.plot), cur, spec=spec, chosen=result.chosen)
     out = args.out or Path("plans") / f"{spec.job.name}.toml"
     if result.plan is not None:
         write_plan(result.plan, out, header=f"# Written by planner {__version__} from "
@@ -264,12 +281,16 @@ def cmd_optimize(args) -> int:
         print(render_calibration(result.tuning))
     for note in result.notes:
         print(note)
-    print(render_candidates(result, args.top or spec.search.top))
+    top = args.top or spec.search.top
+    print(render_offers(result.decision, spec, wide=args.wide))
     print()
-    print(render_per_offer(result.decision, c.budget, c.deadline_hours, cur))
+    if args.wide or result.tuning is not None:
+        print(render_candidates(result, top))
+    else:
+        print(render_decisions(result, top))
     print()
     print(render_model(result))
-    print(render_choice(result))
+    print(fit_lines(render_choice(result)))
     timings = result.timings
     print(f"planned in {timings['search_s']:.2f} s ({timings['candidates']:,} candidates; "
           f"corpus statistics {timings['corpus_statistics_s']:.1f} s"
@@ -286,6 +307,7 @@ def optimize_json(result, out) -> dict:
     """The result as data: raw numbers under snake_case keys that carry their units."""
     from dataclasses import asdict
 
+    from planner.costreport import cost_json
     from planner.report import candidate_record, candidate_records, model_facts, \
         per_offer_records, result_rows
 
@@ -328,7 +350,7 @@ def optimize_json(result, out) -> dict:
         "per_offer": per_offer_records(decision, spec.constraints.budget,
                                        spec.constraints.deadline_hours, cur),
         "pareto": candidate_records(table, decision.pareto, cur, result.chosen),
-        "tuning": tuning, "notes": result.notes,
+        "tuning": tuning, "notes": result.notes, **cost_json(result),
         "timings": result.timings, "plan": str(out) if out else None,
     }
 
@@ -471,7 +493,7 @@ def cmd_estimate(args) -> int:
 def cmd_explain(args) -> int:
     from planner.explain import explain_plan, render_explanation
 
-    result = explain_plan(args.plan, spec_path=args.spec)
+    result = explain_plan(args.plan, spec_path=args.spec, claims=args.claims)
     print(json.dumps(result, indent=1) if args.json else render_explanation(result))
     return 0
 
@@ -490,7 +512,7 @@ def cmd_profiles() -> int:
         base = {"profile": prof.name + ("" if prof.verified else " (unverified)"),
                 "device": prof.device, "mem GB": prof.memory_gb,
                 "TFLOPS fp32/tf32/fp16/bf16": peaks, "TDP W": prof.tdp_w,
-                "efficiency": f"{prof.efficiency.max:g} ({prof.efficiency.source[:24]})"}
+                "efficiency max": f"{prof.efficiency.max:g}"}
         if not prof.offers:
             rows.append(base | {"offer": "(none: price unknown)", "per node-hour": ""})
         for offer in prof.offers:
@@ -501,8 +523,10 @@ def cmd_profiles() -> int:
                 price = f"{offer.on_demand_per_hour:g} / {offer.spot_per_hour:g} spot " \
                         f"{offer.currency}"
             rows.append(base | {"offer": f"{offer.key} ({offer.gpus_per_node}x, "
-                                         f"{offer.as_of})", "per node-hour": price})
-    print(tabulate(rows, headers="keys", tablefmt="github"))
+                                         f"{offer.as_of or 'undated'})", "per node-hour": price})
+    # whole cells: long text wraps inside its column instead of being cut
+    print(tabulate(rows, headers="keys", tablefmt="grid", maxcolwidths=[None, None, None, None,
+                                                                        None, None, 34, 26]))
     print("Specs from datasheets; prices from the sources named in each profile (as_of dates "
           "shown). Unverified profiles are leads, not facts.")
     return 0

@@ -8,16 +8,16 @@ modelled ratio with the configuration it was computed on.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 
+from gptplan.plan import Plan, load_plan
+from gptplan.tomlconf import read_toml
 from planner import costmodel as cm
 from planner.hardware import load_profiles
 from planner.search import OfferChoice, evaluate_offer
-from planner.spec import load_spec
-from gptplan.plan import Plan, load_plan
-
-ARTICLE_TARGET_TOKENS = 50e9
+from planner.spec import SpecError, load_spec
 
 
 def _one(spec, choice: OfferChoice, target: float, **pins) -> dict | None:
@@ -74,141 +74,198 @@ def uncertainty_terms(row: dict, profile, precision: str, params_total: float = 
             "shares": shares, "interval_basis": basis}
 
 
+CLAIMS_FILE = Path(__file__).with_name("specs") / "bank_faq_claims.toml"
+BANK_FAQ_SPEC = "embedded:bank_faq"
+
+
 def _find_offer(spec, profiles, profile: str, offer_key: str | None = None) -> OfferChoice | None:
+    """The offer as the spec would price it; None when absent or when the spec has no rate
+    for its currency (explain never guesses a rate)."""
     prof = profiles.get(profile)
     if prof is None:
         return None
     for offer in prof.offers:
         if offer_key is None or offer.key == offer_key:
-            return OfferChoice(prof, offer, spec.rate(offer.currency))
+            try:
+                return OfferChoice(prof, offer, spec.rate(offer.currency))
+            except SpecError:
+                return None
     return None
 
 
-def explain_plan(plan_path, *, spec_path: str | None = None) -> dict:
-    plan = load_plan(plan_path)
+def _spec_for(plan: Plan, spec_path: str | None):
     recorded = plan.provenance.spec
-    if spec_path is None and recorded and recorded != "embedded:bank_faq":
+    if spec_path is None and recorded and recorded != BANK_FAQ_SPEC and Path(recorded).exists():
         spec_path = recorded
     spec = load_spec(spec_path)
+    if spec.constraints.currency != plan.budget.currency:  # explain in the plan's currency
+        spec = load_spec(spec_path, overrides={"constraints.currency": plan.budget.currency})
+    return spec
+
+
+def explain_plan(plan_path, *, spec_path: str | None = None, claims: bool | None = None
+                 ) -> dict:
+    """Why this plan (estimate, interval, dominant uncertainty, warnings) and, for plans from
+    the bank-FAQ spec or with claims=True, which of the article's claims the model supports."""
+    plan = load_plan(plan_path)
+    spec = _spec_for(plan, spec_path)
     profiles = load_profiles()
-    cur = spec.constraints.currency
     target = float(plan.job.target_tokens or plan.tokens_per_step * plan.training.max_steps)
+    out: dict = {"plan": str(plan_path), "currency": plan.budget.currency,
+                 "notes": plan.provenance.notes, "estimate": dataclasses.asdict(plan.estimate),
+                 "claims": []}
     choice = _find_offer(spec, profiles, plan.hardware.profile, plan.hardware.offer)
-    out: dict = {"plan": str(plan_path), "currency": cur, "notes": plan.provenance.notes,
-                 "estimate": dataclasses.asdict(plan.estimate), "claims": []}
     if choice is None:
-        out["claims"].append({"claim": "-", "article": "-", "model": "the plan's offer is not "
-                              "in the current profiles; cannot re-evaluate", "verdict": "?"})
+        out["warnings"] = ["the plan's offer is not in the current profiles (or its currency "
+                           "has no rate in the spec): cannot re-evaluate"]
         return out
     pins = _pins_from_plan(plan)
     here = _one(spec, choice, target, **pins)
-    claims = out["claims"]
     if here:
         out["uncertainty"] = uncertainty_terms(
             here, choice.profile, plan.training.precision,
             float(cm.ModelShape.from_section(plan.model).params_total))
-
-    def claim(name, article, model, verdict):
-        claims.append({"claim": name, "article": article, "model": model, "verdict": verdict})
-
-    # AMP: memory and speed, same configuration in fp32
-    if here and plan.training.precision != "fp32":
-        fp32 = _one(spec, choice, target, **(pins | {"precisions": ["fp32"]}))
-        # like for like: flash attention needs 16 bit, so AMP's own saving is measured with
-        # the standard attention kernel on both sides
-        same_kernel = _one(spec, choice, target, **(pins | {"flash_attention": False}))
-        if fp32 and same_kernel:
-            mem_saving = 1 - same_kernel["memory_gb"] / fp32["memory_gb"]
-            speedup = fp32["step_time_s"] / here["step_time_s"] - 1
-            flash_note = (f"; with the flash attention 16 bit enables, {here['memory_gb']:.1f}"
-                          " GB" if here.get("flash") else "")
-            claim("AMP memory", "about 40% less memory",
-                  f"{mem_saving:.0%} less per device ({fp32['memory_gb']:.1f} -> "
-                  f"{same_kernel['memory_gb']:.1f} GB, same attention kernel) on "
-                  f"{choice.profile.name}{flash_note}",
-                  "holds" if 0.25 <= mem_saving <= 0.55 else "differs")
-            claim("AMP speed", "30% or more faster",
-                  f"{speedup:.0%} faster on {choice.profile.name} (tensor-core peak "
-                  f"{choice.profile.peak_for(plan.training.precision):g} vs "
-                  f"{choice.profile.peak_for('fp32'):g} TFLOPS used for fp32)",
-                  "holds" if speedup >= 0.3 else "does not hold")
-    # Recompute: activation memory saved by full recompute
-    if here:
-        shape = cm.ModelShape.from_section(plan.model)
-        args = dict(seq_len=plan.training.seq_len,
-                    micro_batch=plan.training.per_device_train_batch_size,
-                    tp=plan.parallel.tensor_parallel_degree,
-                    seq_parallel=plan.parallel.sequence_parallel,
-                    act_bytes=2.0 if plan.training.precision != "fp32" else 4.0)
-        none = float(cm.activation_bytes_per_layer(shape, recompute_code=0, **args))
-        full = float(cm.activation_bytes_per_layer(shape, recompute_code=3, **args))
-        saving = 1 - full / none
-        claim("recompute", "saves up to 60% of activation memory",
-              f"full recompute keeps {full / none:.0%} of activations ({saving:.0%} saved) at "
-              f"seq {plan.training.seq_len}; it costs about 1/3 more compute",
-              "holds (the model says more)" if saving >= 0.6 else "holds" if saving >= 0.4
-              else "differs")
-    # Spot vs on-demand
-    if choice.offer.has_spot and here:
-        other = _one(spec, choice, target, **(pins | {"spot": not plan.hardware.spot,
-                                                   "on_demand": plan.hardware.spot}))
-        if other:
-            spot_row, od_row = (here, other) if plan.hardware.spot else (other, here)
-            ratio = spot_row["cost"] / od_row["cost"]
-            claim("spot price", "spot costs about 30% of on-demand",
-                  f"{ratio:.0%} of on-demand on {choice.offer.key} including preemption losses "
-                  f"(useful fraction {spot_row['useful_fraction']:.1%})",
-                  "holds" if ratio <= 0.4 else "does not hold for this offer")
-    # Tokenizer efficiency
-    from planner.corpus_stats import corpus_statistics
-
-    stats = corpus_statistics(corpus=spec.job.corpus, tokenizer=spec.job.tokenizer,
-                              vocab_size=spec.model_section().vocab_size,
-                              cache_dir=spec.job.cache_dir,
-                              sample_documents=spec.job.sample_documents,
-                              declared_bytes=spec.job.corpus_bytes,
-                              seq_lens=spec.constraints.seq_lens, log=lambda *a: None)
-    how = (f"declared in the spec" if stats.tokens_per_character_source == "declared" else
-           f"measured with our {stats.tokenizer_scheme or stats.tokenizer} tokenizer "
-           f"({stats.tokenizer_vocab:,} pieces) on {stats.sample_documents:,} sample documents")
-    claim("tokens per character", "1.4 (CPM tokenizer) vs 1.7 (generic BPE)",
-          f"{stats.tokens_per_character:.2f} {how}",
-          "differs: a word-level CPM vocabulary gives fewer than 1 token per character"
-          if stats.tokens_per_character < 1.2 else "similar")
+    stats = _corpus_stats(spec)
     from planner.corpus_stats import epochs_warning
 
     warning = epochs_warning(stats, target)
     if warning:
         out["warnings"] = [warning]
-    # Steps
-    steps_article = ARTICLE_TARGET_TOKENS / (256 * 1024)
-    claim("190k steps", "about 190k steps at 256 x 1024 tokens per step",
-          f"{steps_article:,.0f} steps for 50B tokens; 64 x 1024 would need "
-          f"{ARTICLE_TARGET_TOKENS / 65536:,.0f}", "holds")
-    # The article's own configuration on P4s: time, energy, money
-    p4 = _find_offer(spec, profiles, "p4")
-    if p4 is not None:
-        article = _one(spec, p4, ARTICLE_TARGET_TOKENS, seq_lens=[1024], precisions=["fp32"],
-                       micro_batch_sizes=[16], accumulation_steps=[2], tensor_parallel=[1],
-                       pipeline_parallel=[1], sharding=["stage1"], recompute=["none"],
-                       sequence_parallel=[False], node_counts=[1], max_nodes=1,
-                       global_batch_tokens_min=0, global_batch_tokens_max=0,
-                       owned_hardware=True)
-        if article:
-            claim("7 days", "about 7 days on 8 cards",
-                  f"{article['hours'] / 24:,.1f} days on 8 x P4 (fp32: P4 has no fast fp16, "
-                  f"so the article's fp16 cannot have sped it up), MFU {article['mfu']:.0%}",
-                  "does not hold" if article["hours"] > 24 * 9 else "holds")
-            kwh = article["energy_kwh"]
-            claim("100 kWh / 70 yuan", "about 100 kWh, under 70 yuan of electricity",
-                  f"{kwh:,.0f} kWh for 8 P4s at TDP over that time (x PUE "
-                  f"{p4.offer.pue:g}); 16 A100s for 7 days would draw "
-                  f"{16 * 400 * 168 / 1000:,.0f} kWh", "does not hold" if kwh > 150 else "holds")
-    claim("12,000 yuan", "about 12,000 yuan on cloud P4 instances",
-          f"this plan: {plan.estimate.cost:,.0f} {cur} ({plan.estimate.source}); no quoted P4 "
-          "cloud price exists in our price lists, so the P4 figure cannot be checked",
-          "the planned hardware is far cheaper" if plan.estimate.cost < 6000 else "similar")
+    if claims if claims is not None else plan.provenance.spec == BANK_FAQ_SPEC:
+        out["claims"] = article_claims(spec, plan, choice, here, pins, target, stats, profiles)
     return out
+
+
+def _corpus_stats(spec):
+    from planner.corpus_stats import corpus_statistics
+
+    return corpus_statistics(corpus=spec.job.corpus, tokenizer=spec.job.tokenizer,
+                             vocab_size=spec.model_section().vocab_size,
+                             cache_dir=spec.job.cache_dir,
+                             sample_documents=spec.job.sample_documents,
+                             declared_bytes=spec.job.corpus_bytes,
+                             seq_lens=spec.constraints.seq_lens, log=lambda *a: None)
+
+
+def _claim(name, article, model, verdict) -> dict:
+    return {"claim": name, "article": article, "model": model, "verdict": verdict}
+
+
+def article_claims(spec, plan, choice, here, pins, target, stats, profiles) -> list[dict]:
+    """The bank-FAQ article's claims (numbers in specs/bank_faq_claims.toml) vs the model."""
+    data = read_toml(CLAIMS_FILE, SpecError)
+    out = []
+    if here:
+        out += _amp_claims(data["amp"], spec, plan, choice, here, pins, target)
+        out.append(_recompute_claim(data["recompute"], plan))
+        out += _spot_claim(data["spot"], spec, plan, choice, here, pins, target)
+    out.append(_tokenizer_claim(data["tokenizer"], stats))
+    seqs, tokens = data["steps_batch"]
+    total = data["target_tokens"]
+    out.append(_claim("190k steps", f"about 190k steps at {seqs} x {tokens} tokens per step",
+                      f"{total / (seqs * tokens):,.0f} steps for {total:.3g} tokens; 64 x 1024 "
+                      f"would need {total / data['small_batch_tokens']:,.0f}", "holds"))
+    out += _article_run_claims(data, spec, profiles)
+    b = data["budget"]
+    cost = plan.estimate.cost
+    out.append(_claim("12,000 yuan", b["claim"],
+                      f"this plan: {cost:,.0f} {plan.budget.currency} ({plan.estimate.source}); "
+                      "no quoted P4 cloud price exists in our price lists, so the P4 figure "
+                      "cannot be checked",
+                      "the planned hardware is far cheaper" if plan.budget.currency ==
+                      b["currency"] and cost < b["far_cheaper_below"] else "not comparable"
+                      if plan.budget.currency != b["currency"] else "similar"))
+    return out
+
+
+def _amp_claims(d, spec, plan, choice, here, pins, target) -> list[dict]:
+    if plan.training.precision == "fp32":
+        return []
+    fp32 = _one(spec, choice, target, **(pins | {"precisions": ["fp32"]}))
+    # like for like: flash attention needs 16 bit, so AMP's own saving is measured with the
+    # standard attention kernel on both sides
+    same_kernel = _one(spec, choice, target, **(pins | {"flash_attention": False}))
+    if not (fp32 and same_kernel):
+        return []
+    saving = 1 - same_kernel["memory_gb"] / fp32["memory_gb"]
+    speedup = fp32["step_time_s"] / here["step_time_s"] - 1
+    flash = (f"; with the flash attention 16 bit enables, {here['memory_gb']:.1f} GB"
+             if here.get("flash") else "")
+    name, prof = choice.profile.name, choice.profile
+    lo, hi = d["memory_holds"]
+    return [_claim("AMP memory", d["memory_claim"],
+                   f"{saving:.0%} less per device ({fp32['memory_gb']:.1f} -> "
+                   f"{same_kernel['memory_gb']:.1f} GB, same attention kernel) on {name}{flash}",
+                   "holds" if lo <= saving <= hi else "differs"),
+            _claim("AMP speed", d["speed_claim"],
+                   f"{speedup:.0%} faster on {name} (tensor-core peak "
+                   f"{prof.peak_for(plan.training.precision):g} vs {prof.peak_for('fp32'):g} "
+                   "TFLOPS used for fp32)",
+                   "holds" if speedup >= d["speed_holds"] else "does not hold")]
+
+
+def _recompute_claim(d, plan) -> dict:
+    shape = cm.ModelShape.from_section(plan.model)
+    args = dict(seq_len=plan.training.seq_len,
+                micro_batch=plan.training.per_device_train_batch_size,
+                tp=plan.parallel.tensor_parallel_degree,
+                seq_parallel=plan.parallel.sequence_parallel,
+                act_bytes=2.0 if plan.training.precision != "fp32" else 4.0)
+    none = float(cm.activation_bytes_per_layer(shape, recompute_code=0, **args))
+    full = float(cm.activation_bytes_per_layer(shape, recompute_code=3, **args))
+    saving = 1 - full / none
+    return _claim("recompute", d["claim"],
+                  f"full recompute keeps {full / none:.0%} of activations ({saving:.0%} saved) "
+                  f"at seq {plan.training.seq_len}; it costs about 1/3 more compute",
+                  "holds (the model says more)" if saving >= d["holds_more"] else "holds"
+                  if saving >= d["holds"] else "differs")
+
+
+def _spot_claim(d, spec, plan, choice, here, pins, target) -> list[dict]:
+    if not choice.offer.has_spot:
+        return []
+    other = _one(spec, choice, target, **(pins | {"spot": not plan.hardware.spot,
+                                               "on_demand": plan.hardware.spot}))
+    if not other:
+        return []
+    spot_row, od_row = (here, other) if plan.hardware.spot else (other, here)
+    ratio = spot_row["cost"] / od_row["cost"]
+    return [_claim("spot price", d["claim"],
+                   f"{ratio:.0%} of on-demand on {choice.offer.key} including expected "
+                   f"preemptions ({spot_row['preemptions']:.2g}; useful fraction "
+                   f"{spot_row['useful_fraction']:.1%})",
+                   "holds" if ratio <= d["holds"] else "does not hold for this offer")]
+
+
+def _tokenizer_claim(d, stats) -> dict:
+    how = ("declared in the spec" if stats.tokens_per_character_source == "declared" else
+           f"measured with our {stats.tokenizer_scheme or stats.tokenizer} tokenizer "
+           f"({stats.tokenizer_vocab:,} pieces) on {stats.sample_documents:,} sample documents")
+    return _claim("tokens per character", d["claim"], f"{stats.tokens_per_character:.2f} {how}",
+                  "differs: a word-level CPM vocabulary gives fewer than 1 token per character"
+                  if stats.tokens_per_character < d["similar_above"] else "similar")
+
+
+def _article_run_claims(data, spec, profiles) -> list[dict]:
+    """The article's own configuration on P4s: time, energy."""
+    run = data["article_run"]
+    p4 = _find_offer(spec, profiles, run["profile"])
+    if p4 is None:
+        return []
+    article = _one(spec, p4, data["target_tokens"], **data["config"])
+    if not article:
+        return []
+    kwh = article["energy_kwh"]
+    scale = run["compare_gpus"] * run["compare_tdp_w"] * run["compare_hours"] / 1000
+    return [_claim("7 days", run["days_claim"],
+                   f"{article['hours'] / 24:,.1f} days on 8 x P4 (fp32: P4 has no fast fp16, so "
+                   f"the article's fp16 cannot have sped it up), MFU {article['mfu']:.0%}",
+                   "does not hold" if article["hours"] > 24 * run["days_hold_below"]
+                   else "holds"),
+            _claim("100 kWh / 70 yuan", run["energy_claim"],
+                   f"{kwh:,.0f} kWh for 8 P4s at TDP over that time (x PUE {p4.offer.pue:g}); "
+                   f"{run['compare_gpus']} A100s for 7 days would draw {scale:,.0f} kWh",
+                   "does not hold" if kwh > run["kwh_hold_below"] else "holds")]
 
 
 def render_explanation(result: dict) -> str:
@@ -231,7 +288,9 @@ def render_explanation(result: dict) -> str:
                      f"the modelled step, so it dominates; interval from "
                      f"{unc['interval_basis']}")
     lines += [f"  {w}" for w in result.get("warnings", [])]
-    lines.append("")
-    lines.append("Reference-case claims vs the model (all modelled unless marked measured)")
-    lines.append(tabulate(result["claims"], headers="keys", tablefmt="github"))
+    if result["claims"]:
+        lines.append("")
+        lines.append("Bank-FAQ article's claims vs the model (all modelled unless marked "
+                     "measured)")
+        lines.append(tabulate(result["claims"], headers="keys", tablefmt="github"))
     return "\n".join(lines)

@@ -34,6 +34,16 @@ class Offer:
                                             min=0)
     on_demand_per_hour: float = setting(0.0, "On-demand price per node-hour.", min=0)
     spot_per_hour: float = setting(0.0, "Spot price per node-hour (0 = no spot).", min=0)
+    spot_per_hour_low: float = setting(0.0, "Lowest spot price seen, per node-hour (0 = not "
+                                            "stated: a default spread applies).", min=0)
+    spot_per_hour_high: float = setting(0.0, "Highest spot price seen, per node-hour.", min=0)
+    spot_interruptions_per_node_hour: float = setting(
+        0.0, "Expected spot interruptions per node-hour (0 = the provider's in "
+             "hardware_profiles/spot/interruptions.toml).", min=0)
+    spot_interruptions_low: float = setting(0.0, "p10 of that rate (0 = a third of it).", min=0)
+    spot_interruptions_high: float = setting(0.0, "p90 of that rate (0 = three times it).",
+                                             min=0)
+    spot_interruption_source: str = setting("", "Where the interruption rate comes from.")
     storage_gbytes_per_s: float = setting(0.0, "Checkpoint write bandwidth per node to the "
                                                "offer's storage, GB/s, where the provider "
                                                "states one (0 = not stated: the spec's "

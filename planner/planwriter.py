@@ -34,7 +34,8 @@ def _interval_source(prof, precision: str, params: float) -> str:
     else:
         where = "no published runs for this hardware: the default (wide) spread of an " \
                 "uncalibrated prior"
-    return f"80% interval on throughput x{lo:g}..x{hi:g}: {where}"
+    return (f"80% interval on throughput x{lo:g}..x{hi:g}: {where}; hours and cost add the "
+            "price spread and the spot preemption rate's range (planner.spotrisk)")
 
 
 def planned_corpus(spec: Spec, stats, *, trained_tokens: float) -> dict:
@@ -66,6 +67,7 @@ def candidate_plan(spec: Spec, row: dict, *, target: float, notes: list[str] | N
                   f"{offer.currency}/node-hour x rate {choice.rate:g} {cur}/{offer.currency}"
                   + (f" ({spec.rates_source})" if offer.currency != cur and spec.rates_source
                      else ""))
+    notes = [*_risk_notes(row, cur), *(notes or [])]
     return Plan(
         name=spec.job.name,
         job=JobSection(corpus=list(spec.job.corpus), tokenizer=spec.job.tokenizer,
@@ -118,8 +120,24 @@ def candidate_plan(spec: Spec, row: dict, *, target: float, notes: list[str] | N
             created_by=f"planner {__version__}",
             created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             spec=spec.path, spec_sha256=spec.sha256, prices_source=offer.source,
-            prices_as_of=offer.as_of, probes=probes, notes=[price_note, *(notes or [])]),
+            prices_as_of=offer.as_of, probes=probes, notes=[price_note, *notes]),
     )
+
+
+def _risk_notes(row: dict, cur: str) -> list[str]:
+    """The price's age and, on spot, the preemptions in the cost and the on-demand cost."""
+    f = row["offer_choice"].price
+    age = "undated" if f.age_days is None else f"{f.age_days} days old at planning"
+    out = [f"price as of {row['offer_choice'].offer.as_of or '(no date)'} ({age}"
+           + ("; stale" if f.stale else "") + ")"]
+    if row["spot"]:
+        out.append(f"spot: {row['preemptions']:.2g} expected preemptions at {f.risk.rate:g} per "
+                   f"node-hour (80% range {f.risk.low:g}-{f.risk.high:g}; {f.risk.source}), "
+                   f"included in the cost; the same plan on-demand: "
+                   f"{row['cost_on_demand']:,.0f} {cur} (modelled)")
+    if row["spot"] and f.outlier:
+        out.append(f.outlier_note)
+    return out
 
 
 def decision_notes(decision: Decision, describe) -> list[str]:

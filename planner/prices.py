@@ -113,7 +113,11 @@ def import_catalog(path: Path, *, name: str | None = None, provider: str | None 
     name = path.stem if name is None else name
     if name_problem(name):
         raise ProfileError(name_problem(name), key="--name")
-    provider = provider or path.stem.split("_")[0].split("-")[0].lower()
+    # SkyPilot's own layout is catalogs/<version>/<cloud>/vms.csv: the folder names the cloud
+    default = path.parent.name if path.stem == "vms" and path.parent.name else path.stem
+    provider = provider or default.split("_")[0].split("-")[0].lower()
+    if name == "vms":
+        name = provider
     as_of = as_of or dt.date.today().isoformat()
     offers, skipped = parse_catalog(path, provider=provider, as_of=as_of)
     if not offers:

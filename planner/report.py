@@ -123,6 +123,9 @@ def candidate_record(table: CandidateTable, i: int, currency: str, *, chosen: in
         "modelled_hours_p10": r["hours_p10"], "modelled_hours_p90": r["hours_p90"],
         f"modelled_cost_{cur}_p10": r["cost_p10"], f"modelled_cost_{cur}_p90": r["cost_p90"],
     }
+    from planner.costreport import price_record
+
+    out |= price_record(table, int(i), currency)
     if calibrated_cost is not None:
         out[f"calibrated_cost_{cur}"] = calibrated_cost
     if measured is not None:
@@ -351,8 +354,11 @@ def render_choice(result) -> str:
              f"        {est.tokens_per_second:,.0f} tokens/s, {est.peak_memory_gb:.2f} "
              f"GB/device, MFU {est.mfu:.1%}, {est.cost_per_million_tokens:.4g} {cur}/Mtok "
              f"({source}), {est.energy_kwh:,.3g} kWh (modelled, TDP upper bound)"]
+    from planner.costreport import budget_line, price_lines, sensitivity, sensitivity_line
+
+    lines += price_lines(result)
     if est.cost_p90 > 0:
-        lines.append(f"        80% interval (p10-p90; {est.interval[:90]}): "
+        lines.append(f"        80% interval (p10-p90; throughput, price and preemptions): "
                      f"{est.tokens_per_second_p10:,.0f}-{est.tokens_per_second_p90:,.0f} "
                      f"tokens/s, {est.hours_p10:,.3g}-{est.hours_p90:,.3g} h, "
                      f"{money(est.cost_p10)}-{money(est.cost_p90)} {cur}")
@@ -367,38 +373,80 @@ def render_choice(result) -> str:
 
         lines.append("        " + race_note(result.table, race))
     if result.chosen_source == "model":
+        lines.append(sensitivity_line(sensitivity(
+            result.table, result.chosen, result.spec.job.target_tokens > 0), cur))
+        lines += [x for x in [budget_line(decision, result.spec)] if x]
         lines.append(f"        binding constraint: {decision.binding}")
     else:
         lines.append(f"        the model alone chose {short_config(result.table, decision.chosen)}")
     return "\n".join(lines)
 
 
-def plot_pareto(decision: Decision, path: str, currency: str) -> None:
+def _offer_front(table: CandidateTable, mask: np.ndarray) -> np.ndarray:
+    """Rows of `mask` on its own Pareto front (cost vs hours), cheapest first."""
+    idx = ranked(table, mask)
+    if not len(idx):
+        return idx
+    hours = table["hours"][idx]
+    before = np.concatenate([[np.inf], np.minimum.accumulate(hours)[:-1]])
+    return idx[hours < before]
+
+
+def plot_pareto(decision: Decision, path: str, currency: str, *, spec=None,
+                chosen: int | None = None) -> None:
+    """Per-offer Pareto fronts (distinct marker and colour each), the budget and deadline
+    lines, the chosen plan labelled, the job in the title; the legend sits outside the axes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     table = decision.table
-    fig, ax = plt.subplots(figsize=(8, 5))
-    fits = table["fits"]
+    chosen = decision.chosen if chosen is None else chosen
+    fig, ax = plt.subplots(figsize=(11, 6))
+    markers = "os^vD<>pPhX*d8H"
+    cmap = plt.get_cmap("tab20")
+    from planner.search import outlier_rows
+
+    excluded = outlier_rows(table) if not (spec and spec.constraints.allow_outlier_prices) \
+        else np.zeros(len(table), bool)
     for index, choice in enumerate(table.offers):
-        mine = fits & (table["offer"] == index)
-        if mine.any():
-            ax.scatter(table["hours"][mine], table["cost"][mine], s=4, alpha=0.3,
-                       label=choice.label)
-    front = decision.pareto
-    if len(front):
-        ax.plot(table["hours"][front], table["cost"][front], "k-", lw=1.5,
-                label="Pareto front")
-    if decision.chosen is not None:
-        ax.scatter([table["hours"][decision.chosen]], [table["cost"][decision.chosen]],
-                   marker="*", s=200, c="red", label="chosen")
+        mine = table["fits"] & (table["offer"] == index)
+        front = _offer_front(table, mine & ~excluded)
+        if len(front):
+            ax.plot(table["hours"][front], table["cost"][front], marker=markers[index % 15],
+                    color=cmap(index % 20), ms=5, lw=1, label=choice.label)
+        front = _offer_front(table, mine & excluded)
+        if len(front):
+            ax.plot(table["hours"][front], table["cost"][front], marker=markers[index % 15],
+                    color="grey", ms=5, lw=1, ls="--", mfc="none",
+                    label=f"{choice.label} spot: outlier price, excluded")
+    c = spec.constraints if spec is not None else None
+    if c is not None and c.budget:
+        ax.axhline(c.budget, color="red", ls="--", lw=1, label=f"budget {c.budget:,.0f} "
+                                                                  f"{currency}")
+    if c is not None and c.deadline_hours:
+        ax.axvline(c.deadline_hours, color="purple", ls=":", lw=1.2,
+                   label=f"deadline {c.deadline_hours:g} h")
+    if chosen is not None:
+        x, y = table["hours"][chosen], table["cost"][chosen]
+        ax.scatter([x], [y], marker="*", s=260, c="gold", edgecolors="black", zorder=5,
+                   label="chosen")
+        ax.annotate(f"chosen: {table.offers[int(table['offer'][chosen])].label}\n"
+                    f"{y:,.0f} {currency}, {x:,.3g} h", (x, y), xytext=(25, 30),
+                    textcoords="offset points", fontsize=8,
+                    arrowprops={"arrowstyle": "->", "lw": 0.8})
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("hours (modelled)")
-    ax.set_ylabel(f"cost, {currency} (modelled)")
-    ax.legend(fontsize=6, ncol=2)
+    ax.set_ylabel(f"cost, {currency} (modelled, incl. expected preemptions)")
+    from planner.report import _fmt_tokens
+
+    job = f"{spec.job.name}: {spec.model.size or 'custom'} on " \
+          f"{_fmt_tokens(decision.target_tokens)} tokens" if spec is not None else "planner"
+    ax.set_title(f"{job} - cheapest-vs-fastest front of each offer")
+    ax.grid(True, which="both", alpha=0.2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

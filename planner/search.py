@@ -13,14 +13,17 @@ front are pure functions of it; rendering lives in planner.report.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from planner import costmodel as cm
+from planner import spotrisk
 from planner.corpus_stats import CorpusStatistics
 from planner.hardware import Offer, Profile
+from planner.pricebook import PriceFacts, price_facts
 from planner.spec import Spec
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -33,10 +36,15 @@ class OfferChoice:
     profile: Profile
     offer: Offer
     rate: float  # spec currency per offer currency
+    facts: PriceFacts | None = None  # age, outlier flag, spot risk (planner.pricebook)
 
     @property
     def label(self) -> str:
         return f"{self.profile.name} @ {self.offer.key}"
+
+    @property
+    def price(self) -> PriceFacts:
+        return self.facts if self.facts is not None else price_facts([self])[0]
 
 
 @dataclass
@@ -47,6 +55,7 @@ class CandidateTable:
     columns: dict[str, np.ndarray] = field(default_factory=dict)
     fixed_hours: float = 0.0  # paid hours that do not scale with throughput (start-up)
     params_total: float = 0.0  # the model's parameters (the interval depends on its size)
+    restart_hours: float = 0.0  # from a preemption to training again
 
     def __len__(self) -> int:
         return len(next(iter(self.columns.values()))) if self.columns else 0
@@ -77,14 +86,42 @@ class CandidateTable:
                             for p in PRECISIONS] for c in self.offers])
         lo, hi = ratios[..., 0], ratios[..., 1]
         offer, prec = self["offer"][idx], self["precision_code"][idx]
-        return cm.interval_from_throughput(
+        out = cm.interval_from_throughput(
             tokens_per_s=self["tokens_per_s"][idx], hours=self["hours"][idx],
             fixed_hours=self.fixed_hours, cost=self["cost"][idx], p10_ratio=lo[offer, prec],
             p90_ratio=hi[offer, prec])
+        return out | self._risk_interval(idx, out)
+
+    def _risk_interval(self, idx: np.ndarray, tp: dict) -> dict:
+        """Hours and cost p10/p90 with the preemption rate, the preemption count and the
+        price added to the throughput interval (planner.spotrisk.cost_interval)."""
+        facts = [c.price for c in self.offers]
+        offer, spot = self["offer"][idx], self["spot"][idx].astype(bool)
+        per_offer = np.array([[f.risk.rate, f.risk.low, f.risk.high, *f.spot_spread,
+                               *f.on_demand_spread] for f in facts]).reshape(-1, 7)[offer]
+        rate = np.where(spot, per_offer[:, 0], 0.0)
+        common = dict(train_hours=self["train_hours"][idx], useful=self["useful_fraction"][idx],
+                      rate=rate, nodes=self["nodes"][idx],
+                      interval_hours=self["checkpoint_interval_h"][idx],
+                      restart_hours=self.restart_hours, fixed_hours=self.fixed_hours)
+        low = spotrisk.hours_at_rate(other_rate=np.where(spot, per_offer[:, 1], 0.0), **common)
+        high = spotrisk.hours_at_rate(other_rate=np.where(spot, per_offer[:, 2], 0.0),
+                                      **common)
+        sd = spotrisk.poisson_hours_sd(preemptions=self["preemptions"][idx],
+                                       interval_hours=self["checkpoint_interval_h"][idx],
+                                       restart_hours=self.restart_hours)
+        h10, h90, c10, c90 = spotrisk.cost_interval(
+            cost=self["cost"][idx], hours=self["hours"][idx], hours_tp_p10=tp["hours_p10"],
+            hours_tp_p90=tp["hours_p90"], hours_rate_low=low, hours_rate_high=high,
+            hours_sd=sd, price_low_ratio=np.where(spot, per_offer[:, 3], per_offer[:, 5]),
+            price_high_ratio=np.where(spot, per_offer[:, 4], per_offer[:, 6]))
+        return {"hours_p10": h10, "hours_p90": h90, "cost_p10": c10, "cost_p90": c90,
+                "throughput_cost_p10": tp["cost_p10"], "throughput_cost_p90": tp["cost_p90"],
+                "preemption_hours_p10": low, "preemption_hours_p90": high}
 
     def select(self, mask: np.ndarray) -> "CandidateTable":
         return CandidateTable(self.offers, {k: v[mask] for k, v in self.columns.items()},
-                              self.fixed_hours, self.params_total)
+                              self.fixed_hours, self.params_total, self.restart_hours)
 
 
 def allowed_offers(spec: Spec, profiles: dict[str, Profile]) -> list[OfferChoice]:
@@ -99,7 +136,9 @@ def allowed_offers(spec: Spec, profiles: dict[str, Profile]) -> list[OfferChoice
             if offer.kind == "on_prem" and not (c.owned_hardware or offer.key in c.offers):
                 continue
             choices.append(OfferChoice(prof, offer, spec.rate(offer.currency)))
-    return choices
+    facts = price_facts(choices, stale_after_days=c.max_price_age_days,
+                        preemption_override=spec.spot.preemptions_per_node_hour)
+    return [dataclasses.replace(ch, facts=f) for ch, f in zip(choices, facts, strict=True)]
 
 
 def _powers_of_two_up_to(n: int) -> list[int]:
@@ -324,8 +363,25 @@ def evaluate_layouts(m, prof: Profile, offer: Offer, g: dict, *, efficiency=None
             "tokens_per_s_per_device": tokens_per_s / world, "mfu": mfu}
 
 
+def _hours(rows: dict, checkpoint_hours, spot_rate: float, sp) -> tuple:
+    """(paid hours, checkpoint interval, useful fraction, expected preemptions) at a spot
+    interruption rate per node-hour (0 = on-demand: checkpoints at the fixed interval)."""
+    n = len(rows["nodes"])
+    failures = rows["nodes"] * spot_rate
+    interval = cm.young_daly_interval_hours(checkpoint_hours, failures) if spot_rate else \
+        np.full(n, sp.on_demand_checkpoint_hours)
+    useful = cm.useful_fraction(checkpoint_hours, interval, failures, sp.restart_minutes / 60)
+    running = rows["train_hours"] / useful
+    preemptions = spotrisk.expected_preemptions(nodes=rows["nodes"], rate_per_node_hour=spot_rate,
+                                                running_hours=running)
+    return running + sp.startup_minutes / 60, interval, useful, preemptions
+
+
 def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) -> dict:
-    """Duplicate rows for spot and on-demand and add time, money and energy."""
+    """Duplicate rows for spot and on-demand and add time, money and energy. Spot rows carry
+    their expected preemptions (the offer's interruption rate, planner.pricebook) and what the
+    same plan costs on-demand; with spot.fallback_wait_hours they are priced as spot with
+    on-demand fallback (the provider's chance that spot cannot be had)."""
     offer, prof, sp = choice.offer, choice.profile, spec.spot
     modes = []
     if spec.constraints.on_demand or offer.kind == "on_prem":
@@ -337,22 +393,31 @@ def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) ->
         state_bytes=shape.params_total * 16.0, nodes=rows["nodes"],
         node_gbytes_per_s=sp.checkpoint_gbytes_per_s,
         storage_cap_gbytes_per_s=offer.storage_gbytes_per_s)
-    restart_hours = sp.restart_minutes / 60
+    od_price = offer.node_price_per_hour(spot=False, tdp_w=prof.tdp_w) * choice.rate
+    od_hours = _hours(rows, checkpoint_hours, 0.0, sp)[0]
+    risk = choice.price.risk
     for spot in modes:
         r = dict(rows)
         n = len(r["nodes"])
-        failures = r["nodes"] * sp.preemptions_per_node_hour if spot else np.zeros(n)
-        interval = cm.young_daly_interval_hours(checkpoint_hours, failures) if spot else \
-            np.full(n, sp.on_demand_checkpoint_hours)
-        useful = cm.useful_fraction(checkpoint_hours, interval, failures, restart_hours)
-        hours = r["train_hours"] / useful + sp.startup_minutes / 60
+        hours, interval, useful, preemptions = _hours(rows, checkpoint_hours,
+                                                      risk.rate if spot else 0.0, sp)
         price = offer.node_price_per_hour(spot=spot, tdp_w=prof.tdp_w) * choice.rate
+        cost = price * r["nodes"] * hours
+        cost_od = od_price * r["nodes"] * od_hours
+        if spot and sp.fallback_wait_hours > 0 and od_price > 0:
+            p = risk.unavailable_probability  # expected cost; the deadline must hold either way
+            cost = (1 - p) * cost + p * cost_od
+            hours = np.maximum(hours, od_hours + sp.fallback_wait_hours)
+            price = cost / (r["nodes"] * hours)
+            preemptions = (1 - p) * preemptions
         r["spot"] = np.full(n, spot)
         r["useful_fraction"] = useful
         r["checkpoint_interval_h"] = interval
         r["hours"] = hours
-        r["price_node_hour"] = np.full(n, price)
-        r["cost"] = price * r["nodes"] * hours
+        r["price_node_hour"] = np.broadcast_to(price, (n,)).astype(float)
+        r["cost"] = cost
+        r["cost_on_demand"] = cost_od if od_price > 0 else np.full(n, np.nan)
+        r["preemptions"] = preemptions
         r["energy_kwh"] = r["world"] * prof.tdp_w * hours / 1000 * \
             (offer.pue if offer.kind == "on_prem" else 1.0)
         parts.append(r)
@@ -368,13 +433,23 @@ def evaluate_space(spec: Spec, offers: list[OfferChoice], target: float) -> Cand
     tables = [{k: v for k, v in t.items() if k not in DIAGNOSTIC_COLUMNS} for t in tables if t]
     params = float(cm.ModelShape.from_section(spec.model_section()).params_total)
     if not tables:
-        return CandidateTable(offers, {}, spec.spot.startup_minutes / 60, params)
+        return CandidateTable(offers, {}, spec.spot.startup_minutes / 60, params,
+                              spec.spot.restart_minutes / 60)
     columns = {k: np.concatenate([t[k] for t in tables]) for k in tables[0]}
     columns["cost_per_million_tokens"] = columns["cost"] / target * 1e6
-    return CandidateTable(offers, columns, spec.spot.startup_minutes / 60, params)
+    return CandidateTable(offers, columns, spec.spot.startup_minutes / 60, params,
+                          spec.spot.restart_minutes / 60)
 
 
 # ---- choosing ----------------------------------------------------------------------------------
+
+def outlier_rows(table: CandidateTable) -> np.ndarray:
+    """Spot rows on an offer whose spot price is an outlier (planner.pricebook)."""
+    if not len(table):
+        return np.zeros(0, bool)
+    flags = np.array([c.price.outlier for c in table.offers], dtype=bool)
+    return flags[table["offer"]] & table["spot"].astype(bool)
+
 
 def feasible_mask(spec: Spec, table: CandidateTable) -> np.ndarray:
     c = spec.constraints
@@ -383,6 +458,8 @@ def feasible_mask(spec: Spec, table: CandidateTable) -> np.ndarray:
         ok &= table["cost"] <= c.budget
     if c.deadline_hours:
         ok &= table["hours"] <= c.deadline_hours
+    if not c.allow_outlier_prices:
+        ok &= ~outlier_rows(table)
     return ok
 
 
@@ -412,12 +489,46 @@ class Decision:
     target_tokens: float
     problems: list[str] = field(default_factory=list)
     binding: str = ""
+    minimum_budget: float | None = None   # cheapest plan meeting every other constraint
+    minimum_budget_row: int | None = None
+    tokens_bought: float | None = None    # what the budget buys within the deadline
+
+
+def eligible_mask(spec: Spec, table: CandidateTable) -> np.ndarray:
+    """Every constraint except the budget: memory, deadline, outlier prices."""
+    c = spec.constraints
+    ok = table["fits"].copy()
+    if c.deadline_hours:
+        ok &= table["hours"] <= c.deadline_hours
+    if not c.allow_outlier_prices:
+        ok &= ~outlier_rows(table)
+    return ok
+
+
+def tokens_within(spec: Spec, table: CandidateTable, target: float) -> float:
+    """The most tokens the budget buys within the deadline (modelled): each plan's paid time
+    scales with its tokens; the deadline caps the time, the budget the money."""
+    c = spec.constraints
+    usable = table["fits"] & (~outlier_rows(table) if not c.allow_outlier_prices else True)
+    if not usable.any() or not c.budget:
+        return 0.0
+    cost, hours = table["cost"][usable], table["hours"][usable]
+    fixed = table.fixed_hours
+    share = c.budget / cost
+    if c.deadline_hours:
+        share = np.minimum(share, np.maximum(c.deadline_hours - fixed, 0.0) /
+                           np.maximum(hours - fixed, 1e-12))
+    return float(target * share.max())
+
+
+def minimum_budget(spec: Spec, table: CandidateTable) -> int | None:
+    """The row of the cheapest plan that meets the deadline, memory and price rules."""
+    order = ranked(table, eligible_mask(spec, table))
+    return int(order[0]) if len(order) else None
 
 
 def decide(spec: Spec, table: CandidateTable, target: float) -> Decision:
     """The cheapest candidate meeting memory, budget and deadline, or why there is none."""
-    c = spec.constraints
-    cur = c.currency
     if not len(table):
         return Decision(None, table, np.zeros(0, bool), np.zeros(0, int), target,
                         ["no candidate satisfies the divisibility/batch rules; widen "
@@ -425,39 +536,51 @@ def decide(spec: Spec, table: CandidateTable, target: float) -> Decision:
     fits = table["fits"]
     feasible = feasible_mask(spec, table)
     pareto = pareto_front(table, fits)
+    least = minimum_budget(spec, table)
+    extra = dict(minimum_budget=float(table["cost"][least]) if least is not None else None,
+                 minimum_budget_row=least, tokens_bought=tokens_within(spec, table, target)
+                 if spec.constraints.budget else None)
     order = ranked(table, feasible)
     if len(order):
         chosen = int(order[0])
         return Decision(chosen, table, feasible, pareto, target,
-                        binding=_binding_constraint(spec, table, chosen))
-    problems = []
+                        binding=_binding_constraint(spec, table, chosen), **extra)
     if not fits.any():
         smallest = int(np.argmin(table["memory_gb"]))
-        problems.append(f"nothing fits in device memory: the smallest configuration needs "
-                        f"{table['memory_gb'][smallest]:.1f} GB per device (modelled)")
-        return Decision(None, table, feasible, pareto, target, problems)
-    cheapest = int(ranked(table, fits)[0])
+        return Decision(None, table, feasible, pareto, target,
+                        [f"nothing fits in device memory: the smallest configuration needs "
+                         f"{table['memory_gb'][smallest]:.1f} GB per device (modelled)"], **extra)
+    return Decision(None, table, feasible, pareto, target,
+                    _problems(spec, table, target, least, extra["tokens_bought"]), **extra)
+
+
+def _problems(spec: Spec, table: CandidateTable, target: float, least: int | None,
+              bought: float | None) -> list[str]:
+    c, cur = spec.constraints, spec.constraints.currency
+    fits = table["fits"]
     fastest = int(np.flatnonzero(fits)[np.argmin(table["hours"][fits])])
-    if c.budget and table["cost"][cheapest] > c.budget:
-        per_token = table["cost"][cheapest] / target
+    problems = []
+    within = f" within the deadline ({c.deadline_hours:g} h)" if c.deadline_hours else ""
+    if c.budget and least is not None and table["cost"][least] > c.budget:
         problems.append(
-            f"the budget {c.budget:,.0f} {cur} cannot reach {target:.3g} tokens: the cheapest "
-            f"plan costs {table['cost'][cheapest]:,.0f} {cur} (modelled); the budget buys "
-            f"about {c.budget / per_token:.3g} tokens; minimum budget for the target: "
-            f"{table['cost'][cheapest]:,.0f} {cur}")
-    if c.deadline_hours and table["hours"][fastest] > c.deadline_hours:
+            f"the budget {c.budget:,.0f} {cur} cannot reach {target:.3g} tokens{within}: the "
+            f"cheapest plan that meets every other constraint costs "
+            f"{table['cost'][least]:,.0f} {cur} and takes {table['hours'][least]:,.1f} h "
+            f"(modelled); the budget buys about {bought or 0:.3g} tokens{within}; minimum "
+            f"budget for the target: {table['cost'][least]:,.0f} {cur}")
+    if least is None and c.deadline_hours and table["hours"][fastest] > c.deadline_hours:
         problems.append(
             f"the deadline {c.deadline_hours:g} h cannot be met: the fastest plan takes "
             f"{table['hours'][fastest]:,.1f} h and costs {table['cost'][fastest]:,.0f} {cur} "
             "(modelled)")
+        cap_note = node_cap_relief(spec, table, target, int(table["nodes"][fastest]))
+        if cap_note:
+            problems.append(cap_note)
     if not problems:
-        problems.append("no single plan meets both budget and deadline: the cheapest takes "
-                        f"{table['hours'][cheapest]:,.1f} h, the fastest costs "
-                        f"{table['cost'][fastest]:,.0f} {cur} (modelled)")
-    cap_note = node_cap_relief(spec, table, target, int(table["nodes"][fastest]))
-    if cap_note:
-        problems.append(cap_note)
-    return Decision(None, table, feasible, pareto, target, problems)
+        problems.append("no plan meets the limits without an outlier spot price (pass "
+                        "--allow-outlier-prices to accept one)" if least is None else
+                        "no single plan meets both budget and deadline (modelled)")
+    return problems
 
 
 def node_cap(spec: Spec) -> int:
@@ -512,6 +635,8 @@ def _binding_constraint(spec: Spec, table: CandidateTable, chosen: int) -> str:
     c = spec.constraints
     if c.deadline_hours and (cheaper & table["fits"] & (table["hours"] > c.deadline_hours)).any():
         reasons.append(f"the deadline ({c.deadline_hours:g} h)")
+    if not c.allow_outlier_prices and (cheaper & table["fits"] & outlier_rows(table)).any():
+        reasons.append("an outlier spot price (excluded; --allow-outlier-prices)")
     return " and ".join(reasons) or "none"
 
 

@@ -92,6 +92,11 @@ class ConstraintSpec:
                                           "electricity (+ amortisation if given).")
     memory_headroom: float = setting(0.9, "Use at most this share of device memory.", min=0.1,
                                      max=1.0)
+    max_price_age_days: int = setting(180, "Prices older than this (or undated) are flagged "
+                                           "stale.", min=1)
+    allow_outlier_prices: bool = setting(False, "Let a spot price far below the same GPU's "
+                                                "other offers (below half their median) make "
+                                                "the headline.")
 
 
 @dataclass
@@ -119,9 +124,15 @@ class SearchSpec:
 
 @dataclass
 class SpotSpec:
-    preemptions_per_node_hour: float = setting(0.05, "Expected preemptions per node-hour "
-                                                     "(assumption; providers publish none).",
-                                               min=0)
+    preemptions_per_node_hour: float = setting(0.0, "Expected preemptions per node-hour for "
+                                                    "every offer (your assumption; 0 = each "
+                                                    "offer's own rate with its source, "
+                                                    "hardware_profiles/"
+                                                    "spot/interruptions.toml).", min=0)
+    fallback_wait_hours: float = setting(0.0, "Spot with on-demand fallback: wait this long "
+                                              "for spot capacity, then run on-demand (0 = "
+                                              "off; priced with the provider's chance that "
+                                              "spot cannot be had).", min=0)
     restart_minutes: float = setting(10.0, "Minutes from preemption to training again.", min=0)
     checkpoint_gbytes_per_s: float = setting(1.0, "Checkpoint write bandwidth of one node, "
                                                   "GB/s (nodes write their shards in "
@@ -154,6 +165,8 @@ class Spec:
     training: TrainingSpec = field(default_factory=TrainingSpec)
     rates: dict[str, float] = field(default_factory=dict)
     rates_source: str = ""
+    rates_quote: str = ""   # the currency [rates] are quoted in ('' = constraints.currency)
+    rates_as_of: str = ""
     path: str = "<spec>"
     sha256: str = ""
 
@@ -176,15 +189,24 @@ class Spec:
                             if dropout else 0.0, **fields)
 
     def rate(self, currency: str) -> float:
-        """Units of the spec currency per unit of `currency` (explicit, never guessed)."""
-        if currency == self.constraints.currency:
+        """Units of the budget currency per unit of `currency` (explicit, never guessed).
+
+        [rates] give units of their quote currency (rates.quote, by default the spec file's
+        own constraints.currency) per unit of each code; a budget in another currency (e.g.
+        --currency EUR) uses the cross rate through the quote and needs both rates."""
+        budget = self.constraints.currency
+        quote = self.rates_quote or budget
+        if currency == budget:
             return 1.0
-        if currency not in self.rates:
-            raise SpecError(f"an offer is priced in {currency} but the budget is in "
-                            f"{self.constraints.currency}; add '{currency} = <rate>' "
-                            f"({self.constraints.currency} per {currency}) to [rates]",
-                            file=self.path, key=f"rates.{currency}")
-        return self.rates[currency]
+        have = dict(self.rates, **{quote: 1.0})
+        missing = [c for c in (currency, budget) if c not in have]
+        if missing:
+            need = missing[0]
+            raise SpecError(f"an offer is priced in {currency} but the budget is in {budget}; "
+                            f"[rates] (in {quote} per unit) give no {need}: add '{need} = "
+                            f"<{quote} per {need}>' to [rates]", file=self.path,
+                            key=f"rates.{need}")
+        return have[currency] / have[budget]
 
 
 SECTIONS = {"job": JobSpec, "model": ModelSpec, "constraints": ConstraintSpec,
@@ -200,6 +222,11 @@ def spec_from_dict(data: dict, *, file: str) -> Spec:
                                  error=SpecError) for name, cls in SECTIONS.items()}
     rates_table = dict(data.get("rates", {}))
     source = rates_table.pop("source", "")
+    as_of = str(rates_table.pop("as_of", ""))
+    quote = rates_table.pop("quote", "")
+    if quote and (not isinstance(quote, str) or not CURRENCY.match(quote)):
+        raise SpecError(f"{quote!r} is not an ISO currency code like 'CNY' (the currency the "
+                        "rates are quoted in)", file=file, key="rates.quote")
     rates = {}
     for code, value in rates_table.items():
         if not CURRENCY.match(code) or isinstance(value, bool) or \
@@ -208,7 +235,8 @@ def spec_from_dict(data: dict, *, file: str) -> Spec:
                             "(budget-currency units per unit of that currency)", file=file,
                             key=f"rates.{code}")
         rates[code] = float(value)
-    spec = Spec(**sections, rates=rates, rates_source=str(source), path=file)
+    spec = Spec(**sections, rates=rates, rates_source=str(source), path=file,
+                rates_quote=quote, rates_as_of=as_of)
     validate_spec(spec)
     return spec
 
@@ -310,6 +338,12 @@ def load_spec(explicit: str | None = None, *, cwd: Path | None = None,
     raw = path.read_bytes() if path.exists() else b""
     label = display_path(path) + ("[tool.planner]" if table is not None else "")
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    rates = data.get("rates")
+    if isinstance(rates, dict) and "quote" not in rates:
+        # rates are quoted in the currency the file was written for, whatever --currency says
+        constraints = data.get("constraints", {})
+        rates["quote"] = constraints.get("currency", "USD") if isinstance(constraints, dict) \
+            else "USD"
     for dotted, value in (overrides or {}).items():
         section, key = dotted.split(".", 1)
         data.setdefault(section, {})[key] = value
