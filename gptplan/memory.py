@@ -19,6 +19,12 @@ from gptplan.modelfacts import parameter_count
 from gptplan.plan import ModelSection
 
 GB = 1e9
+# The memory model's own relative error, used as the "may fit" margin: a layout modelled over
+# the usable limit by less than this is kept and flagged, not cut. 5%: assumed for GPUs (no
+# published per-device memory figure has been compared with the model yet); on CPUs the model
+# is within a median 12% of measured RSS (bench/README.md section 2), so a CPU "may fit" is
+# always worth the probe that settles it.
+MEMORY_MODEL_ERROR = 0.05
 
 
 @dataclass(frozen=True)
@@ -30,12 +36,42 @@ class ModelShape:
     vocab: int
     params_total: int
     params_body: int  # without embeddings
+    kv_heads: int = 0  # grouped-query attention (Llama); 0 = as many as heads
+    gated: bool = False  # SwiGLU MLP (Llama: gate, up and down projections), no dropout
 
     @classmethod
     def from_section(cls, m: ModelSection) -> "ModelShape":
         return cls(m.num_hidden_layers, m.hidden_size, m.num_attention_heads,
                    m.intermediate_size, m.vocab_size, parameter_count(m),
-                   parameter_count(m, include_embeddings=False))
+                   parameter_count(m, include_embeddings=False),
+                   m.num_key_value_heads or m.num_attention_heads, m.family == "llama")
+
+    @property
+    def kv_fraction(self):
+        """Key/value heads over query heads (1 without grouped-query attention)."""
+        kv = np.asarray(self.kv_heads, dtype=float)
+        heads = np.asarray(self.heads, dtype=float)
+        return np.where(kv > 0, kv / heads, 1.0)
+
+
+def layer_activation_units(shape: ModelShape):
+    """[K22] table 2's per-layer activation bytes (16-bit) in units of s·b·h, per family:
+    (replicated, sharded, scores) where with tensor parallel t the layer stores
+    replicated + sharded/t (sequence parallel: (replicated + sharded)/t) + scores·a·s/h/t.
+
+    GPT (K22 exactly, f = 4h): replicated 10 (two LayerNorm inputs 4, QKV and fc1 inputs 4,
+    two dropout masks 2); sharded 24 (Q, K, V 6, projection input 2, GeLU input and fc2 input
+    4f/h = 16); scores 5 (softmax input and output 4, dropout mask 1).
+    Llama (no dropout): replicated 8; sharded Q 2 + K, V 4·kv/a + projection input 2 + SwiGLU
+    gate, up and product 6f/h; scores 4 (no attention dropout).
+    """
+    gated = np.asarray(shape.gated, dtype=bool)
+    f_h = np.asarray(shape.ffn, dtype=float) / np.asarray(shape.hidden, dtype=float)
+    kv = shape.kv_fraction
+    replicated = np.where(gated, 8.0, 10.0)
+    sharded = 4.0 + 4.0 * kv + np.where(gated, 6.0, 4.0) * f_h
+    scores = np.where(gated, 4.0, 5.0)
+    return replicated, sharded, scores
 
 
 # ---- memory ------------------------------------------------------------------------------------
@@ -71,16 +107,19 @@ def activation_bytes_per_layer(shape: ModelShape, seq_len, micro_batch, tp, seq_
     b = np.asarray(micro_batch, dtype=float)
     t = np.asarray(tp, dtype=float)
     sp = np.asarray(seq_parallel, dtype=bool)
-    h, a = shape.hidden, shape.heads
+    h, a = np.asarray(shape.hidden, dtype=float), np.asarray(shape.heads, dtype=float)
     sbh = s * b * h
-    attn_scores = 5.0 * a * s / h
-    linear_part = np.where(sp, 34.0 / t, np.where(t > 1, 10.0 + 24.0 / t, 34.0))
-    scores_part = np.where(np.asarray(flash_attention, dtype=bool), 0.0, attn_scores / t)
+    rep, shard, scores = layer_activation_units(shape)
+    linear_part = np.where(sp, (rep + shard) / t, np.where(t > 1, rep + shard / t, rep + shard))
+    scores_part = np.where(np.asarray(flash_attention, dtype=bool), 0.0, scores * a * s / h / t)
+    # full_attn keeps the layer input, the MLP and the norms: K22's 23 of 34 (4 + 19/t), scaled
+    # to this family's MLP
+    family = (rep + shard) / 34.0
+    attn_kept = np.where(sp, 23.0 / t, np.where(t > 1, 4.0 + 19.0 / t, 23.0)) * family
     code = np.asarray(recompute_code)
     per_layer_16bit = np.select(
         [code == 0, code == 1, code == 2, code == 3],
-        [sbh * (linear_part + scores_part), sbh * linear_part,
-         sbh * np.where(sp, 23.0 / t, np.where(t > 1, 4.0 + 19.0 / t, 23.0)), 2.0 * sbh])
+        [sbh * (linear_part + scores_part), sbh * linear_part, sbh * attn_kept, 2.0 * sbh])
     return per_layer_16bit * (np.asarray(act_bytes, dtype=float) / 2.0)
 
 
@@ -90,6 +129,8 @@ def memory_per_device_bytes(shape: ModelShape, *, seq_len, micro_batch, accumula
                             virtual_pp=1):
     """Peak bytes on the busiest device: model states + activations + logits + overhead.
 
+    Uneven pipeline stages (L not divisible by p, which Paddle's PipelineLayer segments
+    allow): the biggest stage, ceil(L/p) layers, sets the peak.
     Pipeline: the first stage holds activations of min(p, m) micro-batches in flight (1F1B),
     i.e. about L layers' worth [K22]; the interleaved schedule with v chunks per stage holds
     (1 + (p-1)/(p·v)) times more ([K22] section 4.2.3). Logits b·s·V/t in fp32 plus their gradient live on the
@@ -97,7 +138,9 @@ def memory_per_device_bytes(shape: ModelShape, *, seq_len, micro_batch, accumula
     """
     t = np.asarray(tp, dtype=float)
     p = np.asarray(pp, dtype=float)
-    params_per_device = shape.params_total / (t * p)
+    # uneven stages (layers not divisible by pp): the biggest stage holds ceil(L/p) layers
+    stage_layers = np.ceil(np.asarray(shape.layers, dtype=float) / p)
+    params_per_device = shape.params_total / (t * p) * stage_layers * p / shape.layers
     states = params_per_device * model_state_bytes_per_param(mixed_precision, stage_code,
                                                              shard_degree)
     act_bytes = np.where(np.asarray(mixed_precision, dtype=bool), 2.0, 4.0)
@@ -106,7 +149,7 @@ def memory_per_device_bytes(shape: ModelShape, *, seq_len, micro_batch, accumula
     v = np.asarray(virtual_pp, dtype=float)
     in_flight = np.minimum(p, np.asarray(accumulation, dtype=float)) * \
         np.where(v > 1, 1.0 + (p - 1.0) / (p * v), 1.0)
-    activations = per_layer * (shape.layers / p) * in_flight
+    activations = per_layer * stage_layers * in_flight
     logits = 2.0 * 4.0 * np.asarray(micro_batch) * np.asarray(seq_len) * shape.vocab / t
     dynamic = (activations + logits) * fragmentation
     return states + dynamic + overhead_gb * GB
