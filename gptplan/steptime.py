@@ -85,6 +85,7 @@ KERNELS_PER_LAYER = 36  # forward ~12 kernels (2 norms, 4 GEMMs, attention, acti
 #                         dropouts, residual adds), backward about twice as many
 ELEMENTWISE_PASSES = 3.0  # each stored activation [K22] is written (forward), read (backward)
 #                           and its gradient written once: memory-bound bytes per layer
+CAUSAL_FLASH_WORK = 0.5  # causal flash attention: blocks above the diagonal are skipped
 BUCKET_BYTES = 32 * 2**20  # gradient buckets (PaddleNLP/PyTorch DDP default 25-32 MB)
 ALPHA_LAUNCH_S = 10e-6  # [NC] per collective: launch and synchronisation
 ALPHA_NVLINK_S = 1e-6  # [NC] per ring step inside a node (LL protocol over NVLink)
@@ -194,6 +195,9 @@ def layer_compute_seconds(shape: ModelShape, g: dict, dev: Device, rates: Rates)
         np.asarray(g["tp"], dtype=float)
     peak = np.asarray(dev.peak_flops, dtype=float)
     attn_rate = peak * rates.attention_fraction * np.where(tiled, rates.gemm_max, curve)
+    # a causal flash kernel skips the blocks above the diagonal: about half the s² work
+    # (Dao 2023, FlashAttention-2, section 3.1.1); unfused attention computes all of it
+    attn_flops = attn_flops * np.where(np.asarray(g["flash"]) > 0, CAUSAL_FLASH_WORK, 1.0)
     act = activation_bytes_per_layer(shape, g["seq"], g["micro"], g["tp"], g["sp"], 0, elem,
                                      g["flash"])
     redo_share = np.where(code == 3, 4.0 / 3.0, 1.0)
@@ -286,7 +290,7 @@ def gradient_sync_seconds(*, params, grad_bytes, tp, pp, dp, shard_degree, stage
         return collective_seconds(shard_bytes, sd, np.minimum(sd, in_node), passes=1,
                                   messages=messages, **links)
 
-    per_layer = np.maximum(np.asarray(stage_layers, dtype=float), buckets)
+    per_layer = np.asarray(stage_layers, dtype=float)  # ZeRO-3 gathers one layer at a time
     sharded = np.select([stage == 1, stage == 2, stage == 3],
                         [2.0 * one_pass(buckets), (acc + 1.0) * one_pass(buckets),
                          3.0 * acc * one_pass(per_layer)], 0.0)

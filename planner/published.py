@@ -40,7 +40,7 @@ RECOMPUTE = ("none", "core_attn", "full_attn", "full")
 SHARDING = ("", "stage1", "stage2", "stage3")
 # The prior each constant is pulled towards (weakly: PRIOR_SIGMA in log space), and bounds.
 PRIOR = {"gemm_max": 0.7, "kernel_overhead_us": 5.0, "overlap": 0.5, "attention_fraction": 0.7}
-PRIOR_SIGMA = 0.5
+PRIOR_SIGMA = 5.0  # log units: only breaks ties a few rows cannot settle
 
 
 def generation_of(profile: str) -> str:
@@ -140,9 +140,11 @@ def _columns(rows: list[Row]) -> dict:
          "stage_code": col("sharding", SHARDING.index),
          "recompute_code": col("recompute", RECOMPUTE.index)}
     profs = [p for _, _, p in recs]
-    dev = Device(np.array([p.peak_for(rec["precision"]) * 1e12 for rec, _, p in recs]),
+    dev = Device(np.array([float(rec.get("device_peak_tflops") or p.peak_for(rec["precision"]))
+                           * 1e12 for rec, _, p in recs]),
                  np.array([p.sm_count for p in profs]),
-                 np.array([p.memory_bandwidth_gbytes_per_s * 1e9 for p in profs]),
+                 np.array([float(rec.get("device_hbm_gbytes_per_s") or
+                                 p.memory_bandwidth_gbytes_per_s) * 1e9 for rec, _, p in recs]),
                  np.array([p.intra_node_gbytes_per_s * 1e9 for p in profs]),
                  col("inter_node_gbits_per_s", float) / 8 * 1e9, col("gpus_per_node"))
     return {"shape": shape, "g": g, "dev": dev,
@@ -209,8 +211,7 @@ def fit(cols: dict, mask: np.ndarray | None = None) -> Fit:
 
     def residuals(x):
         pred = predict(cols, *np.exp(x))
-        return np.concatenate([w * np.log(pred / cols["measured"]), (x - prior) / PRIOR_SIGMA *
-                               0.1])
+        return np.concatenate([w * np.log(pred / cols["measured"]), (x - prior) / PRIOR_SIGMA])
 
     res = least_squares(residuals, np.clip(prior, lo + 1e-6, hi - 1e-6), bounds=(lo, hi),
                         loss="soft_l1", f_scale=0.1)
