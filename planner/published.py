@@ -18,6 +18,7 @@ weighted equally, give p10/p90, widened for few sources (see `interval_from_sour
 from __future__ import annotations
 
 import csv
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -269,10 +270,13 @@ def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> floa
     return float(np.interp(q, cum, v))
 
 
+MIN_SOURCES = 3  # fewer cannot measure the spread between sources
+UNMEASURED_INTERVAL = (0.6, 1.7)  # gptplan.profile.Efficiency's default for unfitted hardware
+
+
 def small_sample_widening(sources: int) -> float:
     """The stated rule for few sources: the log-interval is stretched by t(0.9, n-1)/z(0.9),
-    Student's t over the normal at n sources (a predictive interval from n groups); 1 source
-    (nothing held out) is treated as 2."""
+    Student's t over the normal at n sources (a predictive interval from n groups)."""
     from scipy.stats import t
 
     return float(t.ppf(0.9, max(sources, 2) - 1) / Z90)
@@ -280,17 +284,20 @@ def small_sample_widening(sources: int) -> float:
 
 def interval_from_sources(ratios: np.ndarray, sources: np.ndarray) -> tuple[float, float, int]:
     """p10, p90 of held-out published/modelled ratios, each SOURCE weighted equally (a row's
-    weight 1/rows of its source), widened around the median by `small_sample_widening`.
-    Returns (p10, p90, number of sources)."""
+    weight 1/rows of its source), widened around the median by `small_sample_widening`; with
+    fewer than MIN_SOURCES sources the spread between sources is not measured at all, so the
+    interval is at least UNMEASURED_INTERVAL (unwidened). Returns (p10, p90, sources)."""
     ok = np.isfinite(ratios)
     r, src = np.log(ratios[ok]), sources[ok]
     _, inverse, counts = np.unique(src, return_inverse=True, return_counts=True)
     w = 1.0 / counts[inverse]
     med = weighted_quantile(r, w, 0.5)
-    k = small_sample_widening(len(counts))
-    lo = med + (weighted_quantile(r, w, 0.1) - med) * k
-    hi = med + (weighted_quantile(r, w, 0.9) - med) * k
-    return float(np.exp(min(lo, 0.0))), float(np.exp(max(hi, 0.0))), len(counts)
+    k = small_sample_widening(len(counts)) if len(counts) >= MIN_SOURCES else 1.0
+    lo = math.exp(min(med + (weighted_quantile(r, w, 0.1) - med) * k, 0.0))
+    hi = math.exp(max(med + (weighted_quantile(r, w, 0.9) - med) * k, 0.0))
+    if len(counts) < MIN_SOURCES:
+        lo, hi = min(lo, UNMEASURED_INTERVAL[0]), max(hi, UNMEASURED_INTERVAL[1])
+    return lo, hi, len(counts)
 
 
 def row_interval(rows: list[Row], ratios: np.ndarray, i: int) -> tuple[float, float]:
