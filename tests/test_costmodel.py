@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
+from gptplan import steptime as st
 from planner import costmodel as cm
 from gptplan.modelfacts import MODEL_SIZES
 from gptplan.plan import ModelSection
@@ -47,7 +48,7 @@ def test_korthikanti_activation_table():
 
 def test_recompute_flops_match_narayanan_ratio():
     """[N21]: full recompute costs about 4/3 of model FLOPs (exactly 4/3 of the 6N part)."""
-    extra = cm.recompute_extra_flops_per_token(SHAPE, 1024, 3)
+    extra = st.recompute_extra_flops_per_token(SHAPE, 1024, 3)
     assert extra == pytest.approx(2 * SHAPE.params_body + 4 * 12 * 768 * 1024)
     model = cm.model_flops_per_token(BASE, 1024)
     assert 1.2 < (model + extra) / model < 4 / 3 + 0.01
@@ -63,16 +64,16 @@ def test_young_daly_and_useful_fraction():
 
 
 def test_bubble_and_ring():
-    assert cm.pipeline_bubble_factor(4, 8) == pytest.approx(11 / 8)
-    assert cm.pipeline_bubble_factor(1, 8) == 1.0
-    assert cm.ring_allreduce_seconds(1e9, 4, 1e9) == pytest.approx(1.5)
-    assert cm.ring_allreduce_seconds(1e9, 1, 1e9) == 0.0
+    assert st.pipeline_bubble_factor(4, 8) == pytest.approx(11 / 8)
+    assert st.pipeline_bubble_factor(1, 8) == 1.0
+    assert st.ring_allreduce_seconds(1e9, 4, 1e9) == pytest.approx(1.5)
+    assert st.ring_allreduce_seconds(1e9, 1, 1e9) == 0.0
 
 
 def test_efficiency_grows_with_work_and_saturates():
-    small = cm.compute_efficiency(micro_batch=1, seq_len=128, hidden_per_tp=256, eff_max=0.5,
+    small = st.curve_efficiency(micro_batch=1, seq_len=128, hidden_per_tp=256, eff_max=0.5,
                                   half_tokens=2048, half_hidden=384)
-    big = cm.compute_efficiency(micro_batch=64, seq_len=2048, hidden_per_tp=8192, eff_max=0.5,
+    big = st.curve_efficiency(micro_batch=64, seq_len=2048, hidden_per_tp=8192, eff_max=0.5,
                                 half_tokens=2048, half_hidden=384)
     assert small < 0.05 < 0.45 < big <= 0.5
 
