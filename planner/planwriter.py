@@ -29,12 +29,12 @@ def _interval_source(prof, precision: str, params: float) -> str:
     if eff.calibrated_on:
         where = f"measured spread of the probes around the calibration ({eff.source})"
     elif eff.fit_rows:
-        where = (f"{eff.interval_basis or 'leave-one-out residuals'} of published runs "
+        where = (f"{eff.interval_basis or 'leave-one-out residuals'} "
                  f"(hardware_profiles/published_runs.csv, fitted {eff.calibrated_at})")
     else:
         where = "no published runs for this hardware: the default (wide) spread of an " \
                 "uncalibrated prior"
-    return f"80% interval on throughput x{lo:g}..x{hi:g}: {where}"
+    return f"80% interval on throughput x{lo:.3g}..x{hi:.3g}: {where}"
 
 
 def _memory_notes(spec: Spec, row: dict) -> list[str]:

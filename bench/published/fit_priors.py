@@ -80,7 +80,7 @@ def generation_interval(rows: list, ratio: np.ndarray, mask: np.ndarray):
     else:
         how = (f"at least x{pb.UNMEASURED_INTERVAL[0]}..x{pb.UNMEASURED_INTERVAL[1]}: "
                f"{n_src} sources cannot measure the spread between sources")
-    basis = f"80%: leave-one-source-out over {n_src} sources, {int(mask.sum())} runs, {how}"
+    basis = f"leave-one-source-out over {n_src} sources, {int(mask.sum())} runs, {how}"
     return p10, p90, large_interval, basis
 
 
