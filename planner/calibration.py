@@ -1,7 +1,9 @@
 """Fit a profile's efficiency curve to probe measurements, and write it as a local override.
 
 The cost model's compute time is FLOPs / (peak x eff(T, H)) with
-eff = max · T/(T + T½) · H/(H + H½) · 1/(1 + T/R) (planner.costmodel.compute_efficiency).
+eff = max · T/(T + T½) · H/(H + H½) · 1/(1 + T/R) (gptplan.steptime.curve_efficiency;
+devices with sm_count scale their GEMM
+rate by `max` instead, see gptplan.steptime).
 From a measured step time we subtract the modelled non-compute part (communication, optimizer)
 to get the efficiency the hardware really reached, then fit per precision by least squares in
 log space: `max` always, `T½` with two or more work sizes T among the probes, and the roll-off
@@ -46,7 +48,7 @@ def _achieved_efficiency(table: CandidateTable, i: int, measured_step: float) ->
 
 
 def _curve(params, tokens, hidden, half_hidden):
-    """planner.costmodel.compute_efficiency with (max, T½, 1/R) as the fitted parameters."""
+    """gptplan.steptime.curve_efficiency with (max, T½, 1/R) as the fitted parameters."""
     emax, half_tokens, inverse_rolloff = params
     return emax * tokens / (tokens + half_tokens) * hidden / (hidden + half_hidden) / \
         (1.0 + tokens * inverse_rolloff)

@@ -46,7 +46,7 @@ def interval_from_throughput(*, tokens_per_s, hours, fixed_hours, cost, p10_rati
     """The 80% interval (p10..p90) on modelled throughput, hours and cost.
 
     p10_ratio/p90_ratio are the 10th/90th percentiles of measured/modelled tokens/s from the
-    fit's leave-one-out residuals (hardware profile [efficiency]). Time that scales with
+    fit's leave-one-source-out residuals (hardware profile [efficiency]). Time that scales with
     throughput (training, checkpoints, lost work) scales by 1/ratio; fixed time (start-up)
     does not; cost follows hours. The fast end of throughput is the short, cheap end:
     hours_p10 comes from throughput_p90.
