@@ -175,13 +175,14 @@ def test_flat_zero3_group_of_1024_ranks_pays_per_message_latency():
 
 
 def test_uneven_pipeline_stages_plan_126_layers_on_16_stages():
-    """Paddle's SegmentLayers.uniform places 126 layers on 16 stages (14 of 8, 2 of 7... the
+    """Paddle's SegmentLayers.uniform places 126 layers on 16 stages (14 of 8 layers, 2 of 7; the
     biggest stage has ceil(126/16) = 8 layers and sets step time and memory)."""
+    import tomli
     from conftest import merge
+
     from planner.hardware import load_profiles
     from planner.search import allowed_offers, evaluate_space
     from planner.spec import EMBEDDED_SPEC, spec_from_dict
-    import tomli
 
     bank = tomli.loads(EMBEDDED_SPEC.read_text())
     model = {"size": "gpt-13b", "hidden_size": 16384, "num_hidden_layers": 126,
