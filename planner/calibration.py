@@ -58,11 +58,17 @@ def _inverse(rolloff: float) -> float:
     return 1.0 / rolloff if rolloff > 0 else 0.0
 
 
+def _tiled(table: CandidateTable, i: int) -> bool:
+    """A GPU with a tile model (sm_count): its compute time scales with 1/max alone."""
+    return table.offers[int(table["offer"][i])].profile.sm_count > 0
+
+
 def predicted_step(table: CandidateTable, i: int, eff: Efficiency) -> float:
     tokens = table["micro"][i] * table["seq"][i]
     hidden = _hidden_per_tp(table, i)
-    new = _curve((eff.max, eff.half_tokens, _inverse(eff.rolloff_tokens)), tokens, hidden,
-                 eff.half_hidden)
+    new = eff.max if _tiled(table, i) else \
+        _curve((eff.max, eff.half_tokens, _inverse(eff.rolloff_tokens)), tokens, hidden,
+               eff.half_hidden)
     other = table["step_time_s"][i] - table["compute_s"][i]
     return float(table["compute_s"][i] * table["efficiency"][i] / new + other)
 
@@ -92,9 +98,12 @@ def fit(table: CandidateTable, probed: dict[int, ProbeResult], profile: Profile,
         hidden = np.array([p[1] for p in points], dtype=float)
         achieved = np.array([p[2] for p in points])
         distinct = len(set(tokens.tolist()))
+        half_hidden = prior.half_hidden
+        if profile.sm_count:  # the tile model sets the shape effects: only the level is fitted
+            distinct, half_hidden = 1, 0.0
 
         def residual(params):
-            return np.log(_curve(params, tokens, hidden, prior.half_hidden)) - np.log(achieved)
+            return np.log(_curve(params, tokens, hidden, half_hidden)) - np.log(achieved)
 
         emax, half, inverse = min(0.99, prior.max), prior.half_tokens, \
             _inverse(prior.rolloff_tokens)
@@ -106,7 +115,9 @@ def fit(table: CandidateTable, probed: dict[int, ProbeResult], profile: Profile,
             sol = least_squares(lambda p: residual([p[0], p[1], inverse]), x0=[emax, half],
                                 bounds=([1e-4, 1.0], [1.0, 1e7]))
             emax, half = sol.x
-        else:  # one work size: only the level is identifiable
+        else:  # one work size (or a tile model): only the level is identifiable
+            if profile.sm_count:
+                half, inverse = 0.0, 0.0
             sol = least_squares(lambda p: residual([p[0], half, inverse]), x0=[emax],
                                 bounds=([1e-4], [1.0]))
             emax = sol.x[0]
