@@ -122,6 +122,9 @@ def candidate_record(table: CandidateTable, i: int, currency: str, *, chosen: in
         "modelled_tokens_per_second_p90": r["tokens_per_s_p90"],
         "modelled_hours_p10": r["hours_p10"], "modelled_hours_p90": r["hours_p90"],
         f"modelled_cost_{cur}_p10": r["cost_p10"], f"modelled_cost_{cur}_p90": r["cost_p90"],
+        "interval_basis": r["offer_choice"].profile.efficiency_for(r["precision"]).interval_basis
+        or "uncalibrated default spread",
+        "may_fit": bool(r.get("may_fit", False)),
     }
     if calibrated_cost is not None:
         out[f"calibrated_cost_{cur}"] = calibrated_cost
