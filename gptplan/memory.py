@@ -20,10 +20,13 @@ from gptplan.plan import ModelSection
 
 GB = 1e9
 # The memory model's own relative error, used as the "may fit" margin: a layout modelled over
-# the usable limit by less than this is kept and flagged, not cut. 5%: assumed for GPUs (no
-# published per-device memory figure has been compared with the model yet); on CPUs the model
-# is within a median 12% of measured RSS (bench/README.md section 2), so a CPU "may fit" is
-# always worth the probe that settles it.
+# the usable limit by less than this is kept and flagged, not cut. 5% is ASSUMED for layouts
+# whose recompute follows K22's table (Paddle's full/full_attn/core_attn granularities); it is
+# not derived from a comparison yet. Measured comparisons so far: on CPUs the model is within a
+# median 12% of measured RSS (bench/README.md section 2); against torchtitan's published peaks
+# (Llama 3.1 8B, FSDP, per-op selective checkpointing: 82.4 and 67.0 GiB) it says 108 and 94
+# GiB (+32%, +41%): K22's "selective" table keeps more than torchtitan's per-op policy, so those
+# runs are not evidence for Paddle's granularities but show the margin is no guarantee.
 MEMORY_MODEL_ERROR = 0.05
 
 
