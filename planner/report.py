@@ -333,7 +333,8 @@ def render_choice(result) -> str:
              f"GB/device, MFU {est.mfu:.1%}, {est.cost_per_million_tokens:.4g} {cur}/Mtok "
              f"({source}), {est.energy_kwh:,.3g} kWh (modelled, TDP upper bound)"]
     if est.cost_p90 > 0:
-        lines.append(f"        80% interval (p10-p90; {est.interval[:90]}): "
+        basis = est.interval.split(": ", 1)[-1].split(" (hardware_profiles")[0]
+        lines.append(f"        80% interval (p10-p90; {basis[:110]}): "
                      f"{est.tokens_per_second_p10:,.0f}-{est.tokens_per_second_p90:,.0f} "
                      f"tokens/s, {est.hours_p10:,.3g}-{est.hours_p90:,.3g} h, "
                      f"{money(est.cost_p10)}-{money(est.cost_p90)} {cur}")
