@@ -158,7 +158,9 @@ def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
     if prof.device == "cpu":
         tps = [1]
     # uneven stages are allowed (Paddle's PipelineLayer segments L layers over p stages with
-    # the remainder spread): the biggest stage, ceil(L/p) layers, sets time and memory
+    # the remainder spread, SegmentLayers.uniform): the biggest stage, ceil(L/p) layers, sets
+    # time and memory. Paddle's auto_tuner (prune.py prune_by_pp) prunes L % p != 0 as a
+    # search-space choice, not a limit of the runtime; published runs use such layouts.
     pps = [p for p in s.pipeline_parallel if p <= m.num_hidden_layers and
            (prof.device != "cpu" or p == 1)]
     stages = [cm.SHARDING_STAGES.index(z) for z in s.sharding
