@@ -147,7 +147,8 @@ def _json_documents(path: Path, *, file: str | None) -> list[str]:
         raise DataError(f"{path} holds a JSON {type(data).__name__} ({fields}), not an array "
                         "of documents; allowed: [\"text\", ...] or [{\"text\": ...}, ...]",
                         file=file, key="job.corpus")
-    out, missing, fields = [], 0, set()
+    out: list[str] = []
+    missing, seen_fields = 0, set()
     for item in data:
         if isinstance(item, str):
             out.append(item)
@@ -156,10 +157,10 @@ def _json_documents(path: Path, *, file: str | None) -> list[str]:
         else:
             missing += 1
             if isinstance(item, dict):
-                fields.update(list(item)[:20])
+                seen_fields.update(list(item)[:20])
     if missing > len(data) / 2:
         raise DataError(f"{path}: {missing} of {len(data)} items have no \"text\" field"
-                        f" (fields found: {', '.join(sorted(fields)[:12]) or 'none'}); allowed: "
+                        f" (fields found: {', '.join(sorted(seen_fields)[:12]) or 'none'}); allowed: "
                         "strings or objects with a \"text\" field", file=file, key="job.corpus")
     return out
 
@@ -313,7 +314,7 @@ def sample_documents(paths: list[Path], *, max_chars: int, seed: int = 0, dedupe
             chars += len(out[-1])
         return out
     out, chars, attempts = [], 0, 0
-    handles = {}
+    handles: dict = {}
     try:
         while chars < max_chars and attempts < 50 * (max_chars // 64 + 1000):
             attempts += 1

@@ -24,8 +24,8 @@ GB = 1e9
 # whose recompute follows K22's table (Paddle's full/full_attn/core_attn granularities); it is
 # not derived from a comparison yet. Measured comparisons so far: on CPUs the model is within a
 # median 12% of measured RSS (bench/README.md section 2); against torchtitan's published peaks
-# (Llama 3.1 8B, FSDP, per-op selective checkpointing: 82.4 and 67.0 GiB) it says 108 and 94
-# GiB (+32%, +41%): K22's "selective" table keeps more than torchtitan's per-op policy, so those
+# (Llama 3.1 8B, FSDP, per-op selective checkpointing: 82.4 and 67.0 GiB) it says 130 and 116
+# GiB (+58%, +74%): its core_attn table keeps more than torchtitan's per-op policy, so those
 # runs are not evidence for Paddle's granularities but show the margin is no guarantee.
 MEMORY_MODEL_ERROR = 0.05
 
@@ -39,14 +39,21 @@ class ModelShape:
     vocab: int
     params_total: int
     params_body: int  # without embeddings
+    # Activation bytes per layer in units of s·b·h at 16 bit, by family (see
+    # `activation_coefficients`); GPT's are [K22] table 2's.
+    act_replicated: float = 10.0   # not split by tensor parallel (norm and matmul inputs)
+    act_split: float = 24.0        # split by tensor parallel
+    act_scores: float = 5.0        # times a·s/h: the stored attention scores
+    kept_replicated: float = 4.0   # full_attn recompute keeps the norms ...
+    kept_split: float = 19.0       # ... and the MLP
     kv_heads: int = 0  # grouped-query attention (Llama); 0 = as many as heads
-    gated: bool = False  # SwiGLU MLP (Llama: gate, up and down projections), no dropout
+    gated: bool = False  # SwiGLU MLP (Llama: gate, up and down projections)
 
     @classmethod
     def from_section(cls, m: ModelSection) -> "ModelShape":
         return cls(m.num_hidden_layers, m.hidden_size, m.num_attention_heads,
                    m.intermediate_size, m.vocab_size, parameter_count(m),
-                   parameter_count(m, include_embeddings=False),
+                   parameter_count(m, include_embeddings=False), *activation_coefficients(m),
                    m.num_key_value_heads or m.num_attention_heads, m.family == "llama")
 
     @property
@@ -57,24 +64,19 @@ class ModelShape:
         return np.where(kv > 0, kv / heads, 1.0)
 
 
-def layer_activation_units(shape: ModelShape):
-    """[K22] table 2's per-layer activation bytes (16-bit) in units of s·b·h, per family:
-    (replicated, sharded, scores) where with tensor parallel t the layer stores
-    replicated + sharded/t (sequence parallel: (replicated + sharded)/t) + scores·a·s/h/t.
+def activation_coefficients(m: ModelSection) -> tuple[float, float, float, float, float]:
+    """(replicated, split, scores, kept_replicated, kept_split) per family, 16-bit units.
 
-    GPT (K22 exactly, f = 4h): replicated 10 (two LayerNorm inputs 4, QKV and fc1 inputs 4,
-    two dropout masks 2); sharded 24 (Q, K, V 6, projection input 2, GeLU input and fc2 input
-    4f/h = 16); scores 5 (softmax input and output 4, dropout mask 1).
-    Llama (no dropout): replicated 8; sharded Q 2 + K, V 4·kv/a + projection input 2 + SwiGLU
-    gate, up and product 6f/h; scores 4 (no attention dropout).
+    GPT: [K22] table 2 (34·s·b·h + 5·a·s²·b; dropout masks included, MLP 4h wide).
+    Llama as PaddleNLP 2.8.1 runs it (no dropout): two RMSNorm inputs 4, the attention and MLP
+    inputs 2 + 2 (replicated); Q, K, V (K and V repeated to all heads before the score matmul
+    when not flash) and the attention output 2 each, the SwiGLU gate, up, SiLU(gate) and their
+    product 2·f/h each (split); scores: the softmax kept in fp32 plus its 16-bit cast, 3·a·s²·b.
     """
-    gated = np.asarray(shape.gated, dtype=bool)
-    f_h = np.asarray(shape.ffn, dtype=float) / np.asarray(shape.hidden, dtype=float)
-    kv = shape.kv_fraction
-    replicated = np.where(gated, 8.0, 10.0)
-    sharded = 4.0 + 4.0 * kv + np.where(gated, 6.0, 4.0) * f_h
-    scores = np.where(gated, 4.0, 5.0)
-    return replicated, sharded, scores
+    if m.family != "llama":
+        return 10.0, 24.0, 5.0, 4.0, 19.0
+    mlp = 8.0 * m.intermediate_size / m.hidden_size
+    return 8.0, 8.0 + mlp, 3.0, 4.0, 2.0 + mlp
 
 
 # ---- memory ------------------------------------------------------------------------------------
@@ -100,6 +102,7 @@ def activation_bytes_per_layer(shape: ModelShape, seq_len, micro_batch, tp, seq_
     """[K22] table 2, scaled from 16-bit to `act_bytes` per element.
 
     none:      s·b·h·(34 + 5·a·s/h)            (tp: 10 + 24/t + 5as/(ht); tp+sp: all / t)
+               (GPT's coefficients; each family's come from `activation_coefficients`)
     core_attn: drops the 5·a·s/h term (selective recompute)
     full_attn: keeps layer input, MLP and norms: s·b·h·23 (/t where split)
     full:      only each layer's input, 2·s·b·h
@@ -112,17 +115,17 @@ def activation_bytes_per_layer(shape: ModelShape, seq_len, micro_batch, tp, seq_
     sp = np.asarray(seq_parallel, dtype=bool)
     h, a = np.asarray(shape.hidden, dtype=float), np.asarray(shape.heads, dtype=float)
     sbh = s * b * h
-    rep, shard, scores = layer_activation_units(shape)
-    linear_part = np.where(sp, (rep + shard) / t, np.where(t > 1, rep + shard / t, rep + shard))
-    scores_part = np.where(np.asarray(flash_attention, dtype=bool), 0.0, scores * a * s / h / t)
-    # full_attn keeps the layer input, the MLP and the norms: K22's 23 of 34 (4 + 19/t), scaled
-    # to this family's MLP
-    family = (rep + shard) / 34.0
-    attn_kept = np.where(sp, 23.0 / t, np.where(t > 1, 4.0 + 19.0 / t, 23.0)) * family
+    attn_scores = shape.act_scores * a * s / h
+    rep, split = shape.act_replicated, shape.act_split
+    kept_rep, kept_split = shape.kept_replicated, shape.kept_split
+    linear_part = np.where(sp, (rep + split) / t, np.where(t > 1, rep + split / t, rep + split))
+    scores_part = np.where(np.asarray(flash_attention, dtype=bool), 0.0, attn_scores / t)
     code = np.asarray(recompute_code)
+    kept = np.where(sp, (kept_rep + kept_split) / t,
+                    np.where(t > 1, kept_rep + kept_split / t, kept_rep + kept_split))
     per_layer_16bit = np.select(
         [code == 0, code == 1, code == 2, code == 3],
-        [sbh * (linear_part + scores_part), sbh * linear_part, sbh * attn_kept, 2.0 * sbh])
+        [sbh * (linear_part + scores_part), sbh * linear_part, sbh * kept, 2.0 * sbh])
     return per_layer_16bit * (np.asarray(act_bytes, dtype=float) / 2.0)
 
 

@@ -19,6 +19,14 @@ class GPTSize:
     num_attention_heads: int
     intermediate_size: int
     max_position_embeddings: int
+    family: str = "gpt"
+    num_key_value_heads: int = 0  # 0 = as many as attention heads
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+
+
+def _llama(vocab, h, layers, heads, ffn, positions, kv=0, theta=10000.0, eps=1e-6) -> GPTSize:
+    return GPTSize(vocab, h, layers, heads, ffn, positions, "llama", kv, theta, eps)
 
 
 # Named sizes. gpt-tiny trains on one CPU core in seconds; gpt-base-110m is the bank-FAQ model
@@ -34,11 +42,74 @@ MODEL_SIZES: dict[str, GPTSize] = {
     "gpt-2.7b": GPTSize(50304, 2560, 32, 32, 10240, 2048),
     "gpt-6.7b": GPTSize(50304, 4096, 32, 32, 16384, 2048),
     "gpt-13b": GPTSize(50304, 5120, 40, 40, 20480, 2048),
+    # Llama-style (RoPE, SwiGLU, RMSNorm, untied LM head). llama-tiny is for tests and CPU
+    # probes; 125m/350m are GPT-3 table 2.1 shapes with a SwiGLU width of about 8h/3 and a 32k
+    # vocabulary; llama-1b is TinyLlama 1.1B (Zhang et al. 2024); 7b/13b/70b are Llama 2
+    # (Touvron et al. 2023), llama3-* Llama 3 (Meta's model cards).
+    "llama-tiny": _llama(8000, 128, 2, 4, 352, 256, kv=2),
+    "llama-125m": _llama(32000, 768, 12, 12, 2048, 2048),
+    "llama-350m": _llama(32000, 1024, 24, 16, 2816, 2048),
+    "llama-1b": _llama(32000, 2048, 22, 32, 5632, 2048, kv=4, eps=1e-5),
+    "llama-7b": _llama(32000, 4096, 32, 32, 11008, 4096, eps=1e-5),
+    "llama-13b": _llama(32000, 5120, 40, 40, 13824, 4096, eps=1e-5),
+    "llama-70b": _llama(32000, 8192, 80, 64, 28672, 4096, kv=8, eps=1e-5),
+    "llama3-8b": _llama(128256, 4096, 32, 32, 14336, 8192, kv=8, theta=500000.0, eps=1e-5),
+    "llama3-70b": _llama(128256, 8192, 80, 64, 28672, 8192, kv=8, theta=500000.0, eps=1e-5),
 }
+
+# Parameter counts the model authors publish for the named sizes (the tests pin
+# `parameter_count` to them within 0.5%): TinyLlama's paper, Llama 2 table 1 / model cards,
+# Llama 3 model cards.
+PUBLISHED_PARAMETERS: dict[str, float] = {
+    "llama-1b": 1.1e9,
+    "llama-7b": 6.74e9,
+    "llama-13b": 13.0e9,
+    "llama-70b": 69.0e9,
+    "llama3-8b": 8.03e9,
+    "llama3-70b": 70.6e9,
+}
+
+# Fields only the Llama family has, with their defaults (a GPT model must leave them alone).
+LLAMA_ONLY_FIELDS = {"num_key_value_heads": 0, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+                     "tie_word_embeddings": False}
 
 
 def size_fields(name: str) -> dict:
-    return asdict(MODEL_SIZES[name])
+    """The ModelSection fields of a named size (GPT sizes leave the Llama-only ones out)."""
+    fields = asdict(MODEL_SIZES[name])
+    if fields["family"] == "gpt":
+        for key in ("num_key_value_heads", "rope_theta", "rms_norm_eps"):
+            fields.pop(key)
+    return fields
+
+
+def model_problem(model: ModelSection, tensor_parallel_degree: int = 1) -> tuple[str, str]:
+    """(key, message) for a model the family's PaddleNLP 2.8.1 class cannot build, or
+    ('', '') when it can. Keys are relative to the [model] table, except 'tensor_parallel'."""
+    kv = kv_heads(model)
+    if model.family == "gpt":
+        for name, default in LLAMA_ONLY_FIELDS.items():
+            if getattr(model, name) != default:
+                return name, ("is a Llama field; family 'gpt' does not use it (remove it or "
+                              "set family = 'llama')")
+        return "", ""
+    if model.tie_word_embeddings:
+        return "tie_word_embeddings", ("true is not supported: PaddleNLP 2.8.1's "
+                                       "LlamaForCausalLM never ties its LM head; allowed: false")
+    if kv > model.num_attention_heads or model.num_attention_heads % kv:
+        allowed = [d for d in range(1, model.num_attention_heads + 1)
+                   if model.num_attention_heads % d == 0]
+        return "num_key_value_heads", (
+            f"{model.num_key_value_heads} does not divide num_attention_heads = "
+            f"{model.num_attention_heads}; allowed: 0 (= all heads), "
+            f"{', '.join(map(str, allowed))}")
+    if kv % tensor_parallel_degree:
+        allowed = [d for d in range(1, kv + 1) if kv % d == 0]
+        return "tensor_parallel", (
+            f"{tensor_parallel_degree} does not divide the {kv} key/value heads (PaddleNLP "
+            f"splits whole KV heads over the tensor group); allowed: "
+            f"{', '.join(map(str, allowed))}")
+    return "", ""
 
 
 def kv_heads(model: ModelSection) -> int:

@@ -13,9 +13,10 @@ import dataclasses
 import hashlib
 import json
 import math
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from gptplan.errors import PlanError
 from gptplan.tomlconf import (from_table, name_problem, read_toml, setting, to_table,
@@ -27,6 +28,22 @@ Device = Literal["cpu", "gpu", "xpu", "npu"]
 Recompute = Literal["none", "full", "full_attn", "core_attn"]
 Sharding = Literal["", "stage1", "stage2", "stage3"]
 Family = Literal["gpt", "llama"]
+
+# The vocabulary tables: the one place the names live. The order is the code order the
+# planner's vectorised search uses (cheapest recompute and least sharding first).
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
+RECOMPUTE_MODES: tuple[str, ...] = ("none", "core_attn", "full_attn", "full")
+SHARDING_STAGES: tuple[str, ...] = ("", "stage1", "stage2", "stage3")
+FAMILIES: tuple[str, ...] = ("gpt", "llama")
+assert set(PRECISIONS) == set(typing.get_args(Precision))
+assert set(RECOMPUTE_MODES) == set(typing.get_args(Recompute))
+assert set(SHARDING_STAGES) == set(typing.get_args(Sharding))
+assert set(FAMILIES) == set(typing.get_args(Family))
+
+
+def allowed(values: tuple[str, ...]) -> str:
+    """How a vocabulary table is listed in an error line: 'fp32', 'fp16', 'bf16'."""
+    return ", ".join(repr(v) for v in values)
 
 
 @dataclass
@@ -65,9 +82,11 @@ class ModelSection:
                                      max=4_000_000)
     max_position_embeddings: int = setting(128, "Longest sequence the model accepts.", min=8,
                                            max=10_000_000)
-    hidden_dropout_prob: float = setting(0.1, "Dropout after attention and MLP.", min=0, max=1)
-    attention_probs_dropout_prob: float = setting(0.1, "Dropout on attention probabilities.",
-                                                  min=0, max=1)
+    hidden_dropout_prob: float = setting(0.1, "Dropout after attention and MLP (GPT; "
+                                              "PaddleNLP's Llama has none and ignores it).",
+                                         min=0, max=1)
+    attention_probs_dropout_prob: float = setting(0.1, "Dropout on attention probabilities "
+                                                       "(GPT only, as above).", min=0, max=1)
     initializer_range: float = setting(0.02, "Std of the normal weight init.", min=0)
     num_key_value_heads: int = setting(0, "Llama: key/value heads (grouped-query attention; "
                                           "must divide num_attention_heads); 0 = as many as "
@@ -301,12 +320,13 @@ def plan_from_dict(data: dict, *, file: str = "<plan>") -> Plan:
         raise PlanError(f"{schema!r} is not a supported schema version; allowed: "
                         f"{SCHEMA_VERSION}", file=file, key="schema")
     name = data.get("name")
-    if name_problem(name):
-        raise PlanError(name_problem(name), file=file, key="name")
-    sections = {section: from_table(cls, data.get(section, {}), file=file, section=section,
+    problem = name_problem(name)
+    if problem:
+        raise PlanError(problem, file=file, key="name")
+    sections: dict[str, Any] = {section: from_table(cls, data.get(section, {}), file=file, section=section,
                                     error=PlanError)
                 for section, cls in SECTIONS.items()}
-    plan = Plan(name=name, **sections)
+    plan = Plan(name=str(name), **sections)
     validate(plan, file=file)
     return plan
 
@@ -357,6 +377,12 @@ def validate(plan: Plan, *, file: str = "<plan>") -> None:
     def fail(key: str, message: str) -> None:
         raise PlanError(message, file=file, key=key)
 
+    from gptplan.modelfacts import model_problem  # modelfacts imports this module
+
+    key, problem = model_problem(m, plan.parallel.tensor_parallel_degree)
+    if problem:
+        fail("parallel.tensor_parallel_degree" if key == "tensor_parallel" else f"model.{key}",
+             problem)
     if m.hidden_size % m.num_attention_heads:
         fail("model.num_attention_heads", f"{m.num_attention_heads} does not divide "
              f"model.hidden_size = {m.hidden_size}; allowed: {_divisors(m.hidden_size)}")
@@ -373,9 +399,9 @@ def validate(plan: Plan, *, file: str = "<plan>") -> None:
         fail("training.precision", f"{t.precision!r} is not supported by hardware profile "
              f"{h.profile!r}; allowed: {', '.join(h.precisions)}")
     for precision in h.precisions:
-        if precision not in ("fp32", "fp16", "bf16"):
+        if precision not in PRECISIONS:
             fail("hardware.precisions", f"{precision!r} is not a precision; allowed: "
-                 "'fp32', 'fp16', 'bf16'")
+                 f"{allowed(PRECISIONS)}")
     if t.fp16_opt_level == "O2" and t.precision == "fp32":
         fail("training.fp16_opt_level", "'O2' needs precision fp16 or bf16; use 'O1' for fp32")
 

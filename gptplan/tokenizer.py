@@ -161,7 +161,7 @@ def _character_coverage(texts: list[str], vocab_size: int) -> float:
     with byte fallback, a character outside the coverage is spelt as its UTF-8 bytes."""
     from collections import Counter
 
-    counts = Counter()
+    counts: Counter[str] = Counter()
     for t in texts:
         counts.update(t)
     room = max(50, (vocab_size - 256 - len(SPECIAL_PIECES) - 3) * 2 // 3)
@@ -205,7 +205,7 @@ def _train_cpm(pieces: list[str], vocab_size: int, tmp: Path, workers: int, prog
     # gives the same bytes.
     from sentencepiece import sentencepiece_model_pb2 as pb
 
-    proto = pb.ModelProto()
+    proto = pb.ModelProto()  # type: ignore[attr-defined]
     proto.ParseFromString((tmp / "raw.model").read_bytes())
     proto.trainer_spec.ClearField("input")
     proto.trainer_spec.ClearField("model_prefix")
@@ -282,7 +282,7 @@ def tokenizer_identity(directory: Path, scheme: str) -> str:
     if scheme == "cpm":
         from sentencepiece import sentencepiece_model_pb2 as pb
 
-        proto = pb.ModelProto()
+        proto = pb.ModelProto()  # type: ignore[attr-defined]
         proto.ParseFromString((directory / "sentencepiece.model").read_bytes())
         for piece in proto.pieces:
             digest.update(piece.SerializeToString())

@@ -17,6 +17,7 @@ import tempfile
 import types
 import typing
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import tomli
@@ -171,7 +172,7 @@ def _check_text(value: Any) -> str | None:
     return None
 
 
-def _check_range(value: Any, meta: dict) -> str | None:
+def _check_range(value: Any, meta: Mapping[str, Any]) -> str | None:
     if meta.get("name"):
         if name_problem(value):
             return f"is not a valid name; use {NAME_RULE}"
@@ -212,7 +213,7 @@ def from_table(cls: type[T], table: Any, *, file: str, section: str,
     if not isinstance(table, dict):
         raise error(f"must be a table ([{section}])", file=file, key=section)
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     prefix = f"{section}." if section else ""
     for key in table:
         if key not in fields:

@@ -226,7 +226,7 @@ def probe_logger(log):
 def cmd_optimize(args) -> int:
     from planner.pipeline import optimize
     from planner.report import (plot_pareto, render_calibration, render_candidates,
-                                render_choice, render_per_offer, render_stats)
+                                render_choice, render_model, render_per_offer, render_stats)
     from planner.spec import load_spec
     from gptplan.plan import write_plan
 
@@ -263,6 +263,7 @@ def cmd_optimize(args) -> int:
     print()
     print(render_per_offer(result.decision, c.budget, c.deadline_hours, cur))
     print()
+    print(render_model(result))
     print(render_choice(result))
     timings = result.timings
     print(f"planned in {timings['search_s']:.2f} s ({timings['candidates']:,} candidates; "
@@ -280,8 +281,8 @@ def optimize_json(result, out) -> dict:
     """The result as data: raw numbers under snake_case keys that carry their units."""
     from dataclasses import asdict
 
-    from planner.report import candidate_record, candidate_records, per_offer_records, \
-        result_rows
+    from planner.report import candidate_record, candidate_records, model_facts, \
+        per_offer_records, result_rows
 
     spec, decision, table = result.spec, result.decision, result.table
     cur = spec.constraints.currency
@@ -308,6 +309,7 @@ def optimize_json(result, out) -> dict:
     plan_estimate = asdict(result.plan.estimate) if result.plan is not None else None
     return {
         "spec": spec.path, "currency": cur, "target_tokens": float(result.target),
+        **model_facts(result),
         "numbers": "modelled (analytic cost model) unless under measured_* or calibrated_* "
                    "keys",
         "corpus": asdict(result.stats),
@@ -396,10 +398,23 @@ def cmd_history(args) -> int:
 # ---- estimate ----------------------------------------------------------------------------------
 
 def plan_as_overrides(plan) -> dict:
-    """Pin every searched dimension to the plan's value."""
+    """Pin every searched dimension, and the model, to the plan's value."""
+    from gptplan.modelfacts import MODEL_SIZES, kv_heads
+
     p, t, hw = plan.parallel, plan.training, plan.hardware
     provider, _, instance = hw.offer.partition("/")
+    m = plan.model
+    model = {f"model.{key}": getattr(m, key) for key in (
+        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+        "intermediate_size", "max_position_embeddings", "hidden_dropout_prob",
+        "attention_probs_dropout_prob", "family", "num_key_value_heads", "rms_norm_eps",
+        "rope_theta", "tie_word_embeddings")}
+    # the size's name (for display) only where it cannot bring back KV heads the plan dropped
+    named = MODEL_SIZES.get(m.name)
+    keep_name = named is not None and kv_heads(m) == (named.num_key_value_heads or
+                                                      named.num_attention_heads)
     return {
+        "model.size": m.name if keep_name else "", **model,
         "constraints.seq_lens": [t.seq_len], "constraints.precisions": [t.precision],
         "constraints.profiles": [hw.profile], "constraints.offers": [hw.offer],
         "constraints.global_batch_tokens_min": plan.tokens_per_step,
@@ -423,7 +438,7 @@ def plan_as_overrides(plan) -> dict:
 
 def cmd_estimate(args) -> int:
     from planner.pipeline import optimize
-    from planner.report import render_candidates, render_choice
+    from planner.report import render_candidates, render_choice, render_model
     from planner.spec import load_spec
     from gptplan.plan import load_plan
 
@@ -441,6 +456,7 @@ def cmd_estimate(args) -> int:
         print(json.dumps(optimize_json(result, None), indent=1))
     else:
         print(render_candidates(result, 5))
+        print(render_model(result))
         print(render_choice(result))
     return 0 if result.chosen is not None else 1
 

@@ -130,9 +130,8 @@ def _columns(rows: list[Row]) -> dict:
         return np.array([fn(rec[key]) for rec, _, _ in recs])
 
     shapes = [ModelShape.from_section(m) for _, m, _ in recs]
-    shape = ModelShape(*(np.array([getattr(sh, f) for sh in shapes]) for f in
-                         ("layers", "hidden", "heads", "ffn", "vocab", "params_total",
-                          "params_body", "kv_heads", "gated")))
+    shape = ModelShape(**{f: np.array([getattr(sh, f) for sh in shapes])
+                          for f in ModelShape.__dataclass_fields__})
     g = {"nodes": col("nodes"), "seq": col("seq"), "micro": col("micro"), "acc": col("acc"),
          "tp": col("tp"), "pp": col("pp"), "vpp": col("vpp"), "dp": col("dp"),
          "shard_degree": col("sharding_degree"), "sp": col("sequence_parallel"),
@@ -159,7 +158,7 @@ def _subset(cols: dict, mask) -> dict:
     idx = np.flatnonzero(np.broadcast_to(mask, cols["measured"].shape)) \
         if np.asarray(mask).dtype == bool else np.asarray(mask)
     sh = cols["shape"]
-    shape = ModelShape(*(np.asarray(getattr(sh, f))[idx] for f in sh.__dataclass_fields__))
+    shape = ModelShape(**{f: np.asarray(getattr(sh, f))[idx] for f in sh.__dataclass_fields__})
     return {"shape": shape,
             "g": {k: v[idx] for k, v in cols["g"].items()},
             "dev": Device(*(np.asarray(getattr(cols["dev"], f))[idx]

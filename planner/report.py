@@ -319,6 +319,28 @@ def render_calibration(tuning) -> str:
     return text
 
 
+def model_facts(result) -> dict:
+    """The model the result is for: family, exact parameter count and model FLOPs per token
+    (6N + 12·L·h·s, gptplan.modelfacts) at the chosen seq_len (else the longest allowed)."""
+    from gptplan.modelfacts import parameter_count, training_flops_per_token
+
+    model = result.spec.model_section()
+    seq = (result.plan.training.seq_len if result.plan is not None
+           else max(result.spec.constraints.seq_lens))
+    return {"model_name": model.name, "model_family": model.family,
+            "model_parameters": parameter_count(model),
+            "model_flops_per_token": training_flops_per_token(model, seq),
+            "model_flops_per_token_seq_len": seq}
+
+
+def render_model(result) -> str:
+    f = model_facts(result)
+    return (f"model: {f['model_name']} ({f['model_family']}), {f['model_parameters']:,} "
+            f"parameters, {f['model_flops_per_token'] / 1e9:.4g} GFLOPs per trained token at "
+            f"seq_len {f['model_flops_per_token_seq_len']} (exact count and model FLOPs, "
+            "no recompute)")
+
+
 def render_choice(result) -> str:
     """The one "chosen" line: read back from the plan that is written, so they cannot differ."""
     decision = result.decision

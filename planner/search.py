@@ -144,6 +144,7 @@ def _accumulations(lo: np.ndarray, hi: np.ndarray, pp: np.ndarray
 def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
                    ) -> dict[str, np.ndarray]:
     """All valid candidates on one offer, evaluated. Cheap integer rules filter first."""
+    from gptplan.modelfacts import kv_heads
     from gptplan.plan import (sequence_parallel_fits, tensor_parallel_fits_node,
                              virtual_pipeline_fits)
 
@@ -153,8 +154,8 @@ def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
     gpn = offer.gpus_per_node
     precisions = [PRECISIONS.index(p) for p in c.precisions if p in prof.precisions]
     tps = [t for t in s.tensor_parallel if tensor_parallel_fits_node(t, gpn) and all(
-        x % t == 0 for x in (m.num_attention_heads, m.hidden_size, m.intermediate_size,
-                             m.vocab_size))]
+        x % t == 0 for x in (m.num_attention_heads, kv_heads(m), m.hidden_size,
+                             m.intermediate_size, m.vocab_size))]
     if prof.device == "cpu":
         tps = [1]
     # uneven stages are allowed (Paddle's PipelineLayer segments L layers over p stages with

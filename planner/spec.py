@@ -17,8 +17,9 @@ from typing import Literal
 import tomli
 
 from gptplan.errors import UserError
-from gptplan.modelfacts import MODEL_SIZES, size_fields
-from gptplan.plan import ModelSection
+from gptplan.modelfacts import MODEL_SIZES, model_problem, size_fields
+from gptplan.plan import (PRECISIONS, RECOMPUTE_MODES, SHARDING_STAGES, ModelSection,
+                          allowed)
 from gptplan.tomlconf import folder_problem, from_table, read_toml, setting, unknown_key_error
 
 EMBEDDED_SPEC = Path(__file__).with_name("specs") / "bank_faq.toml"
@@ -62,6 +63,13 @@ class ModelSpec:
     max_position_embeddings: int = setting(0, "Overrides the named size (0 = keep).", min=0)
     hidden_dropout_prob: float = setting(0.1, "Dropout.", min=0, max=1)
     attention_probs_dropout_prob: float = setting(0.1, "Attention dropout.", min=0, max=1)
+    family: str = setting("", "'gpt' or 'llama' ('' = the named size's family, else 'gpt').")
+    num_key_value_heads: int = setting(0, "Llama: key/value heads (0 = keep the named size's; "
+                                          "without one, all heads).", min=0)
+    rms_norm_eps: float = setting(0.0, "Llama: RMSNorm epsilon (0 = keep).", min=0)
+    rope_theta: float = setting(0.0, "Llama: RoPE base (0 = keep).", min=0)
+    tie_word_embeddings: bool = setting(False, "Llama: tie the LM head to the embeddings "
+                                               "(PaddleNLP 2.8.1 refuses true).")
 
 
 @dataclass
@@ -74,7 +82,7 @@ class ConstraintSpec:
     global_batch_tokens_min: int = setting(0, "Smallest tokens per optimizer step.", min=0)
     global_batch_tokens_max: int = setting(0, "Largest tokens per optimizer step (0 = none).",
                                            min=0)
-    precisions: list[str] = setting(["fp32", "fp16", "bf16"], "Allowed precisions.")
+    precisions: list[str] = setting(list(PRECISIONS), "Allowed precisions.")
     profiles: list[str] = setting([], "Allowed hardware profiles ([] = all).")
     offers: list[str] = setting([], "Allowed offers as 'provider/instance' ([] = all).")
     max_nodes: int = setting(4, "Most nodes.", min=1)
@@ -94,13 +102,13 @@ class SearchSpec:
     virtual_pp: list[int] = setting([1, 2], "Virtual pipeline degrees (model chunks per "
                                             "stage; > 1 = interleaved schedule, Paddle needs "
                                             "pp > 2).")
-    sharding: list[str] = setting(["", "stage1", "stage2", "stage3"], "Sharding stages.")
+    sharding: list[str] = setting(list(SHARDING_STAGES), "Sharding stages.")
     sharding_degrees: list[int] = setting([], "Sharding degrees ([] = all batch ranks, and the "
                                               "batch ranks of one node with data parallel "
                                               "across nodes).")
     flash_attention: bool = setting(True, "Use flash attention where the device and "
                                           "precision support it.")
-    recompute: list[str] = setting(["none", "core_attn", "full_attn", "full"],
+    recompute: list[str] = setting(list(RECOMPUTE_MODES),
                                    "Recompute granularities.")
     sequence_parallel: list[bool] = setting([False, True], "Sequence parallel choices.")
     node_counts: list[int] = setting([1, 2, 4, 8, 16], "Node counts (capped by max_nodes).")
@@ -154,12 +162,18 @@ class Spec:
         m = self.model
         fields = size_fields(m.size) if m.size else {}
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings"):
+                     "intermediate_size", "max_position_embeddings", "family",
+                     "num_key_value_heads", "rms_norm_eps", "rope_theta",
+                     "tie_word_embeddings"):
             if getattr(m, name):
                 fields[name] = getattr(m, name)
-        return ModelSection(name=m.size or "custom", hidden_dropout_prob=m.hidden_dropout_prob,
-                            attention_probs_dropout_prob=m.attention_probs_dropout_prob,
-                            **fields)
+        # PaddleNLP 2.8.1's Llama has no dropout: a Llama plan says 0 rather than a value the
+        # model would ignore
+        dropout = m.family != "llama" and fields.get("family") != "llama"
+        return ModelSection(name=m.size or "custom",
+                            hidden_dropout_prob=m.hidden_dropout_prob if dropout else 0.0,
+                            attention_probs_dropout_prob=m.attention_probs_dropout_prob
+                            if dropout else 0.0, **fields)
 
     def rate(self, currency: str) -> float:
         """Units of the spec currency per unit of `currency` (explicit, never guessed)."""
@@ -218,7 +232,12 @@ def validate_spec(spec: Spec) -> None:
                                                       "intermediate_size",
                                                       "max_position_embeddings")):
         fail("model.size", "give a named size or all six model fields")
+    if m.family not in ("", "gpt", "llama"):
+        fail("model.family", f"{m.family!r}; allowed: 'gpt', 'llama'")
     model = spec.model_section()
+    key, problem = model_problem(model)
+    if problem:
+        fail(f"model.{key}", problem)
     if model.hidden_size % model.num_attention_heads:
         fail("model.num_attention_heads", f"{model.num_attention_heads} does not divide "
              f"hidden_size {model.hidden_size}")
@@ -231,8 +250,8 @@ def validate_spec(spec: Spec) -> None:
     if not c.seq_lens:
         fail("constraints.seq_lens", "needs at least one value")
     for p in c.precisions:
-        if p not in ("fp32", "fp16", "bf16"):
-            fail("constraints.precisions", f"{p!r}; allowed: 'fp32', 'fp16', 'bf16'")
+        if p not in PRECISIONS:
+            fail("constraints.precisions", f"{p!r}; allowed: {allowed(PRECISIONS)}")
     if c.global_batch_tokens_max and c.global_batch_tokens_max < c.global_batch_tokens_min:
         fail("constraints.global_batch_tokens_max", "is below global_batch_tokens_min")
     for name, values, ok in (("micro_batch_sizes", s.micro_batch_sizes, lambda v: v >= 1),
@@ -246,12 +265,11 @@ def validate_spec(spec: Spec) -> None:
         fail("search.sharding_degrees", f"{s.sharding_degrees!r}: needs positive integers "
              "([] = all batch ranks and the in-node hybrid)")
     for stage in s.sharding:
-        if stage not in ("", "stage1", "stage2", "stage3"):
-            fail("search.sharding", f"{stage!r}; allowed: '', 'stage1', 'stage2', 'stage3'")
+        if stage not in SHARDING_STAGES:
+            fail("search.sharding", f"{stage!r}; allowed: {allowed(SHARDING_STAGES)}")
     for mode in s.recompute:
-        if mode not in ("none", "core_attn", "full_attn", "full"):
-            fail("search.recompute", f"{mode!r}; allowed: 'none', 'core_attn', 'full_attn', "
-                 "'full'")
+        if mode not in RECOMPUTE_MODES:
+            fail("search.recompute", f"{mode!r}; allowed: {allowed(RECOMPUTE_MODES)}")
     if not (c.spot or c.on_demand):
         fail("constraints.spot", "spot and on_demand are both false: nothing can be rented")
 

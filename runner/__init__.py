@@ -1,3 +1,3 @@
-"""runner: execute a plan TOML as real (distributed) Paddle GPT training."""
+"""runner: execute a plan TOML as real (distributed) Paddle GPT or Llama training."""
 
 from gptplan import __version__  # noqa: F401  (one version for the project)

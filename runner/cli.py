@@ -559,7 +559,7 @@ def check_dry_run_memory(plan: Plan, plan_file: Path) -> None:
 def dry_run(plan: Plan, data, plan_file: Path) -> int:
     from runner.data import TokenDataset
     from gptplan.modelfacts import parameter_count, training_flops_per_token
-    from runner.model import build_model
+    from runner.model import build_model, kernel_choice
 
     dataset = TokenDataset(data, seq_len=plan.training.seq_len, packing=plan.training.packing)
     check_dry_run_memory(plan, plan_file)
@@ -573,8 +573,12 @@ def dry_run(plan: Plan, data, plan_file: Path) -> int:
     built = sum(int(p.numel()) for p in net.parameters())
     assert built == parameter_count(plan.model), "parameter formula out of date"
     epochs = plan.training.max_steps * plan.global_batch_size / dataset.num_samples
-    print(f"model: {built:,} parameters (built), "
+    print(f"model: {plan.model.family} {built:,} parameters (built), "
           f"{training_flops_per_token(plan.model, plan.training.seq_len):.3g} FLOPs/token")
+    kernels = kernel_choice(plan.model, use_flash_attention=plan.training.use_flash_attention,
+                            precision=plan.training.precision)
+    print("kernels on this machine: " + ", ".join(
+        f"{name} {'on' if used else 'off'}" for name, used in kernels.items()))
     print(f"samples: {dataset.num_samples:,} of {plan.training.seq_len} tokens; "
           f"{plan.training.max_steps} steps x {plan.global_batch_size} = {epochs:.2f} epochs")
     print("dry run OK: plan, data and model are valid")

@@ -86,7 +86,8 @@ def _check_exportable(plan: Plan) -> None:
 
 
 def load_trained_model(plan: Plan, checkpoint: Path):
-    """PaddleNLP GPTForCausalLM (fp32, eval mode) with the weights of `checkpoint`."""
+    """PaddleNLP GPTForCausalLM or LlamaForCausalLM (fp32, eval mode) with the weights of
+    `checkpoint`."""
     import paddle
 
     quiet_paddlenlp()
@@ -148,15 +149,54 @@ def export_pretrained(plan: Plan, run_dir: Path, *, checkpoint: str | None = Non
     return out
 
 
-def export_model(plan: Plan, run_dir: Path) -> Path:
-    """paddle.jit.save of the newest checkpoint (static graph + params) for inference."""
+def _traceable_llama_attention(query_states, config, key_states, value_states,
+                               attention_mask, output_attentions, alibi=None,
+                               sequence_parallel=False, reshard_layer=None, npu_is_casual=False):
+    """PaddleNLP 2.8.1's standard (non-flash) Llama attention without its Python shape checks
+    (`if attn_weights.shape != [bsz, ...]`), which the static-graph trace of a dynamic
+    batch/sequence turns into bool(Tensor) and refuses. Same math: softmax(QK^T/sqrt(d) +
+    mask) V, the softmax in fp32."""
+    import math
+
+    import paddle
+    import paddle.nn.functional as F
+
+    head_dim = query_states.shape[-1]
+    num_heads = query_states.shape[-2]
+    q = paddle.transpose(query_states, [0, 2, 1, 3])
+    k = paddle.transpose(key_states, [0, 2, 1, 3])
+    v = paddle.transpose(value_states, [0, 2, 1, 3])
+    weights = paddle.matmul(q / math.sqrt(head_dim), k.transpose([0, 1, 3, 2]))
+    weights = F.softmax(weights + attention_mask, axis=-1, dtype="float32").astype(q.dtype)
+    out = paddle.matmul(weights, v).transpose([0, 2, 1, 3])
+    out = out.reshape([0, 0, head_dim * num_heads])
+    return (out, weights) if output_attentions else out
+
+
+def _jit_save(plan: Plan, net, prefix: Path) -> None:
     import paddle
     from paddle.static import InputSpec
 
+    spec = [InputSpec([None, None], "int64", name="input_ids")]
+    if plan.model.family != "llama":
+        paddle.jit.save(net, str(prefix), input_spec=spec)
+        return
+    from paddlenlp.transformers.llama import modeling
+
+    original = modeling.scaled_dot_product_attention
+    modeling.scaled_dot_product_attention = _traceable_llama_attention
+    try:
+        paddle.jit.save(net, str(prefix), input_spec=spec)
+    finally:
+        modeling.scaled_dot_product_attention = original
+
+
+def export_model(plan: Plan, run_dir: Path) -> Path:
+    """paddle.jit.save of the newest checkpoint (static graph + params) for inference; input
+    `input_ids` [batch, seq] int64 (any sizes), output the logits."""
     net = load_trained_model(plan, resolve_checkpoint(run_dir))
     prefix = Path(run_dir) / "export" / "model"
-    paddle.jit.save(net, str(prefix), input_spec=[InputSpec([None, None], "int64",
-                                                            name="input_ids")])
+    _jit_save(plan, net, prefix)
     return prefix
 
 
@@ -196,8 +236,13 @@ def generate(run_dir: Path, *, prompt: str, checkpoint: str | None = None,
     if not ids:
         raise UserError("the prompt tokenizes to nothing; give some text", key="--prompt")
     paddle.seed(seed)
+    extra = {}
+    if getattr(net.config, "model_type", "") == "llama":
+        # PaddleNLP 2.8.1's generate builds a 4-D float mask that its Llama refuses (it wants a
+        # boolean one); a 2-D all-ones mask of the prompt goes through Llama's own path
+        extra["attention_mask"] = paddle.ones([1, len(ids)], dtype="bool")
     with paddle.no_grad():
-        out, _ = net.generate(input_ids=paddle.to_tensor([ids], dtype="int64"),
+        out, _ = net.generate(input_ids=paddle.to_tensor([ids], dtype="int64"), **extra,
                               max_new_tokens=max_new_tokens,
                               min_new_tokens=min(min_new_tokens, max_new_tokens),
                               decode_strategy="sampling",

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
+
 from gptplan.plan import ModelSection, ParallelSection
+
+# PaddleNLP 2.8.1's Llama MLP calls paddle.incubate's swiglu, deprecated in Paddle 3.3 (the same
+# kernel); its warning would show in every Llama run, export and sample
+warnings.filterwarnings("ignore", message=r"(?s).*incubate\.nn\.functional\.swiglu")
 
 
 def flash_attention_supported(precision: str) -> bool:
@@ -48,28 +54,100 @@ def build_gpt_config(model: ModelSection, parallel: ParallelSection, *, seq_len:
     return config
 
 
-def build_model(model: ModelSection, parallel: ParallelSection, *, seq_len: int,
-                use_flash_attention: bool = False, precision: str = "fp32"):
-    """GPTForCausalLM, random init (pipeline parallel uses PaddleNLP's GPTForCausalLMPipe).
+def fused_kernels_supported() -> bool:
+    """PaddleNLP's fused RMSNorm and fused RoPE kernels exist in CUDA builds only (2.8.1 falls
+    back or fails elsewhere): on only with a CUDA device present."""
+    import paddle
 
-    Flash attention is enabled when the plan asks for it and this device can run it; where it
-    cannot, a warning says so and the standard kernel runs (more activation memory)."""
+    if not paddle.is_compiled_with_cuda() or paddle.device.cuda.device_count() == 0:
+        return False
+    try:
+        from paddle.incubate.nn.functional import fused_rotary_position_embedding  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def kernel_choice(model: ModelSection, *, use_flash_attention: bool, precision: str) -> dict:
+    """Which kernels this device runs for the plan: {'flash_attention', 'fused_rms_norm',
+    'fused_rope'} -> bool. Flash attention only where the plan asks and the device can; the
+    fused Llama kernels wherever they exist (GPU); GPT has neither fused kernel."""
+    fused = model.family == "llama" and fused_kernels_supported()
+    return {"flash_attention": use_flash_attention and flash_attention_supported(precision),
+            "fused_rms_norm": fused, "fused_rope": fused}
+
+
+def build_llama_config(model: ModelSection, parallel: ParallelSection, *, seq_len: int,
+                       kernels: dict | None = None):
+    """PaddleNLP LlamaConfig from the plan (no dropout in PaddleNLP's Llama; labels -100)."""
+    from paddlenlp.transformers import LlamaConfig
+
+    kernels = kernels or {}
+    return LlamaConfig(
+        vocab_size=model.vocab_size,
+        hidden_size=model.hidden_size,
+        num_hidden_layers=model.num_hidden_layers,
+        num_attention_heads=model.num_attention_heads,
+        num_key_value_heads=model.num_key_value_heads or model.num_attention_heads,
+        intermediate_size=model.intermediate_size,
+        max_position_embeddings=model.max_position_embeddings,
+        seq_length=seq_len,
+        rms_norm_eps=model.rms_norm_eps,
+        rope_theta=model.rope_theta,
+        tie_word_embeddings=model.tie_word_embeddings,
+        initializer_range=model.initializer_range,
+        ignore_index=-100,
+        use_cache=False,
+        tensor_parallel_degree=parallel.tensor_parallel_degree,
+        tensor_parallel_output=True,
+        sequence_parallel=parallel.sequence_parallel,
+        use_recompute=parallel.recompute != "none",
+        recompute_granularity=(parallel.recompute if parallel.recompute != "none" else "full"),
+        use_flash_attention=kernels.get("flash_attention", False),
+        use_fused_rms_norm=kernels.get("fused_rms_norm", False),
+        use_fused_rope=kernels.get("fused_rope", False),
+        virtual_pp_degree=parallel.virtual_pp_degree,
+    )
+
+
+def _network(model: ModelSection, parallel: ParallelSection, config):
+    pipeline = parallel.pipeline_parallel_degree > 1
+    if model.family == "llama":
+        if pipeline:
+            from paddlenlp.transformers.llama.modeling_pp import LlamaForCausalLMPipe
+
+            return LlamaForCausalLMPipe(config)
+        from paddlenlp.transformers import LlamaForCausalLM
+
+        return LlamaForCausalLM(config)
+    if pipeline:
+        from paddlenlp.transformers.gpt.modeling_pp import GPTForCausalLMPipe
+
+        return GPTForCausalLMPipe(config)
     from paddlenlp.transformers import GPTForCausalLM
 
-    flash = use_flash_attention and flash_attention_supported(precision)
-    if use_flash_attention and not flash:
-        import warnings
+    return GPTForCausalLM(config)
 
+
+def build_model(model: ModelSection, parallel: ParallelSection, *, seq_len: int,
+                use_flash_attention: bool = False, precision: str = "fp32"):
+    """GPTForCausalLM or LlamaForCausalLM by `model.family`, random init (pipeline parallel
+    uses PaddleNLP's *Pipe variant).
+
+    Kernels follow `kernel_choice`: flash attention when the plan asks for it and this device
+    can run it (where it cannot, a warning says so and the standard kernel runs, with more
+    activation memory); Llama's fused RMSNorm and RoPE on GPUs only."""
+    kernels = kernel_choice(model, use_flash_attention=use_flash_attention, precision=precision)
+    if use_flash_attention and not kernels["flash_attention"]:
         warnings.warn("the plan asks for flash attention but this device cannot run it "
                       f"(needs a CUDA GPU of compute capability >= 8.0 and fp16/bf16, precision "
                       f"is {precision}); using the standard attention kernel", stacklevel=2)
-    config = build_gpt_config(model, parallel, seq_len=seq_len, use_flash_attention=flash)
-    if parallel.pipeline_parallel_degree > 1:
-        from paddlenlp.transformers.gpt.modeling_pp import GPTForCausalLMPipe
-
-        net = GPTForCausalLMPipe(config)
+    if model.family == "llama":
+        config = build_llama_config(model, parallel, seq_len=seq_len, kernels=kernels)
     else:
-        net = GPTForCausalLM(config)
+        config = build_gpt_config(model, parallel, seq_len=seq_len,
+                                  use_flash_attention=kernels["flash_attention"])
+    net = _network(model, parallel, config)
     if parallel.recompute != "none":
         net.recompute_enable()
     return net

@@ -13,32 +13,48 @@ from test_train_e2e import execute
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory, shared_cache):
+_RUNS: dict = {}
+
+
+def finish_run(family: str, tmp_path_factory, shared_cache):
+    """A finished 6-step run of `family` (once per session)."""
+    if family in _RUNS:
+        return _RUNS[family]
     import tomli_w
 
-    from conftest import BASE_PLAN, merge
+    from conftest import BASE_PLAN, FAMILIES, merge
 
-    root = tmp_path_factory.mktemp("export")
-    data = merge(BASE_PLAN, {"job": {"cache_dir": str(shared_cache),
-                                     "output_dir": str(root / "run")},
-                             "training": {"max_steps": 6}, "checkpoint": {"interval_steps": 3}})
+    root = tmp_path_factory.mktemp(f"export-{family}")
+    data = merge(merge(BASE_PLAN, FAMILIES[family]),
+                 {"job": {"cache_dir": str(shared_cache), "output_dir": str(root / "run")},
+                  "training": {"max_steps": 6}, "checkpoint": {"interval_steps": 3}})
     plan = root / "plan.toml"
     plan.write_text(tomli_w.dumps(data))
     proc = execute(plan)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "PaddleNLP format" in proc.stdout
-    return root / "run"
+    _RUNS[family] = root / "run"
+    return _RUNS[family]
 
 
-def test_end_of_run_export_reloads_with_paddlenlp_auto_classes(finished_run):
+@pytest.fixture(scope="module", params=["gpt", "llama"])
+def family_run(request, tmp_path_factory, shared_cache):
+    return finish_run(request.param, tmp_path_factory, shared_cache)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, shared_cache):
+    return finish_run("gpt", tmp_path_factory, shared_cache)
+
+
+def test_end_of_run_export_reloads_with_paddlenlp_auto_classes(family_run):
     import paddle
     from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
     from runner.export import load_trained_model, resolve_checkpoint
     from gptplan.plan import load_plan
 
-    export = finished_run / "export" / "paddlenlp"
+    export = family_run / "export" / "paddlenlp"
     assert (export / "gptplan_checkpoint.txt").read_text().strip() == "step_00000006"
     model = AutoModelForCausalLM.from_pretrained(str(export))
     tokenizer = AutoTokenizer.from_pretrained(str(export))
@@ -47,9 +63,11 @@ def test_end_of_run_export_reloads_with_paddlenlp_auto_classes(finished_run):
     assert ids and tokenizer.unk_token_id not in ids
     assert tokenizer.convert_ids_to_string(ids).replace(" ", "") == "这个手机很好用"
     assert model.config.eos_token_id == tokenizer.convert_tokens_to_ids("<eod>")
+    plan = load_plan(family_run / "plan.toml")
+    assert type(model).__name__ == {"gpt": "GPTForCausalLM",
+                                    "llama": "LlamaForCausalLM"}[plan.model.family]
     # the same weights as the run's last checkpoint
-    reference = load_trained_model(load_plan(finished_run / "plan.toml"),
-                                   resolve_checkpoint(finished_run))
+    reference = load_trained_model(plan, resolve_checkpoint(family_run))
     x = paddle.to_tensor([ids], dtype="int64")
     with paddle.no_grad():
         got, want = model(x), reference(x)
@@ -58,20 +76,20 @@ def test_end_of_run_export_reloads_with_paddlenlp_auto_classes(finished_run):
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
 
 
-def test_export_and_generate_from_a_checkpoint(finished_run, tmp_path):
+def test_export_and_generate_from_a_checkpoint(family_run, tmp_path):
     from runner.export import generate
 
     out = tmp_path / "step3"
-    proc = run_cli("runner", "export", str(finished_run), "--checkpoint", "3", "--out", str(out))
+    proc = run_cli("runner", "export", str(family_run), "--checkpoint", "3", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "model_state.pdparams").exists() and (out / "tokenizer_config.json").exists()
     assert (out / "gptplan_checkpoint.txt").read_text().strip() == "step_00000003"
-    sample = generate(finished_run, prompt="这个手机", checkpoint="3", max_new_tokens=8, seed=1)
+    sample = generate(family_run, prompt="这个手机", checkpoint="3", max_new_tokens=8, seed=1)
     assert sample["source"].endswith("step_00000003") and 0 < sample["new_tokens"] <= 8
     assert sample["continuation"]
-    again = generate(finished_run, prompt="这个手机", checkpoint="3", max_new_tokens=8, seed=1)
+    again = generate(family_run, prompt="这个手机", checkpoint="3", max_new_tokens=8, seed=1)
     assert again["continuation"] == sample["continuation"]  # seeded sampling repeats
-    final = generate(finished_run, prompt="这个手机", max_new_tokens=8, min_new_tokens=8)
+    final = generate(family_run, prompt="这个手机", max_new_tokens=8, min_new_tokens=8)
     assert "export" in final["source"] and final["new_tokens"] == 8  # no early <eod>
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import FAMILIES, LLAMA, merge, run_cli
 from runner.launch import local_precisions
 
 pytestmark = pytest.mark.e2e
@@ -54,8 +54,9 @@ def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: flo
     raise AssertionError(f"step {step} not reached in {timeout}s")
 
 
-def test_single_process_trains_checkpoints_reports_and_exports(write_plan, tmp_path):
-    plan = write_plan()
+@pytest.mark.parametrize("family", FAMILIES)
+def test_single_process_trains_checkpoints_reports_and_exports(write_plan, tmp_path, family):
+    plan = write_plan(FAMILIES[family])
     proc = execute(plan, "--export")
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "run"
@@ -80,8 +81,9 @@ def test_single_process_trains_checkpoints_reports_and_exports(write_plan, tmp_p
     assert tuple(logits.shape) == (1, 3, 4000)
 
 
-def test_two_process_data_parallel(write_plan, tmp_path):
-    plan = write_plan(DP2 | {"training": {"max_steps": 6}})
+@pytest.mark.parametrize("family", FAMILIES)
+def test_two_process_data_parallel(write_plan, tmp_path, family):
+    plan = write_plan(merge(FAMILIES[family], DP2 | {"training": {"max_steps": 6}}))
     proc = execute(plan)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "run"
@@ -93,11 +95,11 @@ def test_two_process_data_parallel(write_plan, tmp_path):
     assert json.loads((run / "launcher.json").read_text())["process_group"] > 0
 
 
-@pytest.mark.parametrize("overrides", [{}, DP2], ids=["1proc", "2proc-dp"])
+@pytest.mark.parametrize("overrides", [{}, DP2, LLAMA], ids=["1proc", "2proc-dp", "1proc-llama"])
 def test_kill9_then_resume_matches_uninterrupted_run(write_plan, tmp_path, overrides):
     """SIGKILL every process of a run mid-way; the resumed run ends with the same tokens and
     the same per-step losses as a run that was never interrupted."""
-    base = overrides | {"training": {"max_steps": 10}, "checkpoint": {"interval_steps": 3}}
+    base = merge(overrides, {"training": {"max_steps": 10}, "checkpoint": {"interval_steps": 3}})
     reference = write_plan(base | {"job": {"output_dir": str(tmp_path / "ref")}}, "ref.toml")
     assert execute(reference).returncode == 0
     plan = write_plan(base | {"job": {"output_dir": str(tmp_path / "killed")}}, "killed.toml")
