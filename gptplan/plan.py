@@ -444,10 +444,12 @@ def validate(plan: Plan, *, file: str = "<plan>") -> None:
         if size % tp:
             fail("parallel.tensor_parallel_degree", f"{tp} does not divide model.{what} = "
                  f"{size}; allowed: {_divisors(math.gcd(m.num_attention_heads, m.hidden_size, m.intermediate_size, m.vocab_size))}")
-    if m.num_hidden_layers % pp:
-        fail("parallel.pipeline_parallel_degree", f"{pp} does not divide "
-             f"model.num_hidden_layers = {m.num_hidden_layers}; allowed: "
-             f"{_divisors(m.num_hidden_layers)}")
+    # uneven stages are fine: Paddle's SegmentLayers.uniform (fleet pp_layers.py, 3.3.1) gives
+    # the last L % pp stages one layer more; every stage needs at least one layer
+    if pp > m.num_hidden_layers:
+        fail("parallel.pipeline_parallel_degree", f"{pp} stages for model.num_hidden_layers = "
+             f"{m.num_hidden_layers}: every stage needs a layer; allowed: 1 to "
+             f"{m.num_hidden_layers}")
     if p.sequence_parallel and tp == 1:
         fail("parallel.sequence_parallel", "true needs tensor_parallel_degree > 1; set it to "
              "false or raise tensor_parallel_degree")

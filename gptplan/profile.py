@@ -37,17 +37,23 @@ LARGE_MODEL_PARAMS = 15e9
 
 @dataclass(frozen=True)
 class Efficiency:
-    max: float = setting(0.5, "Highest achievable fraction of peak FLOP/s.", min=0, max=1)
-    half_tokens: float = setting(2048.0, "Tokens per micro-batch at which efficiency halves.",
+    max: float = setting(0.5, "Attainable fraction of peak FLOP/s of a large, well-shaped GEMM "
+                              "(devices with sm_count; others: the whole-layer curve's "
+                              "maximum).", min=0, max=1)
+    kernel_overhead_us: float = setting(5.0, "Per-kernel overhead (launch, tail, "
+                                             "synchronisation), microseconds; devices with "
+                                             "sm_count only.", min=0)
+    half_tokens: float = setting(2048.0, "Devices without sm_count (the curve): tokens per "
+                                         "micro-batch at which efficiency halves.", min=0)
+    half_hidden: float = setting(384.0, "Devices without sm_count (the curve): hidden size per "
+                                        "tensor-parallel rank at which efficiency halves.",
                                  min=0)
-    half_hidden: float = setting(384.0, "Hidden size per tensor-parallel rank at which "
-                                        "efficiency halves.", min=0)
     rolloff_tokens: float = setting(0.0, "Tokens per micro-batch beyond which efficiency falls "
                                          "again (the working set outgrows the caches, seen on "
                                          "CPUs); 0 = never.", min=0)
     attention_relative: float = setting(1.0, "Achieved FLOP/s of the attention score/value "
-                                             "matmuls relative to the rest of the layer "
-                                             "(fitted from runs at several seq_len).", min=0,
+                                             "kernels relative to large GEMMs (fitted from "
+                                             "runs at several seq_len).", min=0,
                                         min_exclusive=True)
     comm_overlap: float = setting(0.5, "Share of data-parallel gradient sync hidden behind "
                                        "backward compute.", min=0, max=1)
@@ -74,6 +80,8 @@ class Efficiency:
     throughput_p90_large: float = setting(0.0, "Like throughput_p90 for large models (0 = use "
                                                "throughput_p90).", min=0)
     fit_rows: int = setting(0, "Published runs the fit used (0 = not fitted).", min=0)
+    interval_basis: str = setting("", "What the 80% interval rests on, in a few words (e.g. "
+                                      "'leave-one-source-out over 7 sources, 233 runs').")
 
     def interval_ratios(self, params_total: float) -> tuple[float, float]:
         """(p10, p90) of measured/modelled tokens/s for a model of this size."""
@@ -105,6 +113,7 @@ class PerformanceData:
     memory_gb: float
     memory_bandwidth_gbytes_per_s: float
     intra_node_gbytes_per_s: float
+    sm_count: int = 0
     peak_tflops: dict = field(default_factory=dict)
     efficiency: Efficiency = field(default_factory=Efficiency)
     efficiency_by_precision: dict = field(default_factory=dict)
@@ -140,5 +149,5 @@ def read_performance(name: str, directory: Path = PROFILE_DIR) -> PerformanceDat
                                data.get("memory_bandwidth_gbytes_per_s", 0.0)),
                            intra_node_gbytes_per_s=float(data.get("intra_node_gbytes_per_s",
                                                                   0.0)),
-                           peak_tflops=peaks, efficiency=eff,
+                           sm_count=int(data.get("sm_count", 0)), peak_tflops=peaks, efficiency=eff,
                            efficiency_by_precision=by_precision, file=str(path))

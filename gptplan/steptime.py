@@ -1,22 +1,39 @@
-"""Step time of a data-parallel step: the formulas shared by the planner's cost model and the
-runner's local rehearsal (`runner execute --local` says how long a step will take here).
+"""Step time of a training step, composed from where a GPU spends it: ONE composition
+(`step_time_parts`) shared by the planner's search (planner.search.evaluate_layouts), the fit
+to published runs (planner.published) and the runner's local rehearsal
+(`data_parallel_step_time_s`); tests/test_rehearsal.py checks the planner and runner agree.
 
-All functions take numpy arrays (or scalars) and broadcast. planner.costmodel re-exports the
-formulas; planner.search composes them for every layout (tensor, pipeline, sharding, nodes),
-`data_parallel_step_time_s` composes the same terms for the one layout a rehearsal uses
-(one node, data parallel), and tests/test_rehearsal.py checks both agree.
-Sources: [N21] Narayanan et al. 2021 (eq. 3, recompute), [K22] Korthikanti et al. 2022
-(selective recompute), [Z20] Rajbhandari et al. 2020 (ZeRO communication volume), [FA] Dao et
-al. 2022 (FlashAttention recomputes the scores in backward); the efficiency curve is empirical,
-calibrated per profile.
+All functions take numpy arrays (or scalars) and broadcast, model shapes included (the fit
+evaluates rows of different models at once). Per device, per micro-batch and layer:
+1. GEMMs from their (m, n, k) shapes after tensor/sequence-parallel sharding, forward, data-
+   and weight-gradient, each timed by tile and wave quantisation [MM] and the roofline [RL];
+2. attention score/value matmuls (flash or not) at their own rate;
+3. memory-bound work (norms, activations, dropout, residuals, softmax without flash) as bytes
+   over HBM bandwidth [RL], and a per-kernel overhead;
+4. communication, alpha-beta: per-message latency plus bytes over bandwidth [NC], NVLink in a
+   node, the network across nodes, gradients in 32 MB buckets, ZeRO-3's per-layer gathers;
+5. the pipeline bubble [N21], recompute [N21, K22], the optimizer update.
+Fitted per GPU generation (bench/published/fit_priors.py): the attainable fraction of peak of
+large GEMMs (Efficiency.max), the per-kernel overhead, the share of data-parallel traffic
+hidden behind compute, and the attention kernels' rate relative to large GEMMs. Devices with
+no tile model (no sm_count: CPUs, NPUs) keep their calibrated whole-layer curve
+(`curve_efficiency`) for the GEMM and attention terms.
+
+Sources: [N21] Narayanan et al. 2021 (eq. 3, pipeline bubble), [K22] Korthikanti et al. 2022
+(selective recompute, sequence parallel), [Z20] Rajbhandari et al. 2020 (ZeRO communication),
+[FA] Dao et al. 2022 (FlashAttention recomputes the scores in backward), [MM] NVIDIA "Matrix
+Multiplication Background User's Guide" (tile and wave quantisation), [RL] Williams et al.
+2009, "Roofline", [NC] NVIDIA nccl-tests PERFORMANCE.md (ring/tree algorithm bandwidth and
+latency; small-message latency of a few microseconds per ring step).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from gptplan.memory import ModelShape
-from gptplan.modelfacts import training_flops_per_token
+from gptplan.memory import ModelShape, activation_bytes_per_layer
 from gptplan.plan import Plan
 from gptplan.profile import PerformanceData
 
@@ -60,21 +77,136 @@ def attention_flops_per_token(shape: ModelShape, seq_len, recompute_code,
     return 12.0 * L * h * s + recomputed + np.where(flash, core, 0.0)
 
 
-def compute_efficiency(*, micro_batch, seq_len, hidden_per_tp, eff_max, half_tokens,
-                       half_hidden, rolloff_tokens=0.0):
-    """Achieved/peak FLOP/s as a function of work per device (calibrated per profile).
+# ---- constants (not fitted; each with its source) ------------------------------------------
 
-    Small micro-batches (few tokens per GEMM) and small hidden sizes run far below peak:
-    eff = eff_max · T/(T + T½) · H/(H + H½) · 1/(1 + T/R), T = b·s tokens per micro-batch,
-    H = h/t. The last factor is empirical (no paper): on CPUs, efficiency falls again once a
-    micro-batch's working set outgrows the caches; R = 0 (the GPU priors) leaves it out, and
-    calibration fits it from probes.
-    """
+TILE_M = TILE_N = 128  # [MM]: cuBLAS/CUTLASS output tiles of 128x128 (also 256x128) on A100/H100
+MIN_SPLIT_K = 1024  # split-K only splits a reduction longer than this (CUTLASS split-K)
+KERNELS_PER_LAYER = 36  # forward ~12 kernels (2 norms, 4 GEMMs, attention, activation,
+#                         dropouts, residual adds), backward about twice as many
+ELEMENTWISE_PASSES = 3.0  # each stored activation [K22] is written (forward), read (backward)
+#                           and its gradient written once: memory-bound bytes per layer
+CAUSAL_FLASH_WORK = 0.5  # causal flash attention: blocks above the diagonal are skipped
+BUCKET_BYTES = 32 * 2**20  # gradient buckets (PaddleNLP/PyTorch DDP default 25-32 MB)
+ALPHA_LAUNCH_S = 10e-6  # [NC] per collective: launch and synchronisation
+ALPHA_NVLINK_S = 1e-6  # [NC] per ring step inside a node (LL protocol over NVLink)
+ALPHA_NETWORK_S = 5e-6  # [NC] per ring step across nodes (InfiniBand/RoCE RDMA round trip)
+
+
+@dataclass(frozen=True)
+class Device:
+    """What the composition needs of a device (arrays per row are fine)."""
+    peak_flops: object  # dense FLOP/s of the precision used
+    sm_count: object  # streaming multiprocessors; 0 = no tile model (the curve applies)
+    hbm_bytes_per_s: object
+    intra_bytes_per_s: object  # device-to-device in a node
+    inter_bytes_per_s: object  # the node's network link
+    gpus_per_node: object
+
+
+@dataclass(frozen=True)
+class Rates:
+    """The fitted constants of a generation (gptplan.profile.Efficiency)."""
+    gemm_max: object  # attainable fraction of peak of a large, well-shaped GEMM
+    kernel_overhead_s: object  # per kernel: launch, tail and synchronisation
+    overlap: object  # share of data-parallel/sharding traffic hidden behind compute
+    attention_fraction: object  # attention kernels' rate relative to large GEMMs
+    half_tokens: object = 2048.0  # the curve (devices without sm_count only)
+    half_hidden: object = 384.0
+    rolloff_tokens: object = 0.0
+
+    @classmethod
+    def of(cls, eff) -> Rates:
+        return cls(eff.max, eff.kernel_overhead_us * 1e-6, eff.comm_overlap,
+                   eff.attention_relative, eff.half_tokens, eff.half_hidden,
+                   eff.rolloff_tokens)
+
+
+def curve_efficiency(*, micro_batch, seq_len, hidden_per_tp, eff_max, half_tokens,
+                     half_hidden, rolloff_tokens=0.0):
+    """Devices without a tile model (CPUs, NPUs): achieved/peak FLOP/s of a whole layer,
+    eff = max · T/(T + T½) · H/(H + H½) · 1/(1 + T/R), T = b·s, H = h/t (calibrated per machine
+    by `planner calibrate`; empirical, no paper; R = 0 leaves the cache roll-off out)."""
     tokens = np.asarray(micro_batch, dtype=float) * np.asarray(seq_len, dtype=float)
     hid = np.asarray(hidden_per_tp, dtype=float)
     rolloff = np.asarray(rolloff_tokens, dtype=float)
     falloff = np.where(rolloff > 0, 1.0 / (1.0 + tokens / np.maximum(rolloff, 1e-9)), 1.0)
     return eff_max * tokens / (tokens + half_tokens) * hid / (hid + half_hidden) * falloff
+
+
+def gemm_seconds(m, n, k, dev: Device, gemm_max, elem_bytes):
+    """One GEMM (m x k)·(k x n) on a device with a tile model [MM], [RL].
+
+    Tiles of TILE_M x TILE_N outputs are spread over the SMs in waves: a partial tile or a
+    partial last wave costs as much as a full one (tile and wave quantisation). When there are
+    fewer tiles than SMs, the reduction is split (split-K) over the idle SMs. The time is the
+    larger of the quantised FLOPs at gemm_max of peak and the operands' bytes over HBM
+    bandwidth (the roofline: skinny GEMMs are memory-bound).
+    """
+    m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
+    sm = np.maximum(np.asarray(dev.sm_count, dtype=float), 1.0)
+    tiles = np.ceil(m / TILE_M) * np.ceil(n / TILE_N)
+    splits = np.clip(np.floor(sm / tiles), 1.0, np.maximum(np.floor(k / MIN_SPLIT_K), 1.0))
+    waves = np.ceil(tiles * splits / sm)
+    padded_flops = waves * sm * TILE_M * TILE_N * np.ceil(k / splits) * 2.0
+    t_flops = padded_flops / (np.asarray(dev.peak_flops, dtype=float) * gemm_max)
+    t_bytes = elem_bytes * (m * k + k * n + m * n) / np.asarray(dev.hbm_bytes_per_s, dtype=float)
+    return np.maximum(t_flops, t_bytes)
+
+
+def _layer_gemms(shape: ModelShape, tp):
+    """(n, k) of a layer's four GEMMs on one tensor-parallel rank (m = tokens): QKV (GQA: K and
+    V of kv/a the width), attention output, MLP up (SwiGLU: gate and up), MLP down."""
+    h = np.asarray(shape.hidden, dtype=float)
+    f = np.asarray(shape.ffn, dtype=float)
+    t = np.asarray(tp, dtype=float)
+    up = np.where(np.asarray(shape.gated, dtype=bool), 2.0, 1.0) * f
+    return [(h * (1.0 + 2.0 * shape.kv_fraction) / t, h), (h, h / t), (up / t, h), (h, f / t)]
+
+
+def _gemm_pass_seconds(m, n, k, dev, gemm_max, elem_bytes):
+    """Forward, data-gradient and weight-gradient GEMMs of one linear layer."""
+    return (gemm_seconds(m, n, k, dev, gemm_max, elem_bytes),
+            gemm_seconds(m, k, n, dev, gemm_max, elem_bytes) +
+            gemm_seconds(n, k, m, dev, gemm_max, elem_bytes))
+
+
+def layer_compute_seconds(shape: ModelShape, g: dict, dev: Device, rates: Rates):
+    """Per layer and micro-batch on one device: GEMM, attention, memory-bound and kernel-overhead
+    seconds (a dict), recompute included [N21], [K22]."""
+    T = np.asarray(g["micro"], dtype=float) * np.asarray(g["seq"], dtype=float)
+    code = np.asarray(g["recompute_code"])
+    mixed = np.asarray(g["precision_code"]) > 0
+    elem = np.where(mixed, 2.0, 4.0)
+    tiled = np.asarray(dev.sm_count, dtype=float) > 0
+    h = np.asarray(shape.hidden, dtype=float)
+    curve = curve_efficiency(micro_batch=g["micro"], seq_len=g["seq"],
+                             hidden_per_tp=h / np.asarray(g["tp"], dtype=float),
+                             eff_max=rates.gemm_max, half_tokens=rates.half_tokens,
+                             half_hidden=rates.half_hidden, rolloff_tokens=rates.rolloff_tokens)
+    gemm = 0.0
+    curve_gemm = 0.0
+    for i, (n, k) in enumerate(_layer_gemms(shape, g["tp"])):
+        fwd, bwd = _gemm_pass_seconds(T, n, k, dev, rates.gemm_max, elem)
+        redo = (code == 3) | ((code == 2) & (i < 2))  # full: all; full_attn: QKV and output
+        gemm = gemm + fwd * np.where(redo, 2.0, 1.0) + bwd
+        curve_gemm = curve_gemm + 2.0 * T * n * k * np.where(redo, 4.0, 3.0)
+    L = np.asarray(shape.layers, dtype=float)
+    attn_flops = attention_flops_per_token(shape, g["seq"], code, g["flash"]) / L * T / \
+        np.asarray(g["tp"], dtype=float)
+    peak = np.asarray(dev.peak_flops, dtype=float)
+    attn_rate = peak * rates.attention_fraction * np.where(tiled, rates.gemm_max, curve)
+    # a causal flash kernel skips the blocks above the diagonal: about half the s² work
+    # (Dao 2023, FlashAttention-2, section 3.1.1); unfused attention computes all of it
+    attn_flops = attn_flops * np.where(np.asarray(g["flash"]) > 0, CAUSAL_FLASH_WORK, 1.0)
+    act = activation_bytes_per_layer(shape, g["seq"], g["micro"], g["tp"], g["sp"], 0, elem,
+                                     g["flash"])
+    redo_share = np.where(code == 3, 4.0 / 3.0, 1.0)
+    return {"gemm": np.where(tiled, gemm, curve_gemm / (peak * curve)),
+            "attention": attn_flops / attn_rate,
+            "memory": np.where(tiled, ELEMENTWISE_PASSES * act * redo_share /
+                               np.asarray(dev.hbm_bytes_per_s, dtype=float), 0.0),
+            "kernels": np.where(tiled, KERNELS_PER_LAYER * redo_share * rates.kernel_overhead_s,
+                                0.0)}
 
 
 def ring_allreduce_seconds(bytes_, ranks, bandwidth_bytes_per_s):
@@ -84,9 +216,26 @@ def ring_allreduce_seconds(bytes_, ranks, bandwidth_bytes_per_s):
                     0.0)
 
 
+def collective_latency_seconds(ranks, ranks_per_node, passes):
+    """[NC] alpha of one collective over `ranks` ranks: a launch, then one step per rank of a
+    ring per pass (all-gather and reduce-scatter: NCCL's ring), each step as slow as its slowest
+    link (the network once the group spans nodes). An all-reduce (passes = 2) takes NCCL's tree
+    when that is faster: 2·(r-1) NVLink steps in the node and 2·log2(nodes) network steps."""
+    n = np.asarray(ranks, dtype=float)
+    r = np.minimum(n, np.maximum(np.asarray(ranks_per_node, dtype=float), 1.0))
+    k = np.maximum(n / r, 1.0)
+    step = np.where(k > 1, ALPHA_NETWORK_S, ALPHA_NVLINK_S)
+    ring = passes * (n - 1.0) * step
+    tree = 2.0 * (r - 1.0) * ALPHA_NVLINK_S + 2.0 * np.log2(k) * ALPHA_NETWORK_S
+    alpha = ring if passes < 2 else np.minimum(ring, tree)
+    return np.where(n > 1, ALPHA_LAUNCH_S + alpha, 0.0)
+
+
 def collective_seconds(bytes_per_rank, ranks, ranks_per_node, gpus_per_node,
-                       intra_bytes_per_s, inter_bytes_per_s, passes):
-    """Time of a ring collective over `ranks` ranks, `ranks_per_node` of them in each node.
+                       intra_bytes_per_s, inter_bytes_per_s, passes, messages=1.0):
+    """Time of `messages` ring collectives moving `bytes_per_rank` in all over `ranks` ranks,
+    `ranks_per_node` of them in each node: alpha per message (collective_latency_seconds) plus
+    bytes over bandwidth.
 
     `passes` = 2 for an all-reduce, 1 for a reduce-scatter or an all-gather. Hierarchical
     (NCCL's tree/ring over nodes): inside a node the buffer moves (r-1)/r of itself over
@@ -100,21 +249,26 @@ def collective_seconds(bytes_per_rank, ranks, ranks_per_node, gpus_per_node,
     b = np.asarray(bytes_per_rank, dtype=float)
     t_intra = passes * (r - 1.0) / r * b / intra_bytes_per_s
     t_inter = passes * (k - 1.0) / k * (b / r) * gpus_per_node / inter_bytes_per_s
-    return np.where(n > 1, t_intra + t_inter, 0.0)
+    alpha = np.asarray(messages, dtype=float) * collective_latency_seconds(n, r, passes)
+    return np.where(n > 1, t_intra + t_inter + alpha, 0.0)
 
 
 def gradient_sync_seconds(*, params, grad_bytes, tp, pp, dp, shard_degree, stage_code,
-                          accumulation, gpus_per_node, intra_bytes_per_s, inter_bytes_per_s):
-    """Gradient synchronisation per optimizer step, per rank.
+                          accumulation, gpus_per_node, intra_bytes_per_s, inter_bytes_per_s,
+                          stage_layers=1.0):
+    """Gradient and parameter traffic per optimizer step, per rank.
 
     Each rank holds only its tensor x pipeline shard, G = N/(t·p) parameters [N21]; the data
     and sharding groups synchronise that shard, never the whole model. Ranks are laid out as
     Paddle's hybrid topology does (model-parallel ranks innermost, then sharding, then data),
-    so r = devices_per_node/(t·p) batch ranks share a node. ZeRO [Z20]:
+    so r = devices_per_node/(t·p) batch ranks share a node. Gradients travel in 32 MB buckets,
+    each one message with its own latency. ZeRO [Z20]:
     - no sharding: one all-reduce of G over dp;
     - stage1: reduce-scatter grads + all-gather params over the sharding group, once a step;
     - stage2: grads reduce-scattered after every micro-batch, params gathered once a step;
-    - stage3: per micro-batch two parameter all-gathers (forward, backward) + a reduce-scatter.
+    - stage3: per micro-batch and layer, two parameter all-gathers (forward, backward) and a
+      gradient reduce-scatter: 3·layers messages a micro-batch, so a flat group of 1,000+
+      ranks pays per-message ring latency (n-1 network steps each).
     Hybrid (sharding degree < batch ranks): then an all-reduce of the 1/sd shard across the
     data-parallel groups, once a step (PaddleNLP's sharding inside a node, dp across nodes).
     """
@@ -125,52 +279,119 @@ def gradient_sync_seconds(*, params, grad_bytes, tp, pp, dp, shard_degree, stage
     stage = np.asarray(stage_code)
     acc = np.asarray(accumulation, dtype=float)
     shard_bytes = params / (tp * pp) * np.asarray(grad_bytes, dtype=float)
+    buckets = np.maximum(np.ceil(shard_bytes / BUCKET_BYTES), 1.0)
     in_node = np.maximum(1.0, gpus_per_node // (tp * pp))
     links = dict(gpus_per_node=gpus_per_node, intra_bytes_per_s=intra_bytes_per_s,
                  inter_bytes_per_s=inter_bytes_per_s)
-    plain = collective_seconds(shard_bytes, dp * sd, in_node, passes=2, **links)
-    one_pass = collective_seconds(shard_bytes, sd, np.minimum(sd, in_node), passes=1, **links)
+    plain = collective_seconds(shard_bytes, dp * sd, in_node, passes=2, messages=buckets,
+                               **links)
+
+    def one_pass(messages):
+        return collective_seconds(shard_bytes, sd, np.minimum(sd, in_node), passes=1,
+                                  messages=messages, **links)
+
+    per_layer = np.asarray(stage_layers, dtype=float)  # ZeRO-3 gathers one layer at a time
     sharded = np.select([stage == 1, stage == 2, stage == 3],
-                        [2.0 * one_pass, (acc + 1.0) * one_pass, 3.0 * acc * one_pass],
-                        0.0)
+                        [2.0 * one_pass(buckets), (acc + 1.0) * one_pass(buckets),
+                         3.0 * acc * one_pass(per_layer)], 0.0)
     across = collective_seconds(shard_bytes / sd, dp, np.maximum(1.0, in_node // sd),
-                                passes=2, **links)
+                                passes=2, messages=np.maximum(np.ceil(buckets / sd), 1.0),
+                                **links)
     return np.where(stage == 0, plain, sharded + np.where(dp > 1, across, 0.0))
+
+
+def pipeline_bubble_factor(pp, accumulation, virtual_pp=1):
+    """[N21] 1F1B: time scales by (m + p - 1)/m for m micro-batches and p stages; the
+    interleaved schedule with v model chunks per stage shrinks the bubble v-fold,
+    (m + (p - 1)/v)/m ([N21] section 2.2.2), at v times the point-to-point traffic."""
+    m = np.asarray(accumulation, dtype=float)
+    p = np.asarray(pp, dtype=float)
+    v = np.asarray(virtual_pp, dtype=float)
+    return (m + (p - 1.0) / v) / m
+
+
+def _tensor_parallel_seconds(shape: ModelShape, g: dict, dev: Device, act_bytes):
+    """Per layer and micro-batch: the tensor-parallel all-reduces of b·s·h activations, two in
+    forward and two in backward [N21] (one more per recomputed block), or with sequence
+    parallel a reduce-scatter and an all-gather each (same bytes, twice the messages) [K22]."""
+    t = np.asarray(g["tp"], dtype=float)
+    code = np.asarray(g["recompute_code"])
+    count = 4.0 + np.select([code == 3, code == 2], [2.0, 1.0], 0.0)
+    msg = np.asarray(g["micro"], dtype=float) * np.asarray(g["seq"], dtype=float) * \
+        np.asarray(shape.hidden, dtype=float) * act_bytes
+    bw = ring_allreduce_seconds(msg, t, np.asarray(dev.intra_bytes_per_s, dtype=float))
+    latency = collective_latency_seconds(t, t, 2.0) * np.where(np.asarray(g["sp"]) > 0, 2.0, 1.0)
+    return count * (bw + latency)
+
+
+def step_time_parts(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> dict:
+    """Seconds per optimizer step of each layout row in `g` (columns nodes, precision_code,
+    seq, micro, acc, tp, pp, vpp, dp, shard_degree, stage_code, recompute_code, sp, flash),
+    and its parts. The slowest pipeline stage (ceil(L/p) layers, plus the LM head on the last)
+    sets the pace; (stage compute + tensor-parallel traffic) is stretched by the bubble [N21];
+    point-to-point, the unhidden data-parallel share and the optimizer update add to it.
+    """
+    g = {k: np.asarray(v) for k, v in g.items()}
+    mixed = g["precision_code"] > 0
+    act_bytes = np.where(mixed, 2.0, 4.0)
+    tp, pp = g["tp"].astype(float), g["pp"].astype(float)
+    L = np.asarray(shape.layers, dtype=float)
+    stage_layers = np.ceil(L / pp)
+    layer = layer_compute_seconds(shape, g, dev, rates)
+    T = g["micro"] * g["seq"].astype(float)
+    tiled = np.asarray(dev.sm_count, dtype=float) > 0
+    vocab = np.asarray(shape.vocab, dtype=float)
+    head_fwd, head_bwd = _gemm_pass_seconds(T, vocab / tp, shape.hidden, dev, rates.gemm_max,
+                                            act_bytes)
+    curve = curve_efficiency(
+        micro_batch=g["micro"], seq_len=g["seq"], hidden_per_tp=shape.hidden / tp,
+        eff_max=rates.gemm_max, half_tokens=rates.half_tokens, half_hidden=rates.half_hidden,
+        rolloff_tokens=rates.rolloff_tokens)
+    head_curve = 6.0 * T * vocab / tp * shape.hidden / (dev.peak_flops * curve)
+    head = np.where(tiled, head_fwd + head_bwd, head_curve)
+    per_layer = layer["gemm"] + layer["attention"] + layer["memory"] + layer["kernels"]
+    acc = g["acc"].astype(float)
+    compute = acc * (stage_layers * per_layer + head)
+    t_tp = acc * stage_layers * _tensor_parallel_seconds(shape, g, dev, act_bytes)
+    link = np.where(g["nodes"] > 1, dev.inter_bytes_per_s, dev.intra_bytes_per_s)
+    p2p_bytes = T * shape.hidden * act_bytes / np.where(g["sp"] > 0, tp, 1.0)
+    t_pp = np.where(pp > 1, 2.0 * acc * g["vpp"] * (p2p_bytes / link + ALPHA_LAUNCH_S +
+                                                     np.where(g["nodes"] > 1, ALPHA_NETWORK_S,
+                                                              ALPHA_NVLINK_S)), 0.0)
+    t_dp = gradient_sync_seconds(
+        params=shape.params_total, grad_bytes=act_bytes, tp=tp, pp=pp, dp=g["dp"],
+        shard_degree=g["shard_degree"], stage_code=g["stage_code"], accumulation=acc,
+        gpus_per_node=dev.gpus_per_node, intra_bytes_per_s=dev.intra_bytes_per_s,
+        inter_bytes_per_s=dev.inter_bytes_per_s, stage_layers=stage_layers)
+    t_opt = shape.params_total / (tp * pp * g["shard_degree"]) * 16 * 3 / dev.hbm_bytes_per_s
+    bubble = pipeline_bubble_factor(pp, acc, g["vpp"])
+    exposed_dp = (1.0 - rates.overlap) * t_dp
+    step = (compute + t_tp) * bubble + t_pp + exposed_dp + t_opt
+    sums = {k: acc * stage_layers * v for k, v in layer.items()}
+    return {"step_time_s": step, "compute_s": compute, "gemm_s": sums["gemm"] + acc * head,
+            "attention_s": sums["attention"], "memory_bound_s": sums["memory"],
+            "kernel_overhead_s": sums["kernels"], "tp_s": t_tp, "pp_s": t_pp,
+            "dp_sync_s": t_dp, "comm_s": t_tp + t_pp + exposed_dp, "opt_s": t_opt,
+            "bubble": bubble, "stage_layers": stage_layers,
+            # what compute time scales with (planner.calibration): the curve, or gemm_max
+            "efficiency": np.where(tiled, rates.gemm_max, curve) * np.ones_like(step)}
 
 
 def data_parallel_step_time_s(plan: Plan, perf: PerformanceData) -> float:
     """Modelled seconds per optimizer step of `plan` (one node, data parallel) on `perf`:
-    planner.search.evaluate_layouts' terms for tp = pp = 1, no sharding, one node.
-
-    compute: tokens per rank x hardware FLOPs per token / (peak x efficiency(b, s, h));
-    gradient sync (an all-reduce over the node's link), the part not hidden behind backward;
-    optimizer: 16 bytes per parameter read and written (3 passes) at memory bandwidth.
-    """
+    step_time_parts for tp = pp = 1, no sharding, one node (the same composition the
+    planner's search uses)."""
     t, m = plan.training, plan.model
-    shape = ModelShape.from_section(m)
-    ranks = plan.parallel.world_size
-    mixed = t.precision != "fp32"
-    flash = bool(getattr(t, "use_flash_attention", False))
-    eff = perf.efficiency_for(t.precision)
     peak = perf.peak_for(t.precision) * 1e12
     if peak <= 0:
         return float("nan")
-    f_model = training_flops_per_token(m, t.seq_len)
-    f_hw = f_model + float(recompute_extra_flops_per_token(
-        shape, t.seq_len, RECOMPUTE_CODES[plan.parallel.recompute], flash))
-    efficiency = float(compute_efficiency(
-        micro_batch=t.per_device_train_batch_size, seq_len=t.seq_len,
-        hidden_per_tp=m.hidden_size, eff_max=eff.max, half_tokens=eff.half_tokens,
-        half_hidden=eff.half_hidden, rolloff_tokens=eff.rolloff_tokens))
-    tokens_per_rank = t.per_device_train_batch_size * t.gradient_accumulation_steps * t.seq_len
-    f_attn = float(attention_flops_per_token(
-        shape, t.seq_len, RECOMPUTE_CODES[plan.parallel.recompute], flash))
-    f_effective = f_hw - f_attn + f_attn / eff.attention_relative
-    t_compute = tokens_per_rank * f_effective / (peak * efficiency)
-    t_dp = float(gradient_sync_seconds(
-        params=shape.params_total, grad_bytes=2.0 if mixed else 4.0, tp=1, pp=1, dp=ranks,
-        shard_degree=1, stage_code=0, accumulation=t.gradient_accumulation_steps,
-        gpus_per_node=plan.parallel.nproc_per_node,
-        intra_bytes_per_s=perf.intra_node_gbytes_per_s * 1e9 or 1.0, inter_bytes_per_s=1.0))
-    t_opt = shape.params_total * 16 * 3 / ((perf.memory_bandwidth_gbytes_per_s or 1.0) * 1e9)
-    return t_compute + (1 - perf.efficiency.comm_overlap) * t_dp + t_opt
+    g = {"nodes": 1, "precision_code": int(t.precision != "fp32"), "seq": t.seq_len,
+         "micro": t.per_device_train_batch_size, "acc": t.gradient_accumulation_steps,
+         "tp": 1, "pp": 1, "vpp": 1, "dp": plan.parallel.world_size, "shard_degree": 1,
+         "stage_code": 0, "recompute_code": RECOMPUTE_CODES[plan.parallel.recompute], "sp": 0,
+         "flash": int(bool(getattr(t, "use_flash_attention", False)))}
+    dev = Device(peak, perf.sm_count, (perf.memory_bandwidth_gbytes_per_s or 1.0) * 1e9,
+                 perf.intra_node_gbytes_per_s * 1e9 or 1.0, 1.0, plan.parallel.nproc_per_node)
+    parts = step_time_parts(ModelShape.from_section(m), g, dev,
+                            Rates.of(perf.efficiency_for(t.precision)))
+    return float(parts["step_time_s"])

@@ -1,7 +1,9 @@
 """Fit a profile's efficiency curve to probe measurements, and write it as a local override.
 
 The cost model's compute time is FLOPs / (peak x eff(T, H)) with
-eff = max · T/(T + T½) · H/(H + H½) · 1/(1 + T/R) (planner.costmodel.compute_efficiency).
+eff = max · T/(T + T½) · H/(H + H½) · 1/(1 + T/R) (gptplan.steptime.curve_efficiency;
+devices with sm_count scale their GEMM
+rate by `max` instead, see gptplan.steptime).
 From a measured step time we subtract the modelled non-compute part (communication, optimizer)
 to get the efficiency the hardware really reached, then fit per precision by least squares in
 log space: `max` always, `T½` with two or more work sizes T among the probes, and the roll-off
@@ -46,7 +48,7 @@ def _achieved_efficiency(table: CandidateTable, i: int, measured_step: float) ->
 
 
 def _curve(params, tokens, hidden, half_hidden):
-    """planner.costmodel.compute_efficiency with (max, T½, 1/R) as the fitted parameters."""
+    """gptplan.steptime.curve_efficiency with (max, T½, 1/R) as the fitted parameters."""
     emax, half_tokens, inverse_rolloff = params
     return emax * tokens / (tokens + half_tokens) * hidden / (hidden + half_hidden) / \
         (1.0 + tokens * inverse_rolloff)
@@ -56,11 +58,17 @@ def _inverse(rolloff: float) -> float:
     return 1.0 / rolloff if rolloff > 0 else 0.0
 
 
+def _tiled(table: CandidateTable, i: int) -> bool:
+    """A GPU with a tile model (sm_count): its compute time scales with 1/max alone."""
+    return table.offers[int(table["offer"][i])].profile.sm_count > 0
+
+
 def predicted_step(table: CandidateTable, i: int, eff: Efficiency) -> float:
     tokens = table["micro"][i] * table["seq"][i]
     hidden = _hidden_per_tp(table, i)
-    new = _curve((eff.max, eff.half_tokens, _inverse(eff.rolloff_tokens)), tokens, hidden,
-                 eff.half_hidden)
+    new = eff.max if _tiled(table, i) else \
+        _curve((eff.max, eff.half_tokens, _inverse(eff.rolloff_tokens)), tokens, hidden,
+               eff.half_hidden)
     other = table["step_time_s"][i] - table["compute_s"][i]
     return float(table["compute_s"][i] * table["efficiency"][i] / new + other)
 
@@ -90,9 +98,12 @@ def fit(table: CandidateTable, probed: dict[int, ProbeResult], profile: Profile,
         hidden = np.array([p[1] for p in points], dtype=float)
         achieved = np.array([p[2] for p in points])
         distinct = len(set(tokens.tolist()))
+        half_hidden = prior.half_hidden
+        if profile.sm_count:  # the tile model sets the shape effects: only the level is fitted
+            distinct, half_hidden = 1, 0.0
 
         def residual(params):
-            return np.log(_curve(params, tokens, hidden, prior.half_hidden)) - np.log(achieved)
+            return np.log(_curve(params, tokens, hidden, half_hidden)) - np.log(achieved)
 
         emax, half, inverse = min(0.99, prior.max), prior.half_tokens, \
             _inverse(prior.rolloff_tokens)
@@ -104,7 +115,9 @@ def fit(table: CandidateTable, probed: dict[int, ProbeResult], profile: Profile,
             sol = least_squares(lambda p: residual([p[0], p[1], inverse]), x0=[emax, half],
                                 bounds=([1e-4, 1.0], [1.0, 1e7]))
             emax, half = sol.x
-        else:  # one work size: only the level is identifiable
+        else:  # one work size (or a tile model): only the level is identifiable
+            if profile.sm_count:
+                half, inverse = 0.0, 0.0
             sol = least_squares(lambda p: residual([p[0], half, inverse]), x0=[emax],
                                 bounds=([1e-4], [1.0]))
             emax = sol.x[0]

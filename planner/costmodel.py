@@ -9,12 +9,10 @@ Sources (see ../shared/REFERENCES.md section 1):
          pipeline bubble (p-1)/m.
 - [P22]  Chowdhery et al. 2022, PaLM, appendix B: model FLOPs per token 6N + 12·L·h·s and MFU.
 - [K22], [Z20]: memory per device (activations, model states) lives in gptplan.memory, shared
-         with the runner's local rehearsal, and is re-exported here.
-- [Z20]  Rajbhandari et al. 2020, ZeRO: communication volume of each sharding stage.
-- [FA]   Dao et al. 2022, FlashAttention: scores recomputed in the backward pass.
-- recompute_extra_flops_per_token, compute_efficiency and the collectives (ring all-reduce,
-         hierarchical collectives, gradient sync) live in gptplan.steptime, shared with the
-         runner's local rehearsal, and are re-exported here.
+         with the runner's local rehearsal; its names are imported here for the planner.
+- Step time (GEMM shapes, attention, memory-bound work, alpha-beta collectives, bubble,
+         recompute) is ONE composition, gptplan.steptime.step_time_parts, used directly by
+         planner.search and the runner; it is not re-exported here.
 - [YD]   Young 1974 / Daly 2006: optimal checkpoint interval sqrt(2·delta/lambda).
 The model FLOPs and parameter count are shared with the runner (runner.model), so MFU means the
 same thing in a plan and in a run report.
@@ -28,10 +26,6 @@ from gptplan.memory import (GB, ModelShape, activation_bytes_per_layer,  # noqa:
                            memory_per_device_bytes, model_state_bytes_per_param)
 from gptplan.modelfacts import training_flops_per_token
 from gptplan.plan import ModelSection
-from gptplan.steptime import (attention_flops_per_token, collective_seconds,  # noqa: F401
-                             compute_efficiency,
-                             gradient_sync_seconds, recompute_extra_flops_per_token,
-                             ring_allreduce_seconds)
 
 RECOMPUTE_MODES = ("none", "core_attn", "full_attn", "full")
 SHARDING_STAGES = ("", "stage1", "stage2", "stage3")
@@ -46,25 +40,13 @@ def model_flops_per_token(m: ModelSection, seq_len):
     return base + 12.0 * m.num_hidden_layers * m.hidden_size * seq_len
 
 
-# ---- time --------------------------------------------------------------------------------------
-
-def pipeline_bubble_factor(pp, accumulation, virtual_pp=1):
-    """[N21] 1F1B: time scales by (m + p - 1)/m for m micro-batches and p stages; the
-    interleaved schedule with v model chunks per stage shrinks the bubble v-fold,
-    (m + (p - 1)/v)/m ([N21] section 2.2.2), at v times the point-to-point traffic."""
-    m = np.asarray(accumulation, dtype=float)
-    p = np.asarray(pp, dtype=float)
-    v = np.asarray(virtual_pp, dtype=float)
-    return (m + (p - 1.0) / v) / m
-
-
 # ---- uncertainty -------------------------------------------------------------------------------
 
 def interval_from_throughput(*, tokens_per_s, hours, fixed_hours, cost, p10_ratio, p90_ratio):
     """The 80% interval (p10..p90) on modelled throughput, hours and cost.
 
     p10_ratio/p90_ratio are the 10th/90th percentiles of measured/modelled tokens/s from the
-    fit's leave-one-out residuals (hardware profile [efficiency]). Time that scales with
+    fit's leave-one-source-out residuals (hardware profile [efficiency]). Time that scales with
     throughput (training, checkpoints, lost work) scales by 1/ratio; fixed time (start-up)
     does not; cost follows hours. The fast end of throughput is the short, cheap end:
     hours_p10 comes from throughput_p90.

@@ -66,8 +66,8 @@ def uncertainty_terms(row: dict, profile, precision: str, params_total: float = 
     dominant = max(shares, key=shares.get)
     eff = profile.efficiency_for(precision)
     lo, hi = eff.interval_ratios(params_total)
-    basis = (f"leave-one-out residuals of {eff.fit_rows} published runs on this GPU "
-             f"generation (x{lo:g}..x{hi:g} on tokens/s)"
+    basis = (f"{eff.interval_basis or 'leave-one-out residuals'} of the published runs on "
+             f"this GPU generation (x{lo:g}..x{hi:g} on tokens/s)"
              if eff.fit_rows else "no published runs for this hardware: the wide default "
              f"spread x{lo:g}..x{hi:g} of an uncalibrated prior")
     return {"dominant_term": dominant, "dominant_share": shares[dominant],

@@ -90,6 +90,9 @@ class Profile:
                                              min=0)
     intra_node_link: str = setting("", "Link type.")
     tdp_w: float = setting(0.0, "Board power, W.", min=0)
+    sm_count: int = setting(0, "Streaming multiprocessors (NVIDIA datasheets/whitepapers): the "
+                               "GEMM tile/wave model; 0 = none (CPUs, NPUs: the calibrated "
+                               "whole-layer curve).", min=0)
     verified: bool = setting(True, "False when figures are unverified leads.")
     flash_attention: bool = setting(False, "Paddle's flash attention kernels run here (CUDA "
                                            "compute capability >= 8.0: Ampere and newer).")

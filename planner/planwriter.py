@@ -29,12 +29,12 @@ def _interval_source(prof, precision: str, params: float) -> str:
     if eff.calibrated_on:
         where = f"measured spread of the probes around the calibration ({eff.source})"
     elif eff.fit_rows:
-        where = (f"p10/p90 of leave-one-out residuals of {eff.fit_rows} published runs "
+        where = (f"{eff.interval_basis or 'leave-one-out residuals'} "
                  f"(hardware_profiles/published_runs.csv, fitted {eff.calibrated_at})")
     else:
         where = "no published runs for this hardware: the default (wide) spread of an " \
                 "uncalibrated prior"
-    return (f"80% interval on throughput x{lo:g}..x{hi:g}: {where}; hours and cost add the "
+    return (f"80% interval on throughput x{lo:.3g}..x{hi:.3g}: {where}; hours and cost add the "
             "price spread and the spot preemption rate's range (planner.spotrisk)")
 
 
@@ -49,6 +49,23 @@ def planned_corpus(spec: Spec, stats, *, trained_tokens: float) -> dict:
             "corpus_tokens_source": stats.total_tokens_source,
             "tokens_per_char": _sig(stats.tokens_per_character),
             "planned_epochs": _sig(trained_tokens / stats.total_tokens)}
+
+
+def _memory_notes(spec: Spec, row: dict) -> list[str]:
+    """A plan kept inside the memory model's own error says so (planner.search.may_fit_note),
+    and how its pipeline stages split when the layers do not divide evenly."""
+    from planner.search import may_fit_note
+
+    out = []
+    if row.get("may_fit"):
+        out.append(may_fit_note(row["memory_gb"], row["offer_choice"].profile,
+                                spec.constraints.memory_headroom))
+    layers, pp = spec.model_section().num_hidden_layers, int(row.get("pp", 1))
+    if pp > 1 and layers % pp:
+        out.append(f"uneven pipeline stages: {layers % pp} of {pp} stages hold "
+                   f"{layers // pp + 1} layers, the rest {layers // pp} (Paddle's uniform "
+                   "segmentation); the biggest stage sets step time and memory")
+    return out
 
 
 def candidate_plan(spec: Spec, row: dict, *, target: float, notes: list[str] | None = None,
@@ -120,7 +137,8 @@ def candidate_plan(spec: Spec, row: dict, *, target: float, notes: list[str] | N
             created_by=f"planner {__version__}",
             created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             spec=spec.path, spec_sha256=spec.sha256, prices_source=offer.source,
-            prices_as_of=offer.as_of, probes=probes, notes=[price_note, *notes]),
+            prices_as_of=offer.as_of, probes=probes,
+            notes=[price_note, *_memory_notes(spec, row), *(notes or [])]),
     )
 
 

@@ -1,33 +1,47 @@
 """Published training runs (hardware_profiles/published_runs.csv) and the fit of the
-per-generation efficiency priors to them.
+per-generation constants of the step-time composition (gptplan.steptime.step_time_parts) to
+them.
 
-The cost model's step time is linear in 1/efficiency once the layout is fixed:
-    step = compute_s(eff) · bubble + tp_s · bubble + pp_s + (1 - overlap) · dp_sync_s + opt_s,
-    compute_s(eff) = work / eff,  eff = max · T/(T + T½) · H/(H + H½)   (planner.costmodel)
-so each row is evaluated once through planner.search.evaluate_layouts and the fit then only
-re-weights these parts (fast enough for leave-one-out over hundreds of rows). The fitted
-parameters per generation are (max, T½, H½, overlap, attention_relative); the fit minimises a robust (soft-L1) loss
-of log(predicted/published) tokens/s per device.
+Every row is evaluated by the same composition the planner's search and the runner use; the
+fit varies the four constants of a GPU generation (the attainable fraction of peak of large
+GEMMs, the per-kernel overhead, the share of data-parallel traffic hidden behind compute, the
+attention kernels' rate relative to large GEMMs), minimising a robust (soft-L1) loss of
+log(predicted/published) tokens/s per device, each source weighted by the square root of its
+row count (one repository's 200 rows do not drown a paper's 4), with a weak prior on each
+constant (so a fit to few rows stays physical).
+
+The interval is grouped cross-validation: each SOURCE (paper or repository) is predicted by a
+fit to the other sources of its generation; its rows' published/modelled ratios, each source
+weighted equally, give p10/p90, widened for few sources (see `interval_from_sources`).
 """
 
 from __future__ import annotations
 
 import csv
-import dataclasses
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from planner.hardware import PROFILE_DIR, Efficiency, Offer, Profile, load_profiles
+from gptplan.memory import ModelShape
+from gptplan.modelfacts import parameter_count
 from gptplan.plan import ModelSection
+from gptplan.steptime import Device, Rates, step_time_parts
+from planner.hardware import PROFILE_DIR, Profile, load_profiles
 
 RUNS_CSV = PROFILE_DIR / "published_runs.csv"
 
-# Which profiles share a fitted prior: one GPU generation each (A100 40 and 80 GB are the same
+# Which profiles share fitted constants: one GPU generation each (A100 40 and 80 GB are the same
 # chip; H200 is an H100 with more memory).
 GENERATIONS = {"ampere": ("a100-40gb", "a100-80gb"), "hopper": ("h100-80gb", "h200-141gb")}
+PRECISION_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}
+RECOMPUTE = ("none", "core_attn", "full_attn", "full")
+SHARDING = ("", "stage1", "stage2", "stage3")
+# The prior each constant is pulled towards (weakly: PRIOR_SIGMA in log space), and bounds.
+PRIOR = {"gemm_max": 0.7, "kernel_overhead_us": 5.0, "overlap": 0.5, "attention_fraction": 0.7}
+PRIOR_SIGMA = 5.0  # log units: only breaks ties a few rows cannot settle
 
 
 def generation_of(profile: str) -> str:
@@ -35,6 +49,11 @@ def generation_of(profile: str) -> str:
         if profile in members:
             return gen
     return ""
+
+
+def source_key(source: str) -> str:
+    """The paper or repository a row comes from: its source up to the table/path/comma."""
+    return re.split(r",| table| scripts/| benchmarks/| section", source)[0].strip()
 
 
 @dataclass(frozen=True)
@@ -47,7 +66,12 @@ class Row:
     size_class: str
     world: int
     measured_tokens_per_s_per_device: float
-    parts: dict  # cost-model parts at the reference efficiency (see module docstring)
+    source_key: str = ""
+    tp: int = 1
+    pp: int = 1
+    record: dict = field(default_factory=dict, repr=False, compare=False)  # the CSV row
+    model: ModelSection | None = field(default=None, repr=False, compare=False)
+    prof: Profile | None = field(default=None, repr=False, compare=False)
 
 
 def _size_class(params: float) -> str:
@@ -72,146 +96,160 @@ def _measured_tokens(rec: dict, m: ModelSection) -> float:
     raise ValueError(f"unknown measured_unit {unit!r}")
 
 
-def load_rows(path: Path = RUNS_CSV, profiles: dict[str, Profile] | None = None) -> list[Row]:
-    """Every row evaluated once by the cost model at a reference efficiency."""
-    from planner import costmodel as cm
-    from planner.search import PRECISIONS, evaluate_layouts
+def _model(rec: dict) -> ModelSection:
+    i = {k: int(rec[k]) for k in ("hidden", "layers", "heads", "ffn", "vocab", "seq")}
+    return ModelSection(family=rec.get("family") or "gpt", vocab_size=i["vocab"],
+                        hidden_size=i["hidden"], num_hidden_layers=i["layers"],
+                        num_attention_heads=i["heads"], intermediate_size=i["ffn"],
+                        max_position_embeddings=i["seq"],
+                        num_key_value_heads=int(rec.get("kv_heads") or 0))
 
+
+def load_rows(path: Path = RUNS_CSV, profiles: dict[str, Profile] | None = None) -> list[Row]:
+    """Every row with its layout (kept in `_columns`, evaluated vectorised by `predict`)."""
     profiles = profiles or load_profiles()
-    reference = Efficiency(max=0.5, half_tokens=2048.0, half_hidden=384.0)
     rows = []
     with Path(path).open() as f:
         for rec in csv.DictReader(f):
-            i = {k: int(rec[k]) for k in ("nodes", "gpus_per_node", "hidden", "layers", "heads",
-                                          "ffn", "vocab", "seq", "micro", "acc", "dp", "tp",
-                                          "pp", "vpp", "sharding_degree",
-                                          "sequence_parallel", "flash_attention")}
-            m = ModelSection(vocab_size=i["vocab"], hidden_size=i["hidden"],
-                             num_hidden_layers=i["layers"], num_attention_heads=i["heads"],
-                             intermediate_size=i["ffn"], max_position_embeddings=i["seq"])
-            prof = profiles[rec["gpu_profile"]]
-            offer = Offer(gpus_per_node=i["gpus_per_node"],
-                          inter_node_gbits_per_s=float(rec["inter_node_gbits_per_s"]))
-            g = {"nodes": [i["nodes"]],
-                 "precision_code": [PRECISIONS.index(rec["precision"])],
-                 "seq": [i["seq"]], "micro": [i["micro"]], "acc": [i["acc"]],
-                 "tp": [i["tp"]], "pp": [i["pp"]], "vpp": [i["vpp"]],
-                 "stage_code": [cm.SHARDING_STAGES.index(rec["sharding"])],
-                 "shard_degree": [i["sharding_degree"]], "dp": [i["dp"]],
-                 "recompute_code": [cm.RECOMPUTE_MODES.index(rec["recompute"])],
-                 "sp": [i["sequence_parallel"]], "flash": [i["flash_attention"]]}
-            out = evaluate_layouts(m, prof, offer, g, efficiency=reference, overlap=0.0)
-            parts = {k: float(out[k][0]) for k in ("compute_s", "efficiency", "tp_s", "pp_s",
-                                                   "opt_s", "dp_sync_s", "bubble",
-                                                   "tokens_per_step", "world")}
-            shape = cm.ModelShape.from_section(m)
-            code = cm.RECOMPUTE_MODES.index(rec["recompute"])
-            f_hw = float(cm.model_flops_per_token(m, i["seq"]) + cm.recompute_extra_flops_per_token(
-                shape, i["seq"], code, i["flash_attention"]))
-            f_attn = float(cm.attention_flops_per_token(shape, i["seq"], code,
-                                                        i["flash_attention"]))
-            work = parts["compute_s"] * parts["efficiency"]
-            parts.update(tokens=float(i["micro"] * i["seq"]),
-                         hidden_per_tp=i["hidden"] / i["tp"],
-                         work_dense=work * (1 - f_attn / f_hw), work_attn=work * f_attn / f_hw)
-            params = cm.ModelShape.from_section(m).params_total
-            rows.append(Row(rec["id"], rec["source"], rec["gpu_profile"],
-                            generation_of(rec["gpu_profile"]), params / 1e9,
-                            _size_class(params), int(parts["world"]),
-                            _measured_tokens(rec, m), parts))
+            m = _model(rec)
+            params = parameter_count(m)
+            row = Row(rec["id"], rec["source"], rec["gpu_profile"],
+                      generation_of(rec["gpu_profile"]), params / 1e9, _size_class(params),
+                      int(rec["nodes"]) * int(rec["gpus_per_node"]), _measured_tokens(rec, m),
+                      source_key(rec["source"]), int(rec["tp"]), int(rec["pp"]), rec, m,
+                      profiles[rec["gpu_profile"]])
+            rows.append(row)
     return rows
 
 
-def _columns(rows: list[Row]) -> dict[str, np.ndarray]:
-    keys = rows[0].parts.keys()
-    cols = {k: np.array([r.parts[k] for r in rows]) for k in keys}
-    cols["measured"] = np.array([r.measured_tokens_per_s_per_device for r in rows])
-    return cols
+def _columns(rows: list[Row]) -> dict:
+    """The rows as arrays: model shape, layout, device and published tokens/s per device."""
+    recs = [(r.record, r.model, r.prof) for r in rows]
+
+    def col(key, fn=int):
+        return np.array([fn(rec[key]) for rec, _, _ in recs])
+
+    shapes = [ModelShape.from_section(m) for _, m, _ in recs]
+    shape = ModelShape(**{f: np.array([getattr(sh, f) for sh in shapes])
+                          for f in ModelShape.__dataclass_fields__})
+    g = {"nodes": col("nodes"), "seq": col("seq"), "micro": col("micro"), "acc": col("acc"),
+         "tp": col("tp"), "pp": col("pp"), "vpp": col("vpp"), "dp": col("dp"),
+         "shard_degree": col("sharding_degree"), "sp": col("sequence_parallel"),
+         "flash": col("flash_attention"),
+         "precision_code": col("precision", PRECISION_CODES.__getitem__),
+         "stage_code": col("sharding", SHARDING.index),
+         "recompute_code": col("recompute", RECOMPUTE.index)}
+    profs = [p for _, _, p in recs]
+    dev = Device(np.array([float(rec.get("device_peak_tflops") or p.peak_for(rec["precision"]))
+                           * 1e12 for rec, _, p in recs]),
+                 np.array([p.sm_count for p in profs]),
+                 np.array([float(rec.get("device_hbm_gbytes_per_s") or
+                                 p.memory_bandwidth_gbytes_per_s) * 1e9 for rec, _, p in recs]),
+                 np.array([p.intra_node_gbytes_per_s * 1e9 for p in profs]),
+                 col("inter_node_gbits_per_s", float) / 8 * 1e9, col("gpus_per_node"))
+    return {"shape": shape, "g": g, "dev": dev,
+            "tokens_per_step": g["micro"] * g["acc"] * g["seq"] * g["dp"] * g["shard_degree"],
+            "world": col("nodes") * col("gpus_per_node"),
+            "measured": np.array([r.measured_tokens_per_s_per_device for r in rows]),
+            "source": np.array([r.source_key for r in rows])}
 
 
-def predict(cols: dict[str, np.ndarray], eff_max, half_tokens, half_hidden, overlap,
-            attention_relative=1.0) -> np.ndarray:
-    """Tokens/s per device of each row under these efficiency parameters."""
-    eff = eff_max * cols["tokens"] / (cols["tokens"] + half_tokens) * \
-        cols["hidden_per_tp"] / (cols["hidden_per_tp"] + half_hidden)
-    work = cols["work_dense"] + cols["work_attn"] / attention_relative
-    step = (work / eff + cols["tp_s"]) * cols["bubble"] + cols["pp_s"] + \
-        (1.0 - overlap) * cols["dp_sync_s"] + cols["opt_s"]
-    return cols["tokens_per_step"] / step / cols["world"]
+def _subset(cols: dict, mask) -> dict:
+    idx = np.flatnonzero(np.broadcast_to(mask, cols["measured"].shape)) \
+        if np.asarray(mask).dtype == bool else np.asarray(mask)
+    sh = cols["shape"]
+    shape = ModelShape(**{f: np.asarray(getattr(sh, f))[idx] for f in sh.__dataclass_fields__})
+    return {"shape": shape,
+            "g": {k: v[idx] for k, v in cols["g"].items()},
+            "dev": Device(*(np.asarray(getattr(cols["dev"], f))[idx]
+                            for f in cols["dev"].__dataclass_fields__)),
+            **{k: cols[k][idx] for k in ("tokens_per_step", "world", "measured", "source")}}
+
+
+def predict(cols: dict, gemm_max, kernel_overhead_us, overlap, attention_fraction
+            ) -> np.ndarray:
+    """Tokens/s per device of each row under these constants (step_time_parts)."""
+    parts = step_time_parts(cols["shape"], cols["g"], cols["dev"],
+                            Rates(gemm_max, kernel_overhead_us * 1e-6, overlap,
+                                  attention_fraction))
+    return cols["tokens_per_step"] / parts["step_time_s"] / cols["world"]
 
 
 @dataclass(frozen=True)
 class Fit:
-    eff_max: float
-    half_tokens: float
-    half_hidden: float
+    gemm_max: float
+    kernel_overhead_us: float
     overlap: float
+    attention_fraction: float
     rows: int
-    attention_relative: float = 1.0
 
     @property
     def params(self) -> tuple:
-        return (self.eff_max, self.half_tokens, self.half_hidden, self.overlap,
-                self.attention_relative)
-
-    def efficiency(self, base: Efficiency, *, source: str, fit_error: float,
-                   date: str) -> Efficiency:
-        return dataclasses.replace(base, max=round(self.eff_max, 4),
-                                   half_tokens=round(self.half_tokens, 1),
-                                   half_hidden=round(self.half_hidden, 1),
-                                   comm_overlap=round(self.overlap, 3),
-                                   attention_relative=round(self.attention_relative, 3),
-                                   source=source,
-                                   calibrated_at=date, fit_error=round(fit_error, 4))
+        return (self.gemm_max, self.kernel_overhead_us, self.overlap, self.attention_fraction)
 
 
-def fit(cols: dict[str, np.ndarray], mask: np.ndarray | None = None) -> Fit:
-    """Least squares on log(pred/measured), soft-L1 (robust to a few odd rows).
+def source_weights(sources: np.ndarray) -> np.ndarray:
+    """Per row 1/sqrt(rows of its source) on the squared residual scale: a source's total
+    weight grows with the square root of its size."""
+    _, inverse, counts = np.unique(sources, return_inverse=True, return_counts=True)
+    return 1.0 / np.sqrt(counts[inverse])
 
-    Parameters are bounded to physical ranges: max in (0.05, 0.95), T½ and H½ in (1, 1e5),
-    overlap in (0, 0.95)."""
+
+def fit(cols: dict, mask: np.ndarray | None = None) -> Fit:
+    """Robust least squares (soft-L1) on log(pred/published), sources weighted (see module
+    docstring), each constant pulled weakly towards PRIOR. Bounds: GEMM fraction 0.2-0.95,
+    kernel overhead 0.5-100 us, overlap 0-0.95, attention fraction 0.2-2."""
     from scipy.optimize import least_squares
 
     if mask is not None:
-        cols = {k: v[mask] for k, v in cols.items()}
-    lo = np.array([math.log(0.05), 0.0, 0.0, -6.0, math.log(0.25)])
-    hi = np.array([math.log(0.95), math.log(1e5), math.log(1e5), 3.0, math.log(4.0)])
-
-    def unpack(x):
-        return (math.exp(x[0]), math.exp(x[1]), math.exp(x[2]), 0.95 / (1 + math.exp(-x[3])),
-                math.exp(x[4]))
+        cols = _subset(cols, mask)
+    w = np.sqrt(source_weights(cols["source"]))
+    names = ("gemm_max", "kernel_overhead_us", "overlap", "attention_fraction")
+    prior = np.log([PRIOR[n] for n in names])
+    lo = np.log([0.2, 0.5, 1e-3, 0.2])
+    hi = np.log([0.95, 100.0, 0.95, 2.0])
 
     def residuals(x):
-        return np.log(predict(cols, *unpack(x)) / cols["measured"])
+        pred = predict(cols, *np.exp(x))
+        return np.concatenate([w * np.log(pred / cols["measured"]), (x - prior) / PRIOR_SIGMA])
 
-    x0 = np.array([math.log(0.55), math.log(2048.0), math.log(384.0), 0.0, 0.0])
-    res = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1)
-    e, t, h, o, a = unpack(res.x)
-    return Fit(e, t, h, o, rows=len(cols["measured"]), attention_relative=a)
+    res = least_squares(residuals, np.clip(prior, lo + 1e-6, hi - 1e-6), bounds=(lo, hi),
+                        loss="soft_l1", f_scale=0.1)
+    return Fit(*(float(v) for v in np.exp(res.x)), rows=len(cols["measured"]))
 
 
-def relative_errors(cols: dict[str, np.ndarray], f: Fit) -> np.ndarray:
+def relative_errors(cols: dict, f: Fit) -> np.ndarray:
     """|predicted - published| / published, tokens/s per device."""
     pred = predict(cols, *f.params)
     return np.abs(pred - cols["measured"]) / cols["measured"]
 
 
-def leave_one_out(rows: list[Row]) -> dict[str, np.ndarray]:
-    """Per row: the prediction from a fit to the other rows of its generation (never its own).
-
-    Returns arrays aligned with `rows`: predicted, measured, ratio (published/predicted)."""
+def _held_out(rows: list[Row], groups: np.ndarray) -> dict[str, np.ndarray]:
+    """Per row: the prediction from a fit to the rows of its generation outside its group."""
     cols = _columns(rows)
     gens = np.array([r.generation for r in rows])
     pred = np.full(len(rows), np.nan)
     for gen in sorted(set(gens) - {""}):
-        idx = np.flatnonzero(gens == gen)
-        for i in idx:
-            mask = (gens == gen)
-            mask[i] = False
-            f = fit(cols, mask)
-            pred[i] = predict({k: v[i:i + 1] for k, v in cols.items()}, *f.params)[0]
+        for grp in sorted(set(groups[gens == gen])):
+            test = (gens == gen) & (groups == grp)
+            train = (gens == gen) & (groups != grp)
+            if not train.any():
+                continue
+            f = fit(cols, train)
+            pred[test] = predict(_subset(cols, test), *f.params)
     return {"predicted": pred, "measured": cols["measured"],
             "ratio": cols["measured"] / pred}
+
+
+def leave_one_out(rows: list[Row]) -> dict[str, np.ndarray]:
+    """Leave-one-ROW-out: each row predicted by a fit to the other rows of its generation."""
+    return _held_out(rows, np.arange(len(rows)))
+
+
+def leave_one_source_out(rows: list[Row]) -> dict[str, np.ndarray]:
+    """Leave-one-SOURCE-out: each row predicted by a fit to the OTHER sources of its
+    generation (never its own paper or repository), the error a user meets on a new source."""
+    return _held_out(rows, np.array([r.source_key for r in rows]))
 
 
 def is_large(row: Row) -> bool:
@@ -221,26 +259,59 @@ def is_large(row: Row) -> bool:
 
 
 MIN_LARGE_ROWS = 8  # fewer large-model rows than this: the generation's interval applies
+Z90 = 1.2816  # the standard normal's 90th percentile
+
+
+def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    order = np.argsort(values)
+    v, w = np.asarray(values)[order], np.asarray(weights, dtype=float)[order]
+    cum = (np.cumsum(w) - 0.5 * w) / w.sum()
+    return float(np.interp(q, cum, v))
+
+
+MIN_SOURCES = 3  # fewer cannot measure the spread between sources
+UNMEASURED_INTERVAL = (0.6, 1.7)  # gptplan.profile.Efficiency's default for unfitted hardware
+
+
+def small_sample_widening(sources: int) -> float:
+    """The stated rule for few sources: the log-interval is stretched by t(0.9, n-1)/z(0.9),
+    Student's t over the normal at n sources (a predictive interval from n groups)."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.9, max(sources, 2) - 1) / Z90)
+
+
+def interval_from_sources(ratios: np.ndarray, sources: np.ndarray) -> tuple[float, float, int]:
+    """p10, p90 of held-out published/modelled ratios, each SOURCE weighted equally (a row's
+    weight 1/rows of its source), widened around the median by `small_sample_widening`; with
+    fewer than MIN_SOURCES sources the spread between sources is not measured at all, so the
+    interval is at least UNMEASURED_INTERVAL (unwidened). Returns (p10, p90, sources)."""
+    ok = np.isfinite(ratios)
+    r, src = np.log(ratios[ok]), sources[ok]
+    _, inverse, counts = np.unique(src, return_inverse=True, return_counts=True)
+    w = 1.0 / counts[inverse]
+    med = weighted_quantile(r, w, 0.5)
+    k = small_sample_widening(len(counts)) if len(counts) >= MIN_SOURCES else 1.0
+    lo = math.exp(min(med + (weighted_quantile(r, w, 0.1) - med) * k, 0.0))
+    hi = math.exp(max(med + (weighted_quantile(r, w, 0.9) - med) * k, 0.0))
+    if len(counts) < MIN_SOURCES:
+        lo, hi = min(lo, UNMEASURED_INTERVAL[0]), max(hi, UNMEASURED_INTERVAL[1])
+    return lo, hi, len(counts)
 
 
 def row_interval(rows: list[Row], ratios: np.ndarray, i: int) -> tuple[float, float]:
-    """Row i's 80% interval from the other rows' leave-one-out ratios: p10..p90 of its
-    generation, widened to p10..p90 of the generation's large models (>= LARGE_MODEL_PARAMS)
-    when row i is large and there are enough of them. Row i never sets its own interval."""
+    """Row i's 80% interval from the held-out ratios of the OTHER sources of its generation
+    (its own source never sets it): `interval_from_sources`, and for a large model the wider of
+    that and the large rows' own (when there are MIN_LARGE_ROWS of them)."""
     gens = np.array([r.generation for r in rows])
+    srcs = np.array([r.source_key for r in rows])
     large = np.array([is_large(r) for r in rows])
-    ok = np.isfinite(ratios)
-    ok[i] = False
-    lo, hi = interval_ratios(ratios[ok & (gens == gens[i])])
-    side = ok & (gens == gens[i]) & large
+    ok = np.isfinite(ratios) & (gens == gens[i]) & (srcs != srcs[i])
+    if not ok.any():
+        return float("nan"), float("nan")
+    lo, hi, _ = interval_from_sources(ratios[ok], srcs[ok])
+    side = ok & large
     if large[i] and side.sum() >= MIN_LARGE_ROWS:
-        big_lo, big_hi = interval_ratios(ratios[side])
+        big_lo, big_hi, _ = interval_from_sources(ratios[side], srcs[side])
         lo, hi = min(lo, big_lo), max(hi, big_hi)
     return lo, hi
-
-
-def interval_ratios(ratios: np.ndarray) -> tuple[float, float]:
-    """p10 and p90 of published/modelled: the 80% interval's multipliers on throughput."""
-    r = np.asarray(ratios, dtype=float)
-    r = r[np.isfinite(r)]
-    return float(np.quantile(r, 0.1)), float(np.quantile(r, 0.9))

@@ -122,6 +122,9 @@ def candidate_record(table: CandidateTable, i: int, currency: str, *, chosen: in
         "modelled_tokens_per_second_p90": r["tokens_per_s_p90"],
         "modelled_hours_p10": r["hours_p10"], "modelled_hours_p90": r["hours_p90"],
         f"modelled_cost_{cur}_p10": r["cost_p10"], f"modelled_cost_{cur}_p90": r["cost_p90"],
+        "interval_basis": r["offer_choice"].profile.efficiency_for(r["precision"]).interval_basis
+        or "uncalibrated default spread",
+        "may_fit": bool(r.get("may_fit", False)),
     }
     from planner.costreport import price_record
 
@@ -358,7 +361,9 @@ def render_choice(result) -> str:
 
     lines += price_lines(result)
     if est.cost_p90 > 0:
-        lines.append(f"        80% interval (p10-p90; throughput, price and preemptions): "
+        basis = est.interval.split(": ", 1)[-1].split(" (hardware_profiles")[0]
+        lines.append(f"        80% interval (p10-p90; throughput, price and preemptions; "
+                     f"throughput from {basis[:90]}): "
                      f"{est.tokens_per_second_p10:,.0f}-{est.tokens_per_second_p90:,.0f} "
                      f"tokens/s, {est.hours_p10:,.3g}-{est.hours_p90:,.3g} h, "
                      f"{money(est.cost_p10)}-{money(est.cost_p90)} {cur}")

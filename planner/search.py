@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gptplan.memory import MEMORY_MODEL_ERROR
+from gptplan.steptime import Device, Rates, step_time_parts
 from planner import costmodel as cm
 from planner import spotrisk
 from planner.corpus_stats import CorpusStatistics
@@ -195,7 +197,11 @@ def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
                              m.intermediate_size, m.vocab_size))]
     if prof.device == "cpu":
         tps = [1]
-    pps = [p for p in s.pipeline_parallel if m.num_hidden_layers % p == 0 and
+    # uneven stages are allowed (Paddle's PipelineLayer segments L layers over p stages with
+    # the remainder spread, SegmentLayers.uniform): the biggest stage, ceil(L/p) layers, sets
+    # time and memory. Paddle's auto_tuner (prune.py prune_by_pp) prunes L % p != 0 as a
+    # search-space choice, not a limit of the runtime; published runs use such layouts.
+    pps = [p for p in s.pipeline_parallel if p <= m.num_hidden_layers and
            (prof.device != "cpu" or p == 1)]
     stages = [cm.SHARDING_STAGES.index(z) for z in s.sharding
               if prof.device != "cpu" or z == ""]
@@ -282,8 +288,13 @@ def evaluate_layouts(m, prof: Profile, offer: Offer, g: dict, *, efficiency=None
     """The cost model on explicit layouts (one row per entry of the columns in `g`: nodes,
     precision_code, seq, micro, acc, tp, pp, vpp, stage_code, shard_degree, dp,
     recompute_code, sp, flash). Returns per-row memory, step time and its parts, tokens/s and
-    MFU. `efficiency` overrides the profile's (max, half_tokens, half_hidden) per precision
-    (used by the fitting script); `overlap` the share of gradient sync hidden behind compute.
+    MFU. Step time is gptplan.steptime.step_time_parts, the one composition the fit and the
+    runner use too. `efficiency` overrides the profile's fitted constants per precision;
+    `overlap` the share of gradient sync hidden behind compute.
+
+    Memory: a row over the usable limit (memory_gb x memory_headroom) by less than the memory
+    model's own error (gptplan.memory.MEMORY_MODEL_ERROR) is kept as `may_fit` (the probe
+    settles it) instead of being cut at 100% of a point estimate.
     """
     shape = cm.ModelShape.from_section(m)
     gpn = offer.gpus_per_node
@@ -300,53 +311,27 @@ def evaluate_layouts(m, prof: Profile, offer: Offer, g: dict, *, efficiency=None
     def by_precision(attr: str) -> np.ndarray:
         return np.array([getattr(e, attr) for e in per_precision])[g["precision_code"]]
 
-    # memory
     mem = cm.memory_per_device_bytes(
         shape, seq_len=g["seq"], micro_batch=g["micro"], accumulation=g["acc"], tp=g["tp"],
         pp=g["pp"], stage_code=g["stage_code"], shard_degree=g["shard_degree"],
         recompute_code=g["recompute_code"], seq_parallel=g["sp"], mixed_precision=mixed,
         overhead_gb=eff.memory_overhead_gb, fragmentation=eff.fragmentation,
         flash_attention=g["flash"], virtual_pp=g["vpp"])
-    fits = mem <= prof.memory_gb * cm.GB * memory_headroom
+    limit = prof.memory_gb * cm.GB * memory_headroom
+    may_fit = (mem > limit) & (mem <= limit * (1.0 + MEMORY_MODEL_ERROR))
 
-    # compute
     peak = np.array([prof.peak_for(p) for p in PRECISIONS])[g["precision_code"]] * 1e12
-    f_model = cm.model_flops_per_token(m, g["seq"])
-    f_hw = f_model + cm.recompute_extra_flops_per_token(shape, g["seq"], g["recompute_code"],
-                                                        g["flash"])
-    tokens_per_rank = g["micro"] * g["acc"] * g["seq"]
-    efficiency_ = cm.compute_efficiency(micro_batch=g["micro"], seq_len=g["seq"],
-                                        hidden_per_tp=m.hidden_size / g["tp"],
-                                        eff_max=by_precision("max"),
-                                        half_tokens=by_precision("half_tokens"),
-                                        half_hidden=by_precision("half_hidden"),
-                                        rolloff_tokens=by_precision("rolloff_tokens"))
-    # attention matmuls run at their own relative efficiency (fitted per generation)
-    f_attn = cm.attention_flops_per_token(shape, g["seq"], g["recompute_code"], g["flash"])
-    f_effective = f_hw - f_attn + f_attn / by_precision("attention_relative")
-    t_compute = tokens_per_rank * f_effective / (g["tp"] * g["pp"]) / (peak * efficiency_)
-
-    # communication
-    act_bytes = np.where(mixed, 2.0, 4.0)
-    intra = prof.intra_node_gbytes_per_s * 1e9
     inter = offer.inter_node_gbits_per_s / 8 * 1e9 if offer.inter_node_gbits_per_s else 1.0
-    tp_bytes = g["micro"] * g["seq"] * m.hidden_size * act_bytes
-    t_tp = (m.num_hidden_layers / g["pp"]) * g["acc"] * 4 * \
-        cm.ring_allreduce_seconds(tp_bytes, g["tp"], intra)
-    pp_link = np.where(g["nodes"] > 1, inter, intra)
-    p2p_bytes = tp_bytes / np.where(g["sp"] > 0, g["tp"], 1)
-    t_pp = np.where(g["pp"] > 1, 2.0 * g["acc"] * g["vpp"] * p2p_bytes / pp_link, 0.0)
-    t_dp = cm.gradient_sync_seconds(
-        params=shape.params_total, grad_bytes=act_bytes, tp=g["tp"], pp=g["pp"], dp=g["dp"],
-        shard_degree=g["shard_degree"], stage_code=g["stage_code"], accumulation=g["acc"],
-        gpus_per_node=gpn, intra_bytes_per_s=intra, inter_bytes_per_s=inter)
-    t_opt = shape.params_total / (g["tp"] * g["pp"] * g["shard_degree"]) * 16 * 3 / \
-        (prof.memory_bandwidth_gbytes_per_s * 1e9)
-    hidden_share = eff.comm_overlap if overlap is None else overlap
-    bubble = cm.pipeline_bubble_factor(g["pp"], g["acc"], g["vpp"])
-    step_time = (t_compute + t_tp) * bubble + t_pp + (1 - hidden_share) * t_dp + t_opt
-
+    dev = Device(peak, prof.sm_count, prof.memory_bandwidth_gbytes_per_s * 1e9,
+                 prof.intra_node_gbytes_per_s * 1e9, inter, gpn)
+    rates = Rates(by_precision("max"), by_precision("kernel_overhead_us") * 1e-6,
+                  eff.comm_overlap if overlap is None else overlap,
+                  by_precision("attention_relative"), by_precision("half_tokens"),
+                  by_precision("half_hidden"), by_precision("rolloff_tokens"))
+    parts = step_time_parts(shape, g, dev, rates)
+    step_time = parts["step_time_s"]
     tokens_per_s = tokens_per_step / step_time
+    f_model = cm.model_flops_per_token(m, g["seq"])
     mfu = f_model * tokens_per_s / (world * peak)
     n = len(step_time)
     return {"nodes": g["nodes"], "gpus_per_node": np.full(n, gpn), "world": world,
@@ -354,12 +339,13 @@ def evaluate_layouts(m, prof: Profile, offer: Offer, g: dict, *, efficiency=None
             "acc": g["acc"], "tp": g["tp"], "pp": g["pp"], "vpp": g["vpp"], "dp": g["dp"],
             "shard_degree": g["shard_degree"], "stage_code": g["stage_code"],
             "recompute_code": g["recompute_code"], "sp": g["sp"], "flash": g["flash"],
-            "tokens_per_step": tokens_per_step, "memory_gb": mem / cm.GB, "fits": fits,
-            "efficiency": efficiency_, "hidden_per_tp": m.hidden_size / g["tp"],
-            "step_time_s": step_time, "compute_s": t_compute,
-            "comm_s": t_tp + t_pp + (1 - hidden_share) * t_dp,
-            "dp_sync_s": t_dp, "tp_s": t_tp, "pp_s": t_pp, "opt_s": t_opt, "bubble": bubble,
-            "tokens_per_s": tokens_per_s,
+            "tokens_per_step": tokens_per_step, "memory_gb": mem / cm.GB,
+            "fits": (mem <= limit) | may_fit, "may_fit": may_fit,
+            "efficiency": parts["efficiency"], "hidden_per_tp": m.hidden_size / g["tp"],
+            "step_time_s": step_time,
+            "compute_s": parts["compute_s"], "comm_s": parts["comm_s"],
+            "dp_sync_s": parts["dp_sync_s"], "tp_s": parts["tp_s"], "pp_s": parts["pp_s"],
+            "opt_s": parts["opt_s"], "bubble": parts["bubble"], "tokens_per_s": tokens_per_s,
             "tokens_per_s_per_device": tokens_per_s / world, "mfu": mfu}
 
 
@@ -375,6 +361,13 @@ def _hours(rows: dict, checkpoint_hours, spot_rate: float, sp) -> tuple:
     preemptions = spotrisk.expected_preemptions(nodes=rows["nodes"], rate_per_node_hour=spot_rate,
                                                 running_hours=running)
     return running + sp.startup_minutes / 60, interval, useful, preemptions
+
+
+def may_fit_note(memory_gb: float, prof: Profile, memory_headroom: float) -> str:
+    """The flag a user sees on a row kept inside the memory model's own error."""
+    return (f"may fit (modelled {memory_gb * cm.GB / 2**30:.1f} GiB of "
+            f"{prof.memory_gb * memory_headroom * cm.GB / 2**30:.1f} GiB usable, "
+            f"+-{MEMORY_MODEL_ERROR:.0%} model error): probe it before a long run")
 
 
 def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) -> dict:

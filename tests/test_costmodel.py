@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
+from gptplan import steptime as st
 from planner import costmodel as cm
 from gptplan.modelfacts import MODEL_SIZES
 from gptplan.plan import ModelSection
@@ -47,7 +48,7 @@ def test_korthikanti_activation_table():
 
 def test_recompute_flops_match_narayanan_ratio():
     """[N21]: full recompute costs about 4/3 of model FLOPs (exactly 4/3 of the 6N part)."""
-    extra = cm.recompute_extra_flops_per_token(SHAPE, 1024, 3)
+    extra = st.recompute_extra_flops_per_token(SHAPE, 1024, 3)
     assert extra == pytest.approx(2 * SHAPE.params_body + 4 * 12 * 768 * 1024)
     model = cm.model_flops_per_token(BASE, 1024)
     assert 1.2 < (model + extra) / model < 4 / 3 + 0.01
@@ -63,16 +64,16 @@ def test_young_daly_and_useful_fraction():
 
 
 def test_bubble_and_ring():
-    assert cm.pipeline_bubble_factor(4, 8) == pytest.approx(11 / 8)
-    assert cm.pipeline_bubble_factor(1, 8) == 1.0
-    assert cm.ring_allreduce_seconds(1e9, 4, 1e9) == pytest.approx(1.5)
-    assert cm.ring_allreduce_seconds(1e9, 1, 1e9) == 0.0
+    assert st.pipeline_bubble_factor(4, 8) == pytest.approx(11 / 8)
+    assert st.pipeline_bubble_factor(1, 8) == 1.0
+    assert st.ring_allreduce_seconds(1e9, 4, 1e9) == pytest.approx(1.5)
+    assert st.ring_allreduce_seconds(1e9, 1, 1e9) == 0.0
 
 
 def test_efficiency_grows_with_work_and_saturates():
-    small = cm.compute_efficiency(micro_batch=1, seq_len=128, hidden_per_tp=256, eff_max=0.5,
+    small = st.curve_efficiency(micro_batch=1, seq_len=128, hidden_per_tp=256, eff_max=0.5,
                                   half_tokens=2048, half_hidden=384)
-    big = cm.compute_efficiency(micro_batch=64, seq_len=2048, hidden_per_tp=8192, eff_max=0.5,
+    big = st.curve_efficiency(micro_batch=64, seq_len=2048, hidden_per_tp=8192, eff_max=0.5,
                                 half_tokens=2048, half_hidden=384)
     assert small < 0.05 < 0.45 < big <= 0.5
 
@@ -102,3 +103,161 @@ def test_memory_is_monotone(tp, pp, stage, recompute, mixed, micro):
     if tp > 1:
         assert memory(**(base | {"seq_parallel": True})) <= here
     assert memory(**(base | {"micro_batch": micro * 2})) >= here
+
+
+# ---- issue 17: step time from the work, per device ----------------------------------------------
+
+def _layouts(model: ModelSection, profile: str, **g):
+    """evaluate_layouts on one H100/A100 node layout (one row per value)."""
+    from planner.hardware import Offer, load_profiles
+    from planner.search import evaluate_layouts
+
+    base = {"nodes": 1, "precision_code": 2, "seq": 4096, "micro": 1, "acc": 1, "tp": 1,
+            "pp": 1, "vpp": 1, "stage_code": 0, "shard_degree": 1, "dp": 8,
+            "recompute_code": 0, "sp": 0, "flash": 1} | g
+    offer = Offer(gpus_per_node=8, inter_node_gbits_per_s=3200.0)
+    return evaluate_layouts(model, load_profiles()[profile], offer,
+                            {k: np.atleast_1d(v) for k, v in base.items()},
+                            memory_headroom=g.pop("memory_headroom", 0.9))
+
+
+LLAMA_70B = ModelSection(family="llama", hidden_size=8192, num_hidden_layers=80,
+                         num_attention_heads=64, num_key_value_heads=8,
+                         intermediate_size=28672, vocab_size=128256,
+                         max_position_embeddings=4096)
+LLAMA_7B = ModelSection(family="llama", hidden_size=4096, num_hidden_layers=32,
+                        num_attention_heads=32, intermediate_size=11008, vocab_size=32000,
+                        max_position_embeddings=4096)
+
+
+def test_tp8_shard_of_70b_is_not_half_as_efficient_per_flop_as_tp1_7b_on_h100():
+    """A tp-8 shard of a 70B layer still has big GEMMs (m = b·s tokens, n, k >= 1024): per
+    FLOP it runs within what the GEMM-shape model says of a tp-1 7B layer at the same tokens
+    per micro-batch. The old fitted H/(H + H½) curve (H½ ~ 1,000 on H100) put it at ~0.6."""
+    big = _layouts(LLAMA_70B, "h100-80gb", tp=8, dp=1)
+    small = _layouts(LLAMA_7B, "h100-80gb", tp=1, dp=8)
+
+    def flops_per_compute_second(m, out, tp):
+        per_device = cm.model_flops_per_token(m, 4096) * 4096 / tp
+        return float(per_device / out["compute_s"][0])
+
+    ratio = flops_per_compute_second(LLAMA_70B, big, 8) / \
+        flops_per_compute_second(LLAMA_7B, small, 1)
+    assert ratio > 0.85
+
+
+def test_gemm_tile_and_wave_quantisation():
+    """[MM]: one more row than fills 132 SMs x 128-row tiles starts a second wave (about twice
+    the time); a dimension one past a tile multiple pays for a whole extra tile."""
+    dev = st.Device(989e12, 132, 3.35e12, 900e9, 50e9, 8)
+    one_wave = st.gemm_seconds(11 * 128, 12 * 128, 8192, dev, 0.7, 2.0)  # 132 tiles
+    two_waves = st.gemm_seconds(11 * 128 + 1, 12 * 128, 8192, dev, 0.7, 2.0)  # 144 tiles
+    assert two_waves == pytest.approx(2 * one_wave, rel=0.01)
+    assert one_wave == pytest.approx(132 * 128 * 128 * 8192 * 2 / (989e12 * 0.7))
+    exact = st.gemm_seconds(22 * 128, 12 * 128, 8192, dev, 0.7, 2.0)  # 264 tiles: 2 waves
+    padded = st.gemm_seconds(22 * 128, 12 * 128 + 1, 8192, dev, 0.7, 2.0)  # 286: 3 waves
+    assert padded == pytest.approx(1.5 * exact, rel=0.01)
+    # a skinny GEMM is memory-bound (roofline): its bytes over HBM bandwidth set the time
+    skinny = st.gemm_seconds(16, 8192, 8192, dev, 0.7, 2.0)
+    assert skinny == pytest.approx(2.0 * (16 * 8192 * 2 + 8192 * 8192) / 3.35e12)
+
+
+def test_flat_zero3_group_of_1024_ranks_pays_per_message_latency():
+    """ZeRO-3 gathers and reduce-scatters per layer and micro-batch; a flat ring of 1,024 ranks
+    pays 1,023 network steps per message, so it is not free next to a group of 16. With
+    bandwidth terms only (the old model) both cost the same."""
+    small = ModelSection(**vars(MODEL_SIZES["gpt-base-110m"]))
+    flat = _layouts(small, "h100-80gb", nodes=128, stage_code=3, shard_degree=1024, dp=1)
+    node = _layouts(small, "h100-80gb", nodes=2, stage_code=3, shard_degree=16, dp=1)
+    assert flat["dp_sync_s"][0] > 3 * node["dp_sync_s"][0]
+    one = st.collective_latency_seconds(1024, 8, 1.0)
+    assert one == pytest.approx(st.ALPHA_LAUNCH_S + 1023 * st.ALPHA_NETWORK_S)
+
+
+def test_uneven_pipeline_stages_plan_126_layers_on_16_stages():
+    """Paddle's SegmentLayers.uniform places 126 layers on 16 stages (14 of 8 layers, 2 of 7; the
+    biggest stage has ceil(126/16) = 8 layers and sets step time and memory)."""
+    import tomli
+    from conftest import merge
+
+    from planner.hardware import load_profiles
+    from planner.search import allowed_offers, evaluate_space
+    from planner.spec import EMBEDDED_SPEC, spec_from_dict
+
+    bank = tomli.loads(EMBEDDED_SPEC.read_text())
+    model = {"size": "gpt-13b", "hidden_size": 16384, "num_hidden_layers": 126,
+             "num_attention_heads": 128, "intermediate_size": 65536, "vocab_size": 128000,
+             "max_position_embeddings": 4096}
+    s = spec_from_dict(merge(bank, {
+        "model": model,
+        "constraints": {"profiles": ["h100-80gb"], "seq_lens": [4096], "precisions": ["bf16"],
+                        "max_nodes": 128, "budget": 0.0, "deadline_hours": 0.0,
+                        "global_batch_tokens_min": 4096 * 128,
+                        "global_batch_tokens_max": 4096 * 128},
+        "search": {"micro_batch_sizes": [1], "accumulation_steps": [128],
+                   "tensor_parallel": [8], "pipeline_parallel": [16], "virtual_pp": [1],
+                   "sharding": [""], "recompute": ["full"], "sequence_parallel": [True],
+                   "node_counts": [16]}}), file="spec.toml")
+    table = evaluate_space(s, allowed_offers(s, load_profiles()), s.job.target_tokens)
+    assert len(table) and (table["pp"] == 16).all() and table["fits"].any()
+    m = s.model_section()
+    args = dict(seq_len=4096, micro_batch=1, accumulation=128, tp=8, pp=16, stage_code=0,
+                shard_degree=1, recompute_code=3, seq_parallel=True, mixed_precision=True,
+                overhead_gb=1.0, fragmentation=1.0)
+    uneven = cm.memory_per_device_bytes(cm.ModelShape.from_section(m), **args)
+    m128 = ModelSection(**(vars(m) | {"num_hidden_layers": 128}))
+    even = cm.memory_per_device_bytes(cm.ModelShape.from_section(m128), **args)
+    # the biggest stage holds 8 layers, as every stage of a 128-layer model does
+    assert uneven == pytest.approx(even, rel=0.01)
+
+
+def test_a_layout_two_percent_over_the_modelled_memory_may_fit():
+    """Over the usable limit by less than the memory model's own error: kept and flagged
+    'may fit'; 10% over: dropped."""
+    from gptplan.memory import MEMORY_MODEL_ERROR
+    from planner.hardware import load_profiles
+    from planner.search import may_fit_note
+
+    m = ModelSection(**vars(MODEL_SIZES["gpt-base-110m"]))
+    mem_gb = float(_layouts(m, "h100-80gb", micro=16)["memory_gb"][0])
+    prof = load_profiles()["h100-80gb"]
+    for over, kept in ((1.02, True), (1.10, False)):
+        headroom = mem_gb / (over * prof.memory_gb)
+        out = _layouts(m, "h100-80gb", micro=16, memory_headroom=headroom)
+        assert bool(out["fits"][0]) is kept
+        assert bool(out["may_fit"][0]) is kept
+    assert MEMORY_MODEL_ERROR > 0.02
+    note = may_fit_note(mem_gb, prof, mem_gb / (1.02 * prof.memory_gb))
+    assert note.startswith("may fit (modelled") and "GiB" in note and "+-" in note
+
+
+def test_interval_basis_is_leave_one_source_out_and_never_the_rows_own_source():
+    from planner import published as pb
+    from planner.hardware import load_profiles
+
+    eff = load_profiles()["a100-80gb"].efficiency
+    assert eff.interval_basis.startswith("leave-one-source-out over ")
+    assert "sources" in eff.interval_basis
+    rows = pb.load_rows()
+    ratios = np.ones(len(rows)) + 0.05 * np.sin(np.arange(len(rows)))
+    i = next(k for k, r in enumerate(rows) if r.source_key.startswith("Korthikanti"))
+    before = pb.row_interval(rows, ratios, i)
+    same_source = np.array([r.source_key == rows[i].source_key for r in rows])
+    ratios[same_source] = 5.0  # the row's own source, however wrong, does not move it
+    assert pb.row_interval(rows, ratios, i) == before
+
+
+def test_llama_layer_gemms_are_its_real_shapes():
+    """GQA and SwiGLU: the layer's GEMM weights (n x k summed over QKV, output, up, down) are
+    exactly its weight parameters (modelfacts: norms aside), per tensor-parallel rank."""
+    from gptplan.modelfacts import layer_parameters
+
+    shape = cm.ModelShape.from_section(LLAMA_70B)
+    assert shape.gated and shape.kv_heads == 8
+    for tp in (1, 8):
+        weights = sum(float(n * k) for n, k in st._layer_gemms(shape, tp))
+        assert weights * tp == pytest.approx(layer_parameters(LLAMA_70B) - 2 * 8192)
+    gpt = cm.ModelShape.from_section(BASE)
+    assert not gpt.gated
+    weights = sum(float(n * k) for n, k in st._layer_gemms(gpt, 1))
+    assert weights == pytest.approx(4 * 768 * 768 + 2 * 768 * 3072)

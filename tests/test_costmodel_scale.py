@@ -8,6 +8,7 @@ import pytest
 import tomli
 
 from conftest import BASE_PLAN, merge
+from gptplan import steptime as st
 from planner import costmodel as cm
 from planner.hardware import load_profiles
 from planner.search import allowed_offers, decide, evaluate_space
@@ -71,15 +72,18 @@ def test_gradient_sync_moves_only_the_tp_pp_shard_across_nodes():
     # tp 8 x pp 8 on 8-GPU nodes: each node is one pipeline stage holding N/8 parameters; the
     # 4 data-parallel replicas of a shard sit on 4 nodes. Each of the 8 ranks of a node carries
     # its shard N/64·2 bytes, ring factor 2·3/4, over the node's shared link.
-    t = cm.gradient_sync_seconds(tp=8, pp=8, **common)
+    t = st.gradient_sync_seconds(tp=8, pp=8, **common)
     shard = params / 64 * 2
-    assert t[0] == pytest.approx(2 * 3 / 4 * shard * 8 / inter)
+    # plus alpha: one all-reduce per 32 MB bucket, each a launch + NCCL's tree over 4 nodes
+    alpha = np.ceil(shard / st.BUCKET_BYTES) * (st.ALPHA_LAUNCH_S + 2 * 2 * st.ALPHA_NETWORK_S)
+    assert t[0] == pytest.approx(2 * 3 / 4 * shard * 8 / inter + alpha)
     # the whole model would be 8x more traffic per node (the old formula moved N·2 bytes)
     whole = 2 * 3 / 4 * params * 2 / inter
-    assert t[0] == pytest.approx(whole / 8)
+    assert t[0] - alpha == pytest.approx(whole / 8)
     # pp 1: each node holds all of the model once (8 tp shards) -> the whole model crosses
-    t1 = cm.gradient_sync_seconds(tp=8, pp=1, **common)
-    assert t1[0] == pytest.approx(whole)
+    t1 = st.gradient_sync_seconds(tp=8, pp=1, **common)
+    alpha1 = np.ceil(shard * 8 / st.BUCKET_BYTES) * (st.ALPHA_LAUNCH_S + 4 * st.ALPHA_NETWORK_S)
+    assert t1[0] - alpha1 == pytest.approx(whole)
 
 
 def test_search_time_of_pp8_layout_reflects_the_shard():
@@ -145,9 +149,9 @@ def test_gpt2_micro64_runs_without_recompute_on_a100_with_flash():
 def test_flash_attention_adds_the_backward_score_recompute_flops():
     shape = cm.ModelShape.from_section(GPT2)
     L, h, s = 12, 768, 1024
-    assert cm.recompute_extra_flops_per_token(shape, s, 0, True) == pytest.approx(4 * L * h * s)
+    assert st.recompute_extra_flops_per_token(shape, s, 0, True) == pytest.approx(4 * L * h * s)
     # core_attn recompute is a no-op under flash attention (nothing stored to recompute)
-    assert cm.recompute_extra_flops_per_token(shape, s, 1, True) == pytest.approx(4 * L * h * s)
+    assert st.recompute_extra_flops_per_token(shape, s, 1, True) == pytest.approx(4 * L * h * s)
 
 
 def test_plan_records_flash_attention_and_validates_it():
@@ -198,7 +202,7 @@ def test_hybrid_sharding_plan_validates_and_maps_to_fleet_groups():
 # ---- interleaved pipeline ---------------------------------------------------------------------
 
 def test_interleaved_bubble_and_paddle_rules():
-    assert cm.pipeline_bubble_factor(4, 8, 2) == pytest.approx((8 + 3 / 2) / 8)
+    assert st.pipeline_bubble_factor(4, 8, 2) == pytest.approx((8 + 3 / 2) / 8)
     s = pinned(GPT_70B, profile="a100-80gb", offer="aws/p4de.24xlarge", nodes=4, seq=2048,
                micro=1, acc=16, tp=8, pp=4, vpp=2, recompute="full")
     t = evaluate(s)

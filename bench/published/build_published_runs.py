@@ -12,12 +12,23 @@ Rows come from:
 - Zhang et al. 2022 (OPT), section 2.4 / the OPT-175B logbook: 147 TFLOP/s per A100.
 - BigScience BLOOM-176B model card (training section): about 150 TFLOP/s per A100.
 - torchtitan benchmarks/llama3_h100_202412_torchtitan.md (commit 9dec370 era, 2024-12):
-  Llama 3.1 8B FSDP rows without torch.compile/Float8 (tables 1 and 3). The 70B/405B rows use
-  Float8 and are left out.
+  Llama 3.1 8B FSDP rows without torch.compile/Float8 (tables 1 and 3), as Llama shapes (GQA 8
+  key/value heads, SwiGLU ffn 14336) on the platform the file states (HBM2e 2.4 TB/s, 500 W:
+  peak "between SXM and NVL", taken as their midpoint 912 TFLOP/s). The 70B/405B rows use
+  Float8 (the 70B bf16 numbers of the 2025-06 async-TP file are only in an image) and are
+  left out.
+- Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+  table 4 (end-to-end iteration time, full recompute vs selective recompute + sequence
+  parallel) with the configurations of its table 3 (22B, 175B, 530B, 1T on Selene).
+- Smith et al. 2022, "Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B",
+  system-performance table: 113-126 TFLOP/s per GPU at 280, 350 and 420 DGX A100 nodes.
+MLPerf Training GPT-3 175B results are allowed by issue 17 but not included: their layouts
+were not available here to read exactly.
 PaddleNLP/Paddle: no published GPT pretraining throughput with a full layout was found in the
 sources available here; none is included.
 
 Run: python bench/published/build_published_runs.py --llm-foundry-readme README.md
+     (or --keep-llm-foundry: keep the llm-foundry rows already in the CSV, rebuild the rest)
 """
 
 from __future__ import annotations
@@ -34,7 +45,11 @@ OUT = REPO / "hardware_profiles" / "published_runs.csv"
 COLUMNS = ["id", "source", "gpu_profile", "nodes", "gpus_per_node", "model", "hidden",
            "layers", "heads", "ffn", "vocab", "seq", "micro", "acc", "dp", "tp", "pp", "vpp",
            "sharding", "sharding_degree", "recompute", "sequence_parallel", "flash_attention",
-           "precision", "inter_node_gbits_per_s", "measured", "measured_unit", "notes"]
+           "precision", "inter_node_gbits_per_s", "measured", "measured_unit", "notes",
+           "family", "kv_heads", "device_peak_tflops", "device_hbm_gbytes_per_s"]
+# family/kv_heads: the model family (gpt, llama) and grouped-query key/value heads (0 = all);
+# device_peak_tflops/device_hbm_gbytes_per_s: the run's device where it differs from the
+# profile's datasheet figures (blank = the profile's)
 
 LLMF = ("MosaicML llm-foundry scripts/train/benchmarking/README.md @4952183 (2024-04-22), "
         "table '{table}'")
@@ -123,6 +138,7 @@ def paper_rows() -> list[dict]:
         "sharding_degree": 124, "recompute": "full", "sequence_parallel": 0,
         "flash_attention": 0, "precision": "fp16", "inter_node_gbits_per_s": 1600,
         "measured": 147.0, "measured_unit": "tflops_per_device_megatron_eq3",
+        "family": "gpt", "kv_heads": 0,
         "notes": "992 A100 80GB, Megatron tensor parallel 8 + FSDP, ~2M-token batch (micro 8 "
                  "x 124 data ranks assumed); network: Azure NDm A100 v4 class (8 x 200 Gbps) "
                  "assumed; the FLOP count convention of 147 is taken as Megatron's eq. 3"})
@@ -135,6 +151,7 @@ def paper_rows() -> list[dict]:
         "sharding": "", "sharding_degree": 1, "recompute": "full", "sequence_parallel": 0,
         "flash_attention": 0, "precision": "bf16", "inter_node_gbits_per_s": 400,
         "measured": 150.0, "measured_unit": "tflops_per_device_megatron_eq3",
+        "family": "gpt", "kv_heads": 0,
         "notes": "384 A100 80GB on 48 nodes (Jean Zay), tp 4 pp 12 dp 8, ZeRO stage 1 "
                  "(optimizer states over dp 8; modelled as plain dp), global batch 2048 x 2048; "
                  "4 x 100 Gbps Omni-Path per node"})
@@ -144,24 +161,92 @@ def paper_rows() -> list[dict]:
         rows.append({
             "source": titan.format(t=t), "gpu_profile": "h100-80gb", "nodes": gpus // 8,
             "gpus_per_node": 8, "model": "llama3.1-8b", "hidden": 4096, "layers": 32,
-            "heads": 32, "ffn": 18432, "vocab": 128256, "seq": 8192, "micro": 2, "acc": 1,
+            "heads": 32, "ffn": 14336, "vocab": 128256, "seq": 8192, "micro": 2, "acc": 1,
             "dp": 1, "tp": 1, "pp": 1, "vpp": 1, "sharding": "stage3", "sharding_degree": gpus,
             "recompute": "core_attn", "sequence_parallel": 0, "flash_attention": 1,
             "precision": "bf16", "inter_node_gbits_per_s": 3200, "measured": tps,
             "measured_unit": "tokens_per_s_per_device",
-            "notes": "Grand Teton H100 96GB HBM2e at a 500 W power limit (below the SXM "
-                     "profile's peak); 400 Gb/s RDMA per GPU; selective activation "
-                     "checkpointing modelled as core_attn; GQA/SwiGLU mapped to a GPT shape "
-                     "with the same parameter count (ffn 18432)"})
+            "family": "llama", "kv_heads": 8, "device_peak_tflops": 912.0,
+            "device_hbm_gbytes_per_s": 2400.0,
+            "notes": "Grand Teton H100 96GB HBM2e (2.4 TB/s) at a 500 W power limit; peak "
+                     "between SXM (989) and NVL (835) per the source, midpoint taken; 400 Gb/s "
+                     "RDMA per GPU; selective activation checkpointing modelled as core_attn"})
+    return rows + korthikanti_rows() + mtnlg_rows()
+
+
+KORTHIKANTI = ("Korthikanti et al. 2022, Reducing Activation Recomputation in Large Transformer "
+               "Models, table 4 ({mode}), model {name} of table 3")
+# name, heads, hidden, layers, tp, pp, GPUs, global batch, seconds per iteration: full
+# recompute, selective recompute + sequence parallel (table 4)
+KORTHIKANTI_ROWS = [("22B", 64, 6144, 48, 8, 1, 8, 4, 1.42, 1.10),
+                    ("175B", 96, 12288, 96, 8, 8, 64, 64, 18.13, 13.75),
+                    ("530B", 128, 20480, 105, 8, 35, 280, 280, 49.05, 37.83),
+                    ("1T", 160, 25600, 128, 8, 64, 512, 512, 94.42, 71.49)]
+
+
+def korthikanti_rows() -> list[dict]:
+    rows = []
+    for name, a, h, L, tp, pp, gpus, batch, full_s, selective_s in KORTHIKANTI_ROWS:
+        for mode, seconds, recompute, sp in (("full recompute", full_s, "full", 0),
+                                             ("present work", selective_s, "core_attn", 1)):
+            rows.append({
+                "source": KORTHIKANTI.format(mode=mode, name=name), "gpu_profile": "a100-80gb",
+                "nodes": max(gpus // 8, 1), "gpus_per_node": 8, "model": f"gpt-{name}",
+                "hidden": h, "layers": L, "heads": a, "ffn": 4 * h, "vocab": 51200,
+                "seq": 2048, "micro": 1, "acc": batch // (gpus // (tp * pp)),
+                "dp": gpus // (tp * pp), "tp": tp, "pp": pp, "vpp": 1, "sharding": "",
+                "sharding_degree": 1, "recompute": recompute, "sequence_parallel": sp,
+                "flash_attention": 0, "precision": "fp16", "inter_node_gbits_per_s": 1600,
+                "measured": round(batch * 2048 / seconds / gpus, 2),
+                "measured_unit": "tokens_per_s_per_device", "family": "gpt", "kv_heads": 0,
+                "notes": f"Selene DGX A100 80GB, 8 x 200 Gbps HDR InfiniBand; measured = global "
+                         f"batch {batch} x 2048 tokens / {seconds} s / {gpus} GPUs; micro-batch 1 "
+                         "assumed; selective recompute modelled as core_attn"})
+    return rows
+
+
+MTNLG = ("Smith et al. 2022, Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B, "
+         "system performance table, {nodes} nodes: {tflops} TFLOP/s per GPU")
+
+
+def mtnlg_rows() -> list[dict]:
+    rows = []
+    for nodes, tflops in ((280, 126.0), (350, 121.0), (420, 113.0)):
+        dp = nodes * 8 // (8 * 35)
+        rows.append({
+            "source": MTNLG.format(nodes=nodes, tflops=int(tflops)), "gpu_profile": "a100-80gb",
+            "nodes": nodes, "gpus_per_node": 8, "model": "mt-nlg-530b", "hidden": 20480,
+            "layers": 105, "heads": 128, "ffn": 81920, "vocab": 51200, "seq": 2048,
+            "micro": 1, "acc": 1920 // dp, "dp": dp, "tp": 8, "pp": 35, "vpp": 1,
+            "sharding": "", "sharding_degree": 1, "recompute": "full", "sequence_parallel": 0,
+            "flash_attention": 0, "precision": "fp16", "inter_node_gbits_per_s": 1600,
+            "measured": tflops, "measured_unit": "tflops_per_device_megatron_eq3",
+            "family": "gpt", "kv_heads": 0,
+            "notes": "Selene DGX A100 80GB, 8 x 200 Gbps HDR InfiniBand; tp 8 x pp 35 x dp; "
+                     "global batch 1920 x 2048; micro-batch 1; full activation checkpointing; "
+                     "DeepSpeed ZeRO-1 modelled as plain data parallel"})
     return rows
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--llm-foundry-readme", type=Path, required=True,
+    parser.add_argument("--llm-foundry-readme", type=Path,
                         help="scripts/train/benchmarking/README.md of an llm-foundry checkout")
+    parser.add_argument("--keep-llm-foundry", action="store_true",
+                        help="take the llm-foundry rows from the current CSV")
     args = parser.parse_args()
-    rows = llm_foundry_rows(args.llm_foundry_readme) + paper_rows()
+    if args.keep_llm_foundry:
+        with OUT.open() as f:
+            foundry = [r for r in csv.DictReader(f) if "llm-foundry" in r["source"]]
+    elif args.llm_foundry_readme:
+        foundry = llm_foundry_rows(args.llm_foundry_readme)
+    else:
+        parser.error("give --llm-foundry-readme or --keep-llm-foundry")
+    for row in foundry:
+        row.setdefault("family", "gpt")
+        row["family"] = row.get("family") or "gpt"
+        row["kv_heads"] = row.get("kv_heads") or 0
+    rows = foundry + paper_rows()
     for i, row in enumerate(rows):
         row["id"] = f"r{i:03d}"
     with OUT.open("w", newline="") as f:
