@@ -213,7 +213,7 @@ def optimize(spec, *, settings=None, local_profile: str = "", work_dir: Path | N
     """The whole `planner optimize`: model search, then (with settings.probes > 0) probes,
     calibration, re-rank and one decision; returns the result with the plan to write."""
     from planner.planwriter import candidate_plan, decision_notes
-    from planner.report import describe
+    from planner.report import describe, race_note
 
     stats, target, decision, timings = plan_space(spec, log=log, on_stats=on_stats)
     result = OptimizeResult(spec, stats, target, decision, timings, chosen=decision.chosen)
@@ -265,15 +265,3 @@ def optimize(spec, *, settings=None, local_profile: str = "", work_dir: Path | N
                                      notes=notes)
     return result
 
-
-def race_note(table, race) -> str:
-    """One sentence on the finalists' race: distinguishable or not, and by how much."""
-    from planner.report import short_config
-
-    pick, other = race.finalists[0], race.finalists[1]
-    lo, hi = race.interval
-    verdict = "distinguishable" if race.separated else "NOT distinguishable"
-    return (f"race of {len(race.finalists)} finalists, {race.rounds} round(s), {race.probes} "
-            f"probe(s): the pick {short_config(table, pick)} is {verdict} from the runner-up "
-            f"{short_config(table, other)} (runner-up {race.difference:+.1%} per token, 95% "
-            f"interval {lo:+.1%} .. {hi:+.1%}, p = {race.p_value:.2g}; measured)")

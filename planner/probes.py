@@ -20,7 +20,6 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
 
 from gptplan.lifeline import die_with_parent
 from gptplan.plan import Plan, write_plan
@@ -95,12 +94,6 @@ class ProbeResult:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
-
-
-class ProbeBackend(Protocol):
-    fingerprint: str
-
-    def run(self, plan: Plan, *, steps: int | None = None) -> ProbeResult: ...
 
 
 @dataclass
