@@ -28,9 +28,12 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
+from gptplan.plan import SEED_MAX
+from gptplan.tomlconf import from_table, setting
 from planner.planwriter import candidate_plan
 from planner.probes import LocalProbe, ProbeCache, ProbeResult, config_key
 from planner.search import PRECISIONS, CandidateTable
@@ -43,23 +46,33 @@ CONSTRAINT_ATTR = "constraint"
 
 @dataclass
 class TuneSettings:
-    probes: int = 8                 # real probe runs at most
-    probe_time_s: float = 600.0     # total probe wall time at most
-    trials: int = 200               # trials in all (model-only ones included)
-    seed: int = 0
-    storage: str = ""               # '' = sqlite file in the work dir; URL; or *.journal path
-    multi_objective: bool = False   # NSGA-II on (cost, hours)
-    enqueue: int = 3                # analytic best candidates tried first
-    race: int = -1                  # of the probes, kept to race the finalists (0 = none;
-                                    # -1 = a third of them, at least 2)
-    finalists: int = 0              # configurations entering the race (0 = 2, or 3 when at
-                                    # least 4 probes race)
-    race_steps: int = 0             # measured steps per racing probe (0 = 3 x steps)
-    rank_by: str = "mean"           # finalists by the "mean" or "median" measured step
-    guided: bool = True             # after the seeds, every other probe: calibrated model's pick
-    steps: int = 5
-    warmup: int = 2
-    timeout_s: float = 180.0
+    """How to autotune; ranges checked like the plan's (`tune_settings_from`)."""
+    probes: int = setting(8, "Real probe runs at most.", min=0)
+    probe_time_s: float = setting(600.0, "Total probe wall time at most, s.", min=0)
+    trials: int = setting(200, "Trials in all (model-only ones included).", min=1)
+    seed: int = setting(0, "Sampler seed (32 bits).", min=0, max=SEED_MAX)
+    storage: str = setting("", "'' = SQLite file in the work dir; an RDB URL; or a *.journal "
+                               "path.")
+    multi_objective: bool = setting(False, "NSGA-II on (cost, hours).")
+    enqueue: int = setting(3, "Analytic best candidates tried first.", min=0)
+    race: int = setting(-1, "Of the probes, kept to race the finalists (0 = none; -1 = a "
+                            "third of them, at least 2).", min=-1)
+    finalists: int = setting(0, "Configurations entering the race (0 = 2, or 3 when at least "
+                                "4 probes race).", min=0)
+    race_steps: int = setting(0, "Measured steps per racing probe (0 = 3 x steps).", min=0)
+    rank_by: Literal["mean", "median"] = setting("mean", "Finalists by the mean or median "
+                                                         "measured step.")
+    guided: bool = setting(True, "After the seeds, every other probe is the calibrated "
+                                 "model's pick.")
+    steps: int = setting(5, "Measured steps per probe.", min=1)
+    warmup: int = setting(2, "Warm-up steps per probe (not measured).", min=0)
+    timeout_s: float = setting(180.0, "Seconds per probe.", min=0, min_exclusive=True)
+
+
+def tune_settings_from(table: dict) -> TuneSettings:
+    """TuneSettings from plain values (the CLI's flags), checked: a bad one is a UserError
+    naming `tune.<field>`."""
+    return from_table(TuneSettings, table, file="", section="tune")
 
 
 @dataclass

@@ -115,7 +115,8 @@ def _tune_args(p: argparse.ArgumentParser, default_probes: int = 0) -> None:
 # Which command-line flag sets which spec key (errors in those values name the flag).
 FLAGS = {"constraints.budget": "--budget", "constraints.deadline_hours": "--deadline-hours",
          "constraints.currency": "--currency", "constraints.profiles": "--hardware",
-         "constraints.spot": "--spot/--no-spot", "job.target_tokens": "--target-tokens"}
+         "constraints.spot": "--spot/--no-spot", "job.target_tokens": "--target-tokens",
+         "search.top": "--top"}
 
 
 def check_writable_file(path: Path, *, key: str) -> None:
@@ -146,6 +147,8 @@ def spec_overrides(args) -> dict:
         out["constraints.spot"] = args.spot
     if args.target_tokens is not None:
         out["job.target_tokens"] = args.target_tokens
+    if getattr(args, "top", None) is not None:  # checked by the spec's range (search.top)
+        out["search.top"] = args.top
     for item in getattr(args, "set", []) or []:
         key, sep, raw = item.partition("=")
         if not sep or "." not in key:
@@ -194,12 +197,23 @@ def _quiet(*_args, **_kwargs) -> None:
     return None
 
 
-def tune_settings(args):
-    from planner.autotune import TuneSettings
+TUNE_FLAGS = {"probes": "--probes", "probe_time_s": "--probe-time", "trials": "--trials",
+              "seed": "--seed", "storage": "--storage", "multi_objective": "--multi-objective",
+              "timeout_s": "--probe-timeout"}
 
-    return TuneSettings(probes=args.probes, probe_time_s=args.probe_time, trials=args.trials,
-                        seed=args.seed, storage=args.storage,
-                        multi_objective=args.multi_objective, timeout_s=args.probe_timeout)
+
+def tune_settings(args):
+    """The autotuning flags, range-checked by TuneSettings' schema (errors name the flag)."""
+    from planner.autotune import tune_settings_from
+
+    table = {"probes": args.probes, "probe_time_s": args.probe_time, "trials": args.trials,
+             "seed": args.seed, "storage": args.storage,
+             "multi_objective": args.multi_objective, "timeout_s": args.probe_timeout}
+    try:
+        return tune_settings_from(table)
+    except UserError as exc:
+        exc.file, exc.key = None, TUNE_FLAGS[exc.key.split(".", 1)[1]]
+        raise
 
 
 def probe_logger(log):
@@ -231,6 +245,7 @@ def cmd_optimize(args) -> int:
     from gptplan.plan import write_plan
 
     spec = load_spec(args.spec, overrides=spec_overrides(args))
+    settings = tune_settings(args)  # bad flags refused before any work
     check_writable_file(args.out or Path("plans") / f"{spec.job.name}.toml", key="--out")
     quiet = args.json
     log = _quiet if quiet else print
@@ -240,7 +255,7 @@ def cmd_optimize(args) -> int:
 
         log("\n".join([render_stats(stats, target), *stats_lines(stats, target)]) + "\n")
 
-    result = optimize(spec, settings=tune_settings(args) if args.probes else None,
+    result = optimize(spec, settings=settings if settings.probes else None,
                       local_profile=local_profile_name(args) if args.probes else "",
                       log=log, on_stats=on_stats, on_probe=probe_logger(log))
     cur = spec.constraints.currency
@@ -259,7 +274,7 @@ def cmd_optimize(args) -> int:
         print(render_calibration(result.tuning))
     for note in result.notes:
         print(note)
-    print(render_candidates(result, args.top or spec.search.top))
+    print(render_candidates(result, spec.search.top))
     print()
     print(render_per_offer(result.decision, c.budget, c.deadline_hours, cur))
     print()
@@ -342,10 +357,11 @@ def cmd_calibrate(args) -> int:
     from planner.spec import load_spec
 
     spec = load_spec(args.spec, overrides=spec_overrides(args))
+    settings = tune_settings(args)
     stats, target, decision, _ = plan_space(spec)
     if decision.chosen is None and not decision.table["fits"].any():
         raise UserError("no candidate fits on this machine to probe", file=spec.path)
-    tuning = tune_locally(spec, decision, target, tune_settings(args),
+    tuning = tune_locally(spec, decision, target, settings,
                           local_profile=local_profile_name(args),
                           work_dir=Path("runs") / "autotune" / spec.job.name, log=print,
                           on_probe=probe_logger(print))
