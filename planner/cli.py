@@ -163,32 +163,33 @@ def spec_overrides(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; bad input is one line and exit 2, a SIGTERM/SIGINT one line and exit
+    143/130 (its probes ended, its running trials marked failed: planner.stopping)."""
+    from planner.stopping import Stopped, stop_on_signals
+
     args = build_parser().parse_args(argv)
     quiet_third_party_warnings()
+    probing = args.command == "history" or getattr(args, "probes", 0) > 0
     try:
-        if args.command == "optimize":
-            return cmd_optimize(args)
-        if args.command == "estimate":
-            return cmd_estimate(args)
-        if args.command == "explain":
-            return cmd_explain(args)
-        if args.command == "profiles":
-            return cmd_profiles()
-        if args.command == "calibrate":
-            return cmd_calibrate(args)
-        if args.command == "history":
-            return cmd_history(args)
-        if args.command == "prices":
-            return cmd_prices_import(args)
-        if args.command == "launch-file":
-            return cmd_launch_file(args)
+        with stop_on_signals(import_paddle=probing):
+            return _dispatch(args)
+    except Stopped as stop:
+        print(stop.summary(), file=sys.stderr)
+        return stop.exit_status
     except UserError as exc:
         flag = getattr(args, "overridden", {}).get(exc.key)
         if flag:  # the bad value came from the command line, not the spec file
             exc.file, exc.key = None, flag
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_status
-    return 2
+
+
+def _dispatch(args) -> int:
+    commands = {"optimize": cmd_optimize, "estimate": cmd_estimate, "explain": cmd_explain,
+                "profiles": lambda _args: cmd_profiles(), "calibrate": cmd_calibrate,
+                "history": cmd_history, "prices": cmd_prices_import,
+                "launch-file": cmd_launch_file}
+    return commands[args.command](args)
 
 
 # ---- optimize ----------------------------------------------------------------------------------
@@ -313,7 +314,7 @@ def optimize_json(result, out) -> dict:
         tuning = {"profile": result.tuning.profile, "study": o.study_name,
                   "storage": o.storage, "configurations_measured": len(o.probed),
                   "probes_run": o.probes_run, "reused_from_cache": o.reused,
-                  "probe_wall_s": o.probe_wall_s,
+                  "probe_wall_s": o.probe_wall_s, "repairs": o.notes,
                   "race": o.race.to_dict() if o.race else None,
                   "calibration": None if cal is None else {
                       "points": cal.points, "fit_error_median": cal.fit_error,

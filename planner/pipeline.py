@@ -149,7 +149,7 @@ def tune_locally(spec, decision, target, settings, *, local_profile: str,
     log(f"autotuning on {local_profile}: {len(local_rows):,} runnable candidates, at most "
         f"{settings.probes} probes / {settings.probe_time_s:g} s")
     outcome = tune(spec, table, local_rows, target=target, work_dir=work_dir,
-                   settings=settings, progress=on_probe)
+                   settings=settings, progress=on_probe, log=log)
     log(f"study {outcome.study_name} in {outcome.storage}: {len(outcome.probed)} "
         f"configuration(s) measured, {outcome.probes_run} probe(s) run now, {outcome.reused} "
         f"reused from the probe cache, probe time {outcome.probe_wall_s:.0f} s")
