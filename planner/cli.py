@@ -377,10 +377,17 @@ def cmd_history(args) -> int:
     from planner.autotune import history_rows, study_name
     from planner.probes import hardware_fingerprint
     from planner.spec import load_spec
+    from planner.study import sqlite_damage
 
     spec = load_spec(args.spec, overrides=spec_overrides(args))
     name = study_name(spec, hardware_fingerprint())
     storage = args.storage or f"sqlite:///{Path('runs') / 'autotune' / spec.job.name / 'study.db'}"
+    problem = sqlite_damage(Path(storage[len("sqlite:///"):])) \
+        if storage.startswith("sqlite:///") else None
+    if problem:
+        raise UserError(f"the study is damaged ({problem}); 'planner optimize --probes N' moves "
+                        "it aside and rebuilds it from the probe cache",
+                        file=storage[len("sqlite:///"):])
     try:
         rows = history_rows(storage, name)
     except KeyError:
