@@ -440,8 +440,9 @@ def _run_trial(s: _Session) -> None:
         _evaluate(s, trial)
     except BaseException as exc:
         with held():
-            s.study.tell(trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-        if isinstance(exc, Stopped):
+            told = s.study.tell(trial, state=optuna.trial.TrialState.FAIL,
+                                skip_if_finished=True)
+        if isinstance(exc, Stopped) and told.state == optuna.trial.TrialState.FAIL:
             exc.failed_trials.append(trial.number)
         raise
 

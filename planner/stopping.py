@@ -36,12 +36,14 @@ class Stopped(BaseException):
         return 128 + self.signum
 
     def summary(self) -> str:
-        trials = ", ".join(str(n) for n in self.failed_trials)
-        return (f"planner stopped by {signal.Signals(self.signum).name}: "
-                f"{self.probes_ended} probe worker(s) ended, "
-                + (f"running trial(s) {trials} marked failed" if trials else
-                   "no trial was running")
-                + "; run the same command again to resume the study")
+        """The one line the CLI prints."""
+        name = signal.Signals(self.signum).name
+        if not self.failed_trials and not self.probes_ended:
+            return f"planner stopped by {name} (no probe or trial was running)"
+        trials = ", ".join(str(n) for n in self.failed_trials) or "none"
+        return (f"planner stopped by {name}: {self.probes_ended} probe worker(s) ended, "
+                f"running trial(s) marked failed: {trials}; run the same command again to "
+                "resume the study")
 
 
 def _raise(signum, _frame) -> None:
