@@ -348,7 +348,7 @@ def _open_session(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, 
     if repaired:
         notes.append(f"{repaired}; rebuilt from the probe cache ({_rebuild_from_cache(s)} "
                      "configuration(s) known again, none probed)")
-    for note in notes:
+    for note in notes:  # before any probe line
         log(note)
     s.outcome.notes += notes
     if not s.done:  # seed with the model's best at distinct work sizes, cheapest first
@@ -385,9 +385,13 @@ def _rebuild_from_cache(s: _Session) -> int:
     cached = {key for fingerprint, key in s.cache.results if fingerprint == s.backend.fingerprint}
     rows = [int(i) for i in s.local_rows if cached and config_key(
         candidate_plan(s.spec, s.table.row(int(i)), target=s.target)) in cached]
-    for row in rows:
-        s.study.enqueue_trial(_params_of(s, row), skip_if_exists=True)
-        _run_trial(s)
+    progress, s.progress = s.progress, None  # one line says what was rebuilt, not a line each
+    try:
+        for row in rows:
+            s.study.enqueue_trial(_params_of(s, row), skip_if_exists=True)
+            _run_trial(s)
+    finally:
+        s.progress = progress
     return len(rows)
 
 

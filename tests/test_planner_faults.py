@@ -23,11 +23,14 @@ from planner.autotune import TuneSettings, tune
 from planner.probes import ProbeCache, ProbeResult
 
 
-def run_tune(work: Path, probes: int, calls: list, cache: Path):
+def run_tune(work: Path, probes: int, calls: list, cache: Path, events: list | None = None):
     spec, table, _, rows, target = cpu_space()
     settings = TuneSettings(probes=probes, trials=300, seed=0)
+    extra = {} if events is None else {
+        "log": lambda line: events.append(("log", line)),
+        "progress": lambda result, *_: events.append(("probe", result.key))}
     return tune(spec, table, rows, target=target, work_dir=work, settings=settings,
-                backend=ScriptedProbe(calls), cache=ProbeCache(cache))
+                backend=ScriptedProbe(calls), cache=ProbeCache(cache), **extra)
 
 
 def study_states(url: str) -> list[str]:
@@ -56,8 +59,12 @@ def test_damaged_study_is_moved_aside_and_rebuilt_from_the_probe_cache(tmp_path,
     else:
         db.unlink()
         db.mkdir()
-    again = run_tune(tmp_path, 1, calls, tmp_path / "probes.jsonl")
+    events: list = []
+    again = run_tune(tmp_path, 1, calls, tmp_path / "probes.jsonl", events)
     assert len(calls) == 4  # the 3 known configurations came from the cache, not new probes
+    # one line first (no line per rebuilt configuration), then the one new probe
+    assert [kind for kind, _ in events] == ["log", "probe"], events
+    assert "moved aside" in events[0][1]
     assert again.reused >= 3 and set(first.probed) <= set(again.probed)
     moved = [note for note in again.notes if "moved aside" in note]
     assert len(moved) == 1 and "\n" not in moved[0] and "rebuilt from the probe cache" in moved[0]
