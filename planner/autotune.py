@@ -436,13 +436,18 @@ def _run_trial(s: _Session) -> None:
     told FAIL before the exception goes on."""
     import optuna
 
-    with held():
-        trial = s.study.ask()
-        if s.claim_trials:
-            claim(trial, lease_s=s.settings.timeout_s)
+    trial = None
     try:
+        with held():
+            trial = s.study.ask()
+            if s.claim_trials:
+                claim(trial, lease_s=s.settings.timeout_s)
         _evaluate(s, trial)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return  # planners sharing a study both took this trial; the other one finished it
     except BaseException as exc:
+        if trial is None:
+            raise
         with held():
             told = s.study.tell(trial, state=optuna.trial.TrialState.FAIL,
                                 skip_if_finished=True)
