@@ -20,6 +20,10 @@
   does; the pick uses the pooled measurements, and the outcome says whether it is
   statistically distinguishable from the runner-up and by how much.
 - Measured step times calibrate the profile's efficiency curve (planner.calibration).
+- Faults (planner.study, planner.stopping): the study and the probe cache are checked when
+  opened (a damaged SQLite study is moved aside and refilled from the probe cache); each
+  running trial records its planner, so a killed planner's trial is failed on the next open;
+  SIGTERM/SIGINT fail the running trial and end the probes. Optuna's public API only.
 """
 
 from __future__ import annotations
@@ -105,12 +109,6 @@ class Race:
                 "probes": self.probes, "distinguishable": self.separated,
                 "runner_up_more_expensive_by": self.difference,
                 "difference_interval_95": list(self.interval), "p_value": self.p_value}
-
-
-def storage_for(settings: TuneSettings, work_dir: Path):
-    """(storage, url) of the study (planner.study)."""
-    url = study_url(settings.storage, work_dir)
-    return open_storage(url), url
 
 
 def study_name(spec: Spec, fingerprint: str) -> str:
