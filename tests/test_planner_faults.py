@@ -78,12 +78,8 @@ def test_history_of_a_damaged_study_is_one_line(tmp_path):
     work = tmp_path / "runs" / "autotune" / "cpu_demo"
     work.mkdir(parents=True)
     (work / "study.db").write_bytes(b"garbage" * 100)
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        rc, err = planner("history", "--spec", str(CPU_SPEC))
-    finally:
-        os.chdir(cwd)
+    storage = f"sqlite:///{work / 'study.db'}"
+    rc, err = planner("history", "--spec", str(CPU_SPEC), "--storage", storage)
     lines = [line for line in err.splitlines() if line.strip()]
     assert rc == 2 and len(lines) == 1 and "study.db" in lines[0], err
     assert "Traceback" not in err

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+import tempfile
 
 import pytest
 import tomli_w
@@ -93,14 +95,21 @@ def test_seed_in_32_bits_loads(seed):
 
 
 def planner(*argv: str) -> tuple[int, str]:
+    """`planner ARGV` in-process, in a fresh folder (a command that is not refused writes
+    plans/ and runs/ where it runs)."""
     from planner.cli import main
 
     err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        try:
-            rc = main(list(argv))
-        except SystemExit as exc:
-            rc = exc.code
+    cwd = os.getcwd()
+    os.chdir(tempfile.mkdtemp(prefix="planner-"))
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            try:
+                rc = main(list(argv))
+            except SystemExit as exc:
+                rc = exc.code
+    finally:
+        os.chdir(cwd)
     return rc, err.getvalue()
 
 
