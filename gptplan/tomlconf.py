@@ -189,14 +189,21 @@ def _check_range(value: Any, meta: Mapping[str, Any]) -> str | None:
     if isinstance(value, float) and not math.isfinite(value):
         return "must be a finite number (no inf or nan)"
     low, high = meta.get("min"), meta.get("max")
-    if low is not None:
-        if meta.get("min_exclusive") and not value > low:
-            return f"must be > {low}"
-        if not meta.get("min_exclusive") and value < low:
-            return f"must be >= {low}"
-    if high is not None and value > high:
-        return f"must be <= {high}"
+    too_low = low is not None and (value <= low if meta.get("min_exclusive") else value < low)
+    if too_low or (high is not None and value > high):
+        return f"must be {range_text(meta)}"
     return None
+
+
+def range_text(meta: dict) -> str:
+    """The allowed range of a `setting`, e.g. '>= 0 and <= 1' ('' when unbounded)."""
+    low, high = meta.get("min"), meta.get("max")
+    parts = []
+    if low is not None:
+        parts.append(f"{'>' if meta.get('min_exclusive') else '>='} {low}")
+    if high is not None:
+        parts.append(f"<= {high}")
+    return " and ".join(parts)
 
 
 def unknown_key_error(key: str, allowed: list[str], *, file: str, prefix: str,

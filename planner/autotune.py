@@ -20,21 +20,28 @@
   does; the pick uses the pooled measurements, and the outcome says whether it is
   statistically distinguishable from the runner-up and by how much.
 - Measured step times calibrate the profile's efficiency curve (planner.calibration).
+- Faults (planner.study, planner.stopping): the study and the probe cache are checked when
+  opened (a damaged SQLite study is moved aside and refilled from the probe cache); each
+  running trial records its planner, so a killed planner's trial is failed on the next open;
+  SIGTERM/SIGINT fail the running trial and end the probes. Optuna's public API only.
 """
 
 from __future__ import annotations
 
-import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
+from gptplan.plan import SEED_MAX
+from gptplan.tomlconf import from_table, setting
 from planner.planwriter import candidate_plan
 from planner.probes import LocalProbe, ProbeCache, ProbeResult, config_key
 from planner.search import PRECISIONS, CandidateTable
 from planner.spec import Spec
+from planner.stopping import Stopped, held
+from planner.study import claim, open_storage, open_study, repair_sqlite, study_url
 
 DIMENSIONS = ("seq", "micro", "acc", "precision_code", "offer", "recompute_code", "tp", "pp",
               "stage_code", "sp", "nodes")
@@ -43,23 +50,33 @@ CONSTRAINT_ATTR = "constraint"
 
 @dataclass
 class TuneSettings:
-    probes: int = 8                 # real probe runs at most
-    probe_time_s: float = 600.0     # total probe wall time at most
-    trials: int = 200               # trials in all (model-only ones included)
-    seed: int = 0
-    storage: str = ""               # '' = sqlite file in the work dir; URL; or *.journal path
-    multi_objective: bool = False   # NSGA-II on (cost, hours)
-    enqueue: int = 3                # analytic best candidates tried first
-    race: int = -1                  # of the probes, kept to race the finalists (0 = none;
-                                    # -1 = a third of them, at least 2)
-    finalists: int = 0              # configurations entering the race (0 = 2, or 3 when at
-                                    # least 4 probes race)
-    race_steps: int = 0             # measured steps per racing probe (0 = 3 x steps)
-    rank_by: str = "mean"           # finalists by the "mean" or "median" measured step
-    guided: bool = True             # after the seeds, every other probe: calibrated model's pick
-    steps: int = 5
-    warmup: int = 2
-    timeout_s: float = 180.0
+    """How to autotune; ranges checked like the plan's (`tune_settings_from`)."""
+    probes: int = setting(8, "Real probe runs at most.", min=0)
+    probe_time_s: float = setting(600.0, "Total probe wall time at most, s.", min=0)
+    trials: int = setting(200, "Trials in all (model-only ones included).", min=1)
+    seed: int = setting(0, "Sampler seed (32 bits).", min=0, max=SEED_MAX)
+    storage: str = setting("", "'' = SQLite file in the work dir; an RDB URL; or a *.journal "
+                               "path.")
+    multi_objective: bool = setting(False, "NSGA-II on (cost, hours).")
+    enqueue: int = setting(3, "Analytic best candidates tried first.", min=0)
+    race: int = setting(-1, "Of the probes, kept to race the finalists (0 = none; -1 = a "
+                            "third of them, at least 2).", min=-1)
+    finalists: int = setting(0, "Configurations entering the race (0 = 2, or 3 when at least "
+                                "4 probes race).", min=0)
+    race_steps: int = setting(0, "Measured steps per racing probe (0 = 3 x steps).", min=0)
+    rank_by: Literal["mean", "median"] = setting("mean", "Finalists by the mean or median "
+                                                         "measured step.")
+    guided: bool = setting(True, "After the seeds, every other probe is the calibrated "
+                                 "model's pick.")
+    steps: int = setting(5, "Measured steps per probe.", min=1)
+    warmup: int = setting(2, "Warm-up steps per probe (not measured).", min=0)
+    timeout_s: float = setting(180.0, "Seconds per probe.", min=0, min_exclusive=True)
+
+
+def tune_settings_from(table: dict) -> TuneSettings:
+    """TuneSettings from plain values (the CLI's flags), checked: a bad one is a UserError
+    naming `tune.<field>`."""
+    return from_table(TuneSettings, table, file="", section="tune")
 
 
 @dataclass
@@ -71,7 +88,8 @@ class TuneOutcome:
     probes_run: int = 0             # real probe subprocesses started by this call
     probe_wall_s: float = 0.0
     best_row: int | None = None
-    race: "Race | None" = None
+    race: Race | None = None
+    notes: list[str] = field(default_factory=list)  # what was repaired at open, one line each
 
 
 @dataclass(frozen=True)
@@ -91,65 +109,6 @@ class Race:
                 "probes": self.probes, "distinguishable": self.separated,
                 "runner_up_more_expensive_by": self.difference,
                 "difference_interval_95": list(self.interval), "p_value": self.p_value}
-
-
-HEARTBEAT_S = 10       # a running trial's planner records a heartbeat this often (Optuna)
-STALE_AFTER_S = 60     # a RUNNING trial without a heartbeat for this long has lost its planner
-
-
-def _rdb_storage(url: str, attempts: int = 8):
-    """RDBStorage, retried: planners starting together race to create the schema.
-
-    With heartbeats: a trial whose planner was killed stays RUNNING in the storage until
-    `fail_stale_trials` (called when a study is opened) marks it FAIL."""
-    import random
-
-    import optuna
-    from sqlalchemy.exc import IntegrityError, OperationalError
-
-    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-    for attempt in range(attempts):
-        try:
-            with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs,
-                                                  heartbeat_interval=HEARTBEAT_S,
-                                                  grace_period=STALE_AFTER_S)
-        except (IntegrityError, OperationalError):
-            if attempt == attempts - 1:
-                raise
-            time.sleep(0.2 + random.random() * (attempt + 1))
-    raise AssertionError("unreachable")
-
-
-def open_study(name: str, storage, *, sampler=None, directions=("minimize",)):
-    """Create or resume the study; trials a killed planner left RUNNING (no heartbeat for
-    STALE_AFTER_S) are marked FAIL, so they neither block nor count as results."""
-    import optuna
-
-    study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
-                                directions=list(directions), load_if_exists=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.fail_stale_trials(study)
-    return study
-
-
-def storage_for(settings: TuneSettings, work_dir: Path):
-    if settings.storage == ":memory:":  # replay benchmarks: thousands of short studies
-        import optuna
-
-        return optuna.storages.InMemoryStorage(), ":memory:"
-    if not settings.storage:
-        work_dir.mkdir(parents=True, exist_ok=True)
-        url = f"sqlite:///{work_dir / 'study.db'}"
-        return _rdb_storage(url), url
-    if "://" in settings.storage:
-        return _rdb_storage(settings.storage), settings.storage
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
-
-    return JournalStorage(JournalFileBackend(settings.storage)), settings.storage
 
 
 def study_name(spec: Spec, fingerprint: str) -> str:
@@ -301,8 +260,9 @@ def _enqueue_calibrated_best(study, table: CandidateTable, rows: np.ndarray,
 
 def tune(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: float,
          work_dir: Path, settings: TuneSettings, backend: LocalProbe | None = None,
-         cache: ProbeCache | None = None, progress=None) -> TuneOutcome:
-    """Run (or resume) the study; returns what was probed. `local_rows` index `table`."""
+         cache: ProbeCache | None = None, progress=None, log=None) -> TuneOutcome:
+    """Run (or resume) the study; returns what was probed. `local_rows` index `table`.
+    A `Stopped` (SIGTERM/SIGINT) fails the running trial and ends the probes on its way out."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -310,175 +270,265 @@ def tune(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: f
     backend = backend or LocalProbe(work_dir, steps=settings.steps, warmup=settings.warmup,
                                     timeout_s=settings.timeout_s)
     try:
-        return _tune(spec, table, local_rows, target=target, work_dir=work_dir,
-                     settings=settings, backend=backend, cache=cache, progress=progress)
+        session = _open_session(spec, table, local_rows, target=target, work_dir=work_dir,
+                                settings=settings, backend=backend, cache=cache,
+                                progress=progress, log=log or _quiet)
+        return _tune(session)
+    except Stopped as stop:
+        if owned:
+            stop.probes_ended += backend.close(wait=False)
+        raise
     finally:
         if owned:
             backend.close()
 
 
-def _tune(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: float,
-          work_dir: Path, settings: TuneSettings, backend: LocalProbe,
-          cache: ProbeCache | None, progress) -> TuneOutcome:
+def _quiet(*_args, **_kwargs) -> None:
+    return None
+
+
+@dataclass
+class _Session:
+    """One tuning run: its inputs, the study and what is known so far."""
+    spec: Spec
+    table: CandidateTable
+    local_rows: np.ndarray
+    target: float
+    settings: TuneSettings
+    backend: LocalProbe
+    cache: ProbeCache
+    progress: object
+    study: object
+    outcome: TuneOutcome
+    claim_trials: bool              # record who runs each trial (not for in-memory studies)
+    rows_by_key: dict = field(default_factory=dict)
+    choices: dict = field(default_factory=dict)
+    worst: float = 0.0
+    done: dict = field(default_factory=dict)     # row key -> what its trial found
+    ooms: list = field(default_factory=list)
+    probes_run: int = 0
+    guided_turn: bool = False
+    guided_key: tuple | None = None
+
+
+def _sampler(settings: TuneSettings):
+    """(sampler, directions). Constraints go through Trial.set_constraint (Optuna 5):
+    feasible when <= 0; the samplers read them, so infeasible trials steer the search."""
     import optuna
 
-    cache = cache or ProbeCache(Path(spec.job.cache_dir) / "probes.jsonl")
-    fingerprint = backend.fingerprint
-    storage, url = storage_for(settings, work_dir)
-    name = study_name(spec, fingerprint)
-
-    # Constraints go through Trial.set_constraint (Optuna 5): feasible when <= 0; the samplers
-    # read them, so infeasible trials steer the search instead of scoring zero.
     if settings.multi_objective:
-        sampler = optuna.samplers.NSGAIISampler(seed=settings.seed)
-        directions = ["minimize", "minimize"]
-    else:
-        sampler = optuna.samplers.TPESampler(seed=settings.seed,
-                                             n_startup_trials=max(2, settings.enqueue))
-        directions = ["minimize"]
-    study = open_study(name, storage, sampler=sampler, directions=directions)
-    rows_by_key = {_key_of_row(table, int(i)): int(i) for i in local_rows}
-    choices = _choices(table, local_rows)
-    outcome = TuneOutcome(name, url)
+        return optuna.samplers.NSGAIISampler(seed=settings.seed), ["minimize", "minimize"]
+    return optuna.samplers.TPESampler(seed=settings.seed,
+                                      n_startup_trials=max(2, settings.enqueue)), ["minimize"]
 
-    # What this study already knows (resume): never probe a configuration twice.
-    done: dict[tuple, dict] = {}
-    for t in study.get_trials(deepcopy=False):
+
+def _open_session(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: float,
+                  work_dir: Path, settings: TuneSettings, backend: LocalProbe,
+                  cache: ProbeCache | None, progress, log) -> _Session:
+    """Open (check, repair, resume) the study and the probe cache; say what was repaired."""
+    cache = cache or ProbeCache(Path(spec.job.cache_dir) / "probes.jsonl")
+    url = study_url(settings.storage, work_dir)
+    repaired = repair_sqlite(url)
+    name = study_name(spec, backend.fingerprint)
+    sampler, directions = _sampler(settings)
+    study, failed = open_study(name, open_storage(url), sampler=sampler,
+                               directions=directions)
+    s = _Session(spec, table, local_rows, target, settings, backend, cache, progress, study,
+                 TuneOutcome(name, url), claim_trials=url != ":memory:",
+                 rows_by_key={_key_of_row(table, int(i)): int(i) for i in local_rows},
+                 choices=_choices(table, local_rows),
+                 worst=float(np.max(table["cost"][local_rows])) * 10)
+    notes = list(cache.notes)
+    if failed:
+        notes.append(f"study {name}: trial(s) {', '.join(map(str, failed))} were left running "
+                     "by a planner that is gone: marked failed")
+    _load_known(s)
+    if repaired:
+        notes.append(f"{repaired}; rebuilt from the probe cache ({_rebuild_from_cache(s)} "
+                     "configuration(s) known again, none probed)")
+    for note in notes:  # before any probe line
+        log(note)
+    s.outcome.notes += notes
+    if not s.done:  # seed with the model's best at distinct work sizes, cheapest first
+        for i in seed_rows(table, local_rows, settings.enqueue):
+            study.enqueue_trial(_params_of(s, i), skip_if_exists=True)
+    return s
+
+
+def _params_of(s: _Session, i: int) -> dict:
+    return {d: int(s.table[d][i]) for d in DIMENSIONS if len(s.choices[d]) > 1}
+
+
+def _load_known(s: _Session) -> None:
+    """What this study already knows (resume): never probe a configuration twice."""
+    import optuna
+
+    for t in s.study.get_trials(deepcopy=False):
         a = t.user_attrs
         if t.state == optuna.trial.TrialState.COMPLETE and "row_key" in a and \
                 a.get("status") != "repeat":
-            done[tuple(a["row_key"])] = {"values": list(t.values), "status": a.get("status"),
-                                         "violation": a.get(CONSTRAINT_ATTR, [0.0])[0],
-                                         "number": t.number, "probe": a.get("probe")}
-    ooms = [rows_by_key[k] for k, d in done.items()
-            if d["status"] == "oom" and k in rows_by_key]
-    for key, d in done.items():
-        if key in rows_by_key and d["status"] == "ok":
-            outcome.probed[rows_by_key[key]] = ProbeResult(**d["probe"])
+            s.done[tuple(a["row_key"])] = {"values": list(t.values), "status": a.get("status"),
+                                           "violation": a.get(CONSTRAINT_ATTR, [0.0])[0],
+                                           "number": t.number, "probe": a.get("probe")}
+    s.ooms = [s.rows_by_key[k] for k, d in s.done.items()
+              if d["status"] == "oom" and k in s.rows_by_key]
+    for key, d in s.done.items():
+        if key in s.rows_by_key and d["status"] == "ok":
+            s.outcome.probed[s.rows_by_key[key]] = ProbeResult(**d["probe"])
 
-    if not done:  # seed with the model's best at distinct work sizes, cheapest first
-        for i in seed_rows(table, local_rows, settings.enqueue):
-            study.enqueue_trial({d: int(table[d][i]) for d in DIMENSIONS if
-                                 len(choices[d]) > 1}, skip_if_exists=True)
 
-    budget, deadline = spec.constraints.budget, spec.constraints.deadline_hours
-    probes_run = 0
-    start_trials = len(study.trials)
-    worst = float(np.max(table["cost"][local_rows])) * 10
+def _rebuild_from_cache(s: _Session) -> int:
+    """A new study in place of a damaged one: every local configuration the probe cache holds
+    for this machine becomes a trial again (cache hits, no probe runs)."""
+    cached = {key for fingerprint, key in s.cache.results if fingerprint == s.backend.fingerprint}
+    rows = [int(i) for i in s.local_rows if cached and config_key(
+        candidate_plan(s.spec, s.table.row(int(i)), target=s.target)) in cached]
+    progress, s.progress = s.progress, None  # one line says what was rebuilt, not a line each
+    try:
+        for row in rows:
+            s.study.enqueue_trial(_params_of(s, row), skip_if_exists=True)
+            _run_trial(s)
+    finally:
+        s.progress = progress
+    return len(rows)
+
+
+def _tune(s: _Session) -> TuneOutcome:
+    """Explore (seeds, sampler and calibrated model in turn), race the finalists, pick."""
+    settings = s.settings
     race = settings.race if settings.race >= 0 else max(2, settings.probes // 3)
     race = race if settings.probes >= 2 * race + 1 else 0
-    explore = settings.probes - race
-    guided_turn, guided_key = False, None
-    while len(study.trials) - start_trials < settings.trials:
-        if probes_run >= explore or outcome.probe_wall_s >= settings.probe_time_s:
-            break
-        if sum(k in rows_by_key for k in done) >= len(rows_by_key):
-            break  # every local configuration has been tried
-        if settings.guided and guided_turn and not _waiting(study):
-            guided_key = _enqueue_calibrated_best(study, table, local_rows, outcome.probed,
-                                                  done, ooms, choices)
-            guided_turn = False
-        trial = study.ask()
-        beat = heartbeat(study, trial)
-        params = {d: (trial.suggest_categorical(d, choices[d]) if len(choices[d]) > 1
-                      else choices[d][0]) for d in DIMENSIONS}
-        key = tuple(int(params[d]) for d in DIMENSIONS)
-        row = rows_by_key.get(key)
-
-        def finish(values, violation, status, **attrs):
-            beat.set()  # stop this trial's heartbeat
-            try:
-                trial.set_user_attr(CONSTRAINT_ATTR, [violation])
-                trial.set_constraint("memory_budget_deadline", violation)
-                trial.set_user_attr("status", status)
-                trial.set_user_attr("row_key", list(key))
-                for k, v in attrs.items():
-                    trial.set_user_attr(k, v)
-                study.tell(trial, values if settings.multi_objective else values[0])
-            except optuna.exceptions.UpdateFinishedTrialError:
-                # Another planner sharing the study took the same (enqueued) trial and
-                # finished it first; our measurement stays in the probe cache.
-                pass
-            if status != "repeat":
-                done.setdefault(key, {"values": values, "status": status,
-                                      "violation": violation, "number": trial.number,
-                                      "probe": attrs.get("probe")})
-
-        if row is None:  # not a valid layout under Paddle's rules / the batch range
-            finish([worst, worst], 1.0, "invalid")
-            continue
-        modelled = {"modelled_step_s": float(table["step_time_s"][row]),
-                    "modelled_memory_gb": float(table["memory_gb"][row]),
-                    "modelled_cost": float(table["cost"][row])}
-        if key in done:  # the sampler proposed a configuration we already know: no probe
-            prev = done[key]
-            values = prev["values"] + [prev["values"][-1]] * (2 - len(prev["values"]))
-            finish(values, prev["violation"], "repeat", repeat_of=prev["number"],
-                   repeat_status=prev["status"], **modelled)
-            continue
-        if not table["fits"][row]:
-            finish([worst, worst], 1.0, "predicted oom", **modelled)
-            continue
-        if implied_oom(table, row, ooms):
-            finish([worst, worst], 1.0, "oom (implied)", **modelled)
-            continue
-        guided_turn = key != guided_key  # after the sampler's probe, the model picks next
-        plan = candidate_plan(spec, table.row(row), target=target)
-        result = cache.get(fingerprint, config_key(plan))
-        cached = result is not None
-        if not cached:
-            result = backend.run(plan)
-            probes_run += 1
-            outcome.probe_wall_s += result.wall_s
-            cache.put(result)
-        else:
-            outcome.reused += 1
-        if progress is not None:
-            progress(result, table, row, cached)
-        attrs = modelled | {"probe": result.__dict__}
-        if not result.ok:
-            if result.status == "oom":
-                ooms.append(row)
-            finish([worst, worst], 1.0, result.status, **attrs)
-            continue
-        outcome.probed[row] = result
-        cost, hours = measured_cost(table, row, result)
-        violation = max(0.0, (cost - budget) / budget if budget else 0.0,
-                        (hours - deadline) / deadline if deadline else 0.0)
-        finish([cost, hours], violation, "ok", measured_cost=cost, measured_hours=hours,
-               **attrs)
-    outcome.race, raced = _race(spec, table, target, settings, backend, outcome, race,
-                                progress)
-    outcome.probes_run = probes_run + raced
-    if outcome.race is not None:  # the race's winner: measured most, on the same terms
-        outcome.best_row = outcome.race.finalists[0]
+    _explore(s, settings.probes - race)
+    s.outcome.race, raced = _race(s.spec, s.table, s.target, settings, s.backend, s.outcome,
+                                  race, s.progress)
+    s.outcome.probes_run = s.probes_run + raced
+    if s.outcome.race is not None:  # the race's winner: measured most, on the same terms
+        s.outcome.best_row = s.outcome.race.finalists[0]
     else:
-        ok = [(measured_cost(table, i, r, settings.rank_by)[0], i)
-              for i, r in outcome.probed.items() if _within(spec, *measured_cost(table, i, r))]
-        outcome.best_row = min(ok)[1] if ok else None
-    return outcome
+        ok = [(measured_cost(s.table, i, r, settings.rank_by)[0], i)
+              for i, r in s.outcome.probed.items()
+              if _within(s.spec, *measured_cost(s.table, i, r))]
+        s.outcome.best_row = min(ok)[1] if ok else None
+    return s.outcome
 
 
-def heartbeat(study, trial):
-    """Optuna's heartbeat thread for an ask/tell trial (`study.optimize` starts the same one
-    itself): while it beats, the trial is alive; a killed planner's trial goes stale."""
-    import threading
+def _explore(s: _Session, explore: int) -> None:
+    """Trials until `explore` probes, the probe time or the trial count is spent, or every
+    local configuration has been tried."""
+    start = len(s.study.get_trials(deepcopy=False))
+    while len(s.study.get_trials(deepcopy=False)) - start < s.settings.trials:
+        if s.probes_run >= explore or s.outcome.probe_wall_s >= s.settings.probe_time_s:
+            break
+        if sum(k in s.rows_by_key for k in s.done) >= len(s.rows_by_key):
+            break  # every local configuration has been tried
+        if s.settings.guided and s.guided_turn and not _waiting(s.study):
+            s.guided_key = _enqueue_calibrated_best(s.study, s.table, s.local_rows,
+                                                    s.outcome.probed, s.done, s.ooms,
+                                                    s.choices)
+            s.guided_turn = False
+        _run_trial(s)
 
-    from optuna.storages._heartbeat import is_heartbeat_enabled
 
-    stop = threading.Event()
-    storage = study._storage
-    if not is_heartbeat_enabled(storage):
-        return stop
+def _run_trial(s: _Session) -> None:
+    """Ask, record who runs it, evaluate; a trial that cannot finish (a signal, an error) is
+    told FAIL before the exception goes on."""
+    import optuna
 
-    def beat() -> None:
-        while True:
-            storage.record_heartbeat(trial._trial_id)
-            if stop.wait(timeout=HEARTBEAT_S):
-                return
+    trial = None
+    try:
+        with held():
+            trial = s.study.ask()
+            if s.claim_trials:
+                claim(trial, lease_s=s.settings.timeout_s)
+        _evaluate(s, trial)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return  # planners sharing a study both took this trial; the other one finished it
+    except BaseException as exc:
+        if trial is None:
+            raise
+        with held():
+            told = s.study.tell(trial, state=optuna.trial.TrialState.FAIL,
+                                skip_if_finished=True)
+        if isinstance(exc, Stopped) and told.state == optuna.trial.TrialState.FAIL:
+            exc.failed_trials.append(trial.number)
+        raise
 
-    threading.Thread(target=beat, daemon=True, name="trial-heartbeat").start()
-    return stop  # .set() ends the beat
+
+def _evaluate(s: _Session, trial) -> None:
+    """One trial: what the sampler proposed, settled without a probe where that is safe."""
+    choices, table = s.choices, s.table
+    params = {d: (trial.suggest_categorical(d, choices[d]) if len(choices[d]) > 1
+                  else choices[d][0]) for d in DIMENSIONS}
+    key = tuple(int(params[d]) for d in DIMENSIONS)
+    row, worst = s.rows_by_key.get(key), [s.worst, s.worst]
+    if row is None:  # not a valid layout under Paddle's rules / the batch range
+        return _finish(s, trial, key, worst, 1.0, "invalid")
+    modelled = {"modelled_step_s": float(table["step_time_s"][row]),
+                "modelled_memory_gb": float(table["memory_gb"][row]),
+                "modelled_cost": float(table["cost"][row])}
+    if key in s.done:  # the sampler proposed a configuration we already know: no probe
+        prev = s.done[key]
+        values = prev["values"] + [prev["values"][-1]] * (2 - len(prev["values"]))
+        return _finish(s, trial, key, values, prev["violation"], "repeat",
+                       repeat_of=prev["number"], repeat_status=prev["status"], **modelled)
+    if not table["fits"][row]:
+        return _finish(s, trial, key, worst, 1.0, "predicted oom", **modelled)
+    if implied_oom(table, row, s.ooms):
+        return _finish(s, trial, key, worst, 1.0, "oom (implied)", **modelled)
+    s.guided_turn = key != s.guided_key  # after the sampler's probe, the model picks next
+    result = _probe(s, row)
+    attrs = modelled | {"probe": result.__dict__}
+    if not result.ok:
+        if result.status == "oom":
+            s.ooms.append(row)
+        return _finish(s, trial, key, worst, 1.0, result.status, **attrs)
+    s.outcome.probed[row] = result
+    cost, hours = measured_cost(table, row, result)
+    budget, deadline = s.spec.constraints.budget, s.spec.constraints.deadline_hours
+    violation = max(0.0, (cost - budget) / budget if budget else 0.0,
+                    (hours - deadline) / deadline if deadline else 0.0)
+    return _finish(s, trial, key, [cost, hours], violation, "ok", measured_cost=cost,
+                   measured_hours=hours, **attrs)
+
+
+def _probe(s: _Session, row: int) -> ProbeResult:
+    """The probe cache's result for row, or a real probe run (cached)."""
+    plan = candidate_plan(s.spec, s.table.row(row), target=s.target)
+    result = s.cache.get(s.backend.fingerprint, config_key(plan))
+    cached = result is not None
+    if not cached:
+        result = s.backend.run(plan)
+        s.probes_run += 1
+        s.outcome.probe_wall_s += result.wall_s
+        s.cache.put(result)
+    else:
+        s.outcome.reused += 1
+    if s.progress is not None:
+        s.progress(result, s.table, row, cached)
+    return result
+
+
+def _finish(s: _Session, trial, key: tuple, values: list, violation: float, status: str,
+            **attrs) -> None:
+    """Tell the trial's values, constraint and what it found; remember the configuration."""
+    import optuna
+
+    with held():
+        try:
+            trial.set_user_attr(CONSTRAINT_ATTR, [violation])
+            trial.set_constraint("memory_budget_deadline", violation)
+            trial.set_user_attr("status", status)
+            trial.set_user_attr("row_key", list(key))
+            for k, v in attrs.items():
+                trial.set_user_attr(k, v)
+            s.study.tell(trial, values if s.settings.multi_objective else values[0])
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # Another planner sharing the study took the same (enqueued) trial and finished
+            # it first; our measurement stays in the probe cache.
+            pass
+    if status != "repeat":
+        s.done.setdefault(key, {"values": values, "status": status, "violation": violation,
+                                "number": trial.number, "probe": attrs.get("probe")})
 
 
 def _race(spec: Spec, table: CandidateTable, target: float, settings: TuneSettings, backend,

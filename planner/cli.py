@@ -133,7 +133,8 @@ FLAGS = {"constraints.budget": "--budget", "constraints.deadline_hours": "--dead
          "constraints.currency": "--currency", "constraints.profiles": "--hardware",
          "constraints.spot": "--spot/--no-spot", "job.target_tokens": "--target-tokens",
          "spot.fallback_wait_hours": "--spot-fallback-hours",
-         "constraints.allow_outlier_prices": "--allow-outlier-prices"}
+         "constraints.allow_outlier_prices": "--allow-outlier-prices",
+         "search.top": "--top"}
 
 
 def check_writable_file(path: Path, *, key: str) -> None:
@@ -168,6 +169,8 @@ def spec_overrides(args) -> dict:
         out["constraints.allow_outlier_prices"] = True
     if getattr(args, "spot_fallback_hours", None) is not None:
         out["spot.fallback_wait_hours"] = args.spot_fallback_hours
+    if getattr(args, "top", None) is not None:  # checked by the spec's range (search.top)
+        out["search.top"] = args.top
     for item in getattr(args, "set", []) or []:
         key, sep, raw = item.partition("=")
         if not sep or "." not in key:
@@ -182,32 +185,33 @@ def spec_overrides(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; bad input is one line and exit 2, a SIGTERM/SIGINT one line and exit
+    143/130 (its probes ended, its running trials marked failed: planner.stopping)."""
+    from planner.stopping import Stopped, stop_on_signals
+
     args = build_parser().parse_args(argv)
     quiet_third_party_warnings()
+    probing = args.command == "history" or getattr(args, "probes", 0) > 0
     try:
-        if args.command == "optimize":
-            return cmd_optimize(args)
-        if args.command == "estimate":
-            return cmd_estimate(args)
-        if args.command == "explain":
-            return cmd_explain(args)
-        if args.command == "profiles":
-            return cmd_profiles()
-        if args.command == "calibrate":
-            return cmd_calibrate(args)
-        if args.command == "history":
-            return cmd_history(args)
-        if args.command == "prices":
-            return cmd_prices_import(args)
-        if args.command == "launch-file":
-            return cmd_launch_file(args)
+        with stop_on_signals(import_paddle=probing):
+            return _dispatch(args)
+    except Stopped as stop:
+        print(stop.summary(), file=sys.stderr)
+        return stop.exit_status
     except UserError as exc:
         flag = getattr(args, "overridden", {}).get(exc.key)
         if flag:  # the bad value came from the command line, not the spec file
             exc.file, exc.key = None, flag
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_status
-    return 2
+
+
+def _dispatch(args) -> int:
+    commands = {"optimize": cmd_optimize, "estimate": cmd_estimate, "explain": cmd_explain,
+                "profiles": lambda _args: cmd_profiles(), "calibrate": cmd_calibrate,
+                "history": cmd_history, "prices": cmd_prices_import,
+                "launch-file": cmd_launch_file}
+    return commands[args.command](args)
 
 
 # ---- optimize ----------------------------------------------------------------------------------
@@ -216,12 +220,23 @@ def _quiet(*_args, **_kwargs) -> None:
     return None
 
 
-def tune_settings(args):
-    from planner.autotune import TuneSettings
+TUNE_FLAGS = {"probes": "--probes", "probe_time_s": "--probe-time", "trials": "--trials",
+              "seed": "--seed", "storage": "--storage", "multi_objective": "--multi-objective",
+              "timeout_s": "--probe-timeout"}
 
-    return TuneSettings(probes=args.probes, probe_time_s=args.probe_time, trials=args.trials,
-                        seed=args.seed, storage=args.storage,
-                        multi_objective=args.multi_objective, timeout_s=args.probe_timeout)
+
+def tune_settings(args):
+    """The autotuning flags, range-checked by TuneSettings' schema (errors name the flag)."""
+    from planner.autotune import tune_settings_from
+
+    table = {"probes": args.probes, "probe_time_s": args.probe_time, "trials": args.trials,
+             "seed": args.seed, "storage": args.storage,
+             "multi_objective": args.multi_objective, "timeout_s": args.probe_timeout}
+    try:
+        return tune_settings_from(table)
+    except UserError as exc:
+        exc.file, exc.key = None, TUNE_FLAGS[exc.key.split(".", 1)[1]]
+        raise
 
 
 def probe_logger(log):
@@ -254,6 +269,7 @@ def cmd_optimize(args) -> int:
     from gptplan.plan import write_plan
 
     spec = load_spec(args.spec, overrides=spec_overrides(args))
+    settings = tune_settings(args)  # bad flags refused before any work
     check_writable_file(args.out or Path("plans") / f"{spec.job.name}.toml", key="--out")
     quiet = args.json
     log = _quiet if quiet else print
@@ -263,7 +279,7 @@ def cmd_optimize(args) -> int:
 
         log("\n".join([render_stats(stats, target), *stats_lines(stats, target)]) + "\n")
 
-    result = optimize(spec, settings=tune_settings(args) if args.probes else None,
+    result = optimize(spec, settings=settings if settings.probes else None,
                       local_profile=local_profile_name(args) if args.probes else "",
                       log=log, on_stats=on_stats, on_probe=probe_logger(log))
     cur = spec.constraints.currency
@@ -281,7 +297,7 @@ def cmd_optimize(args) -> int:
         print(render_calibration(result.tuning))
     for note in result.notes:
         print(note)
-    top = args.top or spec.search.top
+    top = spec.search.top
     print(render_offers(result.decision, spec, wide=args.wide))
     print()
     if args.wide or result.tuning is not None:
@@ -326,7 +342,7 @@ def optimize_json(result, out) -> dict:
         tuning = {"profile": result.tuning.profile, "study": o.study_name,
                   "storage": o.storage, "configurations_measured": len(o.probed),
                   "probes_run": o.probes_run, "reused_from_cache": o.reused,
-                  "probe_wall_s": o.probe_wall_s,
+                  "probe_wall_s": o.probe_wall_s, "repairs": o.notes,
                   "race": o.race.to_dict() if o.race else None,
                   "calibration": None if cal is None else {
                       "points": cal.points, "fit_error_median": cal.fit_error,
@@ -371,10 +387,11 @@ def cmd_calibrate(args) -> int:
     from planner.spec import load_spec
 
     spec = load_spec(args.spec, overrides=spec_overrides(args))
+    settings = tune_settings(args)
     stats, target, decision, _ = plan_space(spec)
     if decision.chosen is None and not decision.table["fits"].any():
         raise UserError("no candidate fits on this machine to probe", file=spec.path)
-    tuning = tune_locally(spec, decision, target, tune_settings(args),
+    tuning = tune_locally(spec, decision, target, settings,
                           local_profile=local_profile_name(args),
                           work_dir=Path("runs") / "autotune" / spec.job.name, log=print,
                           on_probe=probe_logger(print))
@@ -389,10 +406,17 @@ def cmd_history(args) -> int:
     from planner.autotune import history_rows, study_name
     from planner.probes import hardware_fingerprint
     from planner.spec import load_spec
+    from planner.study import sqlite_damage
 
     spec = load_spec(args.spec, overrides=spec_overrides(args))
     name = study_name(spec, hardware_fingerprint())
     storage = args.storage or f"sqlite:///{Path('runs') / 'autotune' / spec.job.name / 'study.db'}"
+    problem = sqlite_damage(Path(storage[len("sqlite:///"):])) \
+        if storage.startswith("sqlite:///") else None
+    if problem:
+        raise UserError(f"the study is damaged ({problem}); 'planner optimize --probes N' moves "
+                        "it aside and rebuilds it from the probe cache",
+                        file=storage[len("sqlite:///"):])
     try:
         rows = history_rows(storage, name)
     except KeyError:

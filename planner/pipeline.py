@@ -149,7 +149,7 @@ def tune_locally(spec, decision, target, settings, *, local_profile: str,
     log(f"autotuning on {local_profile}: {len(local_rows):,} runnable candidates, at most "
         f"{settings.probes} probes / {settings.probe_time_s:g} s")
     outcome = tune(spec, table, local_rows, target=target, work_dir=work_dir,
-                   settings=settings, progress=on_probe)
+                   settings=settings, progress=on_probe, log=log)
     log(f"study {outcome.study_name} in {outcome.storage}: {len(outcome.probed)} "
         f"configuration(s) measured, {outcome.probes_run} probe(s) run now, {outcome.reused} "
         f"reused from the probe cache, probe time {outcome.probe_wall_s:.0f} s")
@@ -213,7 +213,7 @@ def optimize(spec, *, settings=None, local_profile: str = "", work_dir: Path | N
     """The whole `planner optimize`: model search, then (with settings.probes > 0) probes,
     calibration, re-rank and one decision; returns the result with the plan to write."""
     from planner.planwriter import candidate_plan, decision_notes
-    from planner.report import describe
+    from planner.report import describe, race_note
 
     stats, target, decision, timings = plan_space(spec, log=log, on_stats=on_stats)
     result = OptimizeResult(spec, stats, target, decision, timings, chosen=decision.chosen)
@@ -266,15 +266,3 @@ def optimize(spec, *, settings=None, local_profile: str = "", work_dir: Path | N
                                      notes=notes, stats=stats)
     return result
 
-
-def race_note(table, race) -> str:
-    """One sentence on the finalists' race: distinguishable or not, and by how much."""
-    from planner.report import short_config
-
-    pick, other = race.finalists[0], race.finalists[1]
-    lo, hi = race.interval
-    verdict = "distinguishable" if race.separated else "NOT distinguishable"
-    return (f"race of {len(race.finalists)} finalists, {race.rounds} round(s), {race.probes} "
-            f"probe(s): the pick {short_config(table, pick)} is {verdict} from the runner-up "
-            f"{short_config(table, other)} (runner-up {race.difference:+.1%} per token, 95% "
-            f"interval {lo:+.1%} .. {hi:+.1%}, p = {race.p_value:.2g}; measured)")

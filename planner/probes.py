@@ -20,12 +20,12 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
 
+from gptplan.errors import UserError
 from gptplan.lifeline import die_with_parent
 from gptplan.plan import Plan, write_plan
-from runner.probe import layout_key, probe_command, request_path, serve_command
 from gptplan.tomlconf import write_text_atomic
+from runner.probe import layout_key, probe_command, request_path, serve_command
 
 
 def hardware_fingerprint() -> str:
@@ -77,7 +77,7 @@ class ProbeResult:
     step_times_s: tuple = ()        # every measured step (warm-up excluded), in order
     warmup_times_s: tuple = ()      # the discarded warm-up steps
 
-    def pooled_with(self, other: "ProbeResult") -> "ProbeResult":
+    def pooled_with(self, other: ProbeResult) -> ProbeResult:
         """Both measurements of one configuration, weighted by their measured steps."""
         import dataclasses
 
@@ -95,12 +95,6 @@ class ProbeResult:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
-
-
-class ProbeBackend(Protocol):
-    fingerprint: str
-
-    def run(self, plan: Plan, *, steps: int | None = None) -> ProbeResult: ...
 
 
 @dataclass
@@ -233,18 +227,23 @@ class LocalProbe:
             self._workers.pop(layout_key(plan), None)
         return rc, timed_out, wall, worker.log
 
-    def close(self) -> None:
-        """Ask every worker to stop, then end its process group."""
+    def close(self, *, wait: bool = True) -> int:
+        """End every worker's process group (with `wait`, first ask each to stop and give it
+        10 s); returns how many were still running."""
+        running = 0
         for worker in self._workers.values():
             if worker.proc.poll() is None:
-                try:
-                    write_text_atomic(request_path(worker.queue_dir, worker.next_request),
-                                      json.dumps({"stop": True}))
-                    worker.proc.wait(timeout=10)
-                except (OSError, subprocess.TimeoutExpired):
-                    pass
+                running += 1
+                if wait:
+                    try:
+                        write_text_atomic(request_path(worker.queue_dir, worker.next_request),
+                                          json.dumps({"stop": True}))
+                        worker.proc.wait(timeout=10)
+                    except (OSError, subprocess.TimeoutExpired):
+                        pass
             _end_group(worker.proc)
         self._workers.clear()
+        return running
 
     def _classify(self, key: str, out: Path, rc, timed_out: bool, wall: float,
                   log: Path) -> ProbeResult:
@@ -273,17 +272,44 @@ class LocalProbe:
 
 
 class ProbeCache:
-    """Probe results by (hardware fingerprint, configuration), one JSON line each."""
+    """Probe results by (hardware fingerprint, configuration), one JSON line each.
+
+    Checked when loaded: a damaged line (torn by a kill mid-write, garbled) is skipped and
+    reported in `notes`, and the file is rewritten without it, so later appends start on a
+    line of their own."""
 
     def __init__(self, path: Path | None):
         """`path` None: in memory only (replay benchmarks)."""
         self.path = Path(path) if path is not None else None
         self.results: dict[tuple[str, str], ProbeResult] = {}
+        self.notes: list[str] = []
         if self.path is not None and self.path.exists():
-            for line in self.path.read_text().splitlines():
-                if line.strip():
-                    r = ProbeResult(**json.loads(line))
-                    self.results[(r.fingerprint, r.key)] = r
+            self._load()
+
+    def _load(self) -> None:
+        try:
+            text = self.path.read_bytes().decode("utf-8", errors="replace")
+        except OSError as exc:
+            raise UserError(f"cannot read the probe cache: {exc.strerror}; move it away to "
+                            "start a new one", file=str(self.path)) from None
+        good, bad = [], []
+        for number, line in enumerate(text.splitlines(), 1):
+            result = _parse_result(line) if line.strip() else None
+            if result is None:
+                bad += [number] if line.strip() else []
+                continue
+            self.results[(result.fingerprint, result.key)] = result
+            good.append(line)
+        if not bad and (not text or text.endswith("\n")):
+            return
+        try:
+            write_text_atomic(self.path, "".join(line + "\n" for line in good))
+            fixed = "rewrote it without them"
+        except OSError as exc:
+            fixed = f"could not rewrite it ({exc.strerror})"
+        if bad:
+            self.notes.append(f"probe cache {self.path}: skipped {len(bad)} damaged line(s) "
+                              f"(line {', '.join(map(str, bad[:5]))}); {fixed}")
 
     def get(self, fingerprint: str, key: str) -> ProbeResult | None:
         return self.results.get((fingerprint, key))
@@ -295,5 +321,26 @@ class ProbeCache:
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as handle:  # one line: append is atomic
-            handle.write(json.dumps(asdict(result)) + "\n")
+        with open(self.path, "a+b") as handle:  # one line: append is atomic
+            torn = False
+            if handle.seek(0, os.SEEK_END) > 0:  # a torn last line: start a line of our own
+                handle.seek(-1, os.SEEK_END)
+                torn = handle.read(1) != b"\n"
+            line = ("\n" if torn else "") + json.dumps(asdict(result)) + "\n"
+            handle.write(line.encode())
+
+
+def _parse_result(line: str) -> ProbeResult | None:
+    """One cache line as a ProbeResult; None when it is not one (torn, garbled)."""
+    try:
+        data = json.loads(line)
+        result = ProbeResult(**data) if isinstance(data, dict) else None
+    except (ValueError, TypeError):
+        return None
+    if result is None or not all(isinstance(x, str) for x in (result.key, result.status,
+                                                              result.fingerprint)):
+        return None
+    numbers = (result.step_time_s, result.mean_step_time_s, result.wall_s)
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in numbers):
+        return None
+    return result

@@ -374,8 +374,6 @@ def render_choice(result) -> str:
                      f"{est.step_time_spread:.0%} (10-90%) (measured)")
     race = result.tuning.outcome.race if result.tuning else None
     if race is not None and result.chosen_source == "probe":
-        from planner.pipeline import race_note
-
         lines.append("        " + race_note(result.table, race))
     if result.chosen_source == "model":
         lines.append(sensitivity_line(sensitivity(
@@ -385,6 +383,17 @@ def render_choice(result) -> str:
     else:
         lines.append(f"        the model alone chose {short_config(result.table, decision.chosen)}")
     return "\n".join(lines)
+
+
+def race_note(table, race) -> str:
+    """One sentence on the finalists' race: distinguishable or not, and by how much."""
+    pick, other = race.finalists[0], race.finalists[1]
+    lo, hi = race.interval
+    verdict = "distinguishable" if race.separated else "NOT distinguishable"
+    return (f"race of {len(race.finalists)} finalists, {race.rounds} round(s), {race.probes} "
+            f"probe(s): the pick {short_config(table, pick)} is {verdict} from the runner-up "
+            f"{short_config(table, other)} (runner-up {race.difference:+.1%} per token, 95% "
+            f"interval {lo:+.1%} .. {hi:+.1%}, p = {race.p_value:.2g}; measured)")
 
 
 def _offer_front(table: CandidateTable, mask: np.ndarray) -> np.ndarray:

@@ -143,10 +143,6 @@ def allowed_offers(spec: Spec, profiles: dict[str, Profile]) -> list[OfferChoice
     return [dataclasses.replace(ch, facts=f) for ch, f in zip(choices, facts, strict=True)]
 
 
-def _powers_of_two_up_to(n: int) -> list[int]:
-    return [2**i for i in range(int(math.log2(max(1, n))) + 1)]
-
-
 def target_tokens(spec: Spec, stats: CorpusStatistics | None) -> float:
     if spec.job.target_tokens:
         return spec.job.target_tokens

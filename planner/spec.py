@@ -18,7 +18,7 @@ import tomli
 
 from gptplan.errors import UserError
 from gptplan.modelfacts import MODEL_SIZES, model_problem, size_fields
-from gptplan.plan import (PRECISIONS, RECOMPUTE_MODES, SHARDING_STAGES, ModelSection,
+from gptplan.plan import (PRECISIONS, SEED_MAX, RECOMPUTE_MODES, SHARDING_STAGES, ModelSection,
                           allowed)
 from gptplan.tomlconf import folder_problem, from_table, read_toml, setting, unknown_key_error
 
@@ -48,7 +48,7 @@ class JobSpec:
     target_tokens: float = setting(0.0, "Training tokens to reach (0 = use epochs).", min=0)
     epochs: float = setting(0.0, "Passes over the full corpus (used when target_tokens = 0).",
                             min=0)
-    seed: int = setting(1234, "Seed for the run.", min=0)
+    seed: int = setting(1234, "Seed for the run (32 bits).", min=0, max=SEED_MAX)
     cache_dir: str = setting(".cache/gptplan", "Cache for tokenizers and statistics.")
 
 
@@ -150,7 +150,7 @@ class TrainingSpec:
     learning_rate: float = setting(6e-4, "Peak learning rate.", min=0)
     min_learning_rate: float = setting(6e-5, "Final learning rate.", min=0)
     warmup_fraction: float = setting(0.01, "Share of steps for warm-up.", min=0, max=1)
-    weight_decay: float = setting(0.01, "AdamW weight decay.", min=0)
+    weight_decay: float = setting(0.01, "AdamW weight decay.", min=0, max=1)
     packing: bool = setting(True, "Pack documents (no padding).")
     fp16_opt_level: Literal["O1", "O2"] = setting("O2", "AMP level for 16-bit precisions.")
 
