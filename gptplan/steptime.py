@@ -30,6 +30,7 @@ latency; small-message latency of a few microseconds per ring step).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -95,24 +96,24 @@ ALPHA_NETWORK_S = 5e-6  # [NC] per ring step across nodes (InfiniBand/RoCE RDMA 
 @dataclass(frozen=True)
 class Device:
     """What the composition needs of a device (arrays per row are fine)."""
-    peak_flops: object  # dense FLOP/s of the precision used
-    sm_count: object  # streaming multiprocessors; 0 = no tile model (the curve applies)
-    hbm_bytes_per_s: object
-    intra_bytes_per_s: object  # device-to-device in a node
-    inter_bytes_per_s: object  # the node's network link
-    gpus_per_node: object
+    peak_flops: Any  # dense FLOP/s of the precision used
+    sm_count: Any  # streaming multiprocessors; 0 = no tile model (the curve applies)
+    hbm_bytes_per_s: Any
+    intra_bytes_per_s: Any  # device-to-device in a node
+    inter_bytes_per_s: Any  # the node's network link
+    gpus_per_node: Any
 
 
 @dataclass(frozen=True)
 class Rates:
     """The fitted constants of a generation (gptplan.profile.Efficiency)."""
-    gemm_max: object  # attainable fraction of peak of a large, well-shaped GEMM
-    kernel_overhead_s: object  # per kernel: launch, tail and synchronisation
-    overlap: object  # share of data-parallel/sharding traffic hidden behind compute
-    attention_fraction: object  # attention kernels' rate relative to large GEMMs
-    half_tokens: object = 2048.0  # the curve (devices without sm_count only)
-    half_hidden: object = 384.0
-    rolloff_tokens: object = 0.0
+    gemm_max: Any  # attainable fraction of peak of a large, well-shaped GEMM
+    kernel_overhead_s: Any  # per kernel: launch, tail and synchronisation
+    overlap: Any  # share of data-parallel/sharding traffic hidden behind compute
+    attention_fraction: Any  # attention kernels' rate relative to large GEMMs
+    half_tokens: Any = 2048.0  # the curve (devices without sm_count only)
+    half_hidden: Any = 384.0
+    rolloff_tokens: Any = 0.0
 
     @classmethod
     def of(cls, eff) -> Rates:

@@ -16,8 +16,8 @@ import re
 import tempfile
 import types
 import typing
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import tomli
@@ -195,7 +195,7 @@ def _check_range(value: Any, meta: Mapping[str, Any]) -> str | None:
     return None
 
 
-def range_text(meta: dict) -> str:
+def range_text(meta: Mapping[str, Any]) -> str:
     """The allowed range of a `setting`, e.g. '>= 0 and <= 1' ('' when unbounded)."""
     low, high = meta.get("min"), meta.get("max")
     parts = []

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-from pathlib import Path
 
 import pytest
 import tomli_w
