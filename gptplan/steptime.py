@@ -35,10 +35,10 @@ from typing import Any
 import numpy as np
 
 from gptplan.memory import ModelShape, activation_bytes_per_layer
-from gptplan.plan import Plan
+from gptplan.plan import RECOMPUTE_MODES, Plan
 from gptplan.profile import PerformanceData
 
-RECOMPUTE_CODES = {"none": 0, "core_attn": 1, "full_attn": 2, "full": 3}
+RECOMPUTE_CODES = {mode: code for code, mode in enumerate(RECOMPUTE_MODES)}
 
 
 def recompute_extra_flops_per_token(shape: ModelShape, seq_len, recompute_code,

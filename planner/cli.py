@@ -305,7 +305,7 @@ def cmd_optimize(args) -> int:
     else:
         print(render_decisions(result, top))
     print()
-    print(render_model(result))
+    print(fit_lines(render_model(result)))
     print(fit_lines(render_choice(result)))
     timings = result.timings
     print(f"planned in {timings['search_s']:.2f} s ({timings['candidates']:,} candidates; "

@@ -27,8 +27,6 @@ from gptplan.memory import (GB, ModelShape, activation_bytes_per_layer,  # noqa:
 from gptplan.modelfacts import training_flops_per_token
 from gptplan.plan import ModelSection
 
-RECOMPUTE_MODES = ("none", "core_attn", "full_attn", "full")
-SHARDING_STAGES = ("", "stage1", "stage2", "stage3")
 
 
 # ---- FLOPs -------------------------------------------------------------------------------------

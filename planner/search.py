@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gptplan.memory import MEMORY_MODEL_ERROR
+from gptplan.plan import PRECISIONS, RECOMPUTE_MODES, SHARDING_STAGES
 from gptplan.steptime import Device, Rates, step_time_parts
 from planner import costmodel as cm
 from planner import spotrisk
@@ -28,7 +29,6 @@ from planner.hardware import Offer, Profile
 from planner.pricebook import PriceFacts, price_facts
 from planner.spec import Spec
 
-PRECISIONS = ("fp32", "fp16", "bf16")
 DIAGNOSTIC_COLUMNS = frozenset({"tp_s", "pp_s", "opt_s", "bubble", "tokens_per_s_per_device",
                                 "dp_sync_s"})
 
@@ -72,8 +72,8 @@ class CandidateTable:
         choice = self.offers[out["offer"]]
         out["offer_choice"] = choice
         out["precision"] = PRECISIONS[out["precision_code"]]
-        out["sharding"] = cm.SHARDING_STAGES[out["stage_code"]]
-        out["recompute"] = cm.RECOMPUTE_MODES[out["recompute_code"]]
+        out["sharding"] = SHARDING_STAGES[out["stage_code"]]
+        out["recompute"] = RECOMPUTE_MODES[out["recompute_code"]]
         out.update({k: v[0].item() for k, v in self.intervals(np.array([i])).items()})
         return out
 
@@ -199,7 +199,7 @@ def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
     # search-space choice, not a limit of the runtime; published runs use such layouts.
     pps = [p for p in s.pipeline_parallel if p <= m.num_hidden_layers and
            (prof.device != "cpu" or p == 1)]
-    stages = [cm.SHARDING_STAGES.index(z) for z in s.sharding
+    stages = [SHARDING_STAGES.index(z) for z in s.sharding
               if prof.device != "cpu" or z == ""]
     nodes = sorted({n for n in s.node_counts if n <= c.max_nodes})
     if not offer.inter_node_gbits_per_s:  # unknown network: plan single-node only
@@ -209,7 +209,7 @@ def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
         return {}
     g = _grid(nodes=nodes, precision_code=precisions, seq=c.seq_lens, micro=s.micro_batch_sizes,
               tp=tps, pp=pps, vpp=vpps, stage_code=stages,
-              recompute_code=[cm.RECOMPUTE_MODES.index(r) for r in s.recompute],
+              recompute_code=[RECOMPUTE_MODES.index(r) for r in s.recompute],
               sp=[int(v) for v in s.sequence_parallel])
     world = g["nodes"] * gpn
     model_ranks = g["tp"] * g["pp"]
