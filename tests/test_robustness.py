@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
+from runner.billing import Billing
 from runner import checkpoint as ckpt
 
 pytestmark = pytest.mark.e2e
@@ -112,7 +113,7 @@ def test_second_runner_on_same_run_dir_exits_2_naming_holder(write_plan, tmp_pat
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=120)
     assert first.returncode == 143
-    assert len(json.loads((run / "billing.json").read_text())["attempts"]) == 1
+    assert len(Billing(run).attempts) == 1
 
 
 # ---- SIGTERM at any moment -----------------------------------------------------------------
@@ -210,8 +211,7 @@ def test_full_disk_stops_cleanly_reports_one_line_and_recovers(write_plan, small
 # ---- the budget is a hard ceiling, reruns included -------------------------------------------
 
 def billed_seconds(run: Path) -> float:
-    attempts = json.loads((run / "billing.json").read_text())["attempts"]
-    return sum(a["last_seen"] - a["start"] for a in attempts)
+    return Billing(run).total_seconds()
 
 
 @pytest.mark.parametrize("limit", ["max_cost", "max_hours"])
