@@ -118,6 +118,13 @@ def _read(path: Path) -> list[dict] | None:
         return None
 
 
+def _old_format(path: Path) -> bool:
+    try:
+        return isinstance(json.loads(path.read_text(encoding="utf-8")).get("attempts"), list)
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return False
+
+
 def move_damaged(path: Path, run_dir: Path) -> Path:
     """Move a damaged run file (or folder) into <run_dir>/damaged/, never deleting it."""
     folder = Path(run_dir) / DAMAGED_DIR
@@ -156,6 +163,11 @@ class Billing:
         else:  # both damaged or missing: the upper bound (nothing for a new run directory)
             self.attempts = upper_bound_attempts(self.run_dir)
             damaged = list(self.paths) if self.attempts or read else []
+        if damaged == [self.paths[1]] and not self.paths[1].exists() and \
+                _old_format(self.paths[0]):
+            damaged = []  # a run billed before the journal: its copy is written from now on
+            if self.repair:
+                self.compact()
         if damaged and self.repair:
             self._recover(damaged)
 
@@ -174,7 +186,7 @@ class Billing:
                 f"{self.total_seconds():.1f} s (first file {time.ctime(a['first_file'])}, last "
                 f"{time.ctime(a['last_seen'])}, + {UPPER_BOUND_MARGIN_S:.0f} s per attempt for "
                 f"start-up before its first write; {a['attempts_seen']} attempt(s) seen)")
-        elif damaged[0].name == JOURNAL or existed:
+        else:
             good = next(p for p in self.paths if p not in damaged)
             self.notice = (f"billing: {damaged[0]} was damaged or lost; recovered from "
                            f"{good.name} ({len(self.attempts)} attempt(s), "
@@ -206,9 +218,9 @@ class Billing:
                 finally:
                     os.close(fd)
 
-    def open_attempt(self, start: float) -> float:
+    def open_attempt(self, start: float, now: float | None = None) -> float:
         """A new attempt that began at `start` (time.time()); compacts the journal first."""
-        now = time.time()
+        now = time.time() if now is None else now
         self.attempts.append({"start": start, "last_seen": now})
         self.compact()
         return start
@@ -230,8 +242,8 @@ class Billing:
         attempt: the largest value of each kind counts (runner.budget)."""
         self.touch(**measured)
 
-    def close(self) -> None:
-        self.touch(closed=1)
+    def close(self, now: float | None = None) -> None:
+        self.touch(now, closed=1)
 
 
 def upper_bound_attempts(run_dir: Path) -> list[dict]:
