@@ -41,7 +41,7 @@ def _json_problem(path: Path) -> str | None:
 def _metrics_problem(path: Path) -> tuple[str | None, list[str]]:
     """(problem, readable lines): a torn last line is what a kill leaves, not damage."""
     try:
-        lines = path.read_text(encoding="utf-8").split("\n")
+        lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
     except (OSError, UnicodeDecodeError) as exc:
         return f"not readable: {type(exc).__name__}", []
     good, bad = [], 0
