@@ -155,12 +155,12 @@ class Billing:
     def reload(self) -> None:
         read = {p: _read(p) for p in self.paths if p.exists() or p.is_symlink()}
         usable = {p: a for p, a in read.items() if a is not None}
-        if usable:
-            self.attempts = _merge([{"attempt": i + 1, **a} for g in usable.values()
-                                    for i, a in enumerate(g)])
-            damaged = [p for p in self.paths if p not in usable or
-                       (self.attempts and not usable[p])]
-        else:  # both damaged or missing: the upper bound (nothing for a new run directory)
+        merged = _merge([{"attempt": i + 1, **a} for g in usable.values()
+                         for i, a in enumerate(g)])
+        if merged:
+            self.attempts = merged
+            damaged = [p for p in self.paths if not usable.get(p)]
+        else:  # both damaged, empty or missing: the upper bound (nothing for a new run dir)
             self.attempts = upper_bound_attempts(self.run_dir)
             damaged = list(self.paths) if self.attempts or read else []
         if damaged == [self.paths[1]] and not self.paths[1].exists() and \

@@ -145,35 +145,40 @@ def test_damaged_run_file_ends_in_one_line_or_recovery(case, reference, tmp_path
 
 
 @pytest.fixture
-def small_disk(tmp_path):
-    """A tmpfs for the run directory, so that it can be turned read-only (needs root)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
+def checkpoints_mount(tmp_path):
+    """The run's checkpoints folder as a bind mount of itself, so that it can be turned
+    read-only while the run goes on (root ignores permission bits; needs root)."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], check=True)
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+        pytest.skip("bind mounts need root")
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    subprocess.run(["mount", "--bind", str(folder), str(folder)], check=True)
+    yield folder
+    subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
-def test_run_directory_turning_read_only_mid_run_is_one_line(reference, small_disk, tmp_path,
-                                                             shared_cache):
-    run = small_disk / "run"
+def test_run_directory_turning_read_only_mid_run_is_one_line(reference, checkpoints_mount,
+                                                             tmp_path, shared_cache):
+    run = tmp_path / "run"
     plan = make_plan(tmp_path, shared_cache, run)
     proc = subprocess.Popen([sys.executable, "-m", "runner", "execute", str(plan)],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     deadline = time.time() + 300
-    while not (run / "checkpoints" / "step_00000004").is_dir():
+    while not (checkpoints_mount / "step_00000004").is_dir():
         assert proc.poll() is None and time.time() < deadline
         time.sleep(0.02)
-    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    while subprocess.run(["mount", "-o", "remount,bind,ro", str(checkpoints_mount)],
+                         capture_output=True).returncode:  # busy while a checkpoint is written
+        assert proc.poll() is None
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, out[-2000:] + err[-3000:]
     assert "Traceback" not in err
     lines = [x for x in err.splitlines() if x.strip()]
-    assert len(lines) == 1 and "is not writable" in lines[0] and str(small_disk) in lines[0]
-    subprocess.run(["mount", "-o", "remount,rw", str(small_disk)], check=True)
+    assert len(lines) == 1 and "is not writable" in lines[0], err
+    assert str(checkpoints_mount) in lines[0]
+    subprocess.run(["umount", "-l", str(checkpoints_mount)], check=True)
+    assert (checkpoints_mount / "step_00000004" / "state.json").is_file()  # kept
     again = execute(plan)
     assert again.returncode == 0, again.stderr[-3000:]
     got, ref = losses(run), reference[1]
