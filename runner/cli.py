@@ -618,8 +618,12 @@ def attempt_log_dir(ex: Execution) -> Path:
     """`logs/attempt_NNN` (one node, numbered like the bill's attempts), or
     `logs/node_RR/attempt_NNN` on several nodes (each node numbers its own attempts: the
     nodes' disks may be shared or not, and Paddle names rank logs by local rank)."""
-    if ex.plan.parallel.nnodes == 1:
-        return ex.run_dir / "logs" / f"attempt_{len(ex.billing.attempts) + 1:03d}"
+    if ex.plan.parallel.nnodes == 1:  # (a dry run has opened no attempt)
+        number = len(ex.billing.attempts) + (0 if ex.attempt_start else 1)
+        logs = ex.run_dir / "logs"
+        while (logs / f"attempt_{number:03d}").exists():  # a bill rebuilt from file times
+            number += 1
+        return logs / f"attempt_{number:03d}"
     node_dir = ex.run_dir / "logs" / f"node_{ex.node_rank:02d}"
     done = len(list(node_dir.glob("attempt_*"))) if node_dir.is_dir() else 0
     return node_dir / f"attempt_{done + 1:03d}"

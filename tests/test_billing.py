@@ -15,8 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from runner.billing import (COPY, HEARTBEAT_S, JOURNAL, UPPER_BOUND_MARGIN_S, Billing,
-                            Heartbeat, parse, process_start_time)
+from runner.billing import (
+    COPY,
+    HEARTBEAT_S,
+    JOURNAL,
+    UPPER_BOUND_MARGIN_S,
+    Billing,
+    Heartbeat,
+    parse,
+    process_start_time,
+)
 
 DP2 = {"parallel": {"nproc_per_node": 2, "data_parallel_degree": 2}}
 
@@ -154,17 +162,22 @@ def test_attempts_killed_in_start_up_bill_their_wall_time(write_plan, tmp_path):
     for _ in range(3):
         proc = start(plan)
         began = time.time()
-        wait_for(lambda: (run / "launcher.json").exists() and
-                 (run / "launcher.json").stat().st_mtime >= began, proc)
+
+        def launched(since: float = began) -> bool:
+            group = run / "launcher.json"
+            return group.exists() and group.stat().st_mtime >= since
+
+        wait_for(launched, proc)
         time.sleep(1.0)  # the launcher and ranks are starting; no step yet
         assert not (run / "metrics.jsonl").exists(), "too late: training began"
         walls.append(kill_group(proc) - began)
     attempts = Billing(run).attempts
     billed = [a["last_seen"] - a["start"] for a in attempts]
+    pairs = list(zip(walls, billed, strict=True))
     print(f"3 attempts killed in start-up: wall {sum(walls):.1f} s, billed "
-          f"{sum(billed):.1f} s ({', '.join(f'{w:.1f}/{b:.1f}' for w, b in zip(walls, billed))})")
+          f"{sum(billed):.1f} s ({', '.join(f'{w:.1f}/{b:.1f}' for w, b in pairs)})")
     assert len(attempts) == 3
-    for wall, bill in zip(walls, billed):  # within the heartbeat (and a loaded machine's lag)
+    for wall, bill in pairs:  # within the heartbeat (and a loaded machine's lag)
         assert wall - 2 * HEARTBEAT_S - 2.0 <= bill <= wall + 1.0
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import tomli_w
+from conftest import BASE_PLAN, merge, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import BASE_PLAN, merge, run_cli
 from runner.billing import COPY, JOURNAL, Billing
 
 pytestmark = pytest.mark.e2e
