@@ -12,9 +12,11 @@ import errno
 import shutil
 from pathlib import Path
 
-from gptplan.errors import DiskFullError
+from gptplan.errors import DiskFullError, NotWritableError
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+NOT_WRITABLE_TEXT = ("Read-only file system", "Permission denied")  # as paddle.save words them
 
 
 def _existing(path: Path) -> Path:
@@ -39,16 +41,29 @@ def _message(directory: Path, needed: int | None) -> str:
             "(or point job.output_dir elsewhere) and rerun; nothing else was lost")
 
 
+def not_writable_message(directory: Path, reason: str) -> str:
+    return (f"{directory} is not writable ({reason}); the run stopped there, checkpoints "
+            "completed before are kept: make it writable (or point job.output_dir "
+            "elsewhere) and rerun")
+
+
 @contextlib.contextmanager
 def guard_disk_writes(directory: Path, *, needed_bytes: int | None = None):
-    """Turn ENOSPC/EDQUOT raised inside the block into one DiskFullError line."""
+    """Turn ENOSPC/EDQUOT raised inside the block into one DiskFullError line, and EROFS/EACCES
+    (a folder that turned read-only) into one NotWritableError line."""
     try:
         yield
     except OSError as exc:
+        if exc.errno in NOT_WRITABLE:
+            raise NotWritableError(not_writable_message(Path(directory),
+                                                        exc.strerror or "")) from None
         if exc.errno not in NO_SPACE:
             raise
         raise DiskFullError(_message(Path(directory), needed_bytes)) from None
     except RuntimeError as exc:  # paddle.save wraps some OSErrors in RuntimeError
+        text = next((t for t in NOT_WRITABLE_TEXT if t in str(exc)), None)
+        if text:
+            raise NotWritableError(not_writable_message(Path(directory), text)) from None
         if "No space left" not in str(exc):
             raise
         raise DiskFullError(_message(Path(directory), needed_bytes)) from None

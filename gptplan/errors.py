@@ -44,3 +44,10 @@ class DiskFullError(UserError):
     bytes needed; exit status 1 (the input was fine, the machine is not)."""
 
     exit_status = 1
+
+
+class NotWritableError(UserError):
+    """A folder the run writes stopped accepting writes (read-only file system, permissions):
+    one line naming it; exit status 1 (the input was fine, the machine is not)."""
+
+    exit_status = 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gptplan import money
 from gptplan.plan import Plan
 
 # Priors for costs not measured yet in this run (modelled, conservative for the CPU machine):
@@ -19,6 +20,9 @@ SHUTDOWN_PRIOR_S = {False: 1.0, True: 6.0}  # in-process vs launched ranks
 CHECKPOINT_BYTES_PER_S = 50e6               # slow disk
 CHECKPOINT_FIXED_S = 1.0
 MARGIN_FRACTION = 0.10                      # on top of the measured spread
+# Start-up (runner start to the first step) of a run that has not measured one, a stated bound
+# (the CPU test machine measured 5-12 s in-process and 15-30 s for two launched ranks).
+STARTUP_BOUND_S = {False: 15.0, True: 45.0}  # in-process vs launched ranks
 
 
 @dataclass(frozen=True)
@@ -36,10 +40,11 @@ class StopCosts:
 
 
 def checkpoint_prior_bytes(plan: Plan) -> int:
-    """Modelled checkpoint size: weights and two AdamW moments in fp32 (tied weights once)."""
+    """Modelled checkpoint size (gptplan.money.checkpoint_bytes; tied weights once)."""
     from gptplan.modelfacts import parameter_count
 
-    return parameter_count(plan.model) * 12
+    return money.checkpoint_bytes(parameter_count(plan.model),
+                                  master_weights=plan.training.fp16_opt_level == "O2")
 
 
 def checkpoint_prior_s(plan: Plan) -> float:
@@ -91,7 +96,8 @@ def stop_costs(plan: Plan, attempts: list[dict], *, step_times: list[float],
 
 
 def cost_of_seconds(plan: Plan, seconds: float) -> float:
-    return plan.hardware.price_per_node_hour * plan.parallel.nnodes * seconds / 3600.0
+    return money.cost(price_per_node_hour=plan.hardware.price_per_node_hour,
+                      nodes=plan.parallel.nnodes, seconds=seconds)
 
 
 def over_limits(plan: Plan, *, billed_s: float, needed_s: float) -> list[str]:
@@ -105,9 +111,23 @@ def over_limits(plan: Plan, *, billed_s: float, needed_s: float) -> list[str]:
     return crossed
 
 
-def startup_s(attempts: list[dict]) -> float:
-    """Measured start-up of earlier attempts (launch to first step), 0 if none measured."""
-    return measured_max(attempts, "startup_s") or 0.0
+def startup_s(plan: Plan, attempts: list[dict]) -> tuple[float, str]:
+    """Start-up still ahead of an attempt: the slowest measured in earlier attempts (runner
+    start to first step), else the stated bound. (seconds, how it was obtained)."""
+    measured = measured_max(attempts, "startup_s")
+    if measured is not None:
+        return measured, "measured"
+    return STARTUP_BOUND_S[plan.parallel.world_size > 1], "stated bound"
+
+
+def first_step_need_s(plan: Plan, attempts: list[dict]) -> tuple[float, str]:
+    """Seconds an attempt needs to take one step and stop cleanly: start-up, the step, its
+    checkpoint and shutdown (measured where earlier attempts measured them)."""
+    start, how = startup_s(plan, attempts)
+    costs = stop_costs(plan, attempts, step_times=[], checkpoint_times=[])
+    step_how = "measured" if costs.measured else modelled_step_s(plan)[1]
+    return start + costs.total_s, f"start-up {start:.1f} s ({how}), step and stop " \
+        f"{costs.total_s:.1f} s ({step_how})"
 
 
 DEADLINE_TEARDOWN_S = 1.0  # killing the group and the last billing write
@@ -120,9 +140,10 @@ def deadline(plan: Plan, *, billed_s: float, attempt_start: float) -> float | No
     limits = []
     if b.max_hours > 0:
         limits.append(b.max_hours * 3600.0)
-    per_s = cost_of_seconds(plan, 1.0)
-    if b.max_cost > 0 and per_s > 0:
-        limits.append(b.max_cost / per_s)
+    if b.max_cost > 0:
+        limits.append(money.seconds_for(price_per_node_hour=plan.hardware.price_per_node_hour,
+                                        nodes=plan.parallel.nnodes, money=b.max_cost))
+    limits = [x for x in limits if x != float("inf")]
     if not limits:
         return None
     return attempt_start + min(limits) - billed_s - DEADLINE_TEARDOWN_S

@@ -217,16 +217,16 @@ def commit(tmp: Path, state: dict, *, keep_last: int) -> Path:
             json.dump(state, handle, indent=1)
             handle.flush()
             os.fsync(handle.fileno())
-    write_manifest(tmp)
-    final = tmp.with_name(tmp.name[: -len(".tmp")])
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    dir_fd = os.open(final.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        write_manifest(tmp)
+        final = tmp.with_name(tmp.name[: -len(".tmp")])
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        dir_fd = os.open(final.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
     for _, old in complete_checkpoints(final.parent)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final

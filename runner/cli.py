@@ -7,22 +7,24 @@ Bad input ends with one line on stderr and exit status 2; a run stopped by a sig
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 
-from runner import __version__
-from runner import budget as budget_guard
-from runner import checkpoint as ckpt
-from runner import signals
 from gptplan import quiet_third_party_warnings
 from gptplan.cliargs import OneLineParser
 from gptplan.errors import BudgetError, DataError, PlanError, UserError
 from gptplan.plan import Plan, load_plan, write_plan
 from gptplan.tomlconf import folder_problem
+from runner import __version__, signals
+from runner import budget as budget_guard
+from runner import checkpoint as ckpt
+from runner.billing import Billing, Heartbeat
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,19 +82,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, started_at: float | None = None) -> int:
+    """`started_at`: when this runner's process started (runner.__main__ passes it; billing
+    counts from there), else now."""
     # A notice during start-up is delivered once our handler is in place. The caller's signal
     # mask and handlers come back on return: an in-process caller (tests, notebooks) must not
     # keep SIGTERM blocked, or worker pools it starts later could never be terminated.
     with signals.restored_on_exit():
         signals.block()
-        return _main(argv)
+        return _main(argv, started_at or time.time())
 
 
-def _main(argv: list[str] | None) -> int:
+def _main(argv: list[str] | None, started_at: float) -> int:
     args = build_parser().parse_args(argv)
     quiet_third_party_warnings()
-    commands = {"execute": execute, "export": cmd_export, "generate": cmd_generate}
+    commands = {"execute": lambda a: execute(a, started_at), "export": cmd_export,
+                "generate": cmd_generate}
     try:
         return commands[args.command](args)
     except UserError as exc:
@@ -155,9 +160,10 @@ def check_paths(plan: Plan, plan_file: Path) -> None:
             raise PlanError(problem, file=str(plan_file), key=key)
 
 
-def check_resume(plan: Plan, run_dir: Path, plan_file: Path, *, repair: bool) -> Path | None:
-    """The newest checkpoint that verifies, if it belongs to this plan. With `repair`,
-    damaged newer ones are moved aside (one line each); a dry run only reports them."""
+def check_resume(plan: Plan, run_dir: Path, plan_file: Path, *,
+                 repair: bool) -> tuple[Path | None, dict | None]:
+    """The newest checkpoint that verifies and its state, if it belongs to this plan. With
+    `repair`, damaged newer ones are moved aside (one line each); a dry run only reports."""
     root = run_dir / "checkpoints"
     if repair:
         latest = ckpt.resume_point(root)
@@ -165,7 +171,7 @@ def check_resume(plan: Plan, run_dir: Path, plan_file: Path, *, repair: bool) ->
         latest = next((f for _, f in reversed(ckpt.complete_checkpoints(root))
                        if ckpt.verify(f) is None), None)
     if latest is None:
-        return None
+        return None, None
     state = ckpt.read_state(latest)
     if state.get("plan_fingerprint") != plan.fingerprint():
         old = state.get("trajectory")
@@ -174,57 +180,77 @@ def check_resume(plan: Plan, run_dir: Path, plan_file: Path, *, repair: bool) ->
         raise PlanError(f"{latest} was written by a different plan (changed: {what}); rerun "
                         "with --fresh to start over (the old run is kept, renamed), or set "
                         "job.output_dir", file=str(plan_file), key="job.output_dir")
-    return latest
+    return latest, state
 
 
-def check_budget(plan: Plan, billing, latest: Path | None, plan_file: Path) -> str | None:
-    """Before launching: None if one more step (with its checkpoint, start-up and shutdown)
-    fits the budget; for a run that already spent it, the line saying so. A run that never
-    started and cannot buy one step is bad input (BudgetError)."""
-    b = plan.budget
-    attempts = billing.attempts
-    billed = billing.total_seconds()
-    cur = plan.hardware.currency
-    if attempts:
-        costs = budget_guard.stop_costs(plan, attempts, step_times=[], checkpoint_times=[])
-        need = budget_guard.startup_s(attempts) + costs.total_s
-        crossed = budget_guard.over_limits(plan, billed_s=billed, needed_s=need)
-        if not crossed:
-            return None
-        step = ckpt.read_state(latest)["step"] if latest is not None else 0
-        limits = []
-        if "budget.max_cost" in crossed:
-            limits.append(f"billed {budget_guard.cost_of_seconds(plan, billed):.4f} {cur} of "
-                          f"budget.max_cost {b.max_cost} {b.currency}")
-        if "budget.max_hours" in crossed:
-            limits.append(f"billed {billed / 3600:.4f} h of budget.max_hours {b.max_hours} h")
-        return (f"budget spent: {' and '.join(limits)} (measured); another step with start-up, "
-                f"checkpoint and shutdown needs ~{need:.1f} s more (measured); trained "
-                f"{step} of {plan.training.max_steps} steps (checkpoint at step {step}); "
-                f"raise the limit to continue")
-    step_s, how = budget_guard.modelled_step_s(plan)
-    if step_s <= 0:
-        return None
-    crossed = budget_guard.over_limits(plan, billed_s=0.0, needed_s=step_s)
-    if "budget.max_cost" in crossed:
-        raise BudgetError(f"{b.max_cost} {b.currency} cannot buy one step "
-                          f"({budget_guard.cost_of_seconds(plan, step_s):.6g} {cur}, {step_s:.3g} "
-                          f"s per step, {how}); raise budget.max_cost",
-                          file=str(plan_file), key="budget.max_cost")
-    if "budget.max_hours" in crossed:
-        raise BudgetError(f"{b.max_hours} h cannot buy one step ({step_s:.3g} s per step, "
-                          f"{how}); raise budget.max_hours", file=str(plan_file),
-                          key="budget.max_hours")
-    return None
+@dataclasses.dataclass
+class Execution:
+    """What `runner execute` learns, each fact once, handed from step to step."""
+    args: argparse.Namespace
+    plan: Plan
+    pinned: frozenset
+    node_rank: int
+    started_at: float  # this runner process's start (billed from here)
+    lock: object | None = None
+    created_run_dir: bool = False
+    billing: Billing | None = None
+    latest: Path | None = None  # newest verified checkpoint of this plan
+    state: dict | None = None   # its state.json, read once
+    data: object | None = None
+    log_dir: Path | None = None
+    commands: list = dataclasses.field(default_factory=list)
+    attempt_start: float = 0.0
+    deadline: float | None = None
+    original: Plan | None = None  # the user's plan (--set applied), before --local fitting
+    corpus_problem: str | None = None  # runner.corpuscheck's finding for a dry run
+
+    @property
+    def run_dir(self) -> Path:
+        return self.plan.run_dir
+
+    @property
+    def plan_file(self) -> Path:
+        return self.args.plan
+
+    @property
+    def needs_launch(self) -> bool:
+        return self.plan.parallel.world_size > 1
+
+    @property
+    def step(self) -> int:
+        return self.state["step"] if self.state else 0
 
 
-def execute(args) -> int:
-    from runner.prepare import prepare_data
-    from runner.launch import check_hardware, deadline_hit, forwarded_signals, localize
-    from runner.metrics import BillingLog
-    from runner.parallel import launch_commands
-    from runner.rundir import RunDirLock
+def execute(args, started_at: float | None = None) -> int:
+    """`runner execute`, top to bottom; each step is a function below."""
+    ex = preflight(args, started_at or time.time())  # every check of the input, in one place
+    if args.dry_run:
+        return dry_run_steps(ex)
+    try:
+        take_run_dir(ex)          # lock, leftovers, --fresh, damaged run files moved aside
+        read_resume_state(ex)     # newest verified checkpoint and the bill, each read once
+        if ex.step >= ex.plan.training.max_steps:
+            return finished_run(ex)  # report, and an export that did not happen yet
+        spent = check_budget(ex)  # refuses (exit 2) a run that cannot buy one step
+        if spent:
+            print(spent)
+            return 0
+        with billed_attempt(ex):  # the attempt's record and heartbeat, closed at exit
+            prepare(ex)           # data, launch commands
+            write_run_files(ex)   # effective plan, tokenizer
+            outcome = launch(ex)  # in this process or launched ranks
+            return conclude(ex, outcome)  # diagnose, bill, report, export
+    except UserError:
+        drop_new_run_dir(ex)
+        raise
+    finally:
+        if ex.lock is not None:
+            ex.lock.release()
 
+
+def preflight(args, started_at: float) -> Execution:
+    """Plan, overrides, rehearsal, node and path checks; then Paddle and our signal handlers
+    (a notice that came meanwhile is delivered now: exit 143)."""
     from runner.overrides import load_plan_with
 
     if args.memory_limit_gb is not None and not 0 < args.memory_limit_gb < float("inf"):
@@ -233,75 +259,154 @@ def execute(args) -> int:
     original, pinned = load_plan_with(args.plan, args.set)  # --set makes the user's plan
     plan = apply_overrides(original, args)
     if args.local:
-        from runner.rehearsal import describe, rehearse
-
-        plan, changes = localize(plan)
-        rehearsal = rehearse(plan, max_steps_given=args.max_steps is not None,
-                             limit_gb=args.memory_limit_gb, pinned=pinned)
-        plan = rehearsal.plan
-        print("--local: rehearsing on this machine; changed:")
-        for change in [*changes, *rehearsal.changes] or ["nothing"]:
-            print(f"  {change}")
-        for line in describe(rehearsal):
-            print(line)
+        plan = rehearse_locally(plan, args, pinned)
     node_rank = check_node_args(plan, args)
     plan = rehearsal_dir(plan, original, args)
     check_paths(plan, args.plan)
+    if not args.local and not args.dry_run:
+        check_cluster(plan, args)
+    if args.dry_run:
+        check_dry_run_memory(plan, args.plan)
     import paddle  # noqa: F401  (installs Paddle's signal handlers; ours go on top)
 
     signals.raise_on_signal()
-    run_dir = plan.run_dir
-    if not (run_dir / "billing.json").exists():  # a new run: refuse before writing anything
-        check_budget(plan, BillingLog(run_dir / "billing.json"), None, args.plan)
-    lock = None
-    if not args.dry_run and node_rank > 0:
-        # the other nodes of a multi-node run share node 0's run directory (see README);
-        # each holds its own lock, and only node 0 writes checkpoints, billing and reports
-        lock = RunDirLock(run_dir, lock_file=f"runner.node{node_rank:02d}.lock").acquire()
-    elif not args.dry_run:
-        lock = RunDirLock(run_dir).acquire()  # one runner per run directory
-        ckpt.remove_incomplete(run_dir / "checkpoints")  # first: they may be what fills the disk
-        if args.fresh and any(p.name != "runner.lock" for p in run_dir.iterdir()):
-            backup = run_dir.with_name(f"{run_dir.name}.{time.strftime('%Y%m%d-%H%M%S')}.old")
-            os.replace(run_dir, backup)
-            old_lock, lock = lock, RunDirLock(run_dir).acquire()
-            old_lock.release()
-            print(f"--fresh: previous run kept in {backup}")
-    latest = check_resume(plan, run_dir, args.plan,
-                          repair=not args.dry_run and node_rank == 0)
-    # Node 0 bills the whole cluster (price x nnodes x its wall-clock time); other nodes only
-    # read the bill for the budget check (one writer: attempts are never counted twice).
-    billing = BillingLog(run_dir / "billing.json")
+    return Execution(args, plan, frozenset(pinned), node_rank, started_at, original=original)
 
-    effective_plan = run_dir / "plan.toml"
-    needs_launch = plan.parallel.world_size > 1
-    if not args.local and not args.dry_run:
-        print_cluster_commands(plan, args)
-        check_hardware(plan, node_rank=args.node_rank)
-        if plan.parallel.nnodes > 1 and not (args.master or plan.parallel.master):
-            raise PlanError(f"the plan spans {plan.parallel.nnodes} nodes; give every node the "
-                            "same --master HOST:PORT of node 0 (or set parallel.master)",
-                            key="--master")
-    if latest is not None and not args.dry_run:
-        state = ckpt.read_state(latest)
-        if state["step"] >= plan.training.max_steps:
-            print(f"already finished: {latest} is at step {state['step']}")
-            return report(plan, run_dir, args) if node_rank == 0 else 0
-    spent = check_budget(plan, billing, latest, args.plan)
-    if spent is not None and not args.dry_run:
-        print(spent)
-        return 0
 
-    if args.dry_run:
-        check_dry_run_memory(plan, args.plan)
-    data = prepare_data(plan)
+def rehearse_locally(plan: Plan, args, pinned) -> Plan:
+    """--local: the plan moved to this machine and fitted to it; each change is listed."""
+    from runner.rehearsal import describe, localize, rehearse
+
+    plan, changes = localize(plan)
+    rehearsal = rehearse(plan, max_steps_given=args.max_steps is not None,
+                         limit_gb=args.memory_limit_gb, pinned=pinned)
+    print("--local: rehearsing on this machine; changed:")
+    for change in [*changes, *rehearsal.changes] or ["nothing"]:
+        print(f"  {change}")
+    for line in describe(rehearsal):
+        print(line)
+    return rehearsal.plan
+
+
+def check_cluster(plan: Plan, args) -> None:
+    """A real run: this machine must be (a node of) the planned cluster."""
+    from runner.launch import check_hardware
+
+    print_cluster_commands(plan, args)
+    check_hardware(plan, node_rank=args.node_rank)
+    if plan.parallel.nnodes > 1 and not (args.master or plan.parallel.master):
+        raise PlanError(f"the plan spans {plan.parallel.nnodes} nodes; give every node the "
+                        "same --master HOST:PORT of node 0 (or set parallel.master)",
+                        key="--master")
+
+
+def take_run_dir(ex: Execution) -> None:
+    """One runner per run directory (nodes > 0 hold a lock of their own and write nothing
+    but their result: node 0 writes checkpoints, billing and reports)."""
+    from runner.rundir import RunDirLock
+    from runner.runfiles import check_run_files
+
+    run_dir = ex.run_dir
+    if ex.node_rank > 0:
+        ex.lock = RunDirLock(run_dir, lock_file=f"runner.node{ex.node_rank:02d}.lock").acquire()
+        return
+    ex.created_run_dir = not run_dir.exists()
+    ex.lock = RunDirLock(run_dir).acquire()
+    ckpt.remove_incomplete(run_dir / "checkpoints")  # first: they may be what fills the disk
+    if ex.args.fresh and any(p.name != "runner.lock" for p in run_dir.iterdir()):
+        backup = run_dir.with_name(f"{run_dir.name}.{time.strftime('%Y%m%d-%H%M%S')}.old")
+        os.replace(run_dir, backup)
+        old_lock, ex.lock = ex.lock, RunDirLock(run_dir).acquire()
+        old_lock.release()
+        print(f"--fresh: previous run kept in {backup}")
+    check_run_files(run_dir)
+
+
+def read_resume_state(ex: Execution) -> None:
+    """Node 0 bills the whole cluster (price x nnodes x its wall-clock time) and may repair
+    the journal; other nodes only read it for the budget check."""
+    writer = ex.node_rank == 0 and not ex.args.dry_run
+    ex.latest, ex.state = check_resume(ex.plan, ex.run_dir, ex.plan_file, repair=writer)
+    ex.billing = Billing(ex.run_dir, repair=writer)
+    if ex.billing.notice:
+        print(ex.billing.notice)
+
+
+def drop_new_run_dir(ex: Execution) -> None:
+    """Bad input leaves nothing behind: a run directory this runner created and that holds
+    only its lock is removed again."""
+    if ex.created_run_dir and ex.lock is not None and \
+            all(p.name == "runner.lock" for p in ex.run_dir.iterdir()):
+        ex.lock.release()
+        ex.lock = None
+        shutil.rmtree(ex.run_dir, ignore_errors=True)
+
+
+def check_budget(ex: Execution) -> str | None:
+    """Before anything is launched, for every plan shape: None if start-up, one step, its
+    checkpoint and shutdown fit what the budget has left (measured where earlier attempts
+    measured, else the stated bounds of runner.budget); else the line saying the budget is
+    spent. A run that never billed anything and cannot buy one step is bad input."""
+    plan, billing = ex.plan, ex.billing
+    billed = billing.total_seconds() + (time.time() - ex.started_at)
+    need, how = budget_guard.first_step_need_s(plan, billing.attempts)
+    crossed = budget_guard.over_limits(plan, billed_s=billed, needed_s=need)
+    if not crossed:
+        return None
+    b, cur = plan.budget, plan.hardware.currency
+    if not billing.attempts:
+        key = crossed[0]
+        limit = f"{b.max_cost} {b.currency}" if key == "budget.max_cost" else \
+            f"{b.max_hours} h"
+        raise BudgetError(f"{limit} cannot buy one step with start-up and shutdown "
+                          f"({budget_guard.cost_of_seconds(plan, need):.6g} {cur} for "
+                          f"{need:.3g} s: {how}); raise {key}", file=str(ex.plan_file),
+                          key=key)
+    limits = []
+    if "budget.max_cost" in crossed:
+        limits.append(f"billed {budget_guard.cost_of_seconds(plan, billed):.4f} {cur} of "
+                      f"budget.max_cost {b.max_cost} {b.currency}")
+    if "budget.max_hours" in crossed:
+        limits.append(f"billed {billed / 3600:.4f} h of budget.max_hours {b.max_hours} h")
+    return (f"budget spent: {' and '.join(limits)} (measured); another step with start-up, "
+            f"checkpoint and shutdown needs ~{need:.1f} s more ({how}); trained {ex.step} of "
+            f"{plan.training.max_steps} steps (checkpoint at step {ex.step}); raise the limit "
+            "to continue")
+
+
+@contextlib.contextmanager
+def billed_attempt(ex: Execution):
+    """Node 0 opens the attempt (from this process's start) before preparing or launching
+    anything, and a heartbeat keeps it current until the attempt is closed at exit."""
+    if ex.node_rank > 0:
+        ex.attempt_start = time.time()
+        yield
+        return
+    ex.attempt_start = ex.billing.open_attempt(ex.started_at)
+    ex.deadline = budget_guard.deadline(ex.plan, billed_s=ex.billing.previous_seconds(),
+                                        attempt_start=ex.attempt_start)
+    heartbeat = Heartbeat(ex.billing).start()
+    try:
+        yield
+    finally:
+        heartbeat.stop()
+
+
+def prepare(ex: Execution) -> None:
+    """The data (prepared or verified from the cache) and the launch commands."""
+    from runner.corpuscheck import check_before_launch
+    from runner.parallel import launch_commands
+    from runner.prepare import prepare_data
+
+    plan = ex.plan
+    ex.data = data = prepare_data(plan)
     print(f"data: {data.num_tokens:,} tokens ({data.meta['num_documents']:,} documents, "
           f"{data.meta['tokens_per_character']:.3f} tokens/char, measured) in {data.path}")
-    from runner.corpuscheck import check_before_launch
-
-    corpus_problem = check_before_launch(original, data.num_tokens, plan_file=args.plan,
-                                         rehearsal=args.local or args.max_steps is not None,
-                                         dry_run=args.dry_run)
+    args = ex.args
+    ex.corpus_problem = check_before_launch(ex.original or plan, data.num_tokens,
+                                            plan_file=args.plan,
+                                            rehearsal=args.local or args.max_steps is not None,
+                                            dry_run=args.dry_run)
     if not plan.training.packing:
         from runner.prepare import truncation_loss
 
@@ -310,100 +415,152 @@ def execute(args) -> int:
             print(f"truncation: training.packing = false cuts documents to seq_len + 1 = "
                   f"{plan.training.seq_len + 1} tokens: {lost:.1%} of the corpus tokens are "
                   "never trained on (measured); packing loses none")
-    log_dir = attempt_log_dir(run_dir, billing, plan.parallel.nnodes, node_rank)
-    commands = launch_commands(plan, plan_path=effective_plan, data_dir=data.path,
-                               run_dir=run_dir, log_dir=log_dir, master=args.master)
-    if args.dry_run:
-        print_cluster_commands(plan, args)
-        if needs_launch:
-            print("launch command(s) this runner starts:")
-            for cmd in commands:
-                print(f"  node {cmd.node_rank}: {cmd.render()}")
-        return dry_run(plan, data, args.plan, corpus_problem=corpus_problem)
+    ex.log_dir = attempt_log_dir(ex)
+    ex.commands = launch_commands(plan, plan_path=ex.run_dir / "plan.toml", data_dir=data.path,
+                                  run_dir=ex.run_dir, log_dir=ex.log_dir,
+                                  master=ex.args.master)
 
-    if latest is not None:
-        print(f"resuming from {latest} (step {ckpt.read_state(latest)['step']})")
-    write_plan(plan, effective_plan, header=f"# effective plan of this run (from {args.plan})\n")
-    if node_rank == 0:  # global rank 0 (on node 0) is the one that writes checkpoints
+
+def write_run_files(ex: Execution) -> None:
+    if ex.latest is not None:
+        print(f"resuming from {ex.latest} (step {ex.step})")
+    write_plan(ex.plan, ex.run_dir / "plan.toml",
+               header=f"# effective plan of this run (from {ex.plan_file})\n")
+    if ex.node_rank == 0:  # global rank 0 (on node 0) is the one that writes checkpoints
         from runner.export import save_run_tokenizer
 
-        save_run_tokenizer(plan, data.meta, run_dir)
-        attempt_start = billing.start_attempt()
-        deadline = budget_guard.deadline(plan, billed_s=billing.previous_seconds(),
-                                         attempt_start=attempt_start)
-    else:
-        attempt_start, deadline = time.time(), None
-    if not needs_launch:
-        rc = run_in_process(plan, data.path, run_dir)
-    else:
-        from runner.rehearsal import rank_memory_limit_bytes
-        from runner.supervise import oom_kills, supervised
+        save_run_tokenizer(ex.plan, ex.data.meta, ex.run_dir)
 
-        limit = rank_memory_limit_bytes(plan, limit_gb=args.memory_limit_gb)
-        oom_before = oom_kills()
-        rc = run_launched(supervised(commands[node_rank], log_dir / "ranks", limit),
-                          run_dir=run_dir, log_dir=log_dir, node_rank=node_rank,
-                          verbose=args.verbose, deadline=deadline)
-    if node_rank > 0:
-        return finish_other_node(plan, run_dir, log_dir, node_rank, rc, since=attempt_start)
-    billing.reload()  # rank 0 added its measurements
-    billing.touch()
-    result = read_result(run_dir, since=attempt_start)
-    if result is None and deadline_hit:
-        print(f"budget spent during start-up (the ranks had not begun a step): billed "
-              f"{billing.total_seconds():.1f} s; trained nothing more; raise the limit to "
-              "continue")
-        return 0
-    if result is None and forwarded_signals:
-        print("stopped by a termination signal before the first step; nothing to save",
-              file=sys.stderr)
-        return signals.EXIT_SIGNALLED
+
+@dataclasses.dataclass
+class Outcome:
+    """How the training group of this attempt ended."""
+    rc: int
+    group: object | None = None  # runner.launch.GroupResult of launched ranks
+    oom_kills_before: int = 0
+
+
+def launch(ex: Execution) -> Outcome:
+    if not ex.needs_launch:
+        from runner.train import train
+
+        train(ex.plan, data_dir=ex.data.path, run_dir=ex.run_dir)
+        return Outcome(0)
+    from runner.rehearsal import rank_memory_limit_bytes
+    from runner.supervise import oom_kills, supervised
+
+    limit = rank_memory_limit_bytes(ex.plan, limit_gb=ex.args.memory_limit_gb)
+    before = oom_kills()
+    group = run_launched(ex, supervised(ex.commands[ex.node_rank], ex.log_dir / "ranks", limit))
+    return Outcome(group.rc, group, before)
+
+
+def conclude(ex: Execution, outcome: Outcome) -> int:
+    """The attempt's result: why it failed, or the bill, report and export."""
+    from runner.train import STOP_DISK, STOP_SIGNAL
+
+    if ex.node_rank > 0:
+        return finish_other_node(ex, outcome.rc)
+    result = read_result(ex.run_dir, since=ex.attempt_start)
     if result is None:
-        disk = disk_full_line(log_dir)
-        if disk:
-            print(f"error: {disk}", file=sys.stderr)
-            return 1
-    if result is None and needs_launch:  # which rank died, how, and why (runner.failure)
-        from runner.failure import diagnose, render
-        from runner.supervise import machine_memory_bytes
-
-        failure = diagnose(plan=plan, status_dir=log_dir / "ranks", log_dir=log_dir,
-                           launcher_rc=rc, oom_kills_before=oom_before,
-                           oom_kills_after=oom_kills(), machine_bytes=machine_memory_bytes(),
-                           local=args.local)
-        print(render(failure, log_dir), file=sys.stderr)
-        return 1
-        tail = last_log_lines(log_dir)
-        print(f"training failed (exit {rc}); last lines of the rank logs:\n{tail}",
-              file=sys.stderr)
-        return 1
+        return explain_failure(ex, outcome)
+    ex.billing.reload()  # rank 0 added its measurements
     if isinstance(result.get("loop_ended_at"), (int, float)):
-        billing.note(shutdown_s=max(0.0, billing.attempts[-1]["last_seen"] -
-                                    result["loop_ended_at"]))
-    status = report(plan, run_dir, args)
-    if result["stop_reason"] == "disk full":
-        print(f"error: stopped for lack of disk space in {run_dir / 'checkpoints'} (a "
+        ex.billing.note(shutdown_s=max(0.0, time.time() - result["loop_ended_at"]))
+    status = report(ex, result)
+    if result["stop_reason"] == STOP_DISK:
+        print(f"error: stopped for lack of disk space in {ex.run_dir / 'checkpoints'} (a "
               f"checkpoint needs ~{result.get('checkpoint_bytes', 0):,} bytes); checkpoint of "
               f"step {result['last_checkpoint_step']} kept; free space and rerun",
               file=sys.stderr)
         return 1
     if result["finished"]:
-        from runner.export import export_model, export_pretrained
-
-        print(f"model + tokenizer in PaddleNLP format: {export_pretrained(plan, run_dir)}")
-        if args.export:
-            print(f"exported for inference (paddle.jit.save): {export_model(plan, run_dir)}")
-    interrupted = not result["finished"] and result["stop_reason"].startswith("signal")
+        export(ex)
+    interrupted = not result["finished"] and result["stop_reason"] == STOP_SIGNAL
     return signals.EXIT_SIGNALLED if interrupted else status
 
 
-def disk_full_line(log_dir: Path) -> str | None:
-    """The one-line disk-full error a rank printed, if that is why it ended."""
+def explain_failure(ex: Execution, outcome: Outcome) -> int:
+    """No result from this attempt: the deadline, a notice, a rank's one-line error, or which
+    rank died, how and why (runner.failure)."""
+    group = outcome.group
+    if group is not None and group.deadline_hit:
+        print(f"budget spent during start-up (the ranks had not begun a step): billed "
+              f"{ex.billing.total_seconds():.1f} s; trained nothing more; raise the limit to "
+              "continue")
+        return 0
+    if group is not None and group.forwarded_signals:
+        print("stopped by a termination signal before the first step; nothing to save",
+              file=sys.stderr)
+        return signals.EXIT_SIGNALLED
+    line = rank_error_line(ex.log_dir)
+    if line:
+        print(line, file=sys.stderr)
+        return 1
+    from runner.failure import diagnose, render
+    from runner.supervise import machine_memory_bytes, oom_kills
+
+    failure = diagnose(plan=ex.plan, status_dir=ex.log_dir / "ranks", log_dir=ex.log_dir,
+                       launcher_rc=outcome.rc, oom_kills_before=outcome.oom_kills_before,
+                       oom_kills_after=oom_kills(), machine_bytes=machine_memory_bytes(),
+                       local=ex.args.local)
+    print(render(failure, ex.log_dir), file=sys.stderr)
+    return 1
+
+
+def finished_run(ex: Execution) -> int:
+    """A rerun of a finished run: its report (result.json rebuilt if it was lost), and the
+    PaddleNLP export if the one after training did not happen (a full disk, a kill)."""
+    print(f"already finished: {ex.latest} is at step {ex.step}")
+    if ex.node_rank > 0:
+        return 0
+    status = report(ex, None)
+    export(ex, only_if_missing=True)
+    return status
+
+
+def export(ex: Execution, *, only_if_missing: bool = False) -> None:
+    from runner.export import PRETRAINED_DIR, export_model, export_pretrained
+
+    marker = ex.run_dir / PRETRAINED_DIR / "gptplan_checkpoint.txt"
+    found = ckpt.complete_checkpoints(ex.run_dir / "checkpoints")
+    newest = found[-1][1].name if found else None
+    done = marker.is_file() and marker.read_text(errors="replace").strip() == newest
+    if only_if_missing and done:
+        return
+    path = export_pretrained(ex.plan, ex.run_dir)
+    retried = " (retried: the export after training had not happened)" if only_if_missing \
+        else ""
+    print(f"model + tokenizer in PaddleNLP format: {path}{retried}")
+    if ex.args.export:
+        print(f"exported for inference (paddle.jit.save): {export_model(ex.plan, ex.run_dir)}")
+
+
+def rank_error_line(log_dir: Path) -> str | None:
+    """The one-line error a rank printed (disk full, run directory not writable), if that is
+    why it ended."""
     for log in sorted(Path(log_dir).glob("workerlog.*")):
         for line in log.read_text(errors="replace").splitlines():
-            if line.startswith("error: no space left"):
-                return line[len("error: "):]
+            if line.startswith("error: ") and ("no space left" in line or
+                                               "is not writable" in line):
+                return line
     return None
+
+
+def dry_run_steps(ex: Execution) -> int:
+    """--dry-run: every check a run makes, the data prepared, the commands printed, the model
+    built; nothing written into the run directory."""
+    read_resume_state(ex)
+    spent = check_budget(ex)
+    if spent:
+        print(spent)
+    prepare(ex)
+    print_cluster_commands(ex.plan, ex.args)
+    if ex.needs_launch:
+        print("launch command(s) this runner starts:")
+        for cmd in ex.commands:
+            print(f"  node {cmd.node_rank}: {cmd.render()}")
+    return dry_run(ex.plan, ex.data, ex.plan_file, corpus_problem=ex.corpus_problem)
 
 
 def _run_plan(run_dir: Path) -> Plan:
@@ -465,66 +622,78 @@ def check_node_args(plan: Plan, args) -> int:
     return node_rank
 
 
-def attempt_log_dir(run_dir: Path, billing, nnodes: int, node_rank: int) -> Path:
-    """`logs/attempt_NNN` (one node, numbered like billing.json's attempts), or
+def attempt_log_dir(ex: Execution) -> Path:
+    """`logs/attempt_NNN` (one node, numbered like the bill's attempts), or
     `logs/node_RR/attempt_NNN` on several nodes (each node numbers its own attempts: the
     nodes' disks may be shared or not, and Paddle names rank logs by local rank)."""
-    if nnodes == 1:
-        return run_dir / "logs" / f"attempt_{len(billing.attempts) + 1:03d}"
-    node_dir = run_dir / "logs" / f"node_{node_rank:02d}"
+    if ex.plan.parallel.nnodes == 1:  # (a dry run has opened no attempt)
+        number = len(ex.billing.attempts) + (0 if ex.attempt_start else 1)
+        logs = ex.run_dir / "logs"
+        while (logs / f"attempt_{number:03d}").exists():  # a bill rebuilt from file times
+            number += 1
+        return logs / f"attempt_{number:03d}"
+    node_dir = ex.run_dir / "logs" / f"node_{ex.node_rank:02d}"
     done = len(list(node_dir.glob("attempt_*"))) if node_dir.is_dir() else 0
     return node_dir / f"attempt_{done + 1:03d}"
 
 
-def run_launched(command, *, run_dir: Path, log_dir: Path, node_rank: int,
-                 verbose: bool, deadline: float | None = None) -> int:
+def run_launched(ex: Execution, command):
     """Run this node's launcher; by default its output goes to `launcher.log` and the console
     shows only the lines rank 0 means for a person (runner.console)."""
     from runner.console import CONSOLE_ENV, Follower
     from runner.launch import run_group
 
+    log_dir, node_rank = ex.log_dir, ex.node_rank
     log_dir.mkdir(parents=True, exist_ok=True)
-    group_file = run_dir / ("launcher.json" if node_rank == 0 else
-                            f"launcher.node{node_rank:02d}.json")
+    group_file = ex.run_dir / ("launcher.json" if node_rank == 0 else
+                               f"launcher.node{node_rank:02d}.json")
     console_file = log_dir / "console.log"
     command = dataclasses.replace(command, env=command.env | {CONSOLE_ENV: str(console_file)})
-    if verbose:
-        return run_group(command, group_file=group_file, deadline=deadline)
+    if ex.args.verbose:
+        return run_group(command, group_file=group_file, deadline=ex.deadline)
     print(f"launcher and rank logs: {log_dir} (--verbose shows them here)", flush=True)
     console_file.touch()
     with Follower(console_file):
         return run_group(command, log_file=log_dir / "launcher.log", group_file=group_file,
-                         deadline=deadline)
+                         deadline=ex.deadline)
 
 
-def finish_other_node(plan: Plan, run_dir: Path, log_dir: Path, node_rank: int, rc: int, *,
-                      since: float) -> int:
+def finish_other_node(ex: Execution, rc: int) -> int:
     """Node R > 0 reports its own ranks' outcome; billing, metrics, checkpoints and the report
     are node 0's."""
-    from runner.train import node_result_file
+    from runner.train import STOP_SIGNAL, node_result_file
 
-    path = node_result_file(run_dir, node_rank)
-    result = None
-    if path.exists() and path.stat().st_mtime >= since:
-        result = json.loads(path.read_text())
+    node_rank = ex.node_rank
+    path = node_result_file(ex.run_dir, node_rank)
+    result = read_json(path) if path.exists() and \
+        path.stat().st_mtime >= ex.attempt_start else None
     if result is None:
         print(f"node {node_rank}: training failed (exit {rc}); last lines of the rank logs:\n"
-              f"{last_log_lines(log_dir)}", file=sys.stderr)
+              f"{last_log_lines(ex.log_dir)}", file=sys.stderr)
         return 1
     status = "finished" if result["finished"] else f"stopped: {result['stop_reason']}"
     print(f"node {node_rank}: {status} after {result['completed_steps']}/"
           f"{result['max_steps']} steps; metrics, checkpoints, billing and the report are "
-          f"written by node 0 (into {run_dir} on node 0)")
-    interrupted = not result["finished"] and result["stop_reason"].startswith("signal")
-    return 143 if interrupted else 0
+          f"written by node 0 (into {ex.run_dir} on node 0)")
+    interrupted = not result["finished"] and result["stop_reason"] == STOP_SIGNAL
+    return signals.EXIT_SIGNALLED if interrupted else 0
+
+
+def read_json(path: Path) -> dict | None:
+    """A JSON object the run wrote, or None if it is not one (a torn or garbled file)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def read_result(run_dir: Path, *, since: float) -> dict | None:
     """The result rank 0 wrote in this attempt, or None if the attempt crashed before that."""
     path = run_dir / "result.json"
-    if not path.exists() or path.stat().st_mtime < since:
+    if not path.is_file() or path.stat().st_mtime < since:
         return None
-    return json.loads(path.read_text())
+    return read_json(path)
 
 
 def print_cluster_commands(plan: Plan, args) -> None:
@@ -541,13 +710,6 @@ def print_cluster_commands(plan: Plan, args) -> None:
         print(f"  node {node}: runner execute {args.plan} --node-rank {node} --master {master}")
 
 
-def run_in_process(plan: Plan, data_dir: Path, run_dir: Path) -> int:
-    from runner.train import train
-
-    train(plan, data_dir=data_dir, run_dir=run_dir)
-    return 0
-
-
 def check_dry_run_memory(plan: Plan, plan_file: Path) -> None:
     """The dry run builds the whole model in fp32 on this machine: refuse sizes it cannot hold
     (checked before data preparation, so bad sizes are one line and nothing is prepared)."""
@@ -562,8 +724,8 @@ def check_dry_run_memory(plan: Plan, plan_file: Path) -> None:
 
 
 def dry_run(plan: Plan, data, plan_file: Path, *, corpus_problem: str | None = None) -> int:
-    from runner.batches import TokenDataset
     from gptplan.modelfacts import parameter_count, training_flops_per_token
+    from runner.batches import TokenDataset
     from runner.model import build_model, kernel_choice
 
     dataset = TokenDataset(data, seq_len=plan.training.seq_len, packing=plan.training.packing)
@@ -594,20 +756,29 @@ def dry_run(plan: Plan, data, plan_file: Path, *, corpus_problem: str | None = N
     return 0
 
 
-def report(plan: Plan, run_dir: Path, args) -> int:
-    from runner.metrics import BillingLog
-    from runner.report import planned_vs_actual, render
+def report(ex: Execution, result: dict | None) -> int:
+    """Planned vs actual (runner.report) from this attempt's result, or from result.json of a
+    finished run (rebuilt from the newest checkpoint when it was lost)."""
     from gptplan.tomlconf import write_text_atomic
+    from runner.report import planned_vs_actual, render
 
-    result_file = run_dir / "result.json"
-    if not result_file.exists():
+    billed = ex.billing.total_seconds()
+    result_file = ex.run_dir / "result.json"
+    if result is None:
+        result = read_json(result_file)
+    if result is None and ex.state is not None:
+        from runner.runfiles import rebuild_result
+
+        result = rebuild_result(ex.plan, ex.run_dir, ex.state, billed_seconds=billed,
+                                checkpoint_bytes=ckpt.checkpoint_bytes(ex.latest))
+        write_text_atomic(result_file, json.dumps(result, indent=1))
+        print(f"{result_file} rebuilt from {ex.latest.name} and metrics.jsonl (measured)")
+    if result is None:
         print("no result.json: the run ended before its first step", file=sys.stderr)
         return 1
-    result = json.loads(result_file.read_text())
-    billed = BillingLog(run_dir / "billing.json").total_seconds()
-    data = planned_vs_actual(plan, result, billed)
-    write_text_atomic(run_dir / "report.json", json.dumps(data, indent=1))
-    print(json.dumps(data, indent=1) if args.json else render(data))
+    data = planned_vs_actual(ex.plan, result, billed)
+    write_text_atomic(ex.run_dir / "report.json", json.dumps(data, indent=1))
+    print(json.dumps(data, indent=1) if ex.args.json else render(data))
     return 0
 
 

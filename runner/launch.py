@@ -18,17 +18,22 @@ from pathlib import Path
 
 from gptplan.errors import HardwareError
 from gptplan.lifeline import die_with_parent
-from runner.parallel import LaunchCommand, local_device_count
 from gptplan.plan import Plan
+from runner.parallel import LaunchCommand, local_device_count
 from runner.supervise import STATUS_DIR_ENV, signal_supervised_ranks
 
-forwarded_signals: list[int] = []  # signals run_group passed on to its group (last run)
-deadline_hit: list[float] = []      # when run_group killed its group at the budget deadline
+
+@dataclasses.dataclass
+class GroupResult:
+    """How a launched group ended."""
+    rc: int = 0
+    forwarded_signals: list[int] = dataclasses.field(default_factory=list)  # passed on to it
+    deadline_hit: float | None = None  # when it was killed at the budget deadline
 
 
 def run_group(command: LaunchCommand, *, log_file: Path | None = None,
-              group_file: Path | None = None, deadline: float | None = None) -> int:
-    """Run one launch command in its own process group; pass on SIGTERM/SIGINT; return rc.
+              group_file: Path | None = None, deadline: float | None = None) -> GroupResult:
+    """Run one launch command in its own process group; pass on SIGTERM/SIGINT.
 
     `group_file` records the group id so operators (and tests) can end exactly this group.
     At `deadline` (time.time(), the budget's hard ceiling) the group is killed: the ranks
@@ -43,8 +48,8 @@ def run_group(command: LaunchCommand, *, log_file: Path | None = None,
     """
     env = dict(os.environ) | command.env
     status_dir = command.env.get(STATUS_DIR_ENV)
-    forwarded_signals.clear()
-    deadline_hit.clear()
+    result = GroupResult()
+    forwarded_signals = result.forwarded_signals
     proc = None
     started = time.time() - 1.0  # status records carry time.time() stamps
     told: set[int] = set()  # the launcher's pid and the supervisors this launch has told
@@ -85,12 +90,13 @@ def run_group(command: LaunchCommand, *, log_file: Path | None = None,
             if deadline is not None:
                 timeout = min(timeout, max(0.0, deadline - time.time()))
             try:
-                return proc.wait(timeout=timeout)
+                result.rc = proc.wait(timeout=timeout)
+                return result
             except subprocess.TimeoutExpired:
                 if forwarded_signals:
                     tell()
                 if deadline is not None and time.time() >= deadline:
-                    deadline_hit.append(time.time())
+                    result.deadline_hit = time.time()
                     os.killpg(proc.pid, signal.SIGKILL)
                     deadline = None
     finally:
@@ -130,60 +136,3 @@ def check_hardware(plan: Plan, *, node_rank: int | None) -> None:
         raise HardwareError(f"{plan.training.precision!r} on CPU would run in fp32: Paddle's "
                             "AMP is a no-op on CPU; use precision = 'fp32' (allowed here: "
                             f"{', '.join(local_precisions())})", key="training.precision")
-
-
-def localize(plan: Plan) -> tuple[Plan, list[str]]:
-    """The plan rehearsed on this machine: per-device settings kept, topology shrunk.
-
-    Keeps seq_len, micro-batch, accumulation, precision where possible and the model; moves to
-    the local device type, one node, as many processes as fit, data parallel only. Price
-    becomes 0: a rehearsal on your own machine is not billed at the cloud price.
-    """
-    import paddle
-
-    changes: list[str] = []
-    device = "gpu" if paddle.is_compiled_with_cuda() and local_device_count("gpu") else "cpu"
-    nproc = min(plan.parallel.world_size, local_device_count(device))
-    if device == "cpu":
-        nproc = min(nproc, 2)
-    par = plan.parallel
-    # One node, data parallel only: tensor/pipeline/sharding layouts need the planned devices.
-    new_par = dataclasses.replace(par, nnodes=1, nproc_per_node=nproc, master="",
-                                  data_parallel_degree=nproc, tensor_parallel_degree=1,
-                                  pipeline_parallel_degree=1, sharding="",
-                                  sharding_parallel_degree=1, sequence_parallel=False)
-    for f in dataclasses.fields(par):
-        old, new = getattr(par, f.name), getattr(new_par, f.name)
-        if old != new:
-            changes.append(f"parallel.{f.name}: {old!r} -> {new!r}")
-    t = plan.training
-    precisions = local_precisions() if device == "cpu" else plan.hardware.precisions
-    new_t = t
-    if t.precision not in precisions:
-        fallback = "bf16" if "bf16" in precisions and t.precision != "fp32" else "fp32"
-        new_t = dataclasses.replace(t, precision=fallback,
-                                    fp16_opt_level=t.fp16_opt_level if fallback != "fp32"
-                                    else "O1")
-        changes.append(f"training.precision: {t.precision!r} -> {fallback!r}")
-    hw = plan.hardware
-    new_hw = dataclasses.replace(hw, device=device, profile=f"local-{device}", offer="local",
-                                 precisions=precisions, spot=False, price_per_node_hour=0.0,
-                                 peak_tflops=0.0 if device != hw.device else hw.peak_tflops)
-    for f in ("device", "profile", "price_per_node_hour"):
-        if getattr(hw, f) != getattr(new_hw, f):
-            changes.append(f"hardware.{f}: {getattr(hw, f)!r} -> {getattr(new_hw, f)!r}")
-    budget = dataclasses.replace(plan.budget, max_cost=0.0)
-    if plan.budget.max_cost:
-        changes.append("budget.max_cost: not enforced locally (price 0)")
-    from gptplan.plan import EstimateSection
-
-    if plan.estimate.source != "none":
-        changes.append("estimate: dropped (it describes the planned cluster, not this machine)")
-    new_plan = dataclasses.replace(plan, parallel=new_par, training=new_t, hardware=new_hw,
-                                   budget=budget, estimate=EstimateSection(),
-                                   job=dataclasses.replace(plan.job, target_tokens=0))
-    old_batch, new_batch = plan.global_batch_size, new_plan.global_batch_size
-    if old_batch != new_batch:
-        changes.append(f"global batch: {old_batch} -> {new_batch} sequences per step "
-                       "(per-device settings kept)")
-    return new_plan, changes

@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from gptplan import money
 from gptplan.modelfacts import training_flops_per_token
 from gptplan.plan import Plan
 
@@ -35,79 +36,6 @@ def mfu(*, flops_per_token: float, tokens_per_second: float, devices: int,
     if peak_tflops <= 0 or devices <= 0:
         return 0.0
     return flops_per_token * tokens_per_second / (peak_tflops * 1e12 * devices)
-
-
-class BillingLog:
-    """Wall-clock time of every attempt of a run, in `<run_dir>/billing.json`.
-
-    The parent `runner execute` opens an attempt before launching (so start-up is billed);
-    rank 0 touches it after every step (atomic write), so a SIGKILL loses at most one step of
-    billed time. Total billed time = sum over attempts of (last_seen - start).
-    Each attempt also keeps what it measured for the budget guard (runner.budget): start-up,
-    slowest step, slowest checkpoint and shutdown seconds.
-    """
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.attempts: list[dict] = []
-        self.reload()
-
-    def reload(self) -> None:
-        """Re-read the file (another process of the run may have written it)."""
-        from gptplan.errors import UserError
-
-        if not self.path.exists():
-            return
-        try:
-            attempts = json.loads(self.path.read_text())["attempts"]
-            if not isinstance(attempts, list) or not all(
-                    isinstance(a, dict) and isinstance(a.get("start"), (int, float)) and
-                    isinstance(a.get("last_seen"), (int, float)) for a in attempts):
-                raise ValueError("attempts")
-        except (OSError, ValueError, KeyError, TypeError):
-            raise UserError("damaged billing record (not the JSON the runner writes); the "
-                            "billed time of this run is unknown, so it cannot be resumed "
-                            "safely: restore the file or start over with --fresh",
-                            file=str(self.path)) from None
-        self.attempts = attempts
-
-    def note(self, **measured: float) -> None:
-        """Keep measured costs on the current attempt (the slowest value of each kind)."""
-        if not self.attempts:
-            return
-        current = self.attempts[-1]
-        for key, value in measured.items():
-            current[key] = max(value, current.get(key, value))
-        self._save()
-
-    def start_attempt(self, now: float | None = None) -> float:
-        now = time.time() if now is None else now
-        self.attempts.append({"start": now, "last_seen": now})
-        self._save()
-        return now
-
-    def touch(self, now: float | None = None, *, min_interval: float = 0.0) -> None:
-        """Record that the attempt is still running; skip the write if the last one is
-        younger than `min_interval` seconds (keeps fsyncs off the training hot path)."""
-        if not self.attempts:
-            return
-        now = time.time() if now is None else now
-        if now - self.attempts[-1]["last_seen"] < min_interval:
-            return
-        self.attempts[-1]["last_seen"] = now
-        self._save()
-
-    def previous_seconds(self) -> float:
-        """Billed seconds of all attempts but the current (last) one."""
-        return sum(a["last_seen"] - a["start"] for a in self.attempts[:-1])
-
-    def total_seconds(self) -> float:
-        return sum(a["last_seen"] - a["start"] for a in self.attempts)
-
-    def _save(self) -> None:
-        from gptplan.tomlconf import write_text_atomic
-
-        write_text_atomic(self.path, json.dumps({"attempts": self.attempts}))
 
 
 @dataclass(frozen=True)
@@ -148,8 +76,8 @@ class RunMeter:
         return self.previous_seconds + (now - self.attempt_start)
 
     def cost_of_seconds(self, seconds: float) -> float:
-        hw = self.plan.hardware
-        return hw.price_per_node_hour * self.plan.parallel.nnodes * seconds / 3600.0
+        return money.cost(price_per_node_hour=self.plan.hardware.price_per_node_hour,
+                          nodes=self.plan.parallel.nnodes, seconds=seconds)
 
     def cost_so_far(self, now: float | None = None) -> float:
         return self.cost_of_seconds(self.billed_seconds(now))

@@ -1,6 +1,6 @@
 """`runner execute PLAN --local`: the plan rehearsed on this machine, made to fit it.
 
-`runner.launch.localize` moves the plan to this machine's devices (one node, data parallel,
+`localize` moves the plan to this machine's devices (one node, data parallel,
 a precision the CPU has). This module then
 
 - predicts memory per rank with the planner's own formulas (gptplan.memory, one place) and the
@@ -31,6 +31,8 @@ from gptplan.modelfacts import training_flops_per_token
 from gptplan.plan import EstimateSection, Plan
 from gptplan.profile import PerformanceData, ProfileError, read_performance
 from gptplan.steptime import RECOMPUTE_CODES, data_parallel_step_time_s
+from runner.launch import local_precisions
+from runner.parallel import local_device_count
 from runner.supervise import machine_memory_bytes, machine_share_bytes
 
 # A rehearsal's modelled memory may use this share of a rank's memory: the formulas (made for
@@ -171,7 +173,7 @@ def fit_time(plan: Plan, perf: PerformanceData, pinned: frozenset[str]
 
 def rehearse(plan: Plan, *, max_steps_given: bool, limit_gb: float | None = None,
              pinned: frozenset[str] = frozenset()) -> Rehearsal:
-    """Fit a localized plan (runner.launch.localize) to this machine; see the module doc."""
+    """Fit a localized plan (localize) to this machine; see the module doc."""
     perf = local_performance(plan)
     changes: list[str] = []
     if plan.training.use_flash_attention and plan.hardware.device != "gpu":
@@ -252,3 +254,58 @@ def describe(r: Rehearsal) -> list[str]:
         lines.append("step time here: not modelled (no peak FLOP/s for this precision in the "
                      "local profile)")
     return lines
+
+
+def localize(plan: Plan) -> tuple[Plan, list[str]]:
+    """The plan rehearsed on this machine: per-device settings kept, topology shrunk.
+
+    Keeps seq_len, micro-batch, accumulation, precision where possible and the model; moves to
+    the local device type, one node, as many processes as fit, data parallel only. Price
+    becomes 0: a rehearsal on your own machine is not billed at the cloud price.
+    """
+    import paddle
+
+    changes: list[str] = []
+    device = "gpu" if paddle.is_compiled_with_cuda() and local_device_count("gpu") else "cpu"
+    nproc = min(plan.parallel.world_size, local_device_count(device))
+    if device == "cpu":
+        nproc = min(nproc, 2)
+    par = plan.parallel
+    # One node, data parallel only: tensor/pipeline/sharding layouts need the planned devices.
+    new_par = dataclasses.replace(par, nnodes=1, nproc_per_node=nproc, master="",
+                                  data_parallel_degree=nproc, tensor_parallel_degree=1,
+                                  pipeline_parallel_degree=1, sharding="",
+                                  sharding_parallel_degree=1, sequence_parallel=False)
+    for f in dataclasses.fields(par):
+        old, new = getattr(par, f.name), getattr(new_par, f.name)
+        if old != new:
+            changes.append(f"parallel.{f.name}: {old!r} -> {new!r}")
+    t = plan.training
+    precisions = local_precisions() if device == "cpu" else plan.hardware.precisions
+    new_t = t
+    if t.precision not in precisions:
+        fallback = "bf16" if "bf16" in precisions and t.precision != "fp32" else "fp32"
+        new_t = dataclasses.replace(t, precision=fallback,
+                                    fp16_opt_level=t.fp16_opt_level if fallback != "fp32"
+                                    else "O1")
+        changes.append(f"training.precision: {t.precision!r} -> {fallback!r}")
+    hw = plan.hardware
+    new_hw = dataclasses.replace(hw, device=device, profile=f"local-{device}", offer="local",
+                                 precisions=precisions, spot=False, price_per_node_hour=0.0,
+                                 peak_tflops=0.0 if device != hw.device else hw.peak_tflops)
+    for f in ("device", "profile", "price_per_node_hour"):
+        if getattr(hw, f) != getattr(new_hw, f):
+            changes.append(f"hardware.{f}: {getattr(hw, f)!r} -> {getattr(new_hw, f)!r}")
+    budget = dataclasses.replace(plan.budget, max_cost=0.0)
+    if plan.budget.max_cost:
+        changes.append("budget.max_cost: not enforced locally (price 0)")
+    if plan.estimate.source != "none":
+        changes.append("estimate: dropped (it describes the planned cluster, not this machine)")
+    new_plan = dataclasses.replace(plan, parallel=new_par, training=new_t, hardware=new_hw,
+                                   budget=budget, estimate=EstimateSection(),
+                                   job=dataclasses.replace(plan.job, target_tokens=0))
+    old_batch, new_batch = plan.global_batch_size, new_plan.global_batch_size
+    if old_batch != new_batch:
+        changes.append(f"global batch: {old_batch} -> {new_batch} sequences per step "
+                       "(per-device settings kept)")
+    return new_plan, changes

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from tabulate import tabulate
 
+from gptplan import money
 from gptplan.plan import Plan
 
 
@@ -28,8 +29,8 @@ def planned_vs_actual(plan: Plan, result: dict, billed_seconds: float) -> dict:
     m = result["measured"]
     cur = plan.hardware.currency
     est = plan.estimate
-    price_hour = plan.hardware.price_per_node_hour * plan.parallel.nnodes
-    cost = price_hour * billed_seconds / 3600
+    cost = money.cost(price_per_node_hour=plan.hardware.price_per_node_hour,
+                      nodes=plan.parallel.nnodes, seconds=billed_seconds)
     tokens = m["tokens_trained"]
     rows = [
         Row("tokens/s (whole job)", "tokens/s", est.tokens_per_second, m["tokens_per_second"]),

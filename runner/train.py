@@ -11,6 +11,7 @@ re-decides anything the planner chose.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import signal
@@ -19,23 +20,24 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from gptplan.diskspace import free_bytes
+from gptplan.errors import UserError
+from gptplan.plan import Plan, TrainingSection, load_plan
+from gptplan.tomlconf import write_text_atomic
 from runner import budget as budget_guard
 from runner import checkpoint as ckpt
 from runner import signals
+from runner.billing import Billing
 from runner.console import say
-from gptplan.diskspace import free_bytes
-from gptplan.errors import DiskFullError
 from runner.batches import BatchSource, DeterministicSampler, TokenDataset
 from runner.datacache import content_key, open_prepared
-from runner.metrics import BillingLog, MetricsWriter, RunMeter
+from runner.metrics import MetricsWriter, RunMeter
 from runner.model import build_model
 from runner.parallel import build_strategy, sharding_groups
-from gptplan.plan import Plan, TrainingSection, load_plan
-from gptplan.tomlconf import write_text_atomic
 
-STOP_SIGNAL, STOP_BUDGET, STOP_HOURS, STOP_DISK = 0, 1, 2, 3
-STOP_REASONS = {STOP_SIGNAL: "signal (preemption notice)", STOP_BUDGET: "budget.max_cost",
-                STOP_HOURS: "budget.max_hours", STOP_DISK: "disk full"}
+STOP_SIGNAL = "signal (preemption notice)"
+STOP_DISK = "disk full"
+STOP_ORDER = (STOP_SIGNAL, "budget.max_cost", "budget.max_hours", STOP_DISK)  # first one wins
 
 
 # ---- schedule --------------------------------------------------------------------------------
@@ -313,6 +315,67 @@ class StopSignal:
         self.received = signum
 
 
+@dataclass(frozen=True)
+class Stop:
+    """What the stop rules decided after a step ('' = go on)."""
+    reason: str = ""
+
+    @property
+    def out_of_disk(self) -> bool:
+        return self.reason == STOP_DISK
+
+
+@dataclass
+class StopRules:
+    """Every stop decision of the loop, asked once per step: a termination notice, the budget
+    (would one more step, its checkpoint and shutdown cross budget.max_cost / max_hours?,
+    runner.budget with measured costs), and the disk (room for the next checkpoint). Rank 0
+    decides the budget and the disk, every rank its signals; all ranks agree on the result, so
+    every rank stops after the same step."""
+    plan: Plan
+    rank: RankInfo
+    meter: RunMeter
+    previous_attempts: list[dict]
+    root: Path
+    checkpoint_bytes: int
+    notice: StopSignal = dataclasses.field(default_factory=StopSignal)
+    alerted: bool = False
+
+    def decide(self, step: int, *, checkpoint_due: bool) -> Stop:
+        flags = dict.fromkeys(STOP_ORDER, 0)
+        flags[STOP_SIGNAL] = int(bool(self.notice.received))
+        if self.rank.is_main and step < self.plan.training.max_steps:
+            for limit in self._limits_crossed():
+                flags[limit] = 1
+        if self.rank.is_main and (checkpoint_due or any(flags.values())) and \
+                self.checkpoint_bytes and free_bytes(self.root) < self.checkpoint_bytes:
+            flags[STOP_DISK] = 1  # stop cleanly (last good checkpoint kept), never half-write
+        agreed = agree_on_stop([flags[k] for k in STOP_ORDER], self.rank)
+        if step >= self.plan.training.max_steps and not agreed[STOP_ORDER.index(STOP_DISK)]:
+            return Stop()
+        return Stop(next((k for k, f in zip(STOP_ORDER, agreed, strict=True) if f), ""))
+
+    def _limits_crossed(self) -> list[str]:
+        costs = budget_guard.stop_costs(
+            self.plan, self.previous_attempts,
+            step_times=[r.step_time_s for r in self.meter.records],
+            checkpoint_times=self.meter.checkpoint_seconds)
+        crossed = budget_guard.over_limits(self.plan, billed_s=self.meter.billed_seconds(),
+                                           needed_s=costs.total_s)
+        self._alert()
+        return crossed
+
+    def _alert(self) -> None:
+        budget = self.plan.budget
+        spent = self.meter.cost_so_far()
+        if budget.max_cost > 0 and not self.alerted and \
+                spent >= budget.alert_at * budget.max_cost:
+            self.alerted = True
+            say(f"WARNING: spent {spent:.4f} {budget.currency} (measured), "
+                f"{spent / budget.max_cost:.0%} of budget.max_cost "
+                f"{budget.max_cost} {budget.currency}")
+
+
 # ---- the run ---------------------------------------------------------------------------------
 
 def build_trainer(plan: Plan, data_dir: Path, rank: RankInfo) -> Trainer:
@@ -382,17 +445,59 @@ def log_line(plan: Plan, rec) -> str:
             f"projected {rec.projected_cost:.4f} {cur}   (all measured)")
 
 
+@dataclass
+class Attempt:
+    """One rank's attempt at the plan: what the loop carries from step to step."""
+    plan: Plan
+    run_dir: Path
+    trainer: Trainer
+    meter: RunMeter
+    writer: MetricsWriter
+    rules: StopRules
+    billing: Billing
+    start_step: int
+    latest: Path | None
+    progress: object | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.trainer.rank.is_main
+
+
 def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
     """Run (or resume) the plan on this rank; returns the result dict rank 0 also writes."""
-    rank = init_distributed(plan)
-    agree_on_data(Path(data_dir), rank)
-    trainer = build_trainer(plan, data_dir, rank)
-    stop_signal = StopSignal()  # after importing paddle, which installs its own handlers
-    signals.unblock()  # a notice that came during start-up is delivered now
-    billing = BillingLog(run_dir / "billing.json")
-    attempt_start = billing.attempts[-1]["start"] if billing.attempts else time.time()
-    previous_attempts = billing.attempts[:-1]
+    run = start_attempt(plan, Path(data_dir), Path(run_dir))
+    t = plan.training
+    step, stop = run.start_step, Stop()
+    last_saved = step if run.latest else -1
+    while step < t.max_steps:
+        loss = run_step(run, step)
+        step += 1
+        checkpoint_due = step % plan.checkpoint.interval_steps == 0 or step == t.max_steps
+        stop = run.rules.decide(step, checkpoint_due=checkpoint_due)
+        if (checkpoint_due or stop.reason) and not stop.out_of_disk:
+            save_checkpoint(run, step, loss)
+            last_saved = step
+        if stop.reason:
+            if run.is_main:
+                say(f"stopping after step {step}: disk full, {free_bytes(run.rules.root):,} "
+                    f"bytes free in {run.rules.root}, a checkpoint needs about "
+                    f"{run.rules.checkpoint_bytes:,}; the last good checkpoint (step "
+                    f"{last_saved}) is kept" if stop.out_of_disk else
+                    f"stopping after step {step}: {stop.reason}; checkpoint saved")
+            break
+    return finish(run, step, stop, last_saved)
 
+
+def start_attempt(plan: Plan, data_dir: Path, run_dir: Path) -> Attempt:
+    """Build the rank's model and data, restore the newest checkpoint, set up meters."""
+    rank = init_distributed(plan)
+    agree_on_data(data_dir, rank)
+    trainer = build_trainer(plan, data_dir, rank)
+    notice = StopSignal()  # after importing paddle, which installs its own handlers
+    signals.unblock()  # a notice that came during start-up is delivered now
+    billing = Billing(run_dir)  # the runner opened this attempt (runner.billing)
+    attempt_start = billing.attempts[-1]["start"] if billing.attempts else time.time()
     root = run_dir / "checkpoints"
     start_step, tokens_before, padded_before = 0, 0, 0
     latest = agree_on_checkpoint(ckpt.latest_checkpoint(root), rank)
@@ -402,128 +507,90 @@ def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
         start_step, tokens_before, padded_before = (state["step"], state["tokens_trained"],
                                                     state["padded_tokens"])
     distribute(trainer)
-
     meter = RunMeter(plan, attempt_start=attempt_start,
                      previous_seconds=billing.previous_seconds(), tokens_before=tokens_before,
                      padded_before=padded_before, first_step=start_step)
-    writer = MetricsWriter(run_dir, enabled=rank.is_main, first_step=start_step)
-    budget, t = plan.budget, plan.training
+    # Room a checkpoint needs: the previous one's size (measured), before the first one the
+    # modelled size (gptplan.money.checkpoint_bytes).
+    needed = ckpt.checkpoint_bytes(latest) if latest else \
+        budget_guard.checkpoint_prior_bytes(plan)
+    rules = StopRules(plan, rank, meter, billing.attempts[:-1], root, needed, notice)
+    run = Attempt(plan, run_dir, trainer, meter,
+                  MetricsWriter(run_dir, enabled=rank.is_main, first_step=start_step),
+                  rules, billing, start_step, latest)
     if rank.is_main:
+        t = plan.training
         resumed = f", resumed from {latest.name}" if latest else ""
         say(f"training {plan.name}: {t.max_steps} steps x {plan.tokens_per_step} tokens, "
             f"world size {rank.world}{resumed}")
-    # A progress bar when a person watches rank 0 (launch redirects ranks to log files).
-    progress = None
-    if rank.is_main and sys.stdout.isatty():
-        from tqdm import tqdm
+        if sys.stdout.isatty():  # a person watches rank 0 (launched ranks log to files)
+            from tqdm import tqdm
 
-        progress = tqdm(total=t.max_steps, initial=start_step, unit="step", dynamic_ncols=True)
-    alerted = False
-    stop_reason = ""
-    last_saved = start_step if latest else -1
-    # Room a checkpoint needs: the previous one's size (measured), before the first one the
-    # model's weights and AdamW moments in fp32 (modelled).
-    last_checkpoint_bytes = ckpt.checkpoint_bytes(latest) if latest else \
-        budget_guard.checkpoint_prior_bytes(plan)
-    step = start_step
-    while step < t.max_steps:
-        began = time.perf_counter()
-        if rank.is_main and step == start_step:
-            billing.note(startup_s=time.time() - attempt_start)
-        loss = trainer.train_step(step)
-        loss = trainer.global_loss(loss)  # float() above synchronised the device
-        step_time = time.perf_counter() - began
-        real, padded = trainer.batches.step_token_counts(step)
-        record = meter.record(step=step, loss=loss, lr=learning_rate_at(step, t),
+            run.progress = tqdm(total=t.max_steps, initial=start_step, unit="step",
+                                dynamic_ncols=True)
+    return run
+
+
+def run_step(run: Attempt, step: int) -> float:
+    """One optimizer step, measured and logged; returns the loss (mean over ranks)."""
+    plan, trainer = run.plan, run.trainer
+    began = time.perf_counter()
+    if run.is_main and step == run.start_step:
+        run.billing.note(startup_s=time.time() - run.meter.attempt_start)
+    loss = trainer.global_loss(trainer.train_step(step))  # float() synchronised the device
+    step_time = time.perf_counter() - began
+    real, padded = trainer.batches.step_token_counts(step)
+    record = run.meter.record(step=step, loss=loss, lr=learning_rate_at(step, plan.training),
                               step_time=step_time, tokens=real, padded=padded,
                               epoch=trainer.batches.sampler.epoch_at(step + 1))
-        step += 1
-        if rank.is_main:
-            billing.touch(min_interval=1.0)  # a SIGKILL loses at most ~1 s of billed time
-            if progress is not None:
-                progress.update(1)
-                progress.set_postfix(loss=f"{loss:.3f}", tok_s=f"{record.tokens_per_second:,.0f}",
-                                     cost=f"{record.cost:.4f}", refresh=False)
-            if step % t.logging_steps == 0 or step == t.max_steps:
-                writer.write(record)
-                if progress is not None:
-                    progress.write(log_line(plan, record))
-                else:
-                    say(log_line(plan, record))
+    if not run.is_main:
+        return loss
+    done = step + 1
+    if run.progress is not None:
+        run.progress.update(1)
+        run.progress.set_postfix(loss=f"{loss:.3f}", tok_s=f"{record.tokens_per_second:,.0f}",
+                                 cost=f"{record.cost:.4f}", refresh=False)
+    if done % plan.training.logging_steps == 0 or done == plan.training.max_steps:
+        run.writer.write(record)
+        (run.progress.write if run.progress is not None else say)(log_line(plan, record))
+    return loss
 
-        # Would the next step, the checkpoint after it and shutting down cross a limit?
-        # Decide on rank 0 (measured costs, runner.budget), agree on all ranks, so every rank
-        # stops after the same step.
-        flags = [0, 0, 0, 0]
-        flags[STOP_SIGNAL] = int(bool(stop_signal.received))
-        checkpoint_due = step % plan.checkpoint.interval_steps == 0 or step == t.max_steps
-        if rank.is_main and step < t.max_steps:
-            costs = budget_guard.stop_costs(
-                plan, previous_attempts, step_times=[r.step_time_s for r in meter.records],
-                checkpoint_times=meter.checkpoint_seconds)
-            crossed = budget_guard.over_limits(plan, billed_s=meter.billed_seconds(),
-                                               needed_s=costs.total_s)
-            flags[STOP_BUDGET] = int("budget.max_cost" in crossed)
-            flags[STOP_HOURS] = int("budget.max_hours" in crossed)
-            spent = meter.cost_so_far()
-            if budget.max_cost > 0 and not alerted and \
-                    spent >= budget.alert_at * budget.max_cost:
-                alerted = True
-                say(f"WARNING: spent {spent:.4f} {budget.currency} (measured), "
-                    f"{spent / budget.max_cost:.0%} of budget.max_cost "
-                    f"{budget.max_cost} {budget.currency}")
-        if rank.is_main and (checkpoint_due or any(flags)) and last_checkpoint_bytes:
-            # A checkpoint needs about as much room as the previous one: stop cleanly (the
-            # last good checkpoint kept) rather than half-write one.
-            if free_bytes(root) < last_checkpoint_bytes:
-                flags[STOP_DISK] = 1
-        flags = agree_on_stop(flags, rank)
-        stopping = any(flags) and step < t.max_steps
-        if stopping:
-            stop_reason = next(STOP_REASONS[i] for i, f in enumerate(flags) if f)
-        out_of_disk = bool(flags[STOP_DISK])
-        if (checkpoint_due or stopping) and not out_of_disk:
-            state = {"step": step, "tokens_trained": meter.tokens_total,
-                     "padded_tokens": meter.padded_total, "plan_fingerprint": plan.fingerprint(),
-                     "trajectory": plan.trajectory(),
-                     "billed_seconds": meter.billed_seconds(), "loss": loss,
-                     "saved_at": time.time()}
-            seconds = trainer.save(root, step, state)
-            meter.checkpoint_seconds.append(seconds)
-            last_saved = step
-            if rank.is_main:
-                last_checkpoint_bytes = ckpt.checkpoint_bytes(ckpt.step_dir(root, step))
-                billing.note(checkpoint_s=seconds)
-        if out_of_disk:
-            if rank.is_main:
-                say(f"stopping after step {step}: disk full, {free_bytes(root):,} bytes free "
-                    f"in {root}, a checkpoint needs about {last_checkpoint_bytes:,}; the "
-                    f"last good checkpoint (step {last_saved}) is kept")
-            break
-        if stopping:
-            if rank.is_main:
-                say(f"stopping after step {step}: {stop_reason}; checkpoint saved")
-            break
-    writer.close()
-    if progress is not None:
-        progress.close()
-    steady = meter.steady()
-    result = {"plan": plan.name, "completed_steps": step, "max_steps": t.max_steps,
-              "finished": step >= t.max_steps, "stop_reason": stop_reason or
-              ("finished" if step >= t.max_steps else ""), "last_checkpoint_step": last_saved,
-              "resumed_from_step": start_step, "world_size": rank.world,
-              "loop_ended_at": time.time(),
-              "checkpoint_bytes": last_checkpoint_bytes,
-              "measured": meter.summary(), "last_step": asdict(meter.records[-1])
-              if meter.records else None}
+
+def save_checkpoint(run: Attempt, step: int, loss: float) -> None:
+    plan, meter = run.plan, run.meter
+    state = {"step": step, "tokens_trained": meter.tokens_total,
+             "padded_tokens": meter.padded_total, "plan_fingerprint": plan.fingerprint(),
+             "trajectory": plan.trajectory(), "billed_seconds": meter.billed_seconds(),
+             "loss": loss, "saved_at": time.time()}
+    seconds = run.trainer.save(run.rules.root, step, state)
+    meter.checkpoint_seconds.append(seconds)
+    if run.is_main:
+        run.rules.checkpoint_bytes = ckpt.checkpoint_bytes(ckpt.step_dir(run.rules.root, step))
+        run.billing.note(checkpoint_s=seconds)
+
+
+def finish(run: Attempt, step: int, stop: Stop, last_saved: int) -> dict:
+    """The attempt's result: written by rank 0 (result.json) and each node's first rank."""
+    plan, meter, rank = run.plan, run.meter, run.trainer.rank
+    run.writer.close()
+    if run.progress is not None:
+        run.progress.close()
+    finished = step >= plan.training.max_steps and not stop.out_of_disk
+    result = {"plan": plan.name, "completed_steps": step, "max_steps": plan.training.max_steps,
+              "finished": finished,
+              "stop_reason": stop.reason or ("finished" if finished else ""),
+              "last_checkpoint_step": last_saved, "resumed_from_step": run.start_step,
+              "world_size": rank.world, "loop_ended_at": time.time(),
+              "checkpoint_bytes": run.rules.checkpoint_bytes, "measured": meter.summary(),
+              "last_step": asdict(meter.records[-1]) if meter.records else None}
     if rank.is_main:
+        steady = meter.steady()
         if steady:
-            billing.note(step_s=max(r.step_time_s for r in steady))
-        billing.touch()
-        write_text_atomic(run_dir / "result.json", json.dumps(result, indent=1))
+            run.billing.note(step_s=max(r.step_time_s for r in steady))
+        write_text_atomic(run.run_dir / "result.json", json.dumps(result, indent=1))
     elif rank.rank % plan.parallel.nproc_per_node == 0:  # first rank of node > 0
         node = rank.rank // plan.parallel.nproc_per_node
-        write_text_atomic(node_result_file(run_dir, node), json.dumps(result, indent=1))
+        write_text_atomic(node_result_file(run.run_dir, node), json.dumps(result, indent=1))
     return result
 
 
@@ -546,11 +613,12 @@ def worker_main(argv: list[str] | None = None) -> int:
     plan = load_plan(args.plan)
     try:
         result = train(plan, data_dir=args.data_dir, run_dir=args.run_dir)
-    except DiskFullError as exc:
+    except UserError as exc:  # a full or unwritable run directory: one line for the runner
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_status
     # A stop for a signal exits non-zero so that launchers and schedulers see an interruption.
-    return 0 if result["finished"] or result["stop_reason"] != STOP_REASONS[STOP_SIGNAL] else 143
+    interrupted = not result["finished"] and result["stop_reason"] == STOP_SIGNAL
+    return signals.EXIT_SIGNALLED if interrupted else 0
 
 
 if __name__ == "__main__":

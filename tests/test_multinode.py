@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from test_train_e2e import execute, metrics
+from runner.billing import Billing
 
 pytestmark = pytest.mark.e2e
 STEPS = 12
@@ -120,7 +121,7 @@ def test_two_nodes_kill9_sigterm_resume_match_one_node(write_plan, tmp_path):
 
     # One writer of the bill (node 0: one attempt per start, the refused one included) and of
     # the report; each node keeps its own logs; the console shows runner lines only.
-    assert len(json.loads((run / "billing.json").read_text())["attempts"]) == 4
+    assert len(Billing(run).attempts) == 4
     assert "LAUNCH INFO" not in out0 + out1 and "step 12/12" in out0
     assert "node 1: finished" in out1 and "tokens trained" not in out1
     logs = {node: len(list((run / "logs" / node).glob("attempt_*/workerlog.0")))

@@ -12,13 +12,12 @@ import pytest
 from conftest import REPO
 from gptplan.errors import PlanError
 from runner.failure import _culprit, clean_tail, suggested_micro_batch
-from runner.launch import localize
 from gptplan.memory import GB
 from runner.overrides import load_plan_with
 from gptplan.plan import load_plan, plan_from_dict
 from gptplan.profile import read_performance
 from runner.rehearsal import (DEFAULT_STEPS, HEADROOM, LIMIT_MARGIN, STEP_TARGET_S,
-                              modelled_memory_bytes, rank_memory_limit_bytes, rehearse)
+                              localize, modelled_memory_bytes, rank_memory_limit_bytes, rehearse)
 from gptplan.steptime import data_parallel_step_time_s
 
 BANK = REPO / "plans" / "bank_faq.toml"

@@ -50,13 +50,13 @@ RANK = textwrap.dedent("""
 DRIVER = textwrap.dedent("""
     import json, sys
     from pathlib import Path
-    from runner.launch import forwarded_signals, run_group
+    from runner.launch import run_group
     from runner.parallel import LaunchCommand
     from runner.supervise import supervision_env
     launcher, rank, delay, status_dir = sys.argv[1:5]
     env = supervision_env(Path(status_dir), 1 << 34)
-    rc = run_group(LaunchCommand(0, [sys.executable, launcher, rank, delay], env))
-    print(json.dumps({"rc": rc, "forwarded": list(forwarded_signals)}))
+    result = run_group(LaunchCommand(0, [sys.executable, launcher, rank, delay], env))
+    print(json.dumps({"rc": result.rc, "forwarded": result.forwarded_signals}))
 """)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FAMILIES, LLAMA, merge, run_cli
+from runner.billing import Billing
 from runner.launch import local_precisions
 
 pytestmark = pytest.mark.e2e
@@ -124,7 +125,7 @@ def test_kill9_then_resume_matches_uninterrupted_run(write_plan, tmp_path, overr
     ref_result = json.loads((tmp_path / "ref" / "result.json").read_text())
     result = json.loads((run / "result.json").read_text())
     assert result["measured"]["tokens_trained"] == ref_result["measured"]["tokens_trained"]
-    billing = json.loads((run / "billing.json").read_text())["attempts"]
+    billing = Billing(run).attempts
     assert len(billing) == 2  # the killed attempt is still billed
 
 

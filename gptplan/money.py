@@ -1,0 +1,34 @@
+"""Money and checkpoint size: each fact in one function (runner budget, metrics, report and the
+planner use these, never their own copy).
+
+cost = price per node-hour x nodes x billed hours: what the cloud bill says (SkyPilot's
+optimizer prices a candidate the same way).
+"""
+
+from __future__ import annotations
+
+SECONDS_PER_HOUR = 3600.0
+
+# Checkpoint bytes per parameter: fp32 weights (4) + AdamW's two fp32 moments (8). Under O2
+# (fp16/bf16 weights) the optimizer also keeps fp32 master weights: 2 + 4 + 8 = 14.
+CHECKPOINT_BYTES_PER_PARAM = 12
+CHECKPOINT_BYTES_PER_PARAM_MASTER_WEIGHTS = 14
+
+
+def cost(*, price_per_node_hour: float, nodes: int, seconds: float) -> float:
+    """Cost (in the price's currency) of `nodes` nodes held for `seconds` of wall-clock time."""
+    return price_per_node_hour * nodes * seconds / SECONDS_PER_HOUR
+
+
+def seconds_for(*, price_per_node_hour: float, nodes: int, money: float) -> float:
+    """Wall-clock seconds `money` buys on `nodes` nodes (inf when the price is 0)."""
+    per_second = cost(price_per_node_hour=price_per_node_hour, nodes=nodes, seconds=1.0)
+    return money / per_second if per_second > 0 else float("inf")
+
+
+def checkpoint_bytes(params, *, master_weights: bool = False):
+    """Modelled size of one checkpoint (weights + optimizer state) of `params` parameters;
+    works on numbers and numpy arrays alike."""
+    per = CHECKPOINT_BYTES_PER_PARAM_MASTER_WEIGHTS if master_weights else \
+        CHECKPOINT_BYTES_PER_PARAM
+    return params * per

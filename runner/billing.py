@@ -1,0 +1,309 @@
+"""Billing: the wall-clock time of every attempt of a run, kept so that no second goes uncounted.
+
+`<run_dir>/billing.json` is an append-only journal (JSON lines), `billing.copy.json` a second
+copy written the same way. A line is `{"attempt": N, ...}`; the lines of one attempt merge:
+`start` is the earliest given, `last_seen` and every measured cost (startup_s, step_s,
+checkpoint_s, shutdown_s) the largest, so the runner and rank 0 may append in any order.
+
+- The runner opens an attempt before it launches or prepares anything, with the start time of
+  its own process (from /proc: interpreter start-up and imports are machine time too), and a
+  heartbeat thread appends `last_seen` every HEARTBEAT_S seconds through data preparation,
+  start-up and training; the attempt is closed at exit. A SIGKILL at any moment loses at most
+  one heartbeat of billed time.
+- A line torn by a kill (the last one) is skipped; a damaged or missing copy is recovered from
+  the other (one line says so); if both are lost, the run bills the upper bound its files' times
+  prove, plus UPPER_BOUND_MARGIN_S per attempt, and says so in one line.
+- The format before the journal (one JSON object `{"attempts": [...]}`) is still read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+from gptplan.diskspace import guard_disk_writes
+from gptplan.tomlconf import write_text_atomic
+
+JOURNAL = "billing.json"
+COPY = "billing.copy.json"
+DAMAGED_DIR = "damaged"
+HEARTBEAT_S = 1.0
+# Bound on the start-up of one attempt before its first file write (interpreter, imports,
+# checks): added per attempt when the journal is lost and the bill comes from file times.
+UPPER_BOUND_MARGIN_S = 60.0
+TIME_KEYS = ("start", "last_seen")
+
+
+def process_start_time(pid: int | str = "self") -> float:
+    """time.time() at which process `pid` started (from /proc; now if unavailable)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        boot = next(float(line.split()[1]) for line in
+                    Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+def _merge(records: list[dict]) -> list[dict]:
+    """Lines -> attempts (numbered from 1), each the merge of its lines."""
+    by_number: dict[int, dict] = {}
+    for rec in records:
+        n = rec["attempt"]
+        cur = by_number.setdefault(n, {})
+        for key, value in rec.items():
+            if key == "attempt":
+                continue
+            if key == "start":
+                cur[key] = min(value, cur.get(key, value))
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                cur[key] = max(value, cur.get(key, value))
+            else:
+                cur[key] = value
+    attempts = [by_number[n] for n in sorted(by_number)]
+    for a in attempts:
+        a.setdefault("last_seen", a.get("start"))
+    return [a for a in attempts if _valid_attempt(a)]
+
+
+def _valid_attempt(a) -> bool:
+    return isinstance(a, dict) and all(isinstance(a.get(k), (int, float)) and
+                                       not isinstance(a.get(k), bool) for k in TIME_KEYS)
+
+
+def parse(text: str) -> list[dict] | None:
+    """Attempts in a journal's text (either format); None when the text is damaged."""
+    if not text.strip():
+        return []
+    try:
+        whole = json.loads(text)
+    except ValueError:
+        whole = None
+    if isinstance(whole, dict):  # the format before the journal
+        attempts = whole.get("attempts")
+        if isinstance(attempts, list) and all(_valid_attempt(a) for a in attempts):
+            return [dict(a) for a in attempts]
+        if "attempt" not in whole:
+            return None
+    lines = text.split("\n")
+    records = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict) or not isinstance(rec.get("attempt"), int) or \
+                    rec["attempt"] < 1:
+                raise ValueError(line)
+        except ValueError:
+            if i == len(lines) - 1:  # torn by a kill mid-write: the last line only
+                continue
+            return None
+        records.append(rec)
+    return _merge(records)
+
+
+def _read(path: Path) -> list[dict] | None:
+    """Attempts in one file; [] if it does not exist; None if damaged (or not a file)."""
+    if not path.exists() and not path.is_symlink():
+        return []
+    try:
+        return parse(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _old_format(path: Path) -> bool:
+    try:
+        return isinstance(json.loads(path.read_text(encoding="utf-8")).get("attempts"), list)
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return False
+
+
+def move_damaged(path: Path, run_dir: Path) -> Path:
+    """Move a damaged run file (or folder) into <run_dir>/damaged/, never deleting it."""
+    folder = Path(run_dir) / DAMAGED_DIR
+    folder.mkdir(exist_ok=True)
+    target = folder / f"{path.name}.{time.strftime('%Y%m%d-%H%M%S')}"
+    n = 1
+    while target.exists():
+        n += 1
+        target = folder / f"{path.name}.{time.strftime('%Y%m%d-%H%M%S')}.{n}"
+    shutil.move(str(path), str(target))
+    return target
+
+
+class Billing:
+    """The run's billing journal. `repair=True` (the runner of node 0, holding the run
+    directory's lock) may rewrite damaged copies; everyone may append."""
+
+    def __init__(self, run_dir: Path, *, repair: bool = False):
+        self.run_dir = Path(run_dir)
+        self.paths = (self.run_dir / JOURNAL, self.run_dir / COPY)
+        self.repair = repair
+        self.attempts: list[dict] = []
+        self.notice: str | None = None  # the one line a recovery printed
+        self._lock = threading.Lock()
+        self.reload()
+
+    # ---- reading -------------------------------------------------------------------------
+    def reload(self) -> None:
+        read = {p: _read(p) for p in self.paths if p.exists() or p.is_symlink()}
+        usable = {p: a for p, a in read.items() if a is not None}
+        merged = _merge([{"attempt": i + 1, **a} for g in usable.values()
+                         for i, a in enumerate(g)])
+        if merged:
+            self.attempts = merged
+            damaged = [p for p in self.paths if not usable.get(p)]
+        else:  # both damaged, empty or missing: the upper bound (nothing for a new run dir)
+            self.attempts = upper_bound_attempts(self.run_dir)
+            damaged = list(self.paths) if self.attempts or read else []
+        if damaged == [self.paths[1]] and not self.paths[1].exists() and \
+                _old_format(self.paths[0]):
+            damaged = []  # a run billed before the journal: its copy is written from now on
+            if self.repair:
+                self.compact()
+        if damaged and self.repair:
+            self._recover(damaged)
+
+    def _recover(self, damaged: list[Path]) -> None:
+        existed = [p for p in damaged if p.exists() or p.is_symlink()]
+        for path in existed:
+            move_damaged(path, self.run_dir)
+        self.compact()
+        if not self.attempts:
+            return
+        if len(damaged) == 2:
+            a = self.attempts[0]
+            self.notice = (
+                f"billing: {self.paths[0]} and {self.paths[1].name} are both damaged or lost; "
+                f"billing the upper bound the run directory's file times prove: "
+                f"{self.total_seconds():.1f} s (first file {time.ctime(a['first_file'])}, last "
+                f"{time.ctime(a['last_seen'])}, + {UPPER_BOUND_MARGIN_S:.0f} s per attempt for "
+                f"start-up before its first write; {a['attempts_seen']} attempt(s) seen)")
+        else:
+            good = next(p for p in self.paths if p not in damaged)
+            self.notice = (f"billing: {damaged[0]} was damaged or lost; recovered from "
+                           f"{good.name} ({len(self.attempts)} attempt(s), "
+                           f"{self.total_seconds():.1f} s billed, measured)")
+
+    def previous_seconds(self) -> float:
+        """Billed seconds of all attempts but the current (last) one."""
+        return sum(a["last_seen"] - a["start"] for a in self.attempts[:-1])
+
+    def total_seconds(self) -> float:
+        return sum(a["last_seen"] - a["start"] for a in self.attempts)
+
+    # ---- writing -------------------------------------------------------------------------
+    def compact(self) -> None:
+        """Rewrite both copies with one line per attempt (atomically, the journal first)."""
+        text = "".join(json.dumps({"attempt": i + 1, **a}) + "\n"
+                       for i, a in enumerate(self.attempts))
+        for path in self.paths:
+            write_text_atomic(path, text)
+
+    def _append(self, record: dict) -> None:
+        line = (json.dumps(record) + "\n").encode()
+        with self._lock, guard_disk_writes(self.run_dir, needed_bytes=len(line)):
+            for path in self.paths:
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                try:
+                    os.write(fd, line)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+
+    def open_attempt(self, start: float, now: float | None = None) -> float:
+        """A new attempt that began at `start` (time.time()); compacts the journal first."""
+        now = time.time() if now is None else now
+        self.attempts.append({"start": start, "last_seen": now})
+        self.compact()
+        return start
+
+    def touch(self, now: float | None = None, **measured: float) -> None:
+        """The current attempt is still running (and what it measured, if anything)."""
+        if not self.attempts:
+            return
+        now = time.time() if now is None else now
+        current = self.attempts[-1]
+        current["last_seen"] = max(now, current["last_seen"])
+        for key, value in measured.items():
+            current[key] = max(value, current.get(key, value))
+        self._append({"attempt": len(self.attempts), "last_seen": current["last_seen"],
+                      **measured})
+
+    def note(self, **measured: float) -> None:
+        """Keep measured costs (start-up, step, checkpoint, shutdown seconds) on the current
+        attempt: the largest value of each kind counts (runner.budget)."""
+        self.touch(**measured)
+
+    def close(self, now: float | None = None) -> None:
+        self.touch(now, closed=1)
+
+
+def upper_bound_attempts(run_dir: Path) -> list[dict]:
+    """With both copies lost: one attempt spanning the run directory's file times, plus a
+    margin per attempt seen in logs/ ([] for a run directory with nothing in it yet)."""
+    times, attempts_seen = [], 0
+    for root, dirs, files in os.walk(run_dir):
+        dirs[:] = [d for d in dirs if d != DAMAGED_DIR or Path(root) != Path(run_dir)]
+        attempts_seen += sum(1 for d in dirs if d.startswith("attempt_"))
+        for name in files:
+            if name in ("runner.lock", JOURNAL, COPY):
+                continue
+            try:
+                times.append(os.stat(os.path.join(root, name)).st_mtime)
+            except OSError:
+                continue
+    if not times:
+        return []
+    attempts_seen = max(1, attempts_seen)
+    first, last = min(times), max(times)
+    return [{"start": first - UPPER_BOUND_MARGIN_S * attempts_seen, "last_seen": last,
+             "first_file": first, "attempts_seen": attempts_seen,
+             "recovered": "upper bound from file times"}]
+
+
+class Heartbeat:
+    """Appends `last_seen` every HEARTBEAT_S seconds from a daemon thread until stopped.
+    A write that fails (full or read-only disk) ends the heartbeat quietly: the run's own
+    error says what happened; the bill then ends at the last line written."""
+
+    def __init__(self, billing: Billing, interval_s: float = HEARTBEAT_S):
+        self.billing = billing
+        self.interval_s = interval_s
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="billing-heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.billing.touch()
+            except Exception as exc:  # noqa: BLE001 - see the class docstring
+                self.error = exc
+                return
+
+    def stop(self) -> None:
+        """Stop the thread and close the attempt (the final `last_seen`)."""
+        self._stop.set()
+        self._thread.join()
+        if self.error is None:
+            try:
+                self.billing.close()
+            except Exception as exc:  # noqa: BLE001
+                self.error = exc
+
+
+def billed_seconds(run_dir: Path) -> float:
+    """Total billed seconds of a run (read-only; for reports and tests)."""
+    return Billing(run_dir).total_seconds()

@@ -1,0 +1,210 @@
+"""Billing counts every second the runner holds machines (issue 20): attempts killed at any
+moment are billed their wall time, the budget is a ceiling for every plan shape, and a damaged
+journal is recovered (from its copy, else the upper bound the run directory's file times prove).
+The journal tests are fast; the end-to-end ones run the real runner CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runner.billing import (
+    COPY,
+    HEARTBEAT_S,
+    JOURNAL,
+    UPPER_BOUND_MARGIN_S,
+    Billing,
+    Heartbeat,
+    parse,
+    process_start_time,
+)
+
+DP2 = {"parallel": {"nproc_per_node": 2, "data_parallel_degree": 2}}
+
+
+# ---- the journal -----------------------------------------------------------------------------
+
+def two_attempts(run: Path) -> Billing:
+    billing = Billing(run, repair=True)
+    billing.open_attempt(1000.0, now=1000.0)
+    billing.touch(1010.0, startup_s=4.0)
+    billing.touch(1020.0)
+    billing.close(1020.0)
+    billing.open_attempt(2000.0, now=2000.0)
+    billing.touch(2005.0)
+    return billing
+
+
+def test_journal_merges_lines_and_skips_a_torn_last_line(tmp_path):
+    two_attempts(tmp_path)
+    with open(tmp_path / JOURNAL, "a") as handle:
+        handle.write('{"attempt": 2, "last_se')  # a kill in the middle of a write
+    billing = Billing(tmp_path)
+    assert [round(a["last_seen"] - a["start"]) for a in billing.attempts][0] == 20
+    assert billing.attempts[0]["startup_s"] == 4.0 and billing.attempts[0]["closed"] == 1
+    assert billing.notice is None
+
+
+def test_old_single_object_format_still_reads_and_is_converted(tmp_path):
+    (tmp_path / JOURNAL).write_text(json.dumps(
+        {"attempts": [{"start": 10.0, "last_seen": 25.0, "step_s": 0.5}]}))
+    billing = Billing(tmp_path, repair=True)
+    assert billing.total_seconds() == 15.0 and billing.notice is None
+    billing.open_attempt(100.0)
+    assert parse((tmp_path / COPY).read_text())[0]["step_s"] == 0.5
+    assert len(Billing(tmp_path).attempts) == 2
+
+
+@pytest.mark.parametrize("damage", ["garble", "truncate", "delete", "folder"])
+@pytest.mark.parametrize("which", [JOURNAL, COPY])
+def test_a_damaged_copy_is_recovered_from_the_other(tmp_path, damage, which):
+    billed = two_attempts(tmp_path).total_seconds()
+    path = tmp_path / which
+    if damage == "garble":
+        data = bytearray(path.read_bytes())
+        data[5:15] = b"\x00#garble#\xff"
+        path.write_bytes(bytes(data))
+    elif damage == "truncate":
+        os.truncate(path, 7)
+    elif damage == "delete":
+        path.unlink()
+    else:
+        path.unlink()
+        path.mkdir()
+    billing = Billing(tmp_path, repair=True)
+    assert billing.total_seconds() == pytest.approx(billed)
+    assert billing.notice and "recovered from" in billing.notice, billing.notice
+    # both copies are whole again; the damaged one is kept in damaged/
+    for p in (tmp_path / JOURNAL, tmp_path / COPY):
+        assert sum(a["last_seen"] - a["start"] for a in parse(p.read_text())) == \
+            pytest.approx(billed)
+    if damage != "delete":
+        assert list((tmp_path / "damaged").iterdir())
+
+
+def test_both_copies_lost_bills_the_upper_bound_of_the_file_times(tmp_path):
+    two_attempts(tmp_path)
+    (tmp_path / "logs" / "attempt_001").mkdir(parents=True)
+    (tmp_path / "logs" / "attempt_002").mkdir()
+    first, last = time.time() - 500, time.time() - 100
+    for name, stamp in (("plan.toml", first), ("metrics.jsonl", last)):
+        (tmp_path / name).write_text("x")
+        os.utime(tmp_path / name, (stamp, stamp))
+    (tmp_path / JOURNAL).write_text("garbage\nnot json\n")
+    (tmp_path / COPY).unlink()
+    billing = Billing(tmp_path, repair=True)
+    expected = last - first + 2 * UPPER_BOUND_MARGIN_S
+    assert billing.total_seconds() == pytest.approx(expected)
+    assert "upper bound" in billing.notice and "2 attempt(s)" in billing.notice
+    assert "\n" not in billing.notice
+    assert Billing(tmp_path).total_seconds() == pytest.approx(expected)  # written back
+
+
+def test_heartbeat_keeps_the_attempt_current_and_closes_it(tmp_path):
+    billing = Billing(tmp_path, repair=True)
+    billing.open_attempt(time.time())
+    heartbeat = Heartbeat(billing, interval_s=0.05).start()
+    time.sleep(0.3)
+    heartbeat.stop()
+    lines = (tmp_path / JOURNAL).read_text().splitlines()
+    assert len(lines) >= 3 and json.loads(lines[-1])["closed"] == 1
+    assert Billing(tmp_path).attempts[0]["last_seen"] >= time.time() - 0.1
+
+
+def test_process_start_time_is_this_process_start():
+    started = process_start_time()
+    assert started <= time.time()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        assert abs(process_start_time(child.pid) - time.time()) < 2.0
+    finally:
+        child.kill()
+        child.wait()
+
+
+# ---- end to end ------------------------------------------------------------------------------
+
+def start(plan: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "runner", "execute", str(plan)],
+                            cwd=plan.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def kill_group(proc: subprocess.Popen) -> float:
+    os.killpg(proc.pid, signal.SIGKILL)
+    killed = time.time()
+    proc.communicate(timeout=60)
+    return killed
+
+
+def wait_for(predicate, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+@pytest.mark.e2e
+def test_attempts_killed_in_start_up_bill_their_wall_time(write_plan, tmp_path):
+    plan = write_plan(DP2 | {"training": {"max_steps": 400}})
+    run = tmp_path / "run"
+    walls = []
+    for _ in range(3):
+        proc = start(plan)
+        began = time.time()
+
+        def launched(since: float = began) -> bool:
+            group = run / "launcher.json"
+            return group.exists() and group.stat().st_mtime >= since
+
+        wait_for(launched, proc)
+        time.sleep(1.0)  # the launcher and ranks are starting; no step yet
+        assert not (run / "metrics.jsonl").exists(), "too late: training began"
+        walls.append(kill_group(proc) - began)
+    attempts = Billing(run).attempts
+    billed = [a["last_seen"] - a["start"] for a in attempts]
+    pairs = list(zip(walls, billed, strict=True))
+    print(f"3 attempts killed in start-up: wall {sum(walls):.1f} s, billed "
+          f"{sum(billed):.1f} s ({', '.join(f'{w:.1f}/{b:.1f}' for w, b in pairs)})")
+    assert len(attempts) == 3
+    for wall, bill in pairs:  # within the heartbeat (and a loaded machine's lag)
+        assert wall - 2 * HEARTBEAT_S - 2.0 <= bill <= wall + 1.0
+
+
+@pytest.mark.e2e
+def test_sigkill_mid_attempt_is_billed(write_plan, tmp_path):
+    plan = write_plan({"training": {"max_steps": 400}, "checkpoint": {"interval_steps": 1000}})
+    run = tmp_path / "run"
+    proc = start(plan)
+    began = time.time()
+    wait_for(lambda: (run / "metrics.jsonl").exists() and
+             len((run / "metrics.jsonl").read_text().splitlines()) >= 3, proc)
+    wall = kill_group(proc) - began
+    billed = Billing(run).total_seconds()
+    print(f"SIGKILL at {wall:.1f} s into the attempt: billed {billed:.1f} s")
+    assert wall - 2 * HEARTBEAT_S - 2.0 <= billed <= wall + 1.0
+
+
+@pytest.mark.e2e
+def test_one_process_plan_that_cannot_buy_a_step_with_start_up_is_refused(write_plan,
+                                                                          tmp_path):
+    # 1 USD/h: 0.001 USD buys 3.6 s, less than the stated in-process start-up bound alone.
+    plan = write_plan({"budget": {"max_cost": 0.001}, "training": {"max_steps": 4}})
+    proc = subprocess.run([sys.executable, "-m", "runner", "execute", str(plan)],
+                          cwd=plan.parent, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "cannot buy one step with start-up" in lines[0] and "budget.max_cost" in lines[0]
+    assert "stated bound" in lines[0]
+    assert not (tmp_path / "run").exists()  # nothing launched, nothing billed
