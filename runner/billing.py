@@ -251,10 +251,15 @@ def upper_bound_attempts(run_dir: Path) -> list[dict]:
     margin per attempt seen in logs/ ([] for a run directory with nothing in it yet)."""
     times, attempts_seen = [], 0
     for root, dirs, files in os.walk(run_dir):
-        dirs[:] = [d for d in dirs if d != DAMAGED_DIR or Path(root) != Path(run_dir)]
+        here = Path(root)
+        # node 0 bills; other nodes of a run sharing this directory write their locks and
+        # logs (logs/node_RR, RR > 0) whenever they start, before node 0 has billed anything
+        dirs[:] = [d for d in dirs if not (
+            (d == DAMAGED_DIR and here == Path(run_dir)) or
+            (here.name == "logs" and d.startswith("node_") and d != "node_00"))]
         attempts_seen += sum(1 for d in dirs if d.startswith("attempt_"))
         for name in files:
-            if name in ("runner.lock", JOURNAL, COPY):
+            if name in (JOURNAL, COPY) or (name.startswith("runner") and name.endswith(".lock")):
                 continue
             try:
                 times.append(os.stat(os.path.join(root, name)).st_mtime)

@@ -107,6 +107,20 @@ def test_both_copies_lost_bills_the_upper_bound_of_the_file_times(tmp_path):
     assert Billing(tmp_path).total_seconds() == pytest.approx(expected)  # written back
 
 
+def test_other_nodes_files_in_a_shared_run_dir_do_not_make_a_new_run_look_lost(tmp_path):
+    """Node 1 of a multi-node run may start first: its lock and logs in the shared run
+    directory are not node 0's lost bill (seen: a fifth, 'upper bound' attempt)."""
+    (tmp_path / "runner.node01.lock").write_text("")
+    (tmp_path / "runner.lock").write_text("")
+    (tmp_path / "logs" / "node_01" / "attempt_001").mkdir(parents=True)
+    (tmp_path / "logs" / "node_01" / "attempt_001" / "workerlog.0").write_text("x")
+    billing = Billing(tmp_path, repair=True)
+    assert billing.attempts == [] and billing.notice is None
+    (tmp_path / "logs" / "node_00" / "attempt_001").mkdir(parents=True)
+    (tmp_path / "logs" / "node_00" / "attempt_001" / "workerlog.0").write_text("x")
+    assert len(Billing(tmp_path).attempts) == 1  # node 0's own files do prove an attempt
+
+
 def test_heartbeat_keeps_the_attempt_current_and_closes_it(tmp_path):
     billing = Billing(tmp_path, repair=True)
     billing.open_attempt(time.time())

@@ -191,7 +191,8 @@ def _losses(run_dir: Path) -> dict[int, float]:
 def test_half_truncated_tokens_bin_is_rebuilt_and_losses_equal_an_undisturbed_run(
         write_plan, tmp_path):
     """Before the manifest, this run exited 0 on half the tokens with other losses."""
-    first = write_plan({"training": {"max_steps": 5}})
+    own = {"cache_dir": str(tmp_path / "cache")}  # its own cache: one data entry to damage
+    first = write_plan({"training": {"max_steps": 5}, "job": own})
     proc = run_cli("runner", "execute", str(first), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     undisturbed = _losses(tmp_path / "run")
@@ -200,7 +201,8 @@ def test_half_truncated_tokens_bin_is_rebuilt_and_losses_equal_an_undisturbed_ru
                 if p.is_dir() and not p.name.endswith(".tmp")]
     _truncate_half(entry / "tokens.bin")
     second = write_plan({"training": {"max_steps": 5},
-                         "job": {"output_dir": str(tmp_path / "again")}}, name="again.toml")
+                         "job": {**own, "output_dir": str(tmp_path / "again")}},
+                        name="again.toml")
     proc = run_cli("runner", "execute", str(second), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     damaged = [line for line in proc.stdout.splitlines() if "is damaged" in line]
