@@ -11,7 +11,7 @@ PIPLOG := $(VENV)/pip.log
 PIP    := $(BIN)/python -m pip --quiet
 PIPFAIL := { grep -v "is ignored: it is neither" $(PIPLOG) | tail -n 30; echo "pip failed; log: $(PIPLOG)"; exit 1; }
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -37,8 +37,14 @@ demo: setup
 	$(BIN)/runner execute plans/cpu_demo.toml
 	$(BIN)/runner generate runs/cpu_demo --prompt "这个手机" --max-new-tokens 24 --min-new-tokens 16
 
-test: setup $(VENV)/.cloud
+test: setup $(VENV)/.cloud lint
 	$(BIN)/python -m pytest -q
+
+# ruff (lint + format check) over the tree, mypy over the shared core (pyproject.toml)
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 clean:
 	rm -rf runs .cache

@@ -26,9 +26,13 @@ def seconds_for(*, price_per_node_hour: float, nodes: int, money: float) -> floa
     return money / per_second if per_second > 0 else float("inf")
 
 
-def checkpoint_bytes(params, *, master_weights: bool = False):
+def checkpoint_bytes(params, *, master_weights=False):
     """Modelled size of one checkpoint (weights + optimizer state) of `params` parameters;
-    works on numbers and numpy arrays alike."""
-    per = CHECKPOINT_BYTES_PER_PARAM_MASTER_WEIGHTS if master_weights else \
-        CHECKPOINT_BYTES_PER_PARAM
-    return params * per
+    `params` and `master_weights` may be numbers or numpy arrays alike."""
+    extra = CHECKPOINT_BYTES_PER_PARAM_MASTER_WEIGHTS - CHECKPOINT_BYTES_PER_PARAM
+    return params * (CHECKPOINT_BYTES_PER_PARAM + extra * master_weights)
+
+
+def keeps_master_weights(precision: str, fp16_opt_level: str) -> bool:
+    """O2 with a 16-bit precision keeps fp32 master weights next to the 16-bit ones."""
+    return precision != "fp32" and fp16_opt_level == "O2"

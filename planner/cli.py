@@ -313,7 +313,8 @@ def cmd_optimize(args) -> int:
           + (f"; probes and calibration {timings['tuning_s']:.0f} s" if "tuning_s" in timings
              else "") + ")")
     if result.plan is not None:
-        print(f"wrote {out}  (next: runner execute {out} --dry-run)")
+        print(fit_lines(f"wrote {out}\n  next: runner execute {out} --dry-run on the planned "
+                        "machines, or --local --max-steps 2 to rehearse it here"))
     if args.plot:
         print(f"wrote {args.plot}")
     return 0 if result.plan is not None else 1

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gptplan.memory import MEMORY_MODEL_ERROR
+from gptplan.money import checkpoint_bytes
 from gptplan.plan import PRECISIONS, RECOMPUTE_MODES, SHARDING_STAGES
 from gptplan.steptime import Device, Rates, step_time_parts
 from planner import costmodel as cm
@@ -379,7 +380,9 @@ def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) ->
         modes.append(True)
     parts = []
     checkpoint_hours = cm.checkpoint_write_hours(
-        state_bytes=shape.params_total * 16.0, nodes=rows["nodes"],
+        state_bytes=checkpoint_bytes(shape.params_total, master_weights=(
+            (rows["precision_code"] > 0) & (spec.training.fp16_opt_level == "O2"))),
+        nodes=rows["nodes"],
         node_gbytes_per_s=sp.checkpoint_gbytes_per_s,
         storage_cap_gbytes_per_s=offer.storage_gbytes_per_s)
     od_price = offer.node_price_per_hour(spot=False, tdp_w=prof.tdp_w) * choice.rate

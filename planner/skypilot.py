@@ -54,7 +54,6 @@ GLOB_CHARS = set("*?[")
 # Boot disk: the image (OS, CUDA, drivers), this project's venv with Paddle GPU, logs
 IMAGE_GB = 50.0
 DISK_HEADROOM = 1.25        # on the data parts, which are modelled
-CHECKPOINT_BYTES_PER_PARAM = 16  # weights + master weights + two AdamW moments (upper bound)
 OFFSET_BYTES_PER_TOKEN = 0.5     # docs.npy + its side file, at >= 32 tokens a document
 MASTER_PORT = 8090
 GPU_INDEX = "https://www.paddlepaddle.org.cn/packages/stable/cu126/"
@@ -114,6 +113,7 @@ def corpus_mount(uri: str) -> tuple[str, str]:
 def disk_plan(plan: Plan) -> tuple[int, str]:
     """Boot disk in GB for the task, and how it was reckoned (modelled)."""
     from gptplan.modelfacts import parameter_count
+    from gptplan.money import checkpoint_bytes, keeps_master_weights
 
     job = plan.job
     tokens = job.corpus_tokens or plan.training.max_steps * plan.tokens_per_step
@@ -121,8 +121,10 @@ def disk_plan(plan: Plan) -> tuple[int, str]:
         "the trained tokens (job.corpus_tokens not recorded)"
     width = 2 if plan.model.vocab_size < 65535 else 4
     prepared = tokens * (width + OFFSET_BYTES_PER_TOKEN)
-    checkpoints = (plan.checkpoint.keep_last + 1) * parameter_count(plan.model) * \
-        CHECKPOINT_BYTES_PER_PARAM
+    t = plan.training
+    checkpoints = (plan.checkpoint.keep_last + 1) * checkpoint_bytes(
+        parameter_count(plan.model),
+        master_weights=keeps_master_weights(t.precision, t.fp16_opt_level))
     corpus = job.corpus_bytes
     gb = math.ceil(IMAGE_GB + DISK_HEADROOM * (prepared + checkpoints + corpus) / 1e9)
     why = (f"disk_size {gb} GB (modelled) = {IMAGE_GB:g} GB image and venv + "

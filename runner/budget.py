@@ -43,8 +43,10 @@ def checkpoint_prior_bytes(plan: Plan) -> int:
     """Modelled checkpoint size (gptplan.money.checkpoint_bytes; tied weights once)."""
     from gptplan.modelfacts import parameter_count
 
-    return money.checkpoint_bytes(parameter_count(plan.model),
-                                  master_weights=plan.training.fp16_opt_level == "O2")
+    t = plan.training
+    return int(money.checkpoint_bytes(
+        parameter_count(plan.model),
+        master_weights=money.keeps_master_weights(t.precision, t.fp16_opt_level)))
 
 
 def checkpoint_prior_s(plan: Plan) -> float:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from gptplan.errors import HardwareError
 from gptplan.memory import GB, ModelShape, memory_per_device_bytes
 from gptplan.modelfacts import training_flops_per_token
-from gptplan.plan import EstimateSection, Plan
+from gptplan.plan import SHARDING_STAGES, EstimateSection, Plan
 from gptplan.profile import PerformanceData, ProfileError, read_performance
 from gptplan.steptime import RECOMPUTE_CODES, data_parallel_step_time_s
 from runner.launch import local_precisions
@@ -46,7 +46,7 @@ MIN_SEQ_LEN = 16
 # modelled as bf16, which Paddle's CPU AMP does not apply, 1.57x) ...
 LIMIT_MARGIN = 2.5
 LIMIT_SLACK_GB = 1.0    # ... or this much above it, whichever is more (within the machine)
-STAGE_CODES = {"": 0, "stage1": 1, "stage2": 2, "stage3": 3}
+STAGE_CODES = {stage: code for code, stage in enumerate(SHARDING_STAGES)}
 
 
 @dataclass(frozen=True)

@@ -49,3 +49,18 @@ def test_swiglu_has_three_matrices_and_untied_head_counts_twice():
     # 2 h^2 (Q, O) + 2 h^2 (K, V, MHA) + 3 h f + 2 h (norms) + final norm h + embeddings V h
     assert parameter_count(tied) == 4 * 64 * 64 + 3 * 64 * 96 + 2 * 64 + 64 + 100 * 64
     assert parameter_count(untied) - parameter_count(tied) == 100 * 64
+
+
+def test_checkpoint_bytes_is_one_fact_for_numbers_and_arrays():
+    """12 B/param (fp32 weights + two AdamW moments), 14 with O2's fp32 master weights; the
+    planner's vectorised search and the runner's budget use the same function."""
+    import numpy as np
+
+    from gptplan.money import checkpoint_bytes, keeps_master_weights
+
+    assert checkpoint_bytes(1000) == 12000
+    assert checkpoint_bytes(1000, master_weights=True) == 14000
+    out = checkpoint_bytes(np.array([1000.0, 1000.0]), master_weights=np.array([False, True]))
+    assert out.tolist() == [12000.0, 14000.0]
+    assert keeps_master_weights("fp16", "O2") and keeps_master_weights("bf16", "O2")
+    assert not keeps_master_weights("fp32", "O2") and not keeps_master_weights("fp16", "O1")

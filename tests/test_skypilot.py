@@ -152,11 +152,12 @@ def test_corpus_bucket_is_mounted_used_as_job_corpus_and_disk_sized(tmp_path, mo
     (assignment,) = re.findall(r"--set ('[^']*')", task["run"])
     assert parse_assignment(assignment.strip("'")) == (["job", "corpus"],
                                                        ["/corpus/clean/*.jsonl"])
-    # disk: image + 1.25 x (prepared tokens x 2.5 B + 3 checkpoints x 16 B/param + corpus)
+    # disk: image + 1.25 x (prepared tokens x 2.5 B + 3 checkpoints x 14 B/param (fp16 O2:
+    # weights, fp32 master weights, two AdamW moments; gptplan.money) + corpus)
     plan = load_plan(BANK_FAQ)
     from gptplan.modelfacts import parameter_count
 
-    data = plan.job.corpus_tokens * 2.5 + 3 * parameter_count(plan.model) * 16 + 10e9
+    data = plan.job.corpus_tokens * 2.5 + 3 * parameter_count(plan.model) * 14 + 10e9
     assert task["resources"]["disk_size"] == math.ceil(50 + 1.25 * data / 1e9) == 78
     assert parsed.resources.pop().disk_size == 78
     assert "disk_size 78 GB (modelled)" in proc.stdout and "prepared data 7.1 GB" in proc.stdout
