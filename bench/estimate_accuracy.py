@@ -35,18 +35,21 @@ BEFORE = RESULTS / "estimate_accuracy_before_issue17.json"
 
 
 def _regimes(rows) -> dict[str, np.ndarray]:
-    return {"all": np.ones(len(rows), bool),
-            "tp > 1": np.array([r.tp > 1 for r in rows]),
-            "pp > 1": np.array([r.pp > 1 for r in rows]),
-            "> 256 GPUs": np.array([r.world > 256 for r in rows]),
-            ">= 30B": np.array([r.params_billion >= 30 for r in rows])}
+    return {
+        "all": np.ones(len(rows), bool),
+        "tp > 1": np.array([r.tp > 1 for r in rows]),
+        "pp > 1": np.array([r.pp > 1 for r in rows]),
+        "> 256 GPUs": np.array([r.world > 256 for r in rows]),
+        ">= 30B": np.array([r.params_billion >= 30 for r in rows]),
+    }
 
 
 def _before(rows) -> dict[str, np.ndarray]:
-    data = {r["id"]: r for r in json.loads(BEFORE.read_text())["rows"]} if BEFORE.is_file() \
-        else {}
-    get = {k: np.array([data.get(r.id, {}).get(k, np.nan) for r in rows], dtype=float)
-           for k in ("loo_predicted", "loso_predicted", "interval_p10", "interval_p90")}
+    data = {r["id"]: r for r in json.loads(BEFORE.read_text())["rows"]} if BEFORE.is_file() else {}
+    get = {
+        k: np.array([data.get(r.id, {}).get(k, np.nan) for r in rows], dtype=float)
+        for k in ("loo_predicted", "loso_predicted", "interval_p10", "interval_p90")
+    }
     return get
 
 
@@ -65,10 +68,12 @@ def main() -> int:
     loo = pb.leave_one_out(rows)
     loso = pb.leave_one_source_out(rows)
     before = _before(rows)
-    err = {"loo": np.abs(loo["predicted"] - measured) / measured,
-           "loso": np.abs(loso["predicted"] - measured) / measured,
-           "before_loo": np.abs(before["loo_predicted"] - measured) / measured,
-           "before_loso": np.abs(before["loso_predicted"] - measured) / measured}
+    err = {
+        "loo": np.abs(loo["predicted"] - measured) / measured,
+        "loso": np.abs(loso["predicted"] - measured) / measured,
+        "before_loo": np.abs(before["loo_predicted"] - measured) / measured,
+        "before_loso": np.abs(before["loso_predicted"] - measured) / measured,
+    }
     inside = np.full(len(rows), np.nan)
     width = np.full(len(rows), np.nan)
     for i in range(len(rows)):
@@ -87,8 +92,12 @@ def main() -> int:
             m = (gens == gen) & rmask
             if not m.any():
                 continue
-            rec = {"generation": gen, "regime": regime, "rows": int(m.sum()),
-                   "sources": int(len(set(srcs[m])))}
+            rec = {
+                "generation": gen,
+                "regime": regime,
+                "rows": int(m.sum()),
+                "sources": int(len(set(srcs[m]))),
+            }
             for key in err:
                 rec[f"{key}_median_error"], rec[f"{key}_worst_error"] = _summary(err[key], m)
             rec["coverage"] = float(np.nanmean(inside[m]))
@@ -96,37 +105,77 @@ def main() -> int:
             rec["before_coverage"] = float(np.mean(b_inside[m]))
             rec["before_median_width"] = float(np.nanmedian(b_width[m]))
             table.append(rec)
-    print(tabulate([[r["generation"], r["regime"], r["rows"], r["sources"],
-                     f"{r['before_loo_median_error']:.1%}", f"{r['loo_median_error']:.1%}",
-                     f"{r['before_loso_median_error']:.1%} / {r['before_loso_worst_error']:.0%}",
-                     f"{r['loso_median_error']:.1%} / {r['loso_worst_error']:.0%}",
-                     f"{r['before_coverage']:.0%} ({r['before_median_width']:.2f})",
-                     f"{r['coverage']:.0%} ({r['median_width']:.2f})"] for r in table],
-                   headers=["generation", "regime", "rows", "sources", "LOO-row before",
-                            "LOO-row after", "LOSO before (median/worst)",
-                            "LOSO after (median/worst)", "in 80% before (width)",
-                            "in 80% after (width)"], tablefmt="github"))
+    print(
+        tabulate(
+            [
+                [
+                    r["generation"],
+                    r["regime"],
+                    r["rows"],
+                    r["sources"],
+                    f"{r['before_loo_median_error']:.1%}",
+                    f"{r['loo_median_error']:.1%}",
+                    f"{r['before_loso_median_error']:.1%} / {r['before_loso_worst_error']:.0%}",
+                    f"{r['loso_median_error']:.1%} / {r['loso_worst_error']:.0%}",
+                    f"{r['before_coverage']:.0%} ({r['before_median_width']:.2f})",
+                    f"{r['coverage']:.0%} ({r['median_width']:.2f})",
+                ]
+                for r in table
+            ],
+            headers=[
+                "generation",
+                "regime",
+                "rows",
+                "sources",
+                "LOO-row before",
+                "LOO-row after",
+                "LOSO before (median/worst)",
+                "LOSO after (median/worst)",
+                "in 80% before (width)",
+                "in 80% after (width)",
+            ],
+            tablefmt="github",
+        )
+    )
     worst = [int(i) for i in np.argsort(-np.nan_to_num(err["loso"]))[:6]]
     print("\nworst rows (leave-one-source-out):")
     for i in worst:
         r = rows[i]
-        print(f"  {r.id} {r.profile} {r.params_billion:.3g}B on {r.world}: published "
-              f"{measured[i]:,.0f} tok/s/dev, modelled {loso['predicted'][i]:,.0f} "
-              f"({err['loso'][i]:.0%}) - {r.source_key}")
+        print(
+            f"  {r.id} {r.profile} {r.params_billion:.3g}B on {r.world}: published "
+            f"{measured[i]:,.0f} tok/s/dev, modelled {loso['predicted'][i]:,.0f} "
+            f"({err['loso'][i]:.0%}) - {r.source_key}"
+        )
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "estimate_accuracy.json"
-    out.write_text(json.dumps({
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "command": "python bench/estimate_accuracy.py",
-        "targets": {"loso_median_error": 0.12, "loso_worst_error": 0.35,
-                    "coverage_min": 0.70, "coverage_max": 0.90},
-        "groups": table,
-        "rows": [{"id": r.id, "generation": r.generation, "source": r.source_key,
-                  "published_tokens_per_s_per_device": float(measured[i]),
-                  "modelled_loso_tokens_per_s_per_device": float(loso["predicted"][i]),
-                  "loso_error": float(err["loso"][i]),
-                  "inside_interval": bool(inside[i] == 1.0)} for i, r in enumerate(rows)]},
-        indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "date": dt.datetime.now().isoformat(timespec="seconds"),
+                "command": "python bench/estimate_accuracy.py",
+                "targets": {
+                    "loso_median_error": 0.12,
+                    "loso_worst_error": 0.35,
+                    "coverage_min": 0.70,
+                    "coverage_max": 0.90,
+                },
+                "groups": table,
+                "rows": [
+                    {
+                        "id": r.id,
+                        "generation": r.generation,
+                        "source": r.source_key,
+                        "published_tokens_per_s_per_device": float(measured[i]),
+                        "modelled_loso_tokens_per_s_per_device": float(loso["predicted"][i]),
+                        "loso_error": float(err["loso"][i]),
+                        "inside_interval": bool(inside[i] == 1.0),
+                    }
+                    for i, r in enumerate(rows)
+                ],
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {out.relative_to(REPO)}")
     return 0
 

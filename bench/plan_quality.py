@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import datetime as dt
+import functools
 import json
 import random
 import statistics
@@ -61,8 +61,11 @@ def space(quick: bool):
     # seq 64, micro 4-16 only.
     overrides = {"search.accumulation_steps": [1, 2]}
     if quick:
-        overrides = {"constraints.seq_lens": [64], "constraints.precisions": ["fp32"],
-                     "search.micro_batch_sizes": [4, 8, 16]}
+        overrides = {
+            "constraints.seq_lens": [64],
+            "constraints.precisions": ["fp32"],
+            "search.micro_batch_sizes": [4, 8, 16],
+        }
     spec = load_spec(str(SPEC), overrides=overrides)
     offers = allowed_offers(spec, shipped_profiles())
     target = spec.job.target_tokens
@@ -70,9 +73,11 @@ def space(quick: bool):
     return spec, table, decide(spec, table, target), target
 
 
-RECORD_OVERRIDES = {"constraints.precisions": ["fp32"],
-                    "search.micro_batch_sizes": [4, 8, 12, 16, 24, 32],
-                    "search.accumulation_steps": [1, 2, 4]}
+RECORD_OVERRIDES = {
+    "constraints.precisions": ["fp32"],
+    "search.micro_batch_sizes": [4, 8, 12, 16, 24, 32],
+    "search.accumulation_steps": [1, 2, 4],
+}
 RECORDING = REPO / "bench" / "recordings" / "cpu_space_v2.json.gz"
 
 
@@ -84,8 +89,7 @@ def record_space():
     from planner.spec import load_spec
 
     spec = load_spec(str(SPEC), overrides=RECORD_OVERRIDES)
-    table = evaluate_space(spec, allowed_offers(spec, shipped_profiles()),
-                           spec.job.target_tokens)
+    table = evaluate_space(spec, allowed_offers(spec, shipped_profiles()), spec.job.target_tokens)
     return spec, table, spec.job.target_tokens
 
 
@@ -95,11 +99,14 @@ def machine_info(fingerprint: str) -> dict:
 
     import paddle
 
-    return {"fingerprint": fingerprint, "cpus": os.cpu_count(),
-            "platform": platform.platform(), "python": platform.python_version(),
-            "paddle": paddle.__version__,
-            "shared": "a shared machine; the load average is recorded "
-                      "per probe"}
+    return {
+        "fingerprint": fingerprint,
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "paddle": paddle.__version__,
+        "shared": "a shared machine; the load average is recorded per probe",
+    }
 
 
 def record(args) -> int:
@@ -114,7 +121,7 @@ def record(args) -> int:
     spec, table, target = record_space()
     rows = [int(i) for i in np.flatnonzero(table["fits"])]
     if args.limit:
-        rows = rows[:args.limit]
+        rows = rows[: args.limit]
     work = Path(tempfile.mkdtemp(prefix="plan_quality-record-"))
     steps, warmup, passes = args.record_steps, 1, args.passes or 3
     probe = LocalProbe(work, steps=steps, warmup=warmup)
@@ -123,10 +130,18 @@ def record(args) -> int:
     for i in rows:
         r = table.row(i)
         configs[i] = RecordedConfig(
-            config_key(plans[i]), describe(table, i),
-            {"processes": int(r["gpus_per_node"]), "precision": r["precision"],
-             "seq": int(r["seq"]), "micro": int(r["micro"]), "acc": int(r["acc"]),
-             "recompute": r["recompute"]}, list(layout_key(plans[i])))
+            config_key(plans[i]),
+            describe(table, i),
+            {
+                "processes": int(r["gpus_per_node"]),
+                "precision": r["precision"],
+                "seq": int(r["seq"]),
+                "micro": int(r["micro"]),
+                "acc": int(r["acc"]),
+                "recompute": r["recompute"],
+            },
+            list(layout_key(plans[i])),
+        )
     orders = [list(rows), list(rows[::-1]), random.Random(args.seed).sample(rows, len(rows))]
     while len(orders) < passes:
         orders.append(random.Random(args.seed + len(orders)).sample(rows, len(rows)))
@@ -137,12 +152,21 @@ def record(args) -> int:
 
     def save(finished: str) -> Recording:
         by_key = {c.key: c for c in configs.values()}
-        rec = Recording(info, created, finished,
-                        {"warmup": warmup, "steps": steps, "passes": passes,
-                         "orders": ["forward", "reverse", "shuffled"][:passes] +
-                         ["shuffled"] * max(0, passes - 3)},
-                        {"spec": str(SPEC.relative_to(REPO)), "overrides": RECORD_OVERRIDES},
-                        by_key, worker_startups(by_key))
+        rec = Recording(
+            info,
+            created,
+            finished,
+            {
+                "warmup": warmup,
+                "steps": steps,
+                "passes": passes,
+                "orders": ["forward", "reverse", "shuffled"][:passes]
+                + ["shuffled"] * max(0, passes - 3),
+            },
+            {"spec": str(SPEC.relative_to(REPO)), "overrides": RECORD_OVERRIDES},
+            by_key,
+            worker_startups(by_key),
+        )
         rec.save(out if finished else out.with_name(out.name + ".partial"))
         return rec
 
@@ -151,37 +175,56 @@ def record(args) -> int:
             fresh = not probe.has_worker(plans[i])
             at = time.time() - started
             result = probe.run(plans[i])
-            configs[i].probes.append({
-                "pass": n_pass, "at_s": round(at, 1), "status": result.status,
-                "wall_s": round(result.wall_s, 4), "new_worker": fresh,
-                "warmup_s": [round(x, 5) for x in result.warmup_times_s],
-                "steps_s": [round(x, 5) for x in result.step_times_s],
-                "peak_memory_gb": round(result.peak_memory_gb, 4),
-                "loadavg_1m": round(os.getloadavg()[0], 2)})
-            print(f"record pass {n_pass + 1}/{passes} {n}/{len(rows)} {describe(table, i)}: "
-                  f"{result.status} {result.step_time_s * 1000:.0f} ms, wall "
-                  f"{result.wall_s:.1f} s, load {os.getloadavg()[0]:.1f}", flush=True)
+            configs[i].probes.append(
+                {
+                    "pass": n_pass,
+                    "at_s": round(at, 1),
+                    "status": result.status,
+                    "wall_s": round(result.wall_s, 4),
+                    "new_worker": fresh,
+                    "warmup_s": [round(x, 5) for x in result.warmup_times_s],
+                    "steps_s": [round(x, 5) for x in result.step_times_s],
+                    "peak_memory_gb": round(result.peak_memory_gb, 4),
+                    "loadavg_1m": round(os.getloadavg()[0], 2),
+                }
+            )
+            print(
+                f"record pass {n_pass + 1}/{passes} {n}/{len(rows)} {describe(table, i)}: "
+                f"{result.status} {result.step_time_s * 1000:.0f} ms, wall "
+                f"{result.wall_s:.1f} s, load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
             if n % 8 == 0:
                 save("")
     probe.close()
     info["loadavg_end"] = list(os.getloadavg())
     info["record_wall_s"] = round(time.time() - started, 1)
     save(dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
-    print(f"wrote {out} ({out.stat().st_size} bytes, {len(rows)} configurations x {passes} "
-          f"passes x (1+{steps}) steps, {time.time() - started:.0f} s)")
+    print(
+        f"wrote {out} ({out.stat().st_size} bytes, {len(rows)} configurations x {passes} "
+        f"passes x (1+{steps}) steps, {time.time() - started:.0f} s)"
+    )
     return 0
 
 
 def true_cost(table, i, step_time: float) -> float:
     """Cost per million tokens at a measured step time (price x nodes x time / tokens)."""
-    return table["price_node_hour"][i] * table["nodes"][i] * step_time / 3600 / \
-        table["tokens_per_step"][i] * 1e6
+    return (
+        table["price_node_hour"][i]
+        * table["nodes"][i]
+        * step_time
+        / 3600
+        / table["tokens_per_step"][i]
+        * 1e6
+    )
 
 
 def describe(table, i) -> str:
     r = table.row(int(i))
-    return (f"{r['gpus_per_node']}p {r['precision']} s{r['seq']} m{r['micro']}x{r['acc']} "
-            f"{r['recompute']}")
+    return (
+        f"{r['gpus_per_node']}p {r['precision']} s{r['seq']} m{r['micro']}x{r['acc']} "
+        f"{r['recompute']}"
+    )
 
 
 def pool(results: list):
@@ -202,30 +245,49 @@ def one_pass_grid(table, measured: dict, passes: int) -> dict | None:
     complete = {i: rs for i, rs in measured.items() if all(r.ok for r in rs)}
     for p in range(passes):
         pick = min(complete, key=lambda i: true_cost(table, i, complete[i][p].step_time_s))
-        rest = {i: true_cost(table, i, statistics.fmean(r.mean_step_time_s for k, r in
-                                                         enumerate(rs) if k != p))
-                for i, rs in complete.items()}
+        rest = {
+            i: true_cost(
+                table, i, statistics.fmean(r.mean_step_time_s for k, r in enumerate(rs) if k != p)
+            )
+            for i, rs in complete.items()
+        }
         regrets.append(float(rest[pick] / min(rest.values()) - 1))
         walls.append(sum(rs[p].wall_s for rs in measured.values()))
-    return {"regret_mean": statistics.fmean(regrets), "regret_worst": max(regrets),
-            "regrets": regrets, "probe_wall_s": statistics.fmean(walls),
-            "probes": len(measured)}
+    return {
+        "regret_mean": statistics.fmean(regrets),
+        "regret_worst": max(regrets),
+        "regrets": regrets,
+        "probe_wall_s": statistics.fmean(walls),
+        "probes": len(measured),
+    }
 
 
 def auto_tuner_walk(spec, table, rows, target, probe, budget: int):
     """Paddle auto_tuner's order and pruning, on the same probe mechanism; best tokens/s."""
     from planner.planwriter import candidate_plan
 
-    order = sorted(rows, key=lambda i: (-table["gpus_per_node"][i], table["precision_code"][i],
-                                        -table["seq"][i], -table["micro"][i],
-                                        table["recompute_code"][i], table["acc"][i]))
+    order = sorted(
+        rows,
+        key=lambda i: (
+            -table["gpus_per_node"][i],
+            table["precision_code"][i],
+            -table["seq"][i],
+            -table["micro"][i],
+            table["recompute_code"][i],
+            table["acc"][i],
+        ),
+    )
     tried, ooms, fits_no_recompute, results = 0, [], set(), {}
     wall = 0.0
     for i in order:
         if tried >= budget:
             break
-        rest = (table["gpus_per_node"][i], table["precision_code"][i], table["seq"][i],
-                table["acc"][i])
+        rest = (
+            table["gpus_per_node"][i],
+            table["precision_code"][i],
+            table["seq"][i],
+            table["acc"][i],
+        )
         if any(rest == o[0] and table["micro"][i] >= o[1] for o in ooms):
             continue  # prune_by_mbs
         if table["recompute_code"][i] > 0 and (rest, table["micro"][i]) in fits_no_recompute:
@@ -248,16 +310,31 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller grid, shorter probes")
     parser.add_argument("--probes", type=int, default=8)
-    parser.add_argument("--passes", type=int, default=0,
-                        help="ground-truth passes over the grid (default: 1 quick, 3 full)")
+    parser.add_argument(
+        "--passes",
+        type=int,
+        default=0,
+        help="ground-truth passes over the grid (default: 1 quick, 3 full)",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--record", action="store_true",
-                        help="probe every configuration of the record space in interleaved "
-                             "passes and write the recording (bench/recordings/)")
-    parser.add_argument("--record-steps", type=int, default=4,
-                        help="with --record: measured steps per probe (after 1 warm-up)")
-    parser.add_argument("--limit", type=int, default=0,
-                        help="with --record: only the first N configurations (smoke test)")
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="probe every configuration of the record space in interleaved "
+        "passes and write the recording (bench/recordings/)",
+    )
+    parser.add_argument(
+        "--record-steps",
+        type=int,
+        default=4,
+        help="with --record: measured steps per probe (after 1 warm-up)",
+    )
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=0,
+        help="with --record: only the first N configurations (smoke test)",
+    )
     parser.add_argument("--out", default="", help="with --record: output file")
     args = parser.parse_args()
     if args.record:
@@ -289,8 +366,11 @@ def main() -> int:
             result = grid_probe.run(candidate_plan(spec, table.row(i), target=target))
             grid_wall += result.wall_s
             measured[i].append(result)
-            print(f"grid pass {n_pass + 1}/{passes} {n}/{len(rows)} {describe(table, i)}: "
-                  f"{result.status} {result.step_time_s * 1000:.0f} ms", flush=True)
+            print(
+                f"grid pass {n_pass + 1}/{passes} {n}/{len(rows)} {describe(table, i)}: "
+                f"{result.status} {result.step_time_s * 1000:.0f} ms",
+                flush=True,
+            )
     grid_probe.close()
     grid = {i: pool(results) for i, results in measured.items()}
     ok = {i: r for i, r in grid.items() if r.ok}
@@ -300,8 +380,9 @@ def main() -> int:
     best_row = min(truth, key=truth.get)
     # The same with the median of the per-pass medians: robust to outliers, but not what money
     # measures; shown so that the choice of statistic is visible.
-    truth_median = {i: true_cost(table, i, statistics.median(p.step_time_s for p in measured[i]))
-                    for i in ok}
+    truth_median = {
+        i: true_cost(table, i, statistics.median(p.step_time_s for p in measured[i])) for i in ok
+    }
     best_median = min(truth_median.values())
 
     def regret(i):
@@ -313,73 +394,146 @@ def main() -> int:
     resolution = one_pass_grid(table, measured, passes)
     noise = {
         "within_probe_spread_median": statistics.median(
-            r.step_time_spread for rs in measured.values() for r in rs if r.ok),
+            r.step_time_spread for rs in measured.values() for r in rs if r.ok
+        ),
         "pass_to_pass_spread_median": statistics.median(
-            (max(s) - min(s)) / statistics.median(s) for s in
-            ([r.step_time_s for r in rs] for rs in measured.values() if all(r.ok for r in rs))
-        ) if passes > 1 else None,
+            (max(s) - min(s)) / statistics.median(s)
+            for s in (
+                [r.step_time_s for r in rs] for rs in measured.values() if all(r.ok for r in rs)
+            )
+        )
+        if passes > 1
+        else None,
     }
 
     # ---- (a) our planner ----
-    tuned_spec = dataclasses.replace(spec, job=dataclasses.replace(spec.job,
-                                                                   cache_dir=str(work / "c")))
+    tuned_spec = dataclasses.replace(
+        spec, job=dataclasses.replace(spec.job, cache_dir=str(work / "c"))
+    )
     settings = TuneSettings(probes=args.probes, trials=400, seed=args.seed, **short)
     with closing(LocalProbe(work / "ours", **short)) as backend:
-        ours = tune(tuned_spec, table, rows, target=target, work_dir=work / "ours",
-                    settings=settings, backend=backend,
-                    cache=ProbeCache(work / "ours" / "cache.jsonl"))
+        ours = tune(
+            tuned_spec,
+            table,
+            rows,
+            target=target,
+            work_dir=work / "ours",
+            settings=settings,
+            backend=backend,
+            cache=ProbeCache(work / "ours" / "cache.jsonl"),
+        )
     # ---- (b) auto_tuner-style walk ----
     with closing(LocalProbe(work / "walk", **short)) as backend:
-        walk_best, walk_wall, walk_tried = auto_tuner_walk(spec, table, rows, target, backend,
-                                                           args.probes)
+        walk_best, walk_wall, walk_tried = auto_tuner_walk(
+            spec, table, rows, target, backend, args.probes
+        )
     # ---- (c) the article's configuration, scaled ----
-    article = [i for i in rows if table["micro"][i] == 16 and table["acc"][i] == 2 and
-               table["gpus_per_node"][i] == table["gpus_per_node"][rows].max() and
-               table["seq"][i] == table["seq"][rows].max() and table["recompute_code"][i] == 0]
+    article = [
+        i
+        for i in rows
+        if table["micro"][i] == 16
+        and table["acc"][i] == 2
+        and table["gpus_per_node"][i] == table["gpus_per_node"][rows].max()
+        and table["seq"][i] == table["seq"][rows].max()
+        and table["recompute_code"][i] == 0
+    ]
     article = sorted(article, key=lambda i: -table["precision_code"][i])[:1]
     # ---- (d) the model alone ----
     model_pick = decision.chosen
 
-    short_steps = f"{short['warmup']}+{short['steps']} (raced finalists {short['warmup']}+" \
-                  f"{3 * short['steps']})"
+    short_steps = (
+        f"{short['warmup']}+{short['steps']} (raced finalists {short['warmup']}+"
+        f"{3 * short['steps']})"
+    )
     results = [
-        ("(a) planner, <= %d probes" % args.probes, ours.best_row, ours.probe_wall_s,
-         ours.probes_run, short_steps),
-        ("(b) auto_tuner-style walk", walk_best, walk_wall, walk_tried,
-         f"{short['warmup']}+{short['steps']}"),
+        (
+            f"(a) planner, <= {args.probes} probes",
+            ours.best_row,
+            ours.probe_wall_s,
+            ours.probes_run,
+            short_steps,
+        ),
+        (
+            "(b) auto_tuner-style walk",
+            walk_best,
+            walk_wall,
+            walk_tried,
+            f"{short['warmup']}+{short['steps']}",
+        ),
         ("(c) article's config, scaled", article[0] if article else None, 0.0, 0, "-"),
         ("(d) analytic model alone", model_pick, 0.0, 0, "-"),
-        ("exhaustive grid (truth)", best_row, grid_wall, len(rows) * passes,
-         f"{passes} pass(es) x (1+{truth_steps})"),
+        (
+            "exhaustive grid (truth)",
+            best_row,
+            grid_wall,
+            len(rows) * passes,
+            f"{passes} pass(es) x (1+{truth_steps})",
+        ),
     ]
     if resolution:
-        results.insert(4, ("(e) one grid pass of short probes, scored on the others", None,
-                           resolution["probe_wall_s"], resolution["probes"], "1+3"))
-    quality = [{"method": name, "pick": describe(table, i) if i is not None else "-",
-                "true cost USD/Mtok": truth.get(i) if i is not None else None,
-                "regret": regret(i) if i is not None else
-                (resolution["regret_mean"] if name.startswith("(e)") else None),
-                "regret, median statistic": regret_median(i) if i is not None else None,
-                "probes": probes,
-                "steps per probe (warm-up+measured)": steps,
-                "probe wall s": wall, "share of grid probe time": wall / grid_wall}
-               for name, i, wall, probes, steps in results]
-    print(tabulate([[q["method"], q["pick"], f"{q['true cost USD/Mtok']:.5f}" if
-                     q["true cost USD/Mtok"] else "-",
-                     f"{q['regret']:.1%}" if q["regret"] is not None else "-",
-                     f"{q['regret, median statistic']:.1%}" if
-                     q["regret, median statistic"] is not None else "-", q["probes"],
-                     q["steps per probe (warm-up+measured)"],
-                     f"{q['probe wall s']:.0f}", f"{q['share of grid probe time']:.1%}"]
-                    for q in quality],
-                   headers=["method", "pick", "true USD/Mtok (measured)", "regret",
-                            "regret (median stat.)", "probes",
-                            "steps/probe", "probe s", "of grid time"], tablefmt="github"))
+        results.insert(
+            4,
+            (
+                "(e) one grid pass of short probes, scored on the others",
+                None,
+                resolution["probe_wall_s"],
+                resolution["probes"],
+                "1+3",
+            ),
+        )
+    quality = [
+        {
+            "method": name,
+            "pick": describe(table, i) if i is not None else "-",
+            "true cost USD/Mtok": truth.get(i) if i is not None else None,
+            "regret": regret(i)
+            if i is not None
+            else (resolution["regret_mean"] if name.startswith("(e)") else None),
+            "regret, median statistic": regret_median(i) if i is not None else None,
+            "probes": probes,
+            "steps per probe (warm-up+measured)": steps,
+            "probe wall s": wall,
+            "share of grid probe time": wall / grid_wall,
+        }
+        for name, i, wall, probes, steps in results
+    ]
+    print(
+        tabulate(
+            [
+                [
+                    q["method"],
+                    q["pick"],
+                    f"{q['true cost USD/Mtok']:.5f}" if q["true cost USD/Mtok"] else "-",
+                    f"{q['regret']:.1%}" if q["regret"] is not None else "-",
+                    f"{q['regret, median statistic']:.1%}"
+                    if q["regret, median statistic"] is not None
+                    else "-",
+                    q["probes"],
+                    q["steps per probe (warm-up+measured)"],
+                    f"{q['probe wall s']:.0f}",
+                    f"{q['share of grid probe time']:.1%}",
+                ]
+                for q in quality
+            ],
+            headers=[
+                "method",
+                "pick",
+                "true USD/Mtok (measured)",
+                "regret",
+                "regret (median stat.)",
+                "probes",
+                "steps/probe",
+                "probe s",
+                "of grid time",
+            ],
+            tablefmt="github",
+        )
+    )
 
     # ---- 2. prediction accuracy, held-out calibration ----
     keys = sorted(ok)
     random.Random(args.seed).shuffle(keys)
-    train, test = keys[: len(keys) // 2], keys[len(keys) // 2:]
+    train, test = keys[: len(keys) // 2], keys[len(keys) // 2 :]
     profile = table.offers[int(table["offer"][keys[0]])].profile
     fitted = calibration.fit(table, {i: ok[i] for i in train}, profile, fingerprint="bench")
 
@@ -387,40 +541,74 @@ def main() -> int:
         return abs(pred - meas) / meas
 
     before = [ape(table["step_time_s"][i], ok[i].step_time_s) for i in test]
-    after = [ape(calibration.predicted_step(table, i, fitted.by_precision[
-        ("fp32", "fp16", "bf16")[table["precision_code"][i]]]), ok[i].step_time_s)
-        for i in test if ("fp32", "fp16", "bf16")[table["precision_code"][i]] in
-        fitted.by_precision]
+    after = [
+        ape(
+            calibration.predicted_step(
+                table, i, fitted.by_precision[("fp32", "fp16", "bf16")[table["precision_code"][i]]]
+            ),
+            ok[i].step_time_s,
+        )
+        for i in test
+        if ("fp32", "fp16", "bf16")[table["precision_code"][i]] in fitted.by_precision
+    ]
     memory = [ape(table["memory_gb"][i], ok[i].peak_memory_gb) for i in keys]
     accuracy = {
-        "held_out_configs": len(test), "calibration_configs": len(train),
+        "held_out_configs": len(test),
+        "calibration_configs": len(train),
         "step_time_ape_before_median": statistics.median(before),
         "step_time_ape_before_worst": max(before),
         "step_time_ape_after_median": statistics.median(after),
         "step_time_ape_after_worst": max(after),
-        "memory_ape_median": statistics.median(memory), "memory_ape_worst": max(memory),
+        "memory_ape_median": statistics.median(memory),
+        "memory_ape_worst": max(memory),
         "oom_or_failed_in_grid": len(grid) - len(ok),
     }
-    print(tabulate([[k, f"{v:.1%}" if v is not None else "-"] for k, v in noise.items()],
-                   headers=["machine noise (step time)", "value"], tablefmt="github"))
-    print(tabulate([[k, f"{v:.1%}" if "ape" in k else v] for k, v in accuracy.items()],
-                   headers=["prediction accuracy (modelled vs measured)", "value"],
-                   tablefmt="github"))
+    print(
+        tabulate(
+            [[k, f"{v:.1%}" if v is not None else "-"] for k, v in noise.items()],
+            headers=["machine noise (step time)", "value"],
+            tablefmt="github",
+        )
+    )
+    print(
+        tabulate(
+            [[k, f"{v:.1%}" if "ape" in k else v] for k, v in accuracy.items()],
+            headers=["prediction accuracy (modelled vs measured)", "value"],
+            tablefmt="github",
+        )
+    )
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / ("plan_quality_quick.json" if args.quick else "plan_quality.json")
-    out.write_text(json.dumps({
-        "date": dt.datetime.now().isoformat(timespec="seconds"), "quick": args.quick,
-        "command": "python bench/plan_quality.py" + (" --quick" if args.quick else ""),
-        "grid_size": len(rows), "bench_wall_s": time.time() - started, "quality": quality,
-        "one_pass_grid": resolution, "noise": noise,
-        "accuracy": accuracy,
-        "grid": [{"config": describe(table, i), "status": r.status,
-                  "measured_step_s": r.step_time_s, "mean_step_s": r.mean_step_time_s,
-                  "pass_step_s": [p.step_time_s for p in measured[i]], "modelled_step_s":
-                  float(table["step_time_s"][i]), "measured_memory_gb": r.peak_memory_gb,
-                  "modelled_memory_gb": float(table["memory_gb"][i]),
-                  "true_cost_per_mtok": truth.get(i)} for i, r in grid.items()]},
-        indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "date": dt.datetime.now().isoformat(timespec="seconds"),
+                "quick": args.quick,
+                "command": "python bench/plan_quality.py" + (" --quick" if args.quick else ""),
+                "grid_size": len(rows),
+                "bench_wall_s": time.time() - started,
+                "quality": quality,
+                "one_pass_grid": resolution,
+                "noise": noise,
+                "accuracy": accuracy,
+                "grid": [
+                    {
+                        "config": describe(table, i),
+                        "status": r.status,
+                        "measured_step_s": r.step_time_s,
+                        "mean_step_s": r.mean_step_time_s,
+                        "pass_step_s": [p.step_time_s for p in measured[i]],
+                        "modelled_step_s": float(table["step_time_s"][i]),
+                        "measured_memory_gb": r.peak_memory_gb,
+                        "modelled_memory_gb": float(table["memory_gb"][i]),
+                        "true_cost_per_mtok": truth.get(i),
+                    }
+                    for i, r in grid.items()
+                ],
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {out.relative_to(REPO)}")
     return 0
 

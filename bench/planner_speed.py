@@ -46,8 +46,8 @@ def main() -> int:
     args = parser.parse_args()
     repeats = 2 if args.quick else 5
 
-    from planner.pipeline import plan_space
     from planner.hardware import load_profiles
+    from planner.pipeline import plan_space
     from planner.search import allowed_offers
     from planner.spec import load_spec
 
@@ -57,29 +57,80 @@ def main() -> int:
     rows = []
     for count in sorted({1, 4, len(offers) // 2, len(offers)}):
         seconds, cpu, n = time_search(spec, offers[:count], target, repeats)
-        rows.append({"offers": count, "space": "bank-FAQ spec", "candidates": n,
-                     "search_s": seconds, "search_cpu_s": cpu})
-    wide = dataclasses.replace(spec, search=dataclasses.replace(
-        spec.search, micro_batch_sizes=[1, 2, 4, 8, 16, 32, 64, 128],
-        node_counts=[1, 2, 4, 8, 16, 32]), constraints=dataclasses.replace(
-        spec.constraints, max_nodes=32, seq_lens=[256, 512, 1024],
-        global_batch_tokens_min=0, global_batch_tokens_max=0))
+        rows.append(
+            {
+                "offers": count,
+                "space": "bank-FAQ spec",
+                "candidates": n,
+                "search_s": seconds,
+                "search_cpu_s": cpu,
+            }
+        )
+    wide = dataclasses.replace(
+        spec,
+        search=dataclasses.replace(
+            spec.search,
+            micro_batch_sizes=[1, 2, 4, 8, 16, 32, 64, 128],
+            node_counts=[1, 2, 4, 8, 16, 32],
+        ),
+        constraints=dataclasses.replace(
+            spec.constraints,
+            max_nodes=32,
+            seq_lens=[256, 512, 1024],
+            global_batch_tokens_min=0,
+            global_batch_tokens_max=0,
+        ),
+    )
     seconds, cpu, n = time_search(wide, offers, target, repeats)
-    rows.append({"offers": len(offers), "space": "wide (no batch range, 32 nodes, 3 seq)",
-                 "candidates": n, "search_s": seconds, "search_cpu_s": cpu})
+    rows.append(
+        {
+            "offers": len(offers),
+            "space": "wide (no batch range, 32 nodes, 3 seq)",
+            "candidates": n,
+            "search_s": seconds,
+            "search_cpu_s": cpu,
+        }
+    )
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(tabulate([[r["offers"], r["space"], f"{r['candidates']:,}", f"{r['search_s']:.2f}",
-                     f"{r['search_cpu_s']:.2f}", f"{r['candidates'] / r['search_cpu_s']:,.0f}"]
-                    for r in rows],
-                   headers=["offers", "space", "candidates", "wall s (median)",
-                            "CPU s (median)", "candidates per CPU s"], tablefmt="github"))
+    print(
+        tabulate(
+            [
+                [
+                    r["offers"],
+                    r["space"],
+                    f"{r['candidates']:,}",
+                    f"{r['search_s']:.2f}",
+                    f"{r['search_cpu_s']:.2f}",
+                    f"{r['candidates'] / r['search_cpu_s']:,.0f}",
+                ]
+                for r in rows
+            ],
+            headers=[
+                "offers",
+                "space",
+                "candidates",
+                "wall s (median)",
+                "CPU s (median)",
+                "candidates per CPU s",
+            ],
+            tablefmt="github",
+        )
+    )
     print(f"load average at the end: {load:.1f} on {os.cpu_count()} cores")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / ("planner_speed_quick.json" if args.quick else "planner_speed.json")
-    out.write_text(json.dumps({"date": dt.datetime.now().isoformat(timespec="seconds"),
-                               "repeats": repeats, "rows": rows, "load_average": load,
-                               "command": "python bench/planner_speed.py" +
-                               (" --quick" if args.quick else "")}, indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "date": dt.datetime.now().isoformat(timespec="seconds"),
+                "repeats": repeats,
+                "rows": rows,
+                "load_average": load,
+                "command": "python bench/planner_speed.py" + (" --quick" if args.quick else ""),
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {out.relative_to(REPO)}")
     return 0
 

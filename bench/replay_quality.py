@@ -41,11 +41,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO))
 
-from plan_quality import (RECORDING, auto_tuner_walk, describe,  # noqa: E402
-                          shipped_profiles)
+from plan_quality import RECORDING, auto_tuner_walk, describe, shipped_profiles  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
-SHORT = {"steps": 3, "warmup": 1}   # a live probe's steps (bench/plan_quality.py)
+SHORT = {"steps": 3, "warmup": 1}  # a live probe's steps (bench/plan_quality.py)
 
 
 def load_space(path: Path, *, keep=None):
@@ -54,8 +53,9 @@ def load_space(path: Path, *, keep=None):
     from planner.replay import Recording, replay_space
 
     recording = Recording.load(path)
-    return replay_space(recording, REPO / recording.space["spec"],
-                        profiles=shipped_profiles(), keep=keep)
+    return replay_space(
+        recording, REPO / recording.space["spec"], profiles=shipped_profiles(), keep=keep
+    )
 
 
 def _backend(space, seed: int):
@@ -67,22 +67,32 @@ def run_planner(space, seed: int, budget: int, **overrides) -> dict:
     from planner.probes import ProbeCache
 
     backend = _backend(space, seed)
-    settings = TuneSettings(probes=budget, trials=600, seed=seed, storage=":memory:",
-                            probe_time_s=1e9, **SHORT)
+    settings = TuneSettings(
+        probes=budget, trials=600, seed=seed, storage=":memory:", probe_time_s=1e9, **SHORT
+    )
     settings = dataclasses.replace(settings, **overrides)
-    spec = dataclasses.replace(space.spec, job=dataclasses.replace(space.spec.job,
-                                                                   cache_dir=""))
-    outcome = tune(spec, space.table, space.rows, target=space.target,
-                   work_dir=Path("."), settings=settings, backend=backend,
-                   cache=ProbeCache(None))
+    spec = dataclasses.replace(space.spec, job=dataclasses.replace(space.spec.job, cache_dir=""))
+    outcome = tune(
+        spec,
+        space.table,
+        space.rows,
+        target=space.target,
+        work_dir=Path("."),
+        settings=settings,
+        backend=backend,
+        cache=ProbeCache(None),
+    )
     race = outcome.race.to_dict() if outcome.race else None
-    return {"pick": outcome.best_row, "probes": backend.probes, "wall_s": backend.wall_s,
-            "race": race}
+    return {
+        "pick": outcome.best_row,
+        "probes": backend.probes,
+        "wall_s": backend.wall_s,
+        "race": race,
+    }
 
 
 def run_tpe(space, seed: int, budget: int) -> dict:
-    return run_planner(space, seed, budget, enqueue=0, guided=False, race=0,
-                       rank_by="median")
+    return run_planner(space, seed, budget, enqueue=0, guided=False, race=0, rank_by="median")
 
 
 def _best_measured(space, results: dict):
@@ -97,22 +107,29 @@ def run_random(space, seed: int, budget: int) -> dict:
     rng = np.random.default_rng(seed)
     rows = rng.permutation(space.rows)[:budget]
     results = {int(i): backend.run(space.plans[int(i)]) for i in rows}
-    return {"pick": _best_measured(space, results), "probes": backend.probes,
-            "wall_s": backend.wall_s}
+    return {
+        "pick": _best_measured(space, results),
+        "probes": backend.probes,
+        "wall_s": backend.wall_s,
+    }
 
 
 def run_walk(space, seed: int, budget: int) -> dict:
     backend = _backend(space, seed)
-    best, _, tried = auto_tuner_walk(space.spec, space.table, space.rows, space.target,
-                                     backend, budget)
+    best, _, tried = auto_tuner_walk(
+        space.spec, space.table, space.rows, space.target, backend, budget
+    )
     return {"pick": best, "probes": tried, "wall_s": backend.wall_s}
 
 
 def run_grid(space, seed: int, budget: int) -> dict:
     backend = _backend(space, seed)
     results = {int(i): backend.run(space.plans[int(i)]) for i in space.rows}
-    return {"pick": _best_measured(space, results), "probes": backend.probes,
-            "wall_s": backend.wall_s}
+    return {
+        "pick": _best_measured(space, results),
+        "probes": backend.probes,
+        "wall_s": backend.wall_s,
+    }
 
 
 def model_pick(space) -> int:
@@ -121,24 +138,37 @@ def model_pick(space) -> int:
 
 def article_pick(space) -> int | None:
     t, rows = space.table, space.rows
-    picks = [int(i) for i in rows if t["micro"][i] == 16 and t["acc"][i] == 2 and
-             t["gpus_per_node"][i] == t["gpus_per_node"][rows].max() and
-             t["seq"][i] == t["seq"][rows].max() and t["recompute_code"][i] == 0]
+    picks = [
+        int(i)
+        for i in rows
+        if t["micro"][i] == 16
+        and t["acc"][i] == 2
+        and t["gpus_per_node"][i] == t["gpus_per_node"][rows].max()
+        and t["seq"][i] == t["seq"][rows].max()
+        and t["recompute_code"][i] == 0
+    ]
     return picks[0] if picks else None
 
 
-METHODS = {"planner": run_planner, "optuna_tpe": run_tpe, "random": run_random,
-           "auto_tuner": run_walk}
+METHODS = {
+    "planner": run_planner,
+    "optuna_tpe": run_tpe,
+    "random": run_random,
+    "auto_tuner": run_walk,
+}
 
 
 def summarise(values: list[float]) -> dict:
     v = np.array(values, dtype=float)
-    return {"median": float(np.median(v)), "p90": float(np.quantile(v, 0.9)),
-            "worst": float(v.max()), "mean": float(v.mean())}
+    return {
+        "median": float(np.median(v)),
+        "p90": float(np.quantile(v, 0.9)),
+        "worst": float(v.max()),
+        "mean": float(v.mean()),
+    }
 
 
-def evaluate(space, *, seeds: int, budgets: list[int], methods=None,
-             log=print) -> dict:
+def evaluate(space, *, seeds: int, budgets: list[int], methods=None, log=print) -> dict:
     """Every method x budget x seed; regret and probe wall cost summaries."""
     out = {}
     for name in methods or METHODS:
@@ -146,44 +176,75 @@ def evaluate(space, *, seeds: int, budgets: list[int], methods=None,
             started = time.perf_counter()
             runs = [METHODS[name](space, seed, budget) for seed in range(seeds)]
             regrets = [space.regret(r["pick"]) for r in runs]
-            entry = {"method": name, "budget": budget,
-                     "regret": summarise(regrets),
-                     "probe_wall_s": summarise([r["wall_s"] for r in runs]),
-                     "probes": summarise([r["probes"] for r in runs]),
-                     "picks": [describe(space.table, r["pick"]) if r["pick"] is not None
-                               else None for r in runs],
-                     "regrets": regrets, "seconds": time.perf_counter() - started}
+            entry = {
+                "method": name,
+                "budget": budget,
+                "regret": summarise(regrets),
+                "probe_wall_s": summarise([r["wall_s"] for r in runs]),
+                "probes": summarise([r["probes"] for r in runs]),
+                "picks": [
+                    describe(space.table, r["pick"]) if r["pick"] is not None else None
+                    for r in runs
+                ],
+                "regrets": regrets,
+                "seconds": time.perf_counter() - started,
+            }
             races = [r["race"] for r in runs if r.get("race")]
             if races:
                 entry["race"] = {
-                    "raced": len(races), "distinguishable": sum(r["distinguishable"]
-                                                                for r in races),
+                    "raced": len(races),
+                    "distinguishable": sum(r["distinguishable"] for r in races),
                     "difference_median": statistics.median(
-                        r["runner_up_more_expensive_by"] for r in races)}
+                        r["runner_up_more_expensive_by"] for r in races
+                    ),
+                }
             out[f"{name}@{budget}"] = entry
-            log(f"{name} at {budget} probes: regret median {entry['regret']['median']:.1%}, "
+            log(
+                f"{name} at {budget} probes: regret median {entry['regret']['median']:.1%}, "
                 f"p90 {entry['regret']['p90']:.1%}, worst {entry['regret']['worst']:.1%}, "
                 f"probe wall {entry['probe_wall_s']['median']:.0f} s "
-                f"({entry['seconds']:.1f} s for {seeds} seeds)")
+                f"({entry['seconds']:.1f} s for {seeds} seeds)"
+            )
     for name, pick in (("model", model_pick(space)), ("article", article_pick(space))):
         r = space.regret(pick)
-        out[name] = {"method": name, "budget": 0, "regret": summarise([r]),
-                     "probe_wall_s": summarise([0.0]), "probes": summarise([0]),
-                     "picks": [describe(space.table, pick) if pick is not None else None]}
+        out[name] = {
+            "method": name,
+            "budget": 0,
+            "regret": summarise([r]),
+            "probe_wall_s": summarise([0.0]),
+            "probes": summarise([0]),
+            "picks": [describe(space.table, pick) if pick is not None else None],
+        }
     return out
 
 
 def render(results: dict) -> str:
     rows = []
-    for key, e in results.items():
-        rows.append([e["method"], e["budget"] or "-", f"{e['regret']['median']:.1%}",
-                     f"{e['regret']['p90']:.1%}", f"{e['regret']['worst']:.1%}",
-                     f"{e['probe_wall_s']['median']:.0f}",
-                     f"{e['race']['distinguishable']}/{e['race']['raced']}" if "race" in e
-                     else "-"])
-    return tabulate(rows, headers=["method", "probes", "regret median", "regret p90",
-                                   "regret worst", "probe wall s (median, replayed)",
-                                   "race: pick distinguishable"], tablefmt="github")
+    for e in results.values():
+        rows.append(
+            [
+                e["method"],
+                e["budget"] or "-",
+                f"{e['regret']['median']:.1%}",
+                f"{e['regret']['p90']:.1%}",
+                f"{e['regret']['worst']:.1%}",
+                f"{e['probe_wall_s']['median']:.0f}",
+                f"{e['race']['distinguishable']}/{e['race']['raced']}" if "race" in e else "-",
+            ]
+        )
+    return tabulate(
+        rows,
+        headers=[
+            "method",
+            "probes",
+            "regret median",
+            "regret p90",
+            "regret worst",
+            "probe wall s (median, replayed)",
+            "race: pick distinguishable",
+        ],
+        tablefmt="github",
+    )
 
 
 def main() -> int:
@@ -203,29 +264,47 @@ def main() -> int:
     space = load_space(args.recording)
     rec = space.recording
     best = min(space.truth, key=space.truth.get)
-    print(f"recording {args.recording.name}: {len(space.rows)} configurations, "
-          f"{rec.probe['passes']} passes x (1+{rec.probe['steps']}) steps, recorded "
-          f"{rec.created} on {rec.machine.get('fingerprint', '?')}; best (truth) "
-          f"{describe(space.table, best)} at {space.best:.5f} USD/Mtok (measured)")
+    print(
+        f"recording {args.recording.name}: {len(space.rows)} configurations, "
+        f"{rec.probe['passes']} passes x (1+{rec.probe['steps']}) steps, recorded "
+        f"{rec.created} on {rec.machine.get('fingerprint', '?')}; best (truth) "
+        f"{describe(space.table, best)} at {space.best:.5f} USD/Mtok (measured)"
+    )
     results = evaluate(space, seeds=seeds, budgets=args.budgets, methods=args.methods)
     grid = [run_grid(space, seed, 0) for seed in range(seeds)]
-    results["grid_1pass"] = {"method": "grid_1pass", "budget": len(space.rows),
-                             "regret": summarise([space.regret(g["pick"]) for g in grid]),
-                             "probe_wall_s": summarise([g["wall_s"] for g in grid]),
-                             "probes": summarise([g["probes"] for g in grid]),
-                             "picks": [describe(space.table, g["pick"]) for g in grid]}
+    results["grid_1pass"] = {
+        "method": "grid_1pass",
+        "budget": len(space.rows),
+        "regret": summarise([space.regret(g["pick"]) for g in grid]),
+        "probe_wall_s": summarise([g["wall_s"] for g in grid]),
+        "probes": summarise([g["probes"] for g in grid]),
+        "picks": [describe(space.table, g["pick"]) for g in grid],
+    }
     print(render(results))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = args.out or RESULTS / ("replay_quality_quick.json" if args.quick else
-                                 "replay_quality.json")
-    out.write_text(json.dumps({
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python bench/replay_quality.py" + (" --quick" if args.quick else ""),
-        "recording": args.recording.name, "recorded": rec.created,
-        "machine": rec.machine, "configurations": len(space.rows), "seeds": seeds,
-        "probe": SHORT, "truth": "mean of all recorded measured steps",
-        "best": describe(space.table, best), "best_usd_per_mtok": space.best,
-        "bench_wall_s": time.time() - started, "results": results}, indent=1))
+    out = args.out or RESULTS / (
+        "replay_quality_quick.json" if args.quick else "replay_quality.json"
+    )
+    out.write_text(
+        json.dumps(
+            {
+                "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "command": "python bench/replay_quality.py" + (" --quick" if args.quick else ""),
+                "recording": args.recording.name,
+                "recorded": rec.created,
+                "machine": rec.machine,
+                "configurations": len(space.rows),
+                "seeds": seeds,
+                "probe": SHORT,
+                "truth": "mean of all recorded measured steps",
+                "best": describe(space.table, best),
+                "best_usd_per_mtok": space.best,
+                "bench_wall_s": time.time() - started,
+                "results": results,
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {out.relative_to(REPO) if out.is_relative_to(REPO) else out}")
     return 0
 

@@ -84,8 +84,14 @@ print(json.dumps({"peak_tflops": best / 1e12, "numpy_tflops": best_np / 1e12}))
 
 
 def python_json(code: str, *args: str, env: dict | None = None) -> dict:
-    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                         env=dict(os.environ) | (env or {}), cwd=REPO, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ) | (env or {}),
+        cwd=REPO,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -102,20 +108,34 @@ def run_variant(name: str, overrides: dict, steps: int, work: Path) -> dict:
     plan = work / f"{name}.toml"
     plan.write_text(tomli_w.dumps(data))
     started = time.time()
-    proc = subprocess.run([sys.executable, "-m", "runner", "execute", str(plan)], cwd=REPO,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "runner", "execute", str(plan)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     result = json.loads((work / name / "result.json").read_text())
     m = result["measured"]
-    return {"variant": name, "plan": str(plan), "processes": data["parallel"]["nproc_per_node"],
-            "packing": data["training"]["packing"], "steps": steps,
-            "wall_s": time.time() - started, "step_time_s": m["step_time_s"],
-            "useful_tokens_per_s": m["tokens_per_second"],
-            "useful_fraction": m["useful_token_fraction"],
-            "numel_tokens_per_s": (m["tokens_per_second"] / m["useful_token_fraction"]
-                                   if m["useful_token_fraction"] else 0.0),
-            "mfu_vs_profile_peak": m["mfu"], "peak_memory_gb": m["peak_memory_gb"]}
+    return {
+        "variant": name,
+        "plan": str(plan),
+        "processes": data["parallel"]["nproc_per_node"],
+        "packing": data["training"]["packing"],
+        "steps": steps,
+        "wall_s": time.time() - started,
+        "step_time_s": m["step_time_s"],
+        "useful_tokens_per_s": m["tokens_per_second"],
+        "useful_fraction": m["useful_token_fraction"],
+        "numel_tokens_per_s": (
+            m["tokens_per_second"] / m["useful_token_fraction"]
+            if m["useful_token_fraction"]
+            else 0.0
+        ),
+        "mfu_vs_profile_peak": m["mfu"],
+        "peak_memory_gb": m["peak_memory_gb"],
+    }
 
 
 def main() -> int:
@@ -130,22 +150,32 @@ def main() -> int:
         rows = [
             run_variant("dp2_packed", {}, steps, work),
             run_variant("dp1_packed", one_proc, steps, work),
-            run_variant("dp1_padded", one_proc | {"training": {"packing": False}}, steps,
-                        work),
+            run_variant("dp1_padded", one_proc | {"training": {"packing": False}}, steps, work),
             # longer windows: the article pads each sentence to max_length
-            run_variant("dp1_packed_s256", one_proc | long | {
-                "training": {"seq_len": 256, "per_device_train_batch_size": 2}}, steps, work),
-            run_variant("dp1_padded_s256", one_proc | long | {
-                "training": {"seq_len": 256, "per_device_train_batch_size": 2,
-                             "packing": False}}, steps, work),
+            run_variant(
+                "dp1_packed_s256",
+                one_proc | long | {"training": {"seq_len": 256, "per_device_train_batch_size": 2}},
+                steps,
+                work,
+            ),
+            run_variant(
+                "dp1_padded_s256",
+                one_proc
+                | long
+                | {
+                    "training": {"seq_len": 256, "per_device_train_batch_size": 2, "packing": False}
+                },
+                steps,
+                work,
+            ),
         ]
         bare = python_json(BARE_LOOP, rows[1]["plan"], str(max(20, steps // 2)))
     cores = str(os.cpu_count() or 1)
-    measured = python_json(PEAK, env={"FLAGS_paddle_num_threads": cores,
-                                      "OMP_NUM_THREADS": cores})
+    measured = python_json(PEAK, env={"FLAGS_paddle_num_threads": cores, "OMP_NUM_THREADS": cores})
     peak, numpy_peak = measured["peak_tflops"], measured["numpy_tflops"]
-    peak_1t = python_json(PEAK, env={"FLAGS_paddle_num_threads": "1",
-                                     "OMP_NUM_THREADS": "1"})["peak_tflops"]
+    peak_1t = python_json(PEAK, env={"FLAGS_paddle_num_threads": "1", "OMP_NUM_THREADS": "1"})[
+        "peak_tflops"
+    ]
     bare_step = sorted(bare["step_times"])[len(bare["step_times"]) // 2]
     packed, padded = rows[1], rows[2]
     from gptplan.modelfacts import training_flops_per_token
@@ -154,36 +184,71 @@ def main() -> int:
     plan = load_plan(PLAN)
     flops = training_flops_per_token(plan.model, plan.training.seq_len)
     summary = {
-        "dp2_over_dp1_tokens_per_s": rows[0]["useful_tokens_per_s"] /
-        packed["useful_tokens_per_s"],
-        "packed_over_padded_useful_tokens_per_s": packed["useful_tokens_per_s"] /
-        padded["useful_tokens_per_s"],
+        "dp2_over_dp1_tokens_per_s": rows[0]["useful_tokens_per_s"] / packed["useful_tokens_per_s"],
+        "packed_over_padded_useful_tokens_per_s": packed["useful_tokens_per_s"]
+        / padded["useful_tokens_per_s"],
         "padded_useful_fraction": padded["useful_fraction"],
-        "packed_over_padded_useful_tokens_per_s_seq256": rows[3]["useful_tokens_per_s"] /
-        rows[4]["useful_tokens_per_s"],
+        "packed_over_padded_useful_tokens_per_s_seq256": rows[3]["useful_tokens_per_s"]
+        / rows[4]["useful_tokens_per_s"],
         "padded_useful_fraction_seq256": rows[4]["useful_fraction"],
         "runner_overhead_vs_bare_loop": packed["step_time_s"] / bare_step - 1,
         "bare_loop_step_time_s": bare_step,
-        "matmul_peak_tflops_all_threads": peak, "matmul_peak_tflops_one_thread": peak_1t,
+        "matmul_peak_tflops_all_threads": peak,
+        "matmul_peak_tflops_one_thread": peak_1t,
         "numpy_matmul_tflops_all_threads": numpy_peak,
         "mfu_dp1_vs_measured_peak": flops * packed["useful_tokens_per_s"] / (peak * 1e12),
-        "mfu_dp2_vs_measured_peak": flops * rows[0]["useful_tokens_per_s"] /
-        (2 * peak_1t * 1e12),
+        "mfu_dp2_vs_measured_peak": flops * rows[0]["useful_tokens_per_s"] / (2 * peak_1t * 1e12),
     }
-    table = [[r["variant"], r["processes"], r["packing"], f"{r['step_time_s'] * 1000:.0f}",
-              f"{r['useful_tokens_per_s']:,.0f}", f"{r['numel_tokens_per_s']:,.0f}",
-              f"{r['useful_fraction']:.1%}", f"{r['peak_memory_gb']:.2f}"] for r in rows]
-    print(tabulate(table, headers=["variant", "procs", "packing", "step ms", "useful tok/s",
-                                   "numel tok/s", "useful share", "peak RSS GB"],
-                   tablefmt="github"))
-    print(tabulate([[k, f"{v:.4g}"] for k, v in summary.items()], tablefmt="github",
-                   headers=["summary (all measured)", "value"]))
+    table = [
+        [
+            r["variant"],
+            r["processes"],
+            r["packing"],
+            f"{r['step_time_s'] * 1000:.0f}",
+            f"{r['useful_tokens_per_s']:,.0f}",
+            f"{r['numel_tokens_per_s']:,.0f}",
+            f"{r['useful_fraction']:.1%}",
+            f"{r['peak_memory_gb']:.2f}",
+        ]
+        for r in rows
+    ]
+    print(
+        tabulate(
+            table,
+            headers=[
+                "variant",
+                "procs",
+                "packing",
+                "step ms",
+                "useful tok/s",
+                "numel tok/s",
+                "useful share",
+                "peak RSS GB",
+            ],
+            tablefmt="github",
+        )
+    )
+    print(
+        tabulate(
+            [[k, f"{v:.4g}"] for k, v in summary.items()],
+            tablefmt="github",
+            headers=["summary (all measured)", "value"],
+        )
+    )
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / ("runner_efficiency_quick.json" if args.quick else "runner_efficiency.json")
-    out.write_text(json.dumps({"date": dt.datetime.now().isoformat(timespec="seconds"),
-                               "quick": args.quick, "rows": rows, "summary": summary,
-                               "command": "python bench/runner_efficiency.py" +
-                               (" --quick" if args.quick else "")}, indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "date": dt.datetime.now().isoformat(timespec="seconds"),
+                "quick": args.quick,
+                "rows": rows,
+                "summary": summary,
+                "command": "python bench/runner_efficiency.py" + (" --quick" if args.quick else ""),
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {out.relative_to(REPO)}")
     return 0
 

@@ -85,8 +85,11 @@ def remove_stale(parent: Path, *, log=print) -> list[Path]:
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     if removed:
-        names = ", ".join(p.name for p in removed[:3]) + \
-            (f" and {len(removed) - 3} more" if len(removed) > 3 else "")
-        log(f"removed {len(removed)} temporary folder(s) left in {parent} by an interrupted "
-            f"preparation ({names})")
+        names = ", ".join(p.name for p in removed[:3]) + (
+            f" and {len(removed) - 3} more" if len(removed) > 3 else ""
+        )
+        log(
+            f"removed {len(removed)} temporary folder(s) left in {parent} by an interrupted "
+            f"preparation ({names})"
+        )
     return removed

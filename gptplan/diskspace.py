@@ -37,14 +37,18 @@ def _message(directory: Path, needed: int | None) -> str:
     except OSError:
         free = "free space unknown"
     need = f"{needed:,} bytes needed" if needed else "more space needed"
-    return (f"no space left on the device of {directory}: {need}, {free}; free space there "
-            "(or point job.output_dir elsewhere) and rerun; nothing else was lost")
+    return (
+        f"no space left on the device of {directory}: {need}, {free}; free space there "
+        "(or point job.output_dir elsewhere) and rerun; nothing else was lost"
+    )
 
 
 def not_writable_message(directory: Path, reason: str) -> str:
-    return (f"{directory} is not writable ({reason}); the run stopped there, checkpoints "
-            "completed before are kept: make it writable (or point job.output_dir "
-            "elsewhere) and rerun")
+    return (
+        f"{directory} is not writable ({reason}); the run stopped there, checkpoints "
+        "completed before are kept: make it writable (or point job.output_dir "
+        "elsewhere) and rerun"
+    )
 
 
 @contextlib.contextmanager
@@ -55,8 +59,9 @@ def guard_disk_writes(directory: Path, *, needed_bytes: int | None = None):
         yield
     except OSError as exc:
         if exc.errno in NOT_WRITABLE:
-            raise NotWritableError(not_writable_message(Path(directory),
-                                                        exc.strerror or "")) from None
+            raise NotWritableError(
+                not_writable_message(Path(directory), exc.strerror or "")
+            ) from None
         if exc.errno not in NO_SPACE:
             raise
         raise DiskFullError(_message(Path(directory), needed_bytes)) from None

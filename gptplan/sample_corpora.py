@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 _BRACKET = re.compile(r"\][A-Za-z]+")
 

@@ -59,8 +59,8 @@ def _longest_prefix_chain(freq: dict) -> int:
     return longest
 
 
-DAG_CAP = 12          # jieba_fast's _get_DAG_and_calc keeps 12 words per start position
-MAX_C_BLOCK = 10 ** 6  # its route starts from INT_MIN: keep log-probabilities far above it
+DAG_CAP = 12  # jieba_fast's _get_DAG_and_calc keeps 12 words per start position
+MAX_C_BLOCK = 10**6  # its route starts from INT_MIN: keep log-probabilities far above it
 
 
 CACHED_BLOCK_CHARS = 32  # short blocks (between punctuation) repeat often: memoised
@@ -123,7 +123,8 @@ def _make_tokenizer():
     tokenizer.initialize()
     tokenizer.c_route_exact = _longest_prefix_chain(tokenizer.FREQ) < DAG_CAP
     tokenizer.block_words = functools.lru_cache(maxsize=CACHE_ENTRIES)(
-        lambda block: tuple(tokenizer.route_words(block)))
+        lambda block: tuple(tokenizer.route_words(block))
+    )
     return tokenizer
 
 

@@ -41,8 +41,9 @@ from gptplan.profile import PerformanceData
 RECOMPUTE_CODES = {mode: code for code, mode in enumerate(RECOMPUTE_MODES)}
 
 
-def recompute_extra_flops_per_token(shape: ModelShape, seq_len, recompute_code,
-                                    flash_attention=False):
+def recompute_extra_flops_per_token(
+    shape: ModelShape, seq_len, recompute_code, flash_attention=False
+):
     """Extra forward work recompute adds per token (hardware FLOPs - model FLOPs).
 
     full: one more forward of every layer, 2·N_body + 4·L·h·s ([N21] eq. 3 factor 4/3);
@@ -59,13 +60,14 @@ def recompute_extra_flops_per_token(shape: ModelShape, seq_len, recompute_code,
     full_attn = 8.0 * L * h * h + attn_core
     code = np.asarray(recompute_code)
     flash = np.asarray(flash_attention, dtype=bool)
-    extra = np.select([code == 0, code == 1, code == 2, code == 3],
-                      [0.0 * s, np.where(flash, 0.0, attn_core), full_attn, full])
+    extra = np.select(
+        [code == 0, code == 1, code == 2, code == 3],
+        [0.0 * s, np.where(flash, 0.0, attn_core), full_attn, full],
+    )
     return extra + np.where(flash, attn_core, 0.0)
 
 
-def attention_flops_per_token(shape: ModelShape, seq_len, recompute_code,
-                              flash_attention=False):
+def attention_flops_per_token(shape: ModelShape, seq_len, recompute_code, flash_attention=False):
     """The part of the hardware FLOPs per token spent in the attention score/value matmuls:
     12·L·h·s of model FLOPs [P22], plus 4·L·h·s for each recomputed attention forward
     (core_attn/full_attn/full recompute without flash; flash attention's backward always)."""
@@ -96,6 +98,7 @@ ALPHA_NETWORK_S = 5e-6  # [NC] per ring step across nodes (InfiniBand/RoCE RDMA 
 @dataclass(frozen=True)
 class Device:
     """What the composition needs of a device (arrays per row are fine)."""
+
     peak_flops: Any  # dense FLOP/s of the precision used
     sm_count: Any  # streaming multiprocessors; 0 = no tile model (the curve applies)
     hbm_bytes_per_s: Any
@@ -107,6 +110,7 @@ class Device:
 @dataclass(frozen=True)
 class Rates:
     """The fitted constants of a generation (gptplan.profile.Efficiency)."""
+
     gemm_max: Any  # attainable fraction of peak of a large, well-shaped GEMM
     kernel_overhead_s: Any  # per kernel: launch, tail and synchronisation
     overlap: Any  # share of data-parallel/sharding traffic hidden behind compute
@@ -117,13 +121,20 @@ class Rates:
 
     @classmethod
     def of(cls, eff) -> Rates:
-        return cls(eff.max, eff.kernel_overhead_us * 1e-6, eff.comm_overlap,
-                   eff.attention_relative, eff.half_tokens, eff.half_hidden,
-                   eff.rolloff_tokens)
+        return cls(
+            eff.max,
+            eff.kernel_overhead_us * 1e-6,
+            eff.comm_overlap,
+            eff.attention_relative,
+            eff.half_tokens,
+            eff.half_hidden,
+            eff.rolloff_tokens,
+        )
 
 
-def curve_efficiency(*, micro_batch, seq_len, hidden_per_tp, eff_max, half_tokens,
-                     half_hidden, rolloff_tokens=0.0):
+def curve_efficiency(
+    *, micro_batch, seq_len, hidden_per_tp, eff_max, half_tokens, half_hidden, rolloff_tokens=0.0
+):
     """Devices without a tile model (CPUs, NPUs): achieved/peak FLOP/s of a whole layer,
     eff = max · T/(T + T½) · H/(H + H½) · 1/(1 + T/R), T = b·s, H = h/t (calibrated per machine
     by `planner calibrate`; empirical, no paper; R = 0 leaves the cache roll-off out)."""
@@ -166,9 +177,11 @@ def _layer_gemms(shape: ModelShape, tp):
 
 def _gemm_pass_seconds(m, n, k, dev, gemm_max, elem_bytes):
     """Forward, data-gradient and weight-gradient GEMMs of one linear layer."""
-    return (gemm_seconds(m, n, k, dev, gemm_max, elem_bytes),
-            gemm_seconds(m, k, n, dev, gemm_max, elem_bytes) +
-            gemm_seconds(n, k, m, dev, gemm_max, elem_bytes))
+    return (
+        gemm_seconds(m, n, k, dev, gemm_max, elem_bytes),
+        gemm_seconds(m, k, n, dev, gemm_max, elem_bytes)
+        + gemm_seconds(n, k, m, dev, gemm_max, elem_bytes),
+    )
 
 
 def layer_compute_seconds(shape: ModelShape, g: dict, dev: Device, rates: Rates):
@@ -180,10 +193,15 @@ def layer_compute_seconds(shape: ModelShape, g: dict, dev: Device, rates: Rates)
     elem = np.where(mixed, 2.0, 4.0)
     tiled = np.asarray(dev.sm_count, dtype=float) > 0
     h = np.asarray(shape.hidden, dtype=float)
-    curve = curve_efficiency(micro_batch=g["micro"], seq_len=g["seq"],
-                             hidden_per_tp=h / np.asarray(g["tp"], dtype=float),
-                             eff_max=rates.gemm_max, half_tokens=rates.half_tokens,
-                             half_hidden=rates.half_hidden, rolloff_tokens=rates.rolloff_tokens)
+    curve = curve_efficiency(
+        micro_batch=g["micro"],
+        seq_len=g["seq"],
+        hidden_per_tp=h / np.asarray(g["tp"], dtype=float),
+        eff_max=rates.gemm_max,
+        half_tokens=rates.half_tokens,
+        half_hidden=rates.half_hidden,
+        rolloff_tokens=rates.rolloff_tokens,
+    )
     gemm = 0.0
     curve_gemm = 0.0
     for i, (n, k) in enumerate(_layer_gemms(shape, g["tp"])):
@@ -192,29 +210,37 @@ def layer_compute_seconds(shape: ModelShape, g: dict, dev: Device, rates: Rates)
         gemm = gemm + fwd * np.where(redo, 2.0, 1.0) + bwd
         curve_gemm = curve_gemm + 2.0 * T * n * k * np.where(redo, 4.0, 3.0)
     L = np.asarray(shape.layers, dtype=float)
-    attn_flops = attention_flops_per_token(shape, g["seq"], code, g["flash"]) / L * T / \
-        np.asarray(g["tp"], dtype=float)
+    attn_flops = (
+        attention_flops_per_token(shape, g["seq"], code, g["flash"])
+        / L
+        * T
+        / np.asarray(g["tp"], dtype=float)
+    )
     peak = np.asarray(dev.peak_flops, dtype=float)
     attn_rate = peak * rates.attention_fraction * np.where(tiled, rates.gemm_max, curve)
     # a causal flash kernel skips the blocks above the diagonal: about half the s² work
     # (Dao 2023, FlashAttention-2, section 3.1.1); unfused attention computes all of it
     attn_flops = attn_flops * np.where(np.asarray(g["flash"]) > 0, CAUSAL_FLASH_WORK, 1.0)
-    act = activation_bytes_per_layer(shape, g["seq"], g["micro"], g["tp"], g["sp"], 0, elem,
-                                     g["flash"])
+    act = activation_bytes_per_layer(
+        shape, g["seq"], g["micro"], g["tp"], g["sp"], 0, elem, g["flash"]
+    )
     redo_share = np.where(code == 3, 4.0 / 3.0, 1.0)
-    return {"gemm": np.where(tiled, gemm, curve_gemm / (peak * curve)),
-            "attention": attn_flops / attn_rate,
-            "memory": np.where(tiled, ELEMENTWISE_PASSES * act * redo_share /
-                               np.asarray(dev.hbm_bytes_per_s, dtype=float), 0.0),
-            "kernels": np.where(tiled, KERNELS_PER_LAYER * redo_share * rates.kernel_overhead_s,
-                                0.0)}
+    return {
+        "gemm": np.where(tiled, gemm, curve_gemm / (peak * curve)),
+        "attention": attn_flops / attn_rate,
+        "memory": np.where(
+            tiled,
+            ELEMENTWISE_PASSES * act * redo_share / np.asarray(dev.hbm_bytes_per_s, dtype=float),
+            0.0,
+        ),
+        "kernels": np.where(tiled, KERNELS_PER_LAYER * redo_share * rates.kernel_overhead_s, 0.0),
+    }
 
 
 def ring_allreduce_seconds(bytes_, ranks, bandwidth_bytes_per_s):
     """Ring all-reduce moves 2·(n-1)/n of the buffer through each rank's link."""
     n = np.asarray(ranks, dtype=float)
-    return np.where(n > 1, 2.0 * (n - 1) / np.maximum(n, 1) * bytes_ / bandwidth_bytes_per_s,
-                    0.0)
+    return np.where(n > 1, 2.0 * (n - 1) / np.maximum(n, 1) * bytes_ / bandwidth_bytes_per_s, 0.0)
 
 
 def collective_latency_seconds(ranks, ranks_per_node, passes):
@@ -232,8 +258,16 @@ def collective_latency_seconds(ranks, ranks_per_node, passes):
     return np.where(n > 1, ALPHA_LAUNCH_S + alpha, 0.0)
 
 
-def collective_seconds(bytes_per_rank, ranks, ranks_per_node, gpus_per_node,
-                       intra_bytes_per_s, inter_bytes_per_s, passes, messages=1.0):
+def collective_seconds(
+    bytes_per_rank,
+    ranks,
+    ranks_per_node,
+    gpus_per_node,
+    intra_bytes_per_s,
+    inter_bytes_per_s,
+    passes,
+    messages=1.0,
+):
     """Time of `messages` ring collectives moving `bytes_per_rank` in all over `ranks` ranks,
     `ranks_per_node` of them in each node: alpha per message (collective_latency_seconds) plus
     bytes over bandwidth.
@@ -254,9 +288,21 @@ def collective_seconds(bytes_per_rank, ranks, ranks_per_node, gpus_per_node,
     return np.where(n > 1, t_intra + t_inter + alpha, 0.0)
 
 
-def gradient_sync_seconds(*, params, grad_bytes, tp, pp, dp, shard_degree, stage_code,
-                          accumulation, gpus_per_node, intra_bytes_per_s, inter_bytes_per_s,
-                          stage_layers=1.0):
+def gradient_sync_seconds(
+    *,
+    params,
+    grad_bytes,
+    tp,
+    pp,
+    dp,
+    shard_degree,
+    stage_code,
+    accumulation,
+    gpus_per_node,
+    intra_bytes_per_s,
+    inter_bytes_per_s,
+    stage_layers=1.0,
+):
     """Gradient and parameter traffic per optimizer step, per rank.
 
     Each rank holds only its tensor x pipeline shard, G = N/(t·p) parameters [N21]; the data
@@ -282,22 +328,32 @@ def gradient_sync_seconds(*, params, grad_bytes, tp, pp, dp, shard_degree, stage
     shard_bytes = params / (tp * pp) * np.asarray(grad_bytes, dtype=float)
     buckets = np.maximum(np.ceil(shard_bytes / BUCKET_BYTES), 1.0)
     in_node = np.maximum(1.0, gpus_per_node // (tp * pp))
-    links = dict(gpus_per_node=gpus_per_node, intra_bytes_per_s=intra_bytes_per_s,
-                 inter_bytes_per_s=inter_bytes_per_s)
-    plain = collective_seconds(shard_bytes, dp * sd, in_node, passes=2, messages=buckets,
-                               **links)
+    links = dict(
+        gpus_per_node=gpus_per_node,
+        intra_bytes_per_s=intra_bytes_per_s,
+        inter_bytes_per_s=inter_bytes_per_s,
+    )
+    plain = collective_seconds(shard_bytes, dp * sd, in_node, passes=2, messages=buckets, **links)
 
     def one_pass(messages):
-        return collective_seconds(shard_bytes, sd, np.minimum(sd, in_node), passes=1,
-                                  messages=messages, **links)
+        return collective_seconds(
+            shard_bytes, sd, np.minimum(sd, in_node), passes=1, messages=messages, **links
+        )
 
     per_layer = np.asarray(stage_layers, dtype=float)  # ZeRO-3 gathers one layer at a time
-    sharded = np.select([stage == 1, stage == 2, stage == 3],
-                        [2.0 * one_pass(buckets), (acc + 1.0) * one_pass(buckets),
-                         3.0 * acc * one_pass(per_layer)], 0.0)
-    across = collective_seconds(shard_bytes / sd, dp, np.maximum(1.0, in_node // sd),
-                                passes=2, messages=np.maximum(np.ceil(buckets / sd), 1.0),
-                                **links)
+    sharded = np.select(
+        [stage == 1, stage == 2, stage == 3],
+        [2.0 * one_pass(buckets), (acc + 1.0) * one_pass(buckets), 3.0 * acc * one_pass(per_layer)],
+        0.0,
+    )
+    across = collective_seconds(
+        shard_bytes / sd,
+        dp,
+        np.maximum(1.0, in_node // sd),
+        passes=2,
+        messages=np.maximum(np.ceil(buckets / sd), 1.0),
+        **links,
+    )
     return np.where(stage == 0, plain, sharded + np.where(dp > 1, across, 0.0))
 
 
@@ -318,8 +374,12 @@ def _tensor_parallel_seconds(shape: ModelShape, g: dict, dev: Device, act_bytes)
     t = np.asarray(g["tp"], dtype=float)
     code = np.asarray(g["recompute_code"])
     count = 4.0 + np.select([code == 3, code == 2], [2.0, 1.0], 0.0)
-    msg = np.asarray(g["micro"], dtype=float) * np.asarray(g["seq"], dtype=float) * \
-        np.asarray(shape.hidden, dtype=float) * act_bytes
+    msg = (
+        np.asarray(g["micro"], dtype=float)
+        * np.asarray(g["seq"], dtype=float)
+        * np.asarray(shape.hidden, dtype=float)
+        * act_bytes
+    )
     bw = ring_allreduce_seconds(msg, t, np.asarray(dev.intra_bytes_per_s, dtype=float))
     latency = collective_latency_seconds(t, t, 2.0) * np.where(np.asarray(g["sp"]) > 0, 2.0, 1.0)
     return count * (bw + latency)
@@ -342,12 +402,18 @@ def step_time_parts(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> di
     T = g["micro"] * g["seq"].astype(float)
     tiled = np.asarray(dev.sm_count, dtype=float) > 0
     vocab = np.asarray(shape.vocab, dtype=float)
-    head_fwd, head_bwd = _gemm_pass_seconds(T, vocab / tp, shape.hidden, dev, rates.gemm_max,
-                                            act_bytes)
+    head_fwd, head_bwd = _gemm_pass_seconds(
+        T, vocab / tp, shape.hidden, dev, rates.gemm_max, act_bytes
+    )
     curve = curve_efficiency(
-        micro_batch=g["micro"], seq_len=g["seq"], hidden_per_tp=shape.hidden / tp,
-        eff_max=rates.gemm_max, half_tokens=rates.half_tokens, half_hidden=rates.half_hidden,
-        rolloff_tokens=rates.rolloff_tokens)
+        micro_batch=g["micro"],
+        seq_len=g["seq"],
+        hidden_per_tp=shape.hidden / tp,
+        eff_max=rates.gemm_max,
+        half_tokens=rates.half_tokens,
+        half_hidden=rates.half_hidden,
+        rolloff_tokens=rates.rolloff_tokens,
+    )
     head_curve = 6.0 * T * vocab / tp * shape.hidden / (dev.peak_flops * curve)
     head = np.where(tiled, head_fwd + head_bwd, head_curve)
     per_layer = layer["gemm"] + layer["attention"] + layer["memory"] + layer["kernels"]
@@ -356,26 +422,54 @@ def step_time_parts(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> di
     t_tp = acc * stage_layers * _tensor_parallel_seconds(shape, g, dev, act_bytes)
     link = np.where(g["nodes"] > 1, dev.inter_bytes_per_s, dev.intra_bytes_per_s)
     p2p_bytes = T * shape.hidden * act_bytes / np.where(g["sp"] > 0, tp, 1.0)
-    t_pp = np.where(pp > 1, 2.0 * acc * g["vpp"] * (p2p_bytes / link + ALPHA_LAUNCH_S +
-                                                     np.where(g["nodes"] > 1, ALPHA_NETWORK_S,
-                                                              ALPHA_NVLINK_S)), 0.0)
+    t_pp = np.where(
+        pp > 1,
+        2.0
+        * acc
+        * g["vpp"]
+        * (
+            p2p_bytes / link
+            + ALPHA_LAUNCH_S
+            + np.where(g["nodes"] > 1, ALPHA_NETWORK_S, ALPHA_NVLINK_S)
+        ),
+        0.0,
+    )
     t_dp = gradient_sync_seconds(
-        params=shape.params_total, grad_bytes=act_bytes, tp=tp, pp=pp, dp=g["dp"],
-        shard_degree=g["shard_degree"], stage_code=g["stage_code"], accumulation=acc,
-        gpus_per_node=dev.gpus_per_node, intra_bytes_per_s=dev.intra_bytes_per_s,
-        inter_bytes_per_s=dev.inter_bytes_per_s, stage_layers=stage_layers)
+        params=shape.params_total,
+        grad_bytes=act_bytes,
+        tp=tp,
+        pp=pp,
+        dp=g["dp"],
+        shard_degree=g["shard_degree"],
+        stage_code=g["stage_code"],
+        accumulation=acc,
+        gpus_per_node=dev.gpus_per_node,
+        intra_bytes_per_s=dev.intra_bytes_per_s,
+        inter_bytes_per_s=dev.inter_bytes_per_s,
+        stage_layers=stage_layers,
+    )
     t_opt = shape.params_total / (tp * pp * g["shard_degree"]) * 16 * 3 / dev.hbm_bytes_per_s
     bubble = pipeline_bubble_factor(pp, acc, g["vpp"])
     exposed_dp = (1.0 - rates.overlap) * t_dp
     step = (compute + t_tp) * bubble + t_pp + exposed_dp + t_opt
     sums = {k: acc * stage_layers * v for k, v in layer.items()}
-    return {"step_time_s": step, "compute_s": compute, "gemm_s": sums["gemm"] + acc * head,
-            "attention_s": sums["attention"], "memory_bound_s": sums["memory"],
-            "kernel_overhead_s": sums["kernels"], "tp_s": t_tp, "pp_s": t_pp,
-            "dp_sync_s": t_dp, "comm_s": t_tp + t_pp + exposed_dp, "opt_s": t_opt,
-            "bubble": bubble, "stage_layers": stage_layers,
-            # what compute time scales with (planner.calibration): the curve, or gemm_max
-            "efficiency": np.where(tiled, rates.gemm_max, curve) * np.ones_like(step)}
+    return {
+        "step_time_s": step,
+        "compute_s": compute,
+        "gemm_s": sums["gemm"] + acc * head,
+        "attention_s": sums["attention"],
+        "memory_bound_s": sums["memory"],
+        "kernel_overhead_s": sums["kernels"],
+        "tp_s": t_tp,
+        "pp_s": t_pp,
+        "dp_sync_s": t_dp,
+        "comm_s": t_tp + t_pp + exposed_dp,
+        "opt_s": t_opt,
+        "bubble": bubble,
+        "stage_layers": stage_layers,
+        # what compute time scales with (planner.calibration): the curve, or gemm_max
+        "efficiency": np.where(tiled, rates.gemm_max, curve) * np.ones_like(step),
+    }
 
 
 def data_parallel_step_time_s(plan: Plan, perf: PerformanceData) -> float:
@@ -386,13 +480,31 @@ def data_parallel_step_time_s(plan: Plan, perf: PerformanceData) -> float:
     peak = perf.peak_for(t.precision) * 1e12
     if peak <= 0:
         return float("nan")
-    g = {"nodes": 1, "precision_code": int(t.precision != "fp32"), "seq": t.seq_len,
-         "micro": t.per_device_train_batch_size, "acc": t.gradient_accumulation_steps,
-         "tp": 1, "pp": 1, "vpp": 1, "dp": plan.parallel.world_size, "shard_degree": 1,
-         "stage_code": 0, "recompute_code": RECOMPUTE_CODES[plan.parallel.recompute], "sp": 0,
-         "flash": int(bool(getattr(t, "use_flash_attention", False)))}
-    dev = Device(peak, perf.sm_count, (perf.memory_bandwidth_gbytes_per_s or 1.0) * 1e9,
-                 perf.intra_node_gbytes_per_s * 1e9 or 1.0, 1.0, plan.parallel.nproc_per_node)
-    parts = step_time_parts(ModelShape.from_section(m), g, dev,
-                            Rates.of(perf.efficiency_for(t.precision)))
+    g = {
+        "nodes": 1,
+        "precision_code": int(t.precision != "fp32"),
+        "seq": t.seq_len,
+        "micro": t.per_device_train_batch_size,
+        "acc": t.gradient_accumulation_steps,
+        "tp": 1,
+        "pp": 1,
+        "vpp": 1,
+        "dp": plan.parallel.world_size,
+        "shard_degree": 1,
+        "stage_code": 0,
+        "recompute_code": RECOMPUTE_CODES[plan.parallel.recompute],
+        "sp": 0,
+        "flash": int(bool(getattr(t, "use_flash_attention", False))),
+    }
+    dev = Device(
+        peak,
+        perf.sm_count,
+        (perf.memory_bandwidth_gbytes_per_s or 1.0) * 1e9,
+        perf.intra_node_gbytes_per_s * 1e9 or 1.0,
+        1.0,
+        plan.parallel.nproc_per_node,
+    )
+    parts = step_time_parts(
+        ModelShape.from_section(m), g, dev, Rates.of(perf.efficiency_for(t.precision))
+    )
     return float(parts["step_time_s"])

@@ -45,10 +45,10 @@ from gptplan.corpus import Corpus, default_dedupe, resolve_sources, sample_docum
 from gptplan.errors import DataError
 
 TOKENIZER_VERSION = 2
-SAMPLE_CHARS = 12_000_000      # characters of corpus read to train a tokenizer
-MAX_SENTENCES = 2_000_000      # sentencepiece's input_sentence_size
-TRAIN_PIECE_CHARS = 4_000      # documents are cut into pieces this long for training
-CJK_SHARE_FOR_CPM = 0.3        # share of letters that are CJK above which the CPM scheme is used
+SAMPLE_CHARS = 12_000_000  # characters of corpus read to train a tokenizer
+MAX_SENTENCES = 2_000_000  # sentencepiece's input_sentence_size
+TRAIN_PIECE_CHARS = 4_000  # documents are cut into pieces this long for training
+CJK_SHARE_FOR_CPM = 0.3  # share of letters that are CJK above which the CPM scheme is used
 # begin and end of document; space and newline each as one piece together with the word
 # separator before them ("▁▂" instead of "▁" + "▂"), and alone as a fallback
 SPECIAL_PIECES = ["<bod>", "<eod>", "\u2581\u2582", "\u2581\u2583", "\u2582", "\u2583"]
@@ -77,6 +77,7 @@ def _segment_many(texts: list[str]) -> list[str]:
 
 # ---- script mix ------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class ScriptMix:
     letters: int
@@ -89,17 +90,28 @@ class ScriptMix:
         return "cpm" if self.cjk_share >= CJK_SHARE_FOR_CPM else "bpe"
 
     def describe(self) -> str:
-        why = (f"CJK >= {CJK_SHARE_FOR_CPM:.0%} of letters: CPM-style jieba + sentencepiece "
-               "unigram, byte fallback" if self.scheme == "cpm" else
-               f"CJK < {CJK_SHARE_FOR_CPM:.0%} of letters: GPT-2-style byte-level BPE")
-        return (f"script mix of the sample: {self.cjk_share:.0%} CJK, {self.latin_share:.0%} "
-                f"Latin, {self.other_share:.0%} other letters -> {why}")
+        why = (
+            f"CJK >= {CJK_SHARE_FOR_CPM:.0%} of letters: CPM-style jieba + sentencepiece "
+            "unigram, byte fallback"
+            if self.scheme == "cpm"
+            else f"CJK < {CJK_SHARE_FOR_CPM:.0%} of letters: GPT-2-style byte-level BPE"
+        )
+        return (
+            f"script mix of the sample: {self.cjk_share:.0%} CJK, {self.latin_share:.0%} "
+            f"Latin, {self.other_share:.0%} other letters -> {why}"
+        )
 
 
 def _is_cjk(ch: str) -> bool:
     o = ord(ch)
-    return (0x4E00 <= o <= 0x9FFF or 0x3400 <= o <= 0x4DBF or 0x20000 <= o <= 0x2FA1F
-            or 0x3040 <= o <= 0x30FF or 0xAC00 <= o <= 0xD7AF or 0xF900 <= o <= 0xFAFF)
+    return (
+        0x4E00 <= o <= 0x9FFF
+        or 0x3400 <= o <= 0x4DBF
+        or 0x20000 <= o <= 0x2FA1F
+        or 0x3040 <= o <= 0x30FF
+        or 0xAC00 <= o <= 0xD7AF
+        or 0xF900 <= o <= 0xFAFF
+    )
 
 
 def script_mix(documents: list[str], *, max_chars: int = 2_000_000) -> ScriptMix:
@@ -123,6 +135,7 @@ def script_mix(documents: list[str], *, max_chars: int = 2_000_000) -> ScriptMix
 
 # ---- training --------------------------------------------------------------------------------
 
+
 def _training_pieces(documents: list[str]) -> list[str]:
     from gptplan.corpus import split_long
 
@@ -131,7 +144,7 @@ def _training_pieces(documents: list[str]) -> list[str]:
 
 def _segment_parallel(pieces: list[str], workers: int, progress) -> list[str]:
     chunk = 2000
-    chunks = [pieces[i:i + chunk] for i in range(0, len(pieces), chunk)]
+    chunks = [pieces[i : i + chunk] for i in range(0, len(pieces), chunk)]
     out: list[str] = []
     if workers <= 1 or len(chunks) <= 2:
         for c in chunks:
@@ -172,8 +185,7 @@ def _character_coverage(texts: list[str], vocab_size: int) -> float:
     return max(0.98, min(0.995, sum(freqs[:room]) / total * 0.999))  # sentencepiece: >= 0.98
 
 
-def _train_cpm(pieces: list[str], vocab_size: int, tmp: Path, workers: int, progress,
-               log) -> None:
+def _train_cpm(pieces: list[str], vocab_size: int, tmp: Path, workers: int, progress, log) -> None:
     import sentencepiece as spm
 
     coverage = _character_coverage(pieces, vocab_size)
@@ -186,20 +198,36 @@ def _train_cpm(pieces: list[str], vocab_size: int, tmp: Path, workers: int, prog
     log(f"training a {vocab_size}-piece sentencepiece model on {len(pieces):,} sentences ...")
     try:
         spm.SentencePieceTrainer.train(
-            input=str(text_file), model_prefix=str(tmp / "raw"),
-            vocab_size=vocab_size, model_type="unigram", character_coverage=coverage,
-            byte_fallback=True, normalization_rule_name="identity",
-            remove_extra_whitespaces=False, unk_id=0, pad_id=1, bos_id=-1, eos_id=-1,
-            pad_piece="<pad>", user_defined_symbols=SPECIAL_PIECES,
-            input_sentence_size=MAX_SENTENCES, shuffle_input_sentence=True,
-            num_threads=max(1, min(4, os.cpu_count() or 1)), max_sentence_length=1 << 16,
-            minloglevel=2, hard_vocab_limit=False)  # a small sample may not fill the vocab
+            input=str(text_file),
+            model_prefix=str(tmp / "raw"),
+            vocab_size=vocab_size,
+            model_type="unigram",
+            character_coverage=coverage,
+            byte_fallback=True,
+            normalization_rule_name="identity",
+            remove_extra_whitespaces=False,
+            unk_id=0,
+            pad_id=1,
+            bos_id=-1,
+            eos_id=-1,
+            pad_piece="<pad>",
+            user_defined_symbols=SPECIAL_PIECES,
+            input_sentence_size=MAX_SENTENCES,
+            shuffle_input_sentence=True,
+            num_threads=max(1, min(4, os.cpu_count() or 1)),
+            max_sentence_length=1 << 16,
+            minloglevel=2,
+            hard_vocab_limit=False,
+        )  # a small sample may not fill the vocab
     except RuntimeError as exc:
         reason = str(exc).strip().splitlines()[-1]
-        raise DataError(f"sentencepiece could not train a {vocab_size}-piece model on the "
-                        f"{len(pieces):,}-sentence sample: {reason}; allowed: a "
-                        "model.vocab_size the sample supports (at least 300 + the "
-                        "distinct characters)", key="model.vocab_size") from None
+        raise DataError(
+            f"sentencepiece could not train a {vocab_size}-piece model on the "
+            f"{len(pieces):,}-sentence sample: {reason}; allowed: a "
+            "model.vocab_size the sample supports (at least 300 + the "
+            "distinct characters)",
+            key="model.vocab_size",
+        ) from None
     text_file.unlink()
     # The model file embeds its training paths: store it without them, so the same training
     # gives the same bytes.
@@ -226,13 +254,26 @@ def _train_bpe(pieces: list[str], vocab_size: int, tmp: Path, progress, log) -> 
             progress(len(p))
             yield p
 
-    tok.train_from_iterator(feed(), vocab_size=vocab_size, min_frequency=2,
-                            special_tokens=[EOT], show_progress=False, length=len(pieces))
+    tok.train_from_iterator(
+        feed(),
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[EOT],
+        show_progress=False,
+        length=len(pieces),
+    )
     tok.save_model(str(tmp))
 
 
-def train_tokenizer(documents: list[str], *, vocab_size: int, out_dir: Path,
-                    workers: int = 1, scheme: str = "auto", log=print) -> Path:
+def train_tokenizer(
+    documents: list[str],
+    *,
+    vocab_size: int,
+    out_dir: Path,
+    workers: int = 1,
+    scheme: str = "auto",
+    log=print,
+) -> Path:
     """Train on a sample of documents; return the tokenizer directory (a cache entry).
 
     Written into a temporary folder, then renamed: a cache entry is complete or absent.
@@ -249,17 +290,28 @@ def train_tokenizer(documents: list[str], *, vocab_size: int, out_dir: Path,
     with cachedirs.writing(out_dir.parent, out_dir.name) as tmp:
         pieces = _training_pieces(documents)
         chars = sum(len(p) for p in pieces)
-        with tqdm(total=chars, unit="char", unit_scale=True, desc="tokenizer training sample",
-                  delay=5.0, mininterval=2.0 if sys.stderr.isatty() else 30.0,
-                  leave=False) as bar:
+        with tqdm(
+            total=chars,
+            unit="char",
+            unit_scale=True,
+            desc="tokenizer training sample",
+            delay=5.0,
+            mininterval=2.0 if sys.stderr.isatty() else 30.0,
+            leave=False,
+        ) as bar:
             if scheme == "cpm":
                 _train_cpm(pieces, vocab_size, tmp, workers, bar.update, log)
             else:
                 _train_bpe(pieces, vocab_size, tmp, bar.update, log)
-        manifest = {"format": "gptplan-tokenizer", "version": TOKENIZER_VERSION,
-                    "scheme": scheme, "script_mix": asdict(mix),
-                    "sample_documents": len(documents), "sample_characters": chars,
-                    "train_seconds": round(time.perf_counter() - t0, 2)}
+        manifest = {
+            "format": "gptplan-tokenizer",
+            "version": TOKENIZER_VERSION,
+            "scheme": scheme,
+            "script_mix": asdict(mix),
+            "sample_documents": len(documents),
+            "sample_characters": chars,
+            "train_seconds": round(time.perf_counter() - t0, 2),
+        }
         manifest["identity"] = tokenizer_identity(tmp, scheme)
         (tmp / "tokenizer.json").write_text(json.dumps(manifest, indent=1))
         cachedirs.publish(tmp, out_dir)  # another process may have finished first
@@ -281,12 +333,15 @@ def tokenizer_identity(directory: Path, scheme: str) -> str:
         digest.update(proto.normalizer_spec.SerializeToString())
         digest.update(proto.denormalizer_spec.SerializeToString())
         t = proto.trainer_spec
-        digest.update(f"{t.byte_fallback};{t.treat_whitespace_as_suffix};{t.unk_id};"
-                      f"{t.pad_id};{t.bos_id};{t.eos_id}".encode())
+        digest.update(
+            f"{t.byte_fallback};{t.treat_whitespace_as_suffix};{t.unk_id};"
+            f"{t.pad_id};{t.bos_id};{t.eos_id}".encode()
+        )
     else:
         vocab = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
-        digest.update(json.dumps(sorted(vocab.items(), key=lambda kv: kv[1]),
-                                 ensure_ascii=False).encode())
+        digest.update(
+            json.dumps(sorted(vocab.items(), key=lambda kv: kv[1]), ensure_ascii=False).encode()
+        )
         merges = (directory / "merges.txt").read_text(encoding="utf-8").splitlines()
         digest.update("\n".join(m for m in merges if not m.startswith("#")).encode())
     return digest.hexdigest()[:16]
@@ -318,6 +373,7 @@ def tokenizer_problem(directory: Path) -> str | None:
 
 # ---- fast encoding (no Paddle) ---------------------------------------------------------------
 
+
 class FastEncoder:
     """Batch encoding for data preparation; the same ids as the PaddleNLP class."""
 
@@ -327,15 +383,14 @@ class FastEncoder:
         if self.scheme == "cpm":
             import sentencepiece as spm
 
-            self.sp = spm.SentencePieceProcessor(model_file=str(directory /
-                                                                "sentencepiece.model"))
+            self.sp = spm.SentencePieceProcessor(model_file=str(directory / "sentencepiece.model"))
             self.vocab_size = self.sp.get_piece_size()
         else:
             from tokenizers import ByteLevelBPETokenizer
 
-            self.bpe = ByteLevelBPETokenizer(str(directory / "vocab.json"),
-                                             str(directory / "merges.txt"),
-                                             add_prefix_space=False)
+            self.bpe = ByteLevelBPETokenizer(
+                str(directory / "vocab.json"), str(directory / "merges.txt"), add_prefix_space=False
+            )
             self.vocab_size = self.bpe.get_vocab_size()
         self.dtype = np.uint16 if self.vocab_size < 65535 else np.int32
 
@@ -349,6 +404,7 @@ class FastEncoder:
 
 
 # ---- the PaddleNLP tokenizer -----------------------------------------------------------------
+
 
 class JobTokenizer:
     """Thin handle on a PaddleNLP tokenizer with the ids the data pipeline needs."""
@@ -370,10 +426,13 @@ class JobTokenizer:
         token = getattr(self.tokenizer, attr, None) or piece
         token_id = self.tokenizer.convert_tokens_to_ids(token)
         unk = getattr(self.tokenizer, "unk_token_id", None)
-        if token_id is None or (token_id == unk and token != getattr(self.tokenizer,
-                                                                      "unk_token", None)):
-            raise DataError(f"tokenizer {self.name!r} has no {piece!r} piece; it would become "
-                            "<unk>", key="job.tokenizer")
+        if token_id is None or (
+            token_id == unk and token != getattr(self.tokenizer, "unk_token", None)
+        ):
+            raise DataError(
+                f"tokenizer {self.name!r} has no {piece!r} piece; it would become <unk>",
+                key="job.tokenizer",
+            )
         return int(token_id)
 
     def encode(self, text: str) -> list[int]:
@@ -403,26 +462,41 @@ def load_tokenizer(spec: str, *, model_file: Path | None = None) -> JobTokenizer
             raise ValueError("sentencepiece tokenizer needs the trained model file")
         directory = Path(model_file) if Path(model_file).is_dir() else Path(model_file).parent
         transformers = _import_paddlenlp_quietly()
-        manifest = read_manifest(directory) if (directory / "tokenizer.json").exists() \
+        manifest = (
+            read_manifest(directory)
+            if (directory / "tokenizer.json").exists()
             else {"scheme": "cpm"}
+        )
         if manifest["scheme"] == "bpe":
-            tok = transformers.GPTTokenizer(vocab_file=str(directory / "vocab.json"),
-                                            merges_file=str(directory / "merges.txt"),
-                                            eos_token=EOT, pad_token=EOT, unk_token=EOT)
+            tok = transformers.GPTTokenizer(
+                vocab_file=str(directory / "vocab.json"),
+                merges_file=str(directory / "merges.txt"),
+                eos_token=EOT,
+                pad_token=EOT,
+                unk_token=EOT,
+            )
         else:
             _quiet_jieba()
             tok = transformers.GPTChineseTokenizer(
-                model_file=str(directory / "sentencepiece.model"))
+                model_file=str(directory / "sentencepiece.model")
+            )
         identity = manifest.get("identity") or tokenizer_identity(directory, "cpm")
-        return JobTokenizer(tok, name=f"{manifest['scheme']}:{directory.name}",
-                            fingerprint=identity, scheme=manifest["scheme"])
+        return JobTokenizer(
+            tok,
+            name=f"{manifest['scheme']}:{directory.name}",
+            fingerprint=identity,
+            scheme=manifest["scheme"],
+        )
     transformers = _import_paddlenlp_quietly()
     try:
         tok = transformers.AutoTokenizer.from_pretrained(spec)
     except Exception as exc:  # PaddleNLP raises many types for a name it cannot resolve
-        raise DataError(f"cannot load tokenizer {spec!r} ({type(exc).__name__}); allowed: "
-                        "'sentencepiece', a local tokenizer directory, or a PaddleNLP name "
-                        "available offline", key="job.tokenizer") from None
+        raise DataError(
+            f"cannot load tokenizer {spec!r} ({type(exc).__name__}); allowed: "
+            "'sentencepiece', a local tokenizer directory, or a PaddleNLP name "
+            "available offline",
+            key="job.tokenizer",
+        ) from None
     if Path(spec).is_dir():
         digest = hashlib.sha256()
         for f in sorted(Path(spec).iterdir()):
@@ -436,9 +510,20 @@ def load_tokenizer(spec: str, *, model_file: Path | None = None) -> JobTokenizer
 
 # ---- the job's tokenizer, trained once per corpus and cached (runner and planner) --------
 
-def _tokenizer_dir(*, tokenizer: str, vocab_size: int, cache_dir: str | Path,
-                   paths: list[Path], corpus_key: str, max_documents: int, dedupe: bool,
-                   documents: list[str] | None, workers: int, log) -> Path | None:
+
+def _tokenizer_dir(
+    *,
+    tokenizer: str,
+    vocab_size: int,
+    cache_dir: str | Path,
+    paths: list[Path],
+    corpus_key: str,
+    max_documents: int,
+    dedupe: bool,
+    documents: list[str] | None,
+    workers: int,
+    log,
+) -> Path | None:
     if tokenizer != "sentencepiece":
         return None
     out = Path(cache_dir) / "tokenizers" / f"{corpus_key[:16]}-v{vocab_size}-t{TOKENIZER_VERSION}"
@@ -447,8 +532,10 @@ def _tokenizer_dir(*, tokenizer: str, vocab_size: int, cache_dir: str | Path,
         problem = tokenizer_problem(out) if out.is_dir() else "it is not a folder"
         if problem is None:
             m = read_manifest(out)
-            log(f"reusing tokenizer {out} ({m['scheme']}, identity {m['identity']}; corpus "
-                "files unchanged: same paths, sizes and modification times)")
+            log(
+                f"reusing tokenizer {out} ({m['scheme']}, identity {m['identity']}; corpus "
+                "files unchanged: same paths, sizes and modification times)"
+            )
             return out
         # derived from the corpus: training again gives the same tokenizer (same identity)
         log(f"tokenizer {out} is damaged ({problem}); removed it, training again")
@@ -458,8 +545,9 @@ def _tokenizer_dir(*, tokenizer: str, vocab_size: int, cache_dir: str | Path,
             out.unlink()
     t0 = time.perf_counter()
     if documents is None:
-        documents = sample_documents(paths, max_chars=SAMPLE_CHARS, dedupe=dedupe,
-                                     max_documents=max_documents)
+        documents = sample_documents(
+            paths, max_chars=SAMPLE_CHARS, dedupe=dedupe, max_documents=max_documents
+        )
     else:
         import random
 
@@ -469,11 +557,13 @@ def _tokenizer_dir(*, tokenizer: str, vocab_size: int, cache_dir: str | Path,
         for d in documents:
             if chars >= SAMPLE_CHARS:
                 break
-            keep.append(d[:SAMPLE_CHARS - chars])
+            keep.append(d[: SAMPLE_CHARS - chars])
             chars += len(keep[-1])
         documents = keep
-    log(f"training the tokenizer on a sample of {len(documents):,} documents "
-        f"({sum(map(len, documents)):,} characters)")
+    log(
+        f"training the tokenizer on a sample of {len(documents):,} documents "
+        f"({sum(map(len, documents)):,} characters)"
+    )
     train_tokenizer(documents, vocab_size=vocab_size, out_dir=out, workers=workers, log=log)
     log(f"tokenizer trained in {time.perf_counter() - t0:.1f} s -> {out}")
     return out
@@ -486,29 +576,55 @@ def model_file_of(directory: Path | None) -> Path | None:
     return directory / ("sentencepiece.model" if scheme == "cpm" else "vocab.json")
 
 
-def ensure_tokenizer(*, tokenizer: str, vocab_size: int, cache_dir: str | Path,
-                     corpus: Corpus | None = None, patterns: list[str] | None = None,
-                     max_documents: int = 0, workers: int | None = None,
-                     log=lambda *_: None) -> Path | None:
+def ensure_tokenizer(
+    *,
+    tokenizer: str,
+    vocab_size: int,
+    cache_dir: str | Path,
+    corpus: Corpus | None = None,
+    patterns: list[str] | None = None,
+    max_documents: int = 0,
+    workers: int | None = None,
+    log=lambda *_: None,
+) -> Path | None:
     """The trained tokenizer's directory (None for a PaddleNLP tokenizer by name/dir)."""
     workers = workers or default_workers()
     if corpus is not None:
-        return _tokenizer_dir(tokenizer=tokenizer, vocab_size=vocab_size, cache_dir=cache_dir,
-                              paths=[Path(s) for s in corpus.sources], corpus_key=corpus.key,
-                              max_documents=max_documents, dedupe=False,
-                              documents=corpus.documents, workers=workers, log=log)
+        return _tokenizer_dir(
+            tokenizer=tokenizer,
+            vocab_size=vocab_size,
+            cache_dir=cache_dir,
+            paths=[Path(s) for s in corpus.sources],
+            corpus_key=corpus.key,
+            max_documents=max_documents,
+            dedupe=False,
+            documents=corpus.documents,
+            workers=workers,
+            log=log,
+        )
     paths = resolve_sources(patterns or [])
     dedupe = default_dedupe(patterns or [])
     key = source_key(paths, max_documents=max_documents, dedupe=dedupe)
-    return _tokenizer_dir(tokenizer=tokenizer, vocab_size=vocab_size, cache_dir=cache_dir,
-                          paths=paths, corpus_key=key, max_documents=max_documents,
-                          dedupe=dedupe, documents=None, workers=workers, log=log)
+    return _tokenizer_dir(
+        tokenizer=tokenizer,
+        vocab_size=vocab_size,
+        cache_dir=cache_dir,
+        paths=paths,
+        corpus_key=key,
+        max_documents=max_documents,
+        dedupe=dedupe,
+        documents=None,
+        workers=workers,
+        log=log,
+    )
 
 
 def check_vocab(have: int, allowed: int) -> None:
     if have > allowed:
-        raise DataError(f"{allowed} is smaller than the tokenizer's vocabulary "
-                        f"({have}); allowed: >= {have}", key="model.vocab_size")
+        raise DataError(
+            f"{allowed} is smaller than the tokenizer's vocabulary ({have}); allowed: >= {have}",
+            key="model.vocab_size",
+        )
 
 
 def default_workers() -> int:

@@ -29,8 +29,10 @@ T = TypeVar("T")
 
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-NAME_RULE = ("1 to 64 letters, digits, '-' or '_', starting with a letter or digit (it names "
-             "a file in its folder)")
+NAME_RULE = (
+    "1 to 64 letters, digits, '-' or '_', starting with a letter or digit (it names "
+    "a file in its folder)"
+)
 
 
 def name_problem(value: Any) -> str | None:
@@ -50,8 +52,15 @@ def folder_problem(value: str) -> str | None:
     return None
 
 
-def setting(default: Any, doc: str, *, min: float | None = None, max: float | None = None,
-            min_exclusive: bool = False, name: bool = False) -> Any:
+def setting(
+    default: Any,
+    doc: str,
+    *,
+    min: float | None = None,
+    max: float | None = None,
+    min_exclusive: bool = False,
+    name: bool = False,
+) -> Any:
     """A documented dataclass field with an optional numeric range (numbers must also be
     finite) or, with `name=True`, the name rule."""
     meta = {"doc": doc, "min": min, "max": max, "min_exclusive": min_exclusive, "name": name}
@@ -70,8 +79,9 @@ def read_toml(path: Path, error: type[UserError] = UserError) -> dict:
     except IsADirectoryError:
         raise error("is a directory, expected a TOML file", file=str(path)) from None
     except tomli.TOMLDecodeError as exc:
-        raise error(f"malformed TOML: {exc}{_offending_key(path, str(exc))}",
-                    file=str(path)) from None
+        raise error(
+            f"malformed TOML: {exc}{_offending_key(path, str(exc))}", file=str(path)
+        ) from None
     except UnicodeDecodeError:
         raise error("not UTF-8 text; TOML files must be UTF-8", file=str(path)) from None
 
@@ -121,12 +131,13 @@ def _describe(tp: Any) -> str:
     origin = get_origin(tp)
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in get_args(tp))
-    if origin in (list, typing.List):
+    if origin in (list, list):
         return f"a list of {_describe(get_args(tp)[0])}"
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_describe(a) for a in get_args(tp) if a is not type(None))
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
-        tp, getattr(tp, "__name__", str(tp)))
+        tp, getattr(tp, "__name__", str(tp))
+    )
 
 
 def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
@@ -134,7 +145,7 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
     origin = get_origin(tp)
     if origin is Literal:
         return (value in get_args(tp) and type(value) is type(get_args(tp)[0])), value
-    if origin in (list, typing.List):
+    if origin in (list, list):
         if not isinstance(value, list):
             return False, value
         (item_tp,) = get_args(tp)
@@ -206,16 +217,19 @@ def range_text(meta: Mapping[str, Any]) -> str:
     return " and ".join(parts)
 
 
-def unknown_key_error(key: str, allowed: list[str], *, file: str, prefix: str,
-                      error: type[UserError]) -> UserError:
+def unknown_key_error(
+    key: str, allowed: list[str], *, file: str, prefix: str, error: type[UserError]
+) -> UserError:
     close = difflib.get_close_matches(key, allowed, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
-    return error(f"unknown key{hint}; allowed: {', '.join(sorted(allowed))}",
-                 file=file, key=f"{prefix}{key}")
+    return error(
+        f"unknown key{hint}; allowed: {', '.join(sorted(allowed))}", file=file, key=f"{prefix}{key}"
+    )
 
 
-def from_table(cls: type[T], table: Any, *, file: str, section: str,
-               error: type[UserError] = UserError) -> T:
+def from_table(
+    cls: type[T], table: Any, *, file: str, section: str, error: type[UserError] = UserError
+) -> T:
     """Build the dataclass `cls` from one TOML table, strictly."""
     if not isinstance(table, dict):
         raise error(f"must be a table ([{section}])", file=file, key=section)
@@ -231,8 +245,9 @@ def from_table(cls: type[T], table: Any, *, file: str, section: str,
             continue
         ok, value = _coerce(table[name], hints[name])
         if not ok:
-            raise error(f"{table[name]!r} is not {_describe(hints[name])}", file=file,
-                        key=f"{prefix}{name}")
+            raise error(
+                f"{table[name]!r} is not {_describe(hints[name])}", file=file, key=f"{prefix}{name}"
+            )
         problem = _check_range(value, field.metadata)
         if problem:
             raise error(f"{value!r} {problem}", file=file, key=f"{prefix}{name}")

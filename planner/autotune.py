@@ -43,31 +43,48 @@ from planner.spec import Spec
 from planner.stopping import Stopped, held
 from planner.study import claim, open_storage, open_study, repair_sqlite, study_url
 
-DIMENSIONS = ("seq", "micro", "acc", "precision_code", "offer", "recompute_code", "tp", "pp",
-              "stage_code", "sp", "nodes")
+DIMENSIONS = (
+    "seq",
+    "micro",
+    "acc",
+    "precision_code",
+    "offer",
+    "recompute_code",
+    "tp",
+    "pp",
+    "stage_code",
+    "sp",
+    "nodes",
+)
 CONSTRAINT_ATTR = "constraint"
 
 
 @dataclass
 class TuneSettings:
     """How to autotune; ranges checked like the plan's (`tune_settings_from`)."""
+
     probes: int = setting(8, "Real probe runs at most.", min=0)
     probe_time_s: float = setting(600.0, "Total probe wall time at most, s.", min=0)
     trials: int = setting(200, "Trials in all (model-only ones included).", min=1)
     seed: int = setting(0, "Sampler seed (32 bits).", min=0, max=SEED_MAX)
-    storage: str = setting("", "'' = SQLite file in the work dir; an RDB URL; or a *.journal "
-                               "path.")
+    storage: str = setting("", "'' = SQLite file in the work dir; an RDB URL; or a *.journal path.")
     multi_objective: bool = setting(False, "NSGA-II on (cost, hours).")
     enqueue: int = setting(3, "Analytic best candidates tried first.", min=0)
-    race: int = setting(-1, "Of the probes, kept to race the finalists (0 = none; -1 = a "
-                            "third of them, at least 2).", min=-1)
-    finalists: int = setting(0, "Configurations entering the race (0 = 2, or 3 when at least "
-                                "4 probes race).", min=0)
+    race: int = setting(
+        -1,
+        "Of the probes, kept to race the finalists (0 = none; -1 = a third of them, at least 2).",
+        min=-1,
+    )
+    finalists: int = setting(
+        0, "Configurations entering the race (0 = 2, or 3 when at least 4 probes race).", min=0
+    )
     race_steps: int = setting(0, "Measured steps per racing probe (0 = 3 x steps).", min=0)
-    rank_by: Literal["mean", "median"] = setting("mean", "Finalists by the mean or median "
-                                                         "measured step.")
-    guided: bool = setting(True, "After the seeds, every other probe is the calibrated "
-                                 "model's pick.")
+    rank_by: Literal["mean", "median"] = setting(
+        "mean", "Finalists by the mean or median measured step."
+    )
+    guided: bool = setting(
+        True, "After the seeds, every other probe is the calibrated model's pick."
+    )
     steps: int = setting(5, "Measured steps per probe.", min=1)
     warmup: int = setting(2, "Warm-up steps per probe (not measured).", min=0)
     timeout_s: float = setting(180.0, "Seconds per probe.", min=0, min_exclusive=True)
@@ -83,9 +100,9 @@ def tune_settings_from(table: dict) -> TuneSettings:
 class TuneOutcome:
     study_name: str
     storage: str
-    probed: dict[int, ProbeResult] = field(default_factory=dict)   # row -> result
+    probed: dict[int, ProbeResult] = field(default_factory=dict)  # row -> result
     reused: int = 0
-    probes_run: int = 0             # real probe subprocesses started by this call
+    probes_run: int = 0  # real probe subprocesses started by this call
     probe_wall_s: float = 0.0
     best_row: int | None = None
     race: Race | None = None
@@ -96,19 +113,25 @@ class TuneOutcome:
 class Race:
     """How the finalists' race ended: who, how many rounds, and whether the pick is
     statistically distinguishable (95%, Welch) from the runner-up, by how much."""
-    finalists: tuple                # rows, best first (after the race)
+
+    finalists: tuple  # rows, best first (after the race)
     rounds: int
     probes: int
     separated: bool
-    difference: float               # runner-up's mean cost per token / the pick's - 1
-    interval: tuple                 # 95% interval of that difference
+    difference: float  # runner-up's mean cost per token / the pick's - 1
+    interval: tuple  # 95% interval of that difference
     p_value: float
 
     def to_dict(self) -> dict:
-        return {"finalists": [int(i) for i in self.finalists], "rounds": self.rounds,
-                "probes": self.probes, "distinguishable": self.separated,
-                "runner_up_more_expensive_by": self.difference,
-                "difference_interval_95": list(self.interval), "p_value": self.p_value}
+        return {
+            "finalists": [int(i) for i in self.finalists],
+            "rounds": self.rounds,
+            "probes": self.probes,
+            "distinguishable": self.separated,
+            "runner_up_more_expensive_by": self.difference,
+            "difference_interval_95": list(self.interval),
+            "p_value": self.p_value,
+        }
 
 
 def study_name(spec: Spec, fingerprint: str) -> str:
@@ -126,10 +149,14 @@ def _choices(table: CandidateTable, rows: np.ndarray) -> dict[str, list[int]]:
 def implied_oom(table: CandidateTable, i: int, ooms: list[int]) -> bool:
     """Safe rule: OOM at (micro m, recompute r) implies OOM at micro >= m, recompute <= r."""
     for j in ooms:
-        same = all(table[d][i] == table[d][j] for d in DIMENSIONS
-                   if d not in ("micro", "recompute_code"))
-        if same and table["micro"][i] >= table["micro"][j] and \
-                table["recompute_code"][i] <= table["recompute_code"][j]:
+        same = all(
+            table[d][i] == table[d][j] for d in DIMENSIONS if d not in ("micro", "recompute_code")
+        )
+        if (
+            same
+            and table["micro"][i] >= table["micro"][j]
+            and table["recompute_code"][i] <= table["recompute_code"][j]
+        ):
             return True
     return False
 
@@ -142,25 +169,31 @@ def cost_at_step(table: CandidateTable, i: int, step_s: float) -> tuple[float, f
     return table["price_node_hour"][i] * table["nodes"][i] * hours, hours
 
 
-def measured_cost(table: CandidateTable, i: int, result: ProbeResult,
-                  rank_by: str = "median") -> tuple[float, float]:
+def measured_cost(
+    table: CandidateTable, i: int, result: ProbeResult, rank_by: str = "median"
+) -> tuple[float, float]:
     """(cost, hours) with the measured step time in place of the modelled one: the median
     step (robust) or the mean (what a run pays for)."""
-    step = result.mean_step_time_s if rank_by == "mean" and result.mean_step_time_s else \
-        result.step_time_s
+    step = (
+        result.mean_step_time_s
+        if rank_by == "mean" and result.mean_step_time_s
+        else result.step_time_s
+    )
     return cost_at_step(table, i, step)
 
 
 def _cost_samples(table: CandidateTable, i: int, result: ProbeResult) -> np.ndarray:
     """Per-step cost samples of row i (cost of the whole job at each measured step time)."""
     steps = np.asarray(result.step_times_s or [result.step_time_s], dtype=float)
-    scale = measured_cost(table, i, result, "mean")[0] / max(result.mean_step_time_s or
-                                                              result.step_time_s, 1e-12)
+    scale = measured_cost(table, i, result, "mean")[0] / max(
+        result.mean_step_time_s or result.step_time_s, 1e-12
+    )
     return steps * scale
 
 
-def compare(table: CandidateTable, a: int, ra: ProbeResult, b: int, rb: ProbeResult
-            ) -> tuple[float, tuple[float, float], float]:
+def compare(
+    table: CandidateTable, a: int, ra: ProbeResult, b: int, rb: ProbeResult
+) -> tuple[float, tuple[float, float], float]:
     """(b's mean cost / a's - 1, its 95% interval, Welch p-value) from the step samples."""
     from scipy import stats
 
@@ -172,15 +205,17 @@ def compare(table: CandidateTable, a: int, ra: ProbeResult, b: int, rb: ProbeRes
     se = float(np.sqrt(vx + vy))
     if se == 0:
         return my / mx - 1, (my / mx - 1, my / mx - 1), 0.0 if mx != my else 1.0
-    dof = (vx + vy) ** 2 / ((vx ** 2 / (len(x) - 1) if len(x) > 1 else 0) +
-                            (vy ** 2 / (len(y) - 1) if len(y) > 1 else 0))
+    dof = (vx + vy) ** 2 / (
+        (vx**2 / (len(x) - 1) if len(x) > 1 else 0) + (vy**2 / (len(y) - 1) if len(y) > 1 else 0)
+    )
     t = float(stats.t.ppf(0.975, dof))
     p = float(2 * stats.t.sf(abs(my - mx) / se, dof))
     return my / mx - 1, ((my - mx - t * se) / mx, (my - mx + t * se) / mx), p
 
 
-def calibrated_costs(table: CandidateTable, rows: np.ndarray,
-                     probed: dict[int, ProbeResult]) -> np.ndarray:
+def calibrated_costs(
+    table: CandidateTable, rows: np.ndarray, probed: dict[int, ProbeResult]
+) -> np.ndarray:
     """Modelled cost of `rows` after fitting the efficiency to the probes so far, per offer
     where that offer has probes (one offer is one layout of the machine, e.g. 1 or 2 CPU
     processes, which use the cores differently), else per profile; rows of a precision no
@@ -201,10 +236,15 @@ def calibrated_costs(table: CandidateTable, rows: np.ndarray,
         profile = table.offers[offer].profile
         precision = PRECISIONS[table["precision_code"][i]]
         same_offer = {j: r for j, r in probed.items() if int(table["offer"][j]) == offer}
-        same_profile = {j: r for j, r in probed.items()
-                        if table.offers[int(table["offer"][j])].profile.name == profile.name}
-        for key, mine in ((("offer", offer), same_offer),
-                          (("profile", profile.name), same_profile)):
+        same_profile = {
+            j: r
+            for j, r in probed.items()
+            if table.offers[int(table["offer"][j])].profile.name == profile.name
+        }
+        for key, mine in (
+            (("offer", offer), same_offer),
+            (("profile", profile.name), same_profile),
+        ):
             fitted = fitted_for(key, mine, profile)
             eff = fitted.by_precision.get(precision) if fitted else None
             if eff is not None:
@@ -229,10 +269,11 @@ def seed_rows(table: CandidateTable, rows: np.ndarray, n: int) -> list[int]:
     for i in order:
         if len(chosen) >= n:
             break
-        if i not in chosen and all(abs(np.log2(work[i] / work[j])) >= 1 for j in chosen
-                                   if offer[j] == offer[i]):
+        if i not in chosen and all(
+            abs(np.log2(work[i] / work[j])) >= 1 for j in chosen if offer[j] == offer[i]
+        ):
             chosen.append(i)
-    chosen += [i for i in order if i not in chosen][:n - len(chosen)]  # too few work sizes
+    chosen += [i for i in order if i not in chosen][: n - len(chosen)]  # too few work sizes
     return chosen
 
 
@@ -242,37 +283,71 @@ def _waiting(study) -> bool:
     return bool(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
 
 
-def _enqueue_calibrated_best(study, table: CandidateTable, rows: np.ndarray,
-                             probed: dict[int, ProbeResult], done: dict, ooms: list[int],
-                             choices: dict) -> tuple | None:
+def _enqueue_calibrated_best(
+    study,
+    table: CandidateTable,
+    rows: np.ndarray,
+    probed: dict[int, ProbeResult],
+    done: dict,
+    ooms: list[int],
+    choices: dict,
+) -> tuple | None:
     """Enqueue the cheapest candidate not yet tried, by the model calibrated on the probes so
     far: after every measurement the model re-ranks what is left. Returns its key."""
-    fresh = np.array([i for i in rows if table["fits"][i] and
-                      _key_of_row(table, int(i)) not in done and
-                      not implied_oom(table, int(i), ooms)], dtype=int)
+    fresh = np.array(
+        [
+            i
+            for i in rows
+            if table["fits"][i]
+            and _key_of_row(table, int(i)) not in done
+            and not implied_oom(table, int(i), ooms)
+        ],
+        dtype=int,
+    )
     if not fresh.size:
         return None
     best = int(fresh[np.argmin(calibrated_costs(table, fresh, probed))])
-    study.enqueue_trial({d: int(table[d][best]) for d in DIMENSIONS if len(choices[d]) > 1},
-                        skip_if_exists=True)
+    study.enqueue_trial(
+        {d: int(table[d][best]) for d in DIMENSIONS if len(choices[d]) > 1}, skip_if_exists=True
+    )
     return _key_of_row(table, best)
 
 
-def tune(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: float,
-         work_dir: Path, settings: TuneSettings, backend: LocalProbe | None = None,
-         cache: ProbeCache | None = None, progress=None, log=None) -> TuneOutcome:
+def tune(
+    spec: Spec,
+    table: CandidateTable,
+    local_rows: np.ndarray,
+    *,
+    target: float,
+    work_dir: Path,
+    settings: TuneSettings,
+    backend: LocalProbe | None = None,
+    cache: ProbeCache | None = None,
+    progress=None,
+    log=None,
+) -> TuneOutcome:
     """Run (or resume) the study; returns what was probed. `local_rows` index `table`.
     A `Stopped` (SIGTERM/SIGINT) fails the running trial and ends the probes on its way out."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     owned = backend is None
-    backend = backend or LocalProbe(work_dir, steps=settings.steps, warmup=settings.warmup,
-                                    timeout_s=settings.timeout_s)
+    backend = backend or LocalProbe(
+        work_dir, steps=settings.steps, warmup=settings.warmup, timeout_s=settings.timeout_s
+    )
     try:
-        session = _open_session(spec, table, local_rows, target=target, work_dir=work_dir,
-                                settings=settings, backend=backend, cache=cache,
-                                progress=progress, log=log or _quiet)
+        session = _open_session(
+            spec,
+            table,
+            local_rows,
+            target=target,
+            work_dir=work_dir,
+            settings=settings,
+            backend=backend,
+            cache=cache,
+            progress=progress,
+            log=log or _quiet,
+        )
         return _tune(session)
     except Stopped as stop:
         if owned:
@@ -290,6 +365,7 @@ def _quiet(*_args, **_kwargs) -> None:
 @dataclass
 class _Session:
     """One tuning run: its inputs, the study and what is known so far."""
+
     spec: Spec
     table: CandidateTable
     local_rows: np.ndarray
@@ -300,11 +376,11 @@ class _Session:
     progress: object
     study: object
     outcome: TuneOutcome
-    claim_trials: bool              # record who runs each trial (not for in-memory studies)
+    claim_trials: bool  # record who runs each trial (not for in-memory studies)
     rows_by_key: dict = field(default_factory=dict)
     choices: dict = field(default_factory=dict)
     worst: float = 0.0
-    done: dict = field(default_factory=dict)     # row key -> what its trial found
+    done: dict = field(default_factory=dict)  # row key -> what its trial found
     ooms: list = field(default_factory=list)
     probes_run: int = 0
     guided_turn: bool = False
@@ -318,34 +394,59 @@ def _sampler(settings: TuneSettings):
 
     if settings.multi_objective:
         return optuna.samplers.NSGAIISampler(seed=settings.seed), ["minimize", "minimize"]
-    return optuna.samplers.TPESampler(seed=settings.seed,
-                                      n_startup_trials=max(2, settings.enqueue)), ["minimize"]
+    return optuna.samplers.TPESampler(
+        seed=settings.seed, n_startup_trials=max(2, settings.enqueue)
+    ), ["minimize"]
 
 
-def _open_session(spec: Spec, table: CandidateTable, local_rows: np.ndarray, *, target: float,
-                  work_dir: Path, settings: TuneSettings, backend: LocalProbe,
-                  cache: ProbeCache | None, progress, log) -> _Session:
+def _open_session(
+    spec: Spec,
+    table: CandidateTable,
+    local_rows: np.ndarray,
+    *,
+    target: float,
+    work_dir: Path,
+    settings: TuneSettings,
+    backend: LocalProbe,
+    cache: ProbeCache | None,
+    progress,
+    log,
+) -> _Session:
     """Open (check, repair, resume) the study and the probe cache; say what was repaired."""
     cache = cache or ProbeCache(Path(spec.job.cache_dir) / "probes.jsonl")
     url = study_url(settings.storage, work_dir)
     repaired = repair_sqlite(url)
     name = study_name(spec, backend.fingerprint)
     sampler, directions = _sampler(settings)
-    study, failed = open_study(name, open_storage(url), sampler=sampler,
-                               directions=directions)
-    s = _Session(spec, table, local_rows, target, settings, backend, cache, progress, study,
-                 TuneOutcome(name, url), claim_trials=url != ":memory:",
-                 rows_by_key={_key_of_row(table, int(i)): int(i) for i in local_rows},
-                 choices=_choices(table, local_rows),
-                 worst=float(np.max(table["cost"][local_rows])) * 10)
+    study, failed = open_study(name, open_storage(url), sampler=sampler, directions=directions)
+    s = _Session(
+        spec,
+        table,
+        local_rows,
+        target,
+        settings,
+        backend,
+        cache,
+        progress,
+        study,
+        TuneOutcome(name, url),
+        claim_trials=url != ":memory:",
+        rows_by_key={_key_of_row(table, int(i)): int(i) for i in local_rows},
+        choices=_choices(table, local_rows),
+        worst=float(np.max(table["cost"][local_rows])) * 10,
+    )
     notes = list(cache.notes)
     if failed:
-        notes.append(f"study {name}: trial(s) {', '.join(map(str, failed))} were left running "
-                     "by a planner that is gone: marked failed")
+        notes.append(
+            f"study {name}: trial(s) {', '.join(map(str, failed))} were left running "
+            "by a planner that is gone: marked failed"
+        )
     _load_known(s)
     if repaired:
-        notes.append(f"{repaired}; rebuilt from the probe cache ({_rebuild_from_cache(s)} "
-                     "configuration(s) known again, none probed)")
+        notes.append(
+            f"{repaired}; rebuilt from the probe cache ({_rebuild_from_cache(s)} "
+            "configuration(s) known again, none probed)"
+        )
     for note in notes:  # before any probe line
         log(note)
     s.outcome.notes += notes
@@ -365,13 +466,21 @@ def _load_known(s: _Session) -> None:
 
     for t in s.study.get_trials(deepcopy=False):
         a = t.user_attrs
-        if t.state == optuna.trial.TrialState.COMPLETE and "row_key" in a and \
-                a.get("status") != "repeat":
-            s.done[tuple(a["row_key"])] = {"values": list(t.values), "status": a.get("status"),
-                                           "violation": a.get(CONSTRAINT_ATTR, [0.0])[0],
-                                           "number": t.number, "probe": a.get("probe")}
-    s.ooms = [s.rows_by_key[k] for k, d in s.done.items()
-              if d["status"] == "oom" and k in s.rows_by_key]
+        if (
+            t.state == optuna.trial.TrialState.COMPLETE
+            and "row_key" in a
+            and a.get("status") != "repeat"
+        ):
+            s.done[tuple(a["row_key"])] = {
+                "values": list(t.values),
+                "status": a.get("status"),
+                "violation": a.get(CONSTRAINT_ATTR, [0.0])[0],
+                "number": t.number,
+                "probe": a.get("probe"),
+            }
+    s.ooms = [
+        s.rows_by_key[k] for k, d in s.done.items() if d["status"] == "oom" and k in s.rows_by_key
+    ]
     for key, d in s.done.items():
         if key in s.rows_by_key and d["status"] == "ok":
             s.outcome.probed[s.rows_by_key[key]] = ProbeResult(**d["probe"])
@@ -381,8 +490,12 @@ def _rebuild_from_cache(s: _Session) -> int:
     """A new study in place of a damaged one: every local configuration the probe cache holds
     for this machine becomes a trial again (cache hits, no probe runs)."""
     cached = {key for fingerprint, key in s.cache.results if fingerprint == s.backend.fingerprint}
-    rows = [int(i) for i in s.local_rows if cached and config_key(
-        candidate_plan(s.spec, s.table.row(int(i)), target=s.target)) in cached]
+    rows = [
+        int(i)
+        for i in s.local_rows
+        if cached
+        and config_key(candidate_plan(s.spec, s.table.row(int(i)), target=s.target)) in cached
+    ]
     progress, s.progress = s.progress, None  # one line says what was rebuilt, not a line each
     try:
         for row in rows:
@@ -399,15 +512,18 @@ def _tune(s: _Session) -> TuneOutcome:
     race = settings.race if settings.race >= 0 else max(2, settings.probes // 3)
     race = race if settings.probes >= 2 * race + 1 else 0
     _explore(s, settings.probes - race)
-    s.outcome.race, raced = _race(s.spec, s.table, s.target, settings, s.backend, s.outcome,
-                                  race, s.progress)
+    s.outcome.race, raced = _race(
+        s.spec, s.table, s.target, settings, s.backend, s.outcome, race, s.progress
+    )
     s.outcome.probes_run = s.probes_run + raced
     if s.outcome.race is not None:  # the race's winner: measured most, on the same terms
         s.outcome.best_row = s.outcome.race.finalists[0]
     else:
-        ok = [(measured_cost(s.table, i, r, settings.rank_by)[0], i)
-              for i, r in s.outcome.probed.items()
-              if _within(s.spec, *measured_cost(s.table, i, r))]
+        ok = [
+            (measured_cost(s.table, i, r, settings.rank_by)[0], i)
+            for i, r in s.outcome.probed.items()
+            if _within(s.spec, *measured_cost(s.table, i, r))
+        ]
         s.outcome.best_row = min(ok)[1] if ok else None
     return s.outcome
 
@@ -422,9 +538,9 @@ def _explore(s: _Session, explore: int) -> None:
         if sum(k in s.rows_by_key for k in s.done) >= len(s.rows_by_key):
             break  # every local configuration has been tried
         if s.settings.guided and s.guided_turn and not _waiting(s.study):
-            s.guided_key = _enqueue_calibrated_best(s.study, s.table, s.local_rows,
-                                                    s.outcome.probed, s.done, s.ooms,
-                                                    s.choices)
+            s.guided_key = _enqueue_calibrated_best(
+                s.study, s.table, s.local_rows, s.outcome.probed, s.done, s.ooms, s.choices
+            )
             s.guided_turn = False
         _run_trial(s)
 
@@ -447,8 +563,7 @@ def _run_trial(s: _Session) -> None:
         if trial is None:
             raise
         with held():
-            told = s.study.tell(trial, state=optuna.trial.TrialState.FAIL,
-                                skip_if_finished=True)
+            told = s.study.tell(trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
         if isinstance(exc, Stopped) and told.state == optuna.trial.TrialState.FAIL:
             exc.failed_trials.append(trial.number)
         raise
@@ -457,20 +572,33 @@ def _run_trial(s: _Session) -> None:
 def _evaluate(s: _Session, trial) -> None:
     """One trial: what the sampler proposed, settled without a probe where that is safe."""
     choices, table = s.choices, s.table
-    params = {d: (trial.suggest_categorical(d, choices[d]) if len(choices[d]) > 1
-                  else choices[d][0]) for d in DIMENSIONS}
+    params = {
+        d: (trial.suggest_categorical(d, choices[d]) if len(choices[d]) > 1 else choices[d][0])
+        for d in DIMENSIONS
+    }
     key = tuple(int(params[d]) for d in DIMENSIONS)
     row, worst = s.rows_by_key.get(key), [s.worst, s.worst]
     if row is None:  # not a valid layout under Paddle's rules / the batch range
         return _finish(s, trial, key, worst, 1.0, "invalid")
-    modelled = {"modelled_step_s": float(table["step_time_s"][row]),
-                "modelled_memory_gb": float(table["memory_gb"][row]),
-                "modelled_cost": float(table["cost"][row])}
+    modelled = {
+        "modelled_step_s": float(table["step_time_s"][row]),
+        "modelled_memory_gb": float(table["memory_gb"][row]),
+        "modelled_cost": float(table["cost"][row]),
+    }
     if key in s.done:  # the sampler proposed a configuration we already know: no probe
         prev = s.done[key]
         values = prev["values"] + [prev["values"][-1]] * (2 - len(prev["values"]))
-        return _finish(s, trial, key, values, prev["violation"], "repeat",
-                       repeat_of=prev["number"], repeat_status=prev["status"], **modelled)
+        return _finish(
+            s,
+            trial,
+            key,
+            values,
+            prev["violation"],
+            "repeat",
+            repeat_of=prev["number"],
+            repeat_status=prev["status"],
+            **modelled,
+        )
     if not table["fits"][row]:
         return _finish(s, trial, key, worst, 1.0, "predicted oom", **modelled)
     if implied_oom(table, row, s.ooms):
@@ -485,10 +613,22 @@ def _evaluate(s: _Session, trial) -> None:
     s.outcome.probed[row] = result
     cost, hours = measured_cost(table, row, result)
     budget, deadline = s.spec.constraints.budget, s.spec.constraints.deadline_hours
-    violation = max(0.0, (cost - budget) / budget if budget else 0.0,
-                    (hours - deadline) / deadline if deadline else 0.0)
-    return _finish(s, trial, key, [cost, hours], violation, "ok", measured_cost=cost,
-                   measured_hours=hours, **attrs)
+    violation = max(
+        0.0,
+        (cost - budget) / budget if budget else 0.0,
+        (hours - deadline) / deadline if deadline else 0.0,
+    )
+    return _finish(
+        s,
+        trial,
+        key,
+        [cost, hours],
+        violation,
+        "ok",
+        measured_cost=cost,
+        measured_hours=hours,
+        **attrs,
+    )
 
 
 def _probe(s: _Session, row: int) -> ProbeResult:
@@ -508,8 +648,9 @@ def _probe(s: _Session, row: int) -> ProbeResult:
     return result
 
 
-def _finish(s: _Session, trial, key: tuple, values: list, violation: float, status: str,
-            **attrs) -> None:
+def _finish(
+    s: _Session, trial, key: tuple, values: list, violation: float, status: str, **attrs
+) -> None:
     """Tell the trial's values, constraint and what it found; remember the configuration."""
     import optuna
 
@@ -527,21 +668,38 @@ def _finish(s: _Session, trial, key: tuple, values: list, violation: float, stat
             # it first; our measurement stays in the probe cache.
             pass
     if status != "repeat":
-        s.done.setdefault(key, {"values": values, "status": status, "violation": violation,
-                                "number": trial.number, "probe": attrs.get("probe")})
+        s.done.setdefault(
+            key,
+            {
+                "values": values,
+                "status": status,
+                "violation": violation,
+                "number": trial.number,
+                "probe": attrs.get("probe"),
+            },
+        )
 
 
-def _race(spec: Spec, table: CandidateTable, target: float, settings: TuneSettings, backend,
-          outcome: TuneOutcome, budget: int, progress) -> tuple[Race | None, int]:
+def _race(
+    spec: Spec,
+    table: CandidateTable,
+    target: float,
+    settings: TuneSettings,
+    backend,
+    outcome: TuneOutcome,
+    budget: int,
+    progress,
+) -> tuple[Race | None, int]:
     """Race the best measured configurations: each round probes every survivor once, in turn
     (A, B, A, B, ...), pools the steps, and drops a survivor that is worse than the leader
     with p < 0.05 (Welch); stops when one is left or `budget` probes (or the probe time) are
     spent. Returns the race (None when fewer than two finalists) and the probes it ran."""
+
     def cost(i):
         return measured_cost(table, i, outcome.probed[i], settings.rank_by)[0]
 
     within = [i for i, r in outcome.probed.items() if _within(spec, *measured_cost(table, i, r))]
-    finalists = sorted(within, key=cost)[:settings.finalists or (3 if budget >= 4 else 2)]
+    finalists = sorted(within, key=cost)[: settings.finalists or (3 if budget >= 4 else 2)]
     if len(finalists) < 2 or budget <= 0:
         return None, 0
     steps = settings.race_steps or 3 * settings.steps
@@ -563,20 +721,25 @@ def _race(spec: Spec, table: CandidateTable, target: float, settings: TuneSettin
         if len(alive) < 2:
             break
         leader = min(alive, key=cost)
-        alive = [leader] + [j for j in alive if j != leader and
-                            compare(table, leader, outcome.probed[leader], j,
-                                    outcome.probed[j])[2] >= 0.05]
+        alive = [leader] + [
+            j
+            for j in alive
+            if j != leader
+            and compare(table, leader, outcome.probed[leader], j, outcome.probed[j])[2] >= 0.05
+        ]
     ranked_ = sorted(finalists, key=cost)
     pick, other = ranked_[0], ranked_[1]
-    difference, interval, p = compare(table, pick, outcome.probed[pick], other,
-                                      outcome.probed[other])
+    difference, interval, p = compare(
+        table, pick, outcome.probed[pick], other, outcome.probed[other]
+    )
     return Race(tuple(ranked_), rounds, used, p < 0.05, difference, interval, p), used
 
 
 def _within(spec: Spec, cost: float, hours: float) -> bool:
     c = spec.constraints
-    return (not c.budget or cost <= c.budget) and (not c.deadline_hours or
-                                                   hours <= c.deadline_hours)
+    return (not c.budget or cost <= c.budget) and (
+        not c.deadline_hours or hours <= c.deadline_hours
+    )
 
 
 def history_rows(storage, name: str) -> list[dict]:
@@ -590,14 +753,17 @@ def history_rows(storage, name: str) -> list[dict]:
         probe = a.get("probe") or {}
         measured = probe.get("step_time_s") or 0.0
         modelled = a.get("modelled_step_s") or 0.0
-        rows.append({
-            "trial": t.number, "status": a.get("status", t.state.name.lower()),
-            "config": {k: v for k, v in t.params.items()},
-            "modelled step s": round(modelled, 4) if modelled else None,
-            "measured step s": round(measured, 4) if measured else None,
-            "error %": round(100 * (modelled - measured) / measured, 1)
-            if measured and modelled else None,
-            "measured cost": a.get("measured_cost"),
-        })
+        rows.append(
+            {
+                "trial": t.number,
+                "status": a.get("status", t.state.name.lower()),
+                "config": {k: v for k, v in t.params.items()},
+                "modelled step s": round(modelled, 4) if modelled else None,
+                "measured step s": round(measured, 4) if measured else None,
+                "error %": round(100 * (modelled - measured) / measured, 1)
+                if measured and modelled
+                else None,
+                "measured cost": a.get("measured_cost"),
+            }
+        )
     return rows
-

@@ -24,18 +24,18 @@ from pathlib import Path
 import numpy as np
 import tomli_w
 
+from gptplan.tomlconf import write_text_atomic
 from planner.hardware import PROFILE_DIR, Efficiency, Profile, calibration_dir
 from planner.probes import ProbeResult
 from planner.search import PRECISIONS, CandidateTable
-from gptplan.tomlconf import write_text_atomic
 
 
 @dataclass(frozen=True)
 class Calibration:
     profile: str
-    by_precision: dict          # precision -> Efficiency
+    by_precision: dict  # precision -> Efficiency
     points: int
-    fit_error: float            # median |predicted - measured| / measured, step time
+    fit_error: float  # median |predicted - measured| / measured, step time
     worst_error: float
 
 
@@ -50,8 +50,14 @@ def _achieved_efficiency(table: CandidateTable, i: int, measured_step: float) ->
 def _curve(params, tokens, hidden, half_hidden):
     """gptplan.steptime.curve_efficiency with (max, T½, 1/R) as the fitted parameters."""
     emax, half_tokens, inverse_rolloff = params
-    return emax * tokens / (tokens + half_tokens) * hidden / (hidden + half_hidden) / \
-        (1.0 + tokens * inverse_rolloff)
+    return (
+        emax
+        * tokens
+        / (tokens + half_tokens)
+        * hidden
+        / (hidden + half_hidden)
+        / (1.0 + tokens * inverse_rolloff)
+    )
 
 
 def _inverse(rolloff: float) -> float:
@@ -66,9 +72,16 @@ def _tiled(table: CandidateTable, i: int) -> bool:
 def predicted_step(table: CandidateTable, i: int, eff: Efficiency) -> float:
     tokens = table["micro"][i] * table["seq"][i]
     hidden = _hidden_per_tp(table, i)
-    new = eff.max if _tiled(table, i) else \
-        _curve((eff.max, eff.half_tokens, _inverse(eff.rolloff_tokens)), tokens, hidden,
-               eff.half_hidden)
+    new = (
+        eff.max
+        if _tiled(table, i)
+        else _curve(
+            (eff.max, eff.half_tokens, _inverse(eff.rolloff_tokens)),
+            tokens,
+            hidden,
+            eff.half_hidden,
+        )
+    )
     other = table["step_time_s"][i] - table["compute_s"][i]
     return float(table["compute_s"][i] * table["efficiency"][i] / new + other)
 
@@ -78,8 +91,9 @@ def _hidden_per_tp(table: CandidateTable, i: int) -> float:
     return float(table["hidden_per_tp"][i])
 
 
-def fit(table: CandidateTable, probed: dict[int, ProbeResult], profile: Profile,
-        *, fingerprint: str) -> Calibration | None:
+def fit(
+    table: CandidateTable, probed: dict[int, ProbeResult], profile: Profile, *, fingerprint: str
+) -> Calibration | None:
     from scipy.optimize import least_squares
 
     by_precision = {}
@@ -89,8 +103,9 @@ def fit(table: CandidateTable, probed: dict[int, ProbeResult], profile: Profile,
         for i, r in rows:
             achieved = _achieved_efficiency(table, i, r.step_time_s)
             if achieved:
-                points.append((table["micro"][i] * table["seq"][i], _hidden_per_tp(table, i),
-                               achieved))
+                points.append(
+                    (table["micro"][i] * table["seq"][i], _hidden_per_tp(table, i), achieved)
+                )
         if not points:
             continue
         prior = profile.efficiency_for(precision)
@@ -102,30 +117,49 @@ def fit(table: CandidateTable, probed: dict[int, ProbeResult], profile: Profile,
         if profile.sm_count:  # the tile model sets the shape effects: only the level is fitted
             distinct, half_hidden = 1, 0.0
 
-        def residual(params):
+        def residual(
+            params, tokens=tokens, hidden=hidden, half_hidden=half_hidden, achieved=achieved
+        ):  # bound now: the fit runs in this iteration
             return np.log(_curve(params, tokens, hidden, half_hidden)) - np.log(achieved)
 
-        emax, half, inverse = min(0.99, prior.max), prior.half_tokens, \
-            _inverse(prior.rolloff_tokens)
+        emax, half, inverse = (
+            min(0.99, prior.max),
+            prior.half_tokens,
+            _inverse(prior.rolloff_tokens),
+        )
         if distinct >= 3:  # rise and fall with work size: all three are identifiable
-            sol = least_squares(residual, x0=[emax, half, max(inverse, 1e-6)],
-                                bounds=([1e-4, 1.0, 0.0], [1.0, 1e7, 1 / 64]))
+            sol = least_squares(
+                residual,
+                x0=[emax, half, max(inverse, 1e-6)],
+                bounds=([1e-4, 1.0, 0.0], [1.0, 1e7, 1 / 64]),
+            )
             emax, half, inverse = sol.x
         elif distinct == 2:
-            sol = least_squares(lambda p: residual([p[0], p[1], inverse]), x0=[emax, half],
-                                bounds=([1e-4, 1.0], [1.0, 1e7]))
+            sol = least_squares(
+                lambda p, inverse=inverse: residual([p[0], p[1], inverse]),
+                x0=[emax, half],
+                bounds=([1e-4, 1.0], [1.0, 1e7]),
+            )
             emax, half = sol.x
         else:  # one work size (or a tile model): only the level is identifiable
             if profile.sm_count:
                 half, inverse = 0.0, 0.0
-            sol = least_squares(lambda p: residual([p[0], half, inverse]), x0=[emax],
-                                bounds=([1e-4], [1.0]))
+            sol = least_squares(
+                lambda p, half=half, inverse=inverse: residual([p[0], half, inverse]),
+                x0=[emax],
+                bounds=([1e-4], [1.0]),
+            )
             emax = sol.x[0]
         rolloff = 1.0 / inverse if inverse > 1e-9 else 0.0
         by_precision[precision] = dataclasses.replace(
-            prior, max=float(emax), half_tokens=float(half), rolloff_tokens=float(rolloff),
+            prior,
+            max=float(emax),
+            half_tokens=float(half),
+            rolloff_tokens=float(rolloff),
             source=f"calibrated from {len(points)} probe(s) on this machine",
-            calibrated_on=fingerprint, calibrated_at=dt.date.today().isoformat())
+            calibrated_on=fingerprint,
+            calibrated_at=dt.date.today().isoformat(),
+        )
     if not by_precision:
         return None
     errors, ratios = [], []
@@ -137,12 +171,18 @@ def fit(table: CandidateTable, probed: dict[int, ProbeResult], profile: Profile,
             ratios.append(predicted / r.step_time_s)  # measured/modelled tokens/s
     fit_error = statistics.median(errors) if errors else 0.0
     # the interval of a calibrated profile is the probes' measured spread around the fit
-    spread = {"throughput_p10": round(min(ratios), 4), "throughput_p90": round(max(ratios), 4)} \
-        if len(ratios) >= 2 and min(ratios) < 1 < max(ratios) else {}
-    by_precision = {p: dataclasses.replace(e, fit_error=round(fit_error, 4), **spread)
-                    for p, e in by_precision.items()}
-    return Calibration(profile.name, by_precision, len(errors), fit_error,
-                       max(errors) if errors else 0.0)
+    spread = (
+        {"throughput_p10": round(min(ratios), 4), "throughput_p90": round(max(ratios), 4)}
+        if len(ratios) >= 2 and min(ratios) < 1 < max(ratios)
+        else {}
+    )
+    by_precision = {
+        p: dataclasses.replace(e, fit_error=round(fit_error, 4), **spread)
+        for p, e in by_precision.items()
+    }
+    return Calibration(
+        profile.name, by_precision, len(errors), fit_error, max(errors) if errors else 0.0
+    )
 
 
 def apply(profile: Profile, calibration: Calibration) -> Profile:
@@ -151,11 +191,12 @@ def apply(profile: Profile, calibration: Calibration) -> Profile:
 
 def write(calibration: Calibration, directory: Path = PROFILE_DIR) -> Path:
     """hardware_profiles/local/<profile>.toml: [efficiency_<precision>] per fitted precision."""
-    data = {f"efficiency_{p}": dataclasses.asdict(e) for p, e in
-            calibration.by_precision.items()}
-    header = (f"# Calibration of profile '{calibration.profile}' written by the planner on "
-              f"{dt.date.today().isoformat()} from {calibration.points} probe(s); median "
-              f"step-time error {calibration.fit_error:.1%}. Machine-specific: not in git.\n")
+    data = {f"efficiency_{p}": dataclasses.asdict(e) for p, e in calibration.by_precision.items()}
+    header = (
+        f"# Calibration of profile '{calibration.profile}' written by the planner on "
+        f"{dt.date.today().isoformat()} from {calibration.points} probe(s); median "
+        f"step-time error {calibration.fit_error:.1%}. Machine-specific: not in git.\n"
+    )
     path = calibration_dir(directory) / f"{calibration.profile}.toml"
     write_text_atomic(path, header + tomli_w.dumps(data))
     return path

@@ -19,15 +19,14 @@ from pathlib import Path
 
 import tomli
 
-from planner import __version__
 from gptplan import quiet_third_party_warnings
 from gptplan.cliargs import OneLineParser
 from gptplan.errors import UserError
+from planner import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(
-        prog="planner", description="Plan GPT pretraining cost.")
+    parser = OneLineParser(prog="planner", description="Plan GPT pretraining cost.")
     parser.add_argument("--version", action="version", version=f"planner {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -37,25 +36,39 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--top", type=int, default=None, help="rows in the candidate table")
     opt.add_argument("--json", action="store_true", help="machine-readable output")
     opt.add_argument("--plot", type=Path, default=None, help="save the Pareto front (PNG)")
-    opt.add_argument("--wide", action="store_true", help="every column of every candidate "
-                                                         "(wider than 120 columns)")
+    opt.add_argument(
+        "--wide",
+        action="store_true",
+        help="every column of every candidate (wider than 120 columns)",
+    )
     _tune_args(opt)
 
     est = sub.add_parser("estimate", help="evaluate one fully given configuration")
     _spec_args(est)
     est.add_argument("--plan", type=Path, default=None, help="estimate an existing plan")
-    est.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                     help="spec override (TOML value), e.g. --set search.micro_batch_sizes=[8]")
+    est.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="spec override (TOML value), e.g. --set search.micro_batch_sizes=[8]",
+    )
     est.add_argument("--json", action="store_true")
 
     exp = sub.add_parser("explain", help="why this plan, and which reference claims hold")
     exp.add_argument("plan", type=Path)
-    exp.add_argument("--spec", default=None, help="spec the plan came from (default: the one "
-                                                   "recorded in the plan)")
+    exp.add_argument(
+        "--spec",
+        default=None,
+        help="spec the plan came from (default: the one recorded in the plan)",
+    )
     exp.add_argument("--json", action="store_true")
-    exp.add_argument("--claims", action="store_true", default=None,
-                     help="check the bank-FAQ article's claims (default: only for plans from "
-                          "the bank-FAQ spec)")
+    exp.add_argument(
+        "--claims",
+        action="store_true",
+        default=None,
+        help="check the bank-FAQ article's claims (default: only for plans from the bank-FAQ spec)",
+    )
 
     sub.add_parser("profiles", help="list hardware profiles and offers")
 
@@ -68,19 +81,28 @@ def build_parser() -> argparse.ArgumentParser:
     hist.add_argument("--storage", default="", help="study storage (default: the run's SQLite)")
     hist.add_argument("--plot", type=Path, default=None, help="save optimisation history PNG")
 
-    lf = sub.add_parser("launch-file", help="write a SkyPilot task YAML for a plan "
-                                            "(sky jobs launch)")
+    lf = sub.add_parser(
+        "launch-file", help="write a SkyPilot task YAML for a plan (sky jobs launch)"
+    )
     lf.add_argument("plan", type=Path, help="plan TOML (inside this project: it is synced)")
     lf.add_argument("--out", type=Path, default=None, help="YAML file (default: PLAN.sky.yaml)")
-    lf.add_argument("--bucket", default="", help="checkpoint bucket name (default: "
-                                                 "gptplan-<plan name>-<hash>)")
-    lf.add_argument("--region", default=None, help="cloud region (default: the region the "
-                                                   "price was seen in, if recorded)")
-    lf.add_argument("--corpus-bucket", default="", metavar="URI",
-                    help="bucket holding the full corpus, mounted at /corpus on the nodes and "
-                         "used as job.corpus: s3://BUCKET[/PREFIX][/GLOB] (also gs://, r2://, "
-                         "https://ACCOUNT.blob.core.windows.net/CONTAINER/...); default: the "
-                         "plan's job.corpus as synced with the project")
+    lf.add_argument(
+        "--bucket", default="", help="checkpoint bucket name (default: gptplan-<plan name>-<hash>)"
+    )
+    lf.add_argument(
+        "--region",
+        default=None,
+        help="cloud region (default: the region the price was seen in, if recorded)",
+    )
+    lf.add_argument(
+        "--corpus-bucket",
+        default="",
+        metavar="URI",
+        help="bucket holding the full corpus, mounted at /corpus on the nodes and "
+        "used as job.corpus: s3://BUCKET[/PREFIX][/GLOB] (also gs://, r2://, "
+        "https://ACCOUNT.blob.core.windows.net/CONTAINER/...); default: the "
+        "plan's job.corpus as synced with the project",
+    )
     prices = sub.add_parser("prices", help="price lists")
     prices_sub = prices.add_subparsers(dest="prices_command", required=True)
     imp = prices_sub.add_parser("import", help="import a SkyPilot-style catalog CSV")
@@ -92,57 +114,87 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--spec", default=None, help="job spec TOML (default: ./planner.toml, "
-                                                "[tool.planner] in ./pyproject.toml, or the "
-                                                "embedded bank-FAQ example)")
+    p.add_argument(
+        "--spec",
+        default=None,
+        help="job spec TOML (default: ./planner.toml, "
+        "[tool.planner] in ./pyproject.toml, or the "
+        "embedded bank-FAQ example)",
+    )
     p.add_argument("--budget", type=float, default=None, help="constraints.budget")
-    p.add_argument("--deadline-hours", type=float, default=None,
-                   help="constraints.deadline_hours")
+    p.add_argument("--deadline-hours", type=float, default=None, help="constraints.deadline_hours")
     p.add_argument("--currency", default=None, help="constraints.currency")
     p.add_argument("--hardware", default=None, help="comma-separated profile names allowed")
-    p.add_argument("--spot", dest="spot", action="store_true", default=None,
-                   help="allow spot capacity")
+    p.add_argument(
+        "--spot", dest="spot", action="store_true", default=None, help="allow spot capacity"
+    )
     p.add_argument("--no-spot", dest="spot", action="store_false", help="on-demand only")
     p.add_argument("--target-tokens", type=float, default=None, help="job.target_tokens")
-    p.add_argument("--allow-outlier-prices", action="store_true", default=None,
-                   help="let an outlier spot price (below half the same GPU's other spot "
-                        "offers) make the headline")
-    p.add_argument("--spot-fallback-hours", type=float, default=None, metavar="HOURS",
-                   help="price spot with on-demand fallback after HOURS of waiting "
-                        "(spot.fallback_wait_hours)")
+    p.add_argument(
+        "--allow-outlier-prices",
+        action="store_true",
+        default=None,
+        help="let an outlier spot price (below half the same GPU's other spot "
+        "offers) make the headline",
+    )
+    p.add_argument(
+        "--spot-fallback-hours",
+        type=float,
+        default=None,
+        metavar="HOURS",
+        help="price spot with on-demand fallback after HOURS of waiting (spot.fallback_wait_hours)",
+    )
 
 
 def _tune_args(p: argparse.ArgumentParser, default_probes: int = 0) -> None:
-    p.add_argument("--probes", type=int, default=default_probes,
-                   help="real probe runs on this machine (0 = model only)")
-    p.add_argument("--probe-time", type=float, default=900.0,
-                   help="total probe wall time, seconds")
+    p.add_argument(
+        "--probes",
+        type=int,
+        default=default_probes,
+        help="real probe runs on this machine (0 = model only)",
+    )
+    p.add_argument("--probe-time", type=float, default=900.0, help="total probe wall time, seconds")
     p.add_argument("--trials", type=int, default=200, help="Optuna trials in all")
-    p.add_argument("--storage", default="", help="Optuna storage: RDB URL or journal file "
-                                                  "(default: SQLite in runs/autotune/<name>/)")
+    p.add_argument(
+        "--storage",
+        default="",
+        help="Optuna storage: RDB URL or journal file (default: SQLite in runs/autotune/<name>/)",
+    )
     p.add_argument("--seed", type=int, default=0, help="sampler seed")
-    p.add_argument("--multi-objective", action="store_true",
-                   help="NSGA-II on (cost, hours) instead of TPE on cost")
-    p.add_argument("--local-profile", default="",
-                   help="profile of this machine's devices (default: cpu without a GPU)")
+    p.add_argument(
+        "--multi-objective",
+        action="store_true",
+        help="NSGA-II on (cost, hours) instead of TPE on cost",
+    )
+    p.add_argument(
+        "--local-profile",
+        default="",
+        help="profile of this machine's devices (default: cpu without a GPU)",
+    )
     p.add_argument("--probe-timeout", type=float, default=180.0, help="seconds per probe")
 
 
 # Which command-line flag sets which spec key (errors in those values name the flag).
-FLAGS = {"constraints.budget": "--budget", "constraints.deadline_hours": "--deadline-hours",
-         "constraints.currency": "--currency", "constraints.profiles": "--hardware",
-         "constraints.spot": "--spot/--no-spot", "job.target_tokens": "--target-tokens",
-         "spot.fallback_wait_hours": "--spot-fallback-hours",
-         "constraints.allow_outlier_prices": "--allow-outlier-prices",
-         "search.top": "--top"}
+FLAGS = {
+    "constraints.budget": "--budget",
+    "constraints.deadline_hours": "--deadline-hours",
+    "constraints.currency": "--currency",
+    "constraints.profiles": "--hardware",
+    "constraints.spot": "--spot/--no-spot",
+    "job.target_tokens": "--target-tokens",
+    "spot.fallback_wait_hours": "--spot-fallback-hours",
+    "constraints.allow_outlier_prices": "--allow-outlier-prices",
+    "search.top": "--top",
+}
 
 
 def check_writable_file(path: Path, *, key: str) -> None:
     """Before any work: the output path must be a file path whose folders are folders."""
     path = Path(path)
     if path.is_dir():
-        raise UserError(f"{str(path)!r} is a folder; give a file path such as "
-                        f"{path / 'plan.toml'}", key=key)
+        raise UserError(
+            f"{str(path)!r} is a folder; give a file path such as {path / 'plan.toml'}", key=key
+        )
     for parent in path.parents:
         if parent.exists() and not parent.is_dir():
             raise UserError(f"{str(path)!r}: {parent} is a file, not a folder", key=key)
@@ -159,8 +211,11 @@ def spec_overrides(args) -> dict:
     if args.hardware is not None:
         out["constraints.profiles"] = [h.strip() for h in args.hardware.split(",") if h.strip()]
         if not out["constraints.profiles"]:
-            raise UserError(f"{args.hardware!r} names no profile; give comma-separated names "
-                            "(see 'planner profiles')", key="--hardware")
+            raise UserError(
+                f"{args.hardware!r} names no profile; give comma-separated names "
+                "(see 'planner profiles')",
+                key="--hardware",
+            )
     if args.spot is not None:
         out["constraints.spot"] = args.spot
     if args.target_tokens is not None:
@@ -207,31 +262,50 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args) -> int:
-    commands = {"optimize": cmd_optimize, "estimate": cmd_estimate, "explain": cmd_explain,
-                "profiles": lambda _args: cmd_profiles(), "calibrate": cmd_calibrate,
-                "history": cmd_history, "prices": cmd_prices_import,
-                "launch-file": cmd_launch_file}
+    commands = {
+        "optimize": cmd_optimize,
+        "estimate": cmd_estimate,
+        "explain": cmd_explain,
+        "profiles": lambda _args: cmd_profiles(),
+        "calibrate": cmd_calibrate,
+        "history": cmd_history,
+        "prices": cmd_prices_import,
+        "launch-file": cmd_launch_file,
+    }
     return commands[args.command](args)
 
 
 # ---- optimize ----------------------------------------------------------------------------------
 
+
 def _quiet(*_args, **_kwargs) -> None:
     return None
 
 
-TUNE_FLAGS = {"probes": "--probes", "probe_time_s": "--probe-time", "trials": "--trials",
-              "seed": "--seed", "storage": "--storage", "multi_objective": "--multi-objective",
-              "timeout_s": "--probe-timeout"}
+TUNE_FLAGS = {
+    "probes": "--probes",
+    "probe_time_s": "--probe-time",
+    "trials": "--trials",
+    "seed": "--seed",
+    "storage": "--storage",
+    "multi_objective": "--multi-objective",
+    "timeout_s": "--probe-timeout",
+}
 
 
 def tune_settings(args):
     """The autotuning flags, range-checked by TuneSettings' schema (errors name the flag)."""
     from planner.autotune import tune_settings_from
 
-    table = {"probes": args.probes, "probe_time_s": args.probe_time, "trials": args.trials,
-             "seed": args.seed, "storage": args.storage,
-             "multi_objective": args.multi_objective, "timeout_s": args.probe_timeout}
+    table = {
+        "probes": args.probes,
+        "probe_time_s": args.probe_time,
+        "trials": args.trials,
+        "seed": args.seed,
+        "storage": args.storage,
+        "multi_objective": args.multi_objective,
+        "timeout_s": args.probe_timeout,
+    }
     try:
         return tune_settings_from(table)
     except UserError as exc:
@@ -246,14 +320,18 @@ def probe_logger(log):
     def progress(result, tbl, row, cached=False):
         count[0] += 1
         r = tbl.row(row)
-        what = (f"{r['offer_choice'].offer.instance}, {r['precision']}, seq {r['seq']}, micro "
-                f"{r['micro']} x acc {r['acc']}, recompute {r['recompute']}")
+        what = (
+            f"{r['offer_choice'].offer.instance}, {r['precision']}, seq {r['seq']}, micro "
+            f"{r['micro']} x acc {r['acc']}, recompute {r['recompute']}"
+        )
         if result.ok:
             err = (tbl["step_time_s"][row] - result.step_time_s) / result.step_time_s
-            log(f"probe {count[0]}{' (cached)' if cached else ''}: {what}: "
+            log(
+                f"probe {count[0]}{' (cached)' if cached else ''}: {what}: "
                 f"{result.step_time_s * 1000:.0f} ms/step measured (median of "
                 f"{result.measured_steps}), {tbl['step_time_s'][row] * 1000:.0f} modelled "
-                f"({err:+.0%}), {result.peak_memory_gb:.2f} GB peak RSS")
+                f"({err:+.0%}), {result.peak_memory_gb:.2f} GB peak RSS"
+            )
         else:
             log(f"probe {count[0]}: {what}: {result.status.upper()} ({result.detail[:120]})")
 
@@ -261,12 +339,18 @@ def probe_logger(log):
 
 
 def cmd_optimize(args) -> int:
-    from planner.pipeline import optimize
-    from planner.costreport import fit_lines, render_decisions, render_offers
-    from planner.report import (plot_pareto, render_calibration, render_candidates,
-                                render_choice, render_model, render_stats)
-    from planner.spec import load_spec
     from gptplan.plan import write_plan
+    from planner.costreport import fit_lines, render_decisions, render_offers
+    from planner.pipeline import optimize
+    from planner.report import (
+        plot_pareto,
+        render_calibration,
+        render_candidates,
+        render_choice,
+        render_model,
+        render_stats,
+    )
+    from planner.spec import load_spec
 
     spec = load_spec(args.spec, overrides=spec_overrides(args))
     settings = tune_settings(args)  # bad flags refused before any work
@@ -279,17 +363,26 @@ def cmd_optimize(args) -> int:
 
         log("\n".join([render_stats(stats, target), *stats_lines(stats, target)]) + "\n")
 
-    result = optimize(spec, settings=settings if settings.probes else None,
-                      local_profile=local_profile_name(args) if args.probes else "",
-                      log=log, on_stats=on_stats, on_probe=probe_logger(log))
+    result = optimize(
+        spec,
+        settings=settings if settings.probes else None,
+        local_profile=local_profile_name(args) if args.probes else "",
+        log=log,
+        on_stats=on_stats,
+        on_probe=probe_logger(log),
+    )
     cur = spec.constraints.currency
     if args.plot:
         plot_pareto(result.decision, str(args.plot), cur, spec=spec, chosen=result.chosen)
     out = args.out or Path("plans") / f"{spec.job.name}.toml"
     if result.plan is not None:
-        write_plan(result.plan, out, header=f"# Written by planner {__version__} from "
-                                            f"{spec.path}. Numbers in [estimate] are modelled "
-                                            "unless listed in estimate.measured.\n")
+        write_plan(
+            result.plan,
+            out,
+            header=f"# Written by planner {__version__} from "
+            f"{spec.path}. Numbers in [estimate] are modelled "
+            "unless listed in estimate.measured.\n",
+        )
     if quiet:
         print(json.dumps(optimize_json(result, out if result.plan else None), indent=1))
         return 0 if result.plan is not None else 1
@@ -308,13 +401,19 @@ def cmd_optimize(args) -> int:
     print(fit_lines(render_model(result)))
     print(fit_lines(render_choice(result)))
     timings = result.timings
-    print(f"planned in {timings['search_s']:.2f} s ({timings['candidates']:,} candidates; "
-          f"corpus statistics {timings['corpus_statistics_s']:.1f} s"
-          + (f"; probes and calibration {timings['tuning_s']:.0f} s" if "tuning_s" in timings
-             else "") + ")")
+    print(
+        f"planned in {timings['search_s']:.2f} s ({timings['candidates']:,} candidates; "
+        f"corpus statistics {timings['corpus_statistics_s']:.1f} s"
+        + (f"; probes and calibration {timings['tuning_s']:.0f} s" if "tuning_s" in timings else "")
+        + ")"
+    )
     if result.plan is not None:
-        print(fit_lines(f"wrote {out}\n  next: runner execute {out} --dry-run on the planned "
-                        "machines, or --local --max-steps 2 to rehearse it here"))
+        print(
+            fit_lines(
+                f"wrote {out}\n  next: runner execute {out} --dry-run on the planned "
+                "machines, or --local --max-steps 2 to rehearse it here"
+            )
+        )
     if args.plot:
         print(f"wrote {args.plot}")
     return 0 if result.plan is not None else 1
@@ -325,54 +424,83 @@ def optimize_json(result, out) -> dict:
     from dataclasses import asdict
 
     from planner.costreport import cost_json
-    from planner.report import candidate_record, candidate_records, model_facts, \
-        per_offer_records, result_rows
+    from planner.report import (
+        candidate_record,
+        candidate_records,
+        model_facts,
+        per_offer_records,
+        result_rows,
+    )
 
     spec, decision, table = result.spec, result.decision, result.table
     cur = spec.constraints.currency
 
     def record(i, variants=()):
-        return candidate_record(table, i, cur, chosen=result.chosen,
-                                measured=result.measured(i),
-                                calibrated_cost=result.calibrated_cost(i), variants=variants)
+        return candidate_record(
+            table,
+            i,
+            cur,
+            chosen=result.chosen,
+            measured=result.measured(i),
+            calibrated_cost=result.calibrated_cost(i),
+            variants=variants,
+        )
 
     shown, folded = result_rows(result, spec.search.top) if len(table) else ([], 0)
     tuning = None
     if result.tuning is not None:
         o, cal = result.tuning.outcome, result.tuning.calibration
-        tuning = {"profile": result.tuning.profile, "study": o.study_name,
-                  "storage": o.storage, "configurations_measured": len(o.probed),
-                  "probes_run": o.probes_run, "reused_from_cache": o.reused,
-                  "probe_wall_s": o.probe_wall_s, "repairs": o.notes,
-                  "race": o.race.to_dict() if o.race else None,
-                  "calibration": None if cal is None else {
-                      "points": cal.points, "fit_error_median": cal.fit_error,
-                      "fit_error_worst": cal.worst_error,
-                      "written_to": str(result.tuning.calibration_path)
-                      if result.tuning.calibration_path else None}}
+        tuning = {
+            "profile": result.tuning.profile,
+            "study": o.study_name,
+            "storage": o.storage,
+            "configurations_measured": len(o.probed),
+            "probes_run": o.probes_run,
+            "reused_from_cache": o.reused,
+            "probe_wall_s": o.probe_wall_s,
+            "repairs": o.notes,
+            "race": o.race.to_dict() if o.race else None,
+            "calibration": None
+            if cal is None
+            else {
+                "points": cal.points,
+                "fit_error_median": cal.fit_error,
+                "fit_error_worst": cal.worst_error,
+                "written_to": str(result.tuning.calibration_path)
+                if result.tuning.calibration_path
+                else None,
+            },
+        }
     plan_estimate = asdict(result.plan.estimate) if result.plan is not None else None
     return {
-        "spec": spec.path, "currency": cur, "target_tokens": float(result.target),
+        "spec": spec.path,
+        "currency": cur,
+        "target_tokens": float(result.target),
         **model_facts(result),
-        "numbers": "modelled (analytic cost model) unless under measured_* or calibrated_* "
-                   "keys",
+        "numbers": "modelled (analytic cost model) unless under measured_* or calibrated_* keys",
         "corpus": asdict(result.stats),
         **result.data,
         "chosen": record(result.chosen) if result.chosen is not None else None,
         "chosen_source": result.chosen_source if result.chosen is not None else None,
         "plan_estimate": plan_estimate,
-        "problems": decision.problems, "binding": decision.binding,
+        "problems": decision.problems,
+        "binding": decision.binding,
         "candidates": [record(i, others) for i, others in shown],
         "candidates_folded_as_identical_under_the_model": folded,
-        "per_offer": per_offer_records(decision, spec.constraints.budget,
-                                       spec.constraints.deadline_hours, cur),
+        "per_offer": per_offer_records(
+            decision, spec.constraints.budget, spec.constraints.deadline_hours, cur
+        ),
         "pareto": candidate_records(table, decision.pareto, cur, result.chosen),
-        "tuning": tuning, "notes": result.notes, **cost_json(result),
-        "timings": result.timings, "plan": str(out) if out else None,
+        "tuning": tuning,
+        "notes": result.notes,
+        **cost_json(result),
+        "timings": result.timings,
+        "plan": str(out) if out else None,
     }
 
 
 # ---- autotuning -------------------------------------------------------------------------------
+
 
 def local_profile_name(args) -> str:
     import paddle
@@ -392,10 +520,16 @@ def cmd_calibrate(args) -> int:
     stats, target, decision, _ = plan_space(spec)
     if decision.chosen is None and not decision.table["fits"].any():
         raise UserError("no candidate fits on this machine to probe", file=spec.path)
-    tuning = tune_locally(spec, decision, target, settings,
-                          local_profile=local_profile_name(args),
-                          work_dir=Path("runs") / "autotune" / spec.job.name, log=print,
-                          on_probe=probe_logger(print))
+    tuning = tune_locally(
+        spec,
+        decision,
+        target,
+        settings,
+        local_profile=local_profile_name(args),
+        work_dir=Path("runs") / "autotune" / spec.job.name,
+        log=print,
+        on_probe=probe_logger(print),
+    )
     if tuning is not None and tuning.calibration is not None:
         print(render_calibration(tuning))
     return 0
@@ -412,17 +546,24 @@ def cmd_history(args) -> int:
     spec = load_spec(args.spec, overrides=spec_overrides(args))
     name = study_name(spec, hardware_fingerprint())
     storage = args.storage or f"sqlite:///{Path('runs') / 'autotune' / spec.job.name / 'study.db'}"
-    problem = sqlite_damage(Path(storage[len("sqlite:///"):])) \
-        if storage.startswith("sqlite:///") else None
+    problem = (
+        sqlite_damage(Path(storage[len("sqlite:///") :]))
+        if storage.startswith("sqlite:///")
+        else None
+    )
     if problem:
-        raise UserError(f"the study is damaged ({problem}); 'planner optimize --probes N' moves "
-                        "it aside and rebuilds it from the probe cache",
-                        file=storage[len("sqlite:///"):])
+        raise UserError(
+            f"the study is damaged ({problem}); 'planner optimize --probes N' moves "
+            "it aside and rebuilds it from the probe cache",
+            file=storage[len("sqlite:///") :],
+        )
     try:
         rows = history_rows(storage, name)
     except KeyError:
-        raise UserError(f"no study {name!r} in {storage}; run 'planner optimize --probes N' "
-                        "first", key="--storage") from None
+        raise UserError(
+            f"no study {name!r} in {storage}; run 'planner optimize --probes N' first",
+            key="--storage",
+        ) from None
     print(tabulate(rows, headers="keys", tablefmt="github"))
     if args.plot:
         import matplotlib
@@ -449,6 +590,7 @@ def cmd_history(args) -> int:
 
 # ---- estimate ----------------------------------------------------------------------------------
 
+
 def plan_as_overrides(plan) -> dict:
     """Pin every searched dimension, and the model, to the plan's value."""
     from gptplan.modelfacts import MODEL_SIZES, kv_heads
@@ -456,51 +598,72 @@ def plan_as_overrides(plan) -> dict:
     p, t, hw = plan.parallel, plan.training, plan.hardware
     provider, _, instance = hw.offer.partition("/")
     m = plan.model
-    model = {f"model.{key}": getattr(m, key) for key in (
-        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-        "intermediate_size", "max_position_embeddings", "hidden_dropout_prob",
-        "attention_probs_dropout_prob", "family", "num_key_value_heads", "rms_norm_eps",
-        "rope_theta", "tie_word_embeddings")}
+    model = {
+        f"model.{key}": getattr(m, key)
+        for key in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "hidden_dropout_prob",
+            "attention_probs_dropout_prob",
+            "family",
+            "num_key_value_heads",
+            "rms_norm_eps",
+            "rope_theta",
+            "tie_word_embeddings",
+        )
+    }
     # the size's name (for display) only where it cannot bring back KV heads the plan dropped
     named = MODEL_SIZES.get(m.name)
-    keep_name = named is not None and kv_heads(m) == (named.num_key_value_heads or
-                                                      named.num_attention_heads)
+    keep_name = named is not None and kv_heads(m) == (
+        named.num_key_value_heads or named.num_attention_heads
+    )
     return {
-        "model.size": m.name if keep_name else "", **model,
-        "constraints.seq_lens": [t.seq_len], "constraints.precisions": [t.precision],
-        "constraints.profiles": [hw.profile], "constraints.offers": [hw.offer],
+        "model.size": m.name if keep_name else "",
+        **model,
+        "constraints.seq_lens": [t.seq_len],
+        "constraints.precisions": [t.precision],
+        "constraints.profiles": [hw.profile],
+        "constraints.offers": [hw.offer],
         "constraints.global_batch_tokens_min": plan.tokens_per_step,
         "constraints.global_batch_tokens_max": plan.tokens_per_step,
-        "constraints.max_nodes": p.nnodes, "constraints.spot": hw.spot,
-        "constraints.on_demand": not hw.spot, "constraints.budget": 0.0,
+        "constraints.max_nodes": p.nnodes,
+        "constraints.spot": hw.spot,
+        "constraints.on_demand": not hw.spot,
+        "constraints.budget": 0.0,
         "constraints.deadline_hours": 0.0,
         "search.micro_batch_sizes": [t.per_device_train_batch_size],
         "search.accumulation_steps": [t.gradient_accumulation_steps],
         "search.tensor_parallel": [p.tensor_parallel_degree],
         "search.pipeline_parallel": [p.pipeline_parallel_degree],
         "search.virtual_pp": [p.virtual_pp_degree],
-        "search.sharding": [p.sharding], "search.recompute": [p.recompute],
+        "search.sharding": [p.sharding],
+        "search.recompute": [p.recompute],
         "search.sharding_degrees": [p.sharding_parallel_degree] if p.sharding else [],
         "search.flash_attention": t.use_flash_attention,
-        "search.sequence_parallel": [p.sequence_parallel], "search.node_counts": [p.nnodes],
-        "job.target_tokens": float(plan.job.target_tokens or plan.tokens_per_step *
-                                   t.max_steps),
+        "search.sequence_parallel": [p.sequence_parallel],
+        "search.node_counts": [p.nnodes],
+        "job.target_tokens": float(plan.job.target_tokens or plan.tokens_per_step * t.max_steps),
     }
 
 
 def cmd_estimate(args) -> int:
+    from gptplan.plan import load_plan
     from planner.pipeline import optimize
     from planner.report import render_candidates, render_choice, render_model
     from planner.spec import load_spec
-    from gptplan.plan import load_plan
 
     overrides = {}
     spec_path = args.spec
     if args.plan:
         plan = load_plan(args.plan)
         overrides = plan_as_overrides(plan)
-        spec_path = spec_path or (plan.provenance.spec if Path(plan.provenance.spec).exists()
-                                  else None)
+        spec_path = spec_path or (
+            plan.provenance.spec if Path(plan.provenance.spec).exists() else None
+        )
     overrides |= spec_overrides(args)
     spec = load_spec(spec_path, overrides=overrides)
     result = optimize(spec)
@@ -515,6 +678,7 @@ def cmd_estimate(args) -> int:
 
 # ---- explain -----------------------------------------------------------------------------------
 
+
 def cmd_explain(args) -> int:
     from planner.explain import explain_plan, render_explanation
 
@@ -525,6 +689,7 @@ def cmd_explain(args) -> int:
 
 # ---- profiles and prices -----------------------------------------------------------------------
 
+
 def cmd_profiles() -> int:
     from tabulate import tabulate
 
@@ -532,45 +697,74 @@ def cmd_profiles() -> int:
 
     rows = []
     for prof in load_profiles().values():
-        peaks = "/".join(f"{prof.peak_tflops.get(p, 0):g}" for p in ("fp32", "tf32", "fp16",
-                                                                      "bf16"))
-        base = {"profile": prof.name + ("" if prof.verified else " (unverified)"),
-                "device": prof.device, "mem GB": prof.memory_gb,
-                "TFLOPS fp32/tf32/fp16/bf16": peaks, "TDP W": prof.tdp_w,
-                "efficiency max": f"{prof.efficiency.max:g}"}
+        peaks = "/".join(
+            f"{prof.peak_tflops.get(p, 0):g}" for p in ("fp32", "tf32", "fp16", "bf16")
+        )
+        base = {
+            "profile": prof.name + ("" if prof.verified else " (unverified)"),
+            "device": prof.device,
+            "mem GB": prof.memory_gb,
+            "TFLOPS fp32/tf32/fp16/bf16": peaks,
+            "TDP W": prof.tdp_w,
+            "efficiency max": f"{prof.efficiency.max:g}",
+        }
         if not prof.offers:
             rows.append(base | {"offer": "(none: price unknown)", "per node-hour": ""})
         for offer in prof.offers:
             if offer.kind == "on_prem":
-                price = (f"{offer.node_price_per_hour(spot=False, tdp_w=prof.tdp_w):.3g} "
-                         f"{offer.currency} (electricity)")
+                price = (
+                    f"{offer.node_price_per_hour(spot=False, tdp_w=prof.tdp_w):.3g} "
+                    f"{offer.currency} (electricity)"
+                )
             else:
-                price = f"{offer.on_demand_per_hour:g} / {offer.spot_per_hour:g} spot " \
-                        f"{offer.currency}"
-            rows.append(base | {"offer": f"{offer.key} ({offer.gpus_per_node}x, "
-                                         f"{offer.as_of or 'undated'})", "per node-hour": price})
+                price = (
+                    f"{offer.on_demand_per_hour:g} / {offer.spot_per_hour:g} spot {offer.currency}"
+                )
+            rows.append(
+                base
+                | {
+                    "offer": f"{offer.key} ({offer.gpus_per_node}x, {offer.as_of or 'undated'})",
+                    "per node-hour": price,
+                }
+            )
     # whole cells: long text wraps inside its column instead of being cut
-    print(tabulate(rows, headers="keys", tablefmt="grid", maxcolwidths=[None, None, None, None,
-                                                                        None, None, 34, 26]))
-    print("Specs from datasheets; prices from the sources named in each profile (as_of dates "
-          "shown). Unverified profiles are leads, not facts.")
+    print(
+        tabulate(
+            rows,
+            headers="keys",
+            tablefmt="grid",
+            maxcolwidths=[None, None, None, None, None, None, 34, 26],
+        )
+    )
+    print(
+        "Specs from datasheets; prices from the sources named in each profile (as_of dates "
+        "shown). Unverified profiles are leads, not facts."
+    )
     return 0
 
 
 def cmd_launch_file(args) -> int:
-    from planner.skypilot import write_launch_file
     from gptplan.plan import load_plan
+    from planner.skypilot import write_launch_file
 
     plan = load_plan(args.plan)
     import yaml
 
     from planner.skypilot import corpus_note, disk_plan
 
-    out = write_launch_file(plan, plan_path=args.plan, out=args.out, bucket=args.bucket,
-                            region=args.region, corpus_bucket=args.corpus_bucket)
-    print(f"SkyPilot task written to {out}; launch it from this directory as a managed job "
-          f"(relaunched after preemption, resuming from the bucket's checkpoints):\n"
-          f"  sky jobs launch -n {plan.name} {out}")
+    out = write_launch_file(
+        plan,
+        plan_path=args.plan,
+        out=args.out,
+        bucket=args.bucket,
+        region=args.region,
+        corpus_bucket=args.corpus_bucket,
+    )
+    print(
+        f"SkyPilot task written to {out}; launch it from this directory as a managed job "
+        f"(relaunched after preemption, resuming from the bucket's checkpoints):\n"
+        f"  sky jobs launch -n {plan.name} {out}"
+    )
     print(corpus_note(yaml.safe_load(out.read_text()), plan))
     print(disk_plan(plan)[1])
     return 0
@@ -579,11 +773,13 @@ def cmd_launch_file(args) -> int:
 def cmd_prices_import(args) -> int:
     from planner.prices import import_catalog
 
-    path, count, skipped = import_catalog(args.csv, name=args.name, provider=args.provider,
-                                          as_of=args.as_of)
-    print(f"imported {count} offers into {path}" + (f"; skipped {len(skipped)} rows: "
-                                                     f"{'; '.join(skipped[:5])}" if skipped
-                                                     else ""))
+    path, count, skipped = import_catalog(
+        args.csv, name=args.name, provider=args.provider, as_of=args.as_of
+    )
+    print(
+        f"imported {count} offers into {path}"
+        + (f"; skipped {len(skipped)} rows: {'; '.join(skipped[:5])}" if skipped else "")
+    )
     return 0
 
 

@@ -44,17 +44,17 @@ class CorpusStatistics:
     tokenizer: str
     tokenizer_vocab: int
     sample_documents: int
-    tokens_per_character: float        # measured on the sample, or declared
+    tokens_per_character: float  # measured on the sample, or declared
     tokens_per_document_median: float  # measured on the sample (estimated if declared)
-    declared_bytes: float              # 0 = the local files are the whole corpus
-    bytes_per_character: float         # measured on the local files
-    total_characters: float            # measured, or extrapolated from declared bytes
-    total_tokens: float                # tokens/char x characters
+    declared_bytes: float  # 0 = the local files are the whole corpus
+    bytes_per_character: float  # measured on the local files
+    total_characters: float  # measured, or extrapolated from declared bytes
+    total_tokens: float  # tokens/char x characters
     extrapolated: bool
-    padding_waste: dict                # seq_len -> share of positions that are padding
-    truncation_loss: dict              # seq_len -> share of tokens cut off by truncation
+    padding_waste: dict  # seq_len -> share of positions that are padding
+    truncation_loss: dict  # seq_len -> share of tokens cut off by truncation
     tokens_per_character_source: str = "measured"  # "measured" or "declared"
-    total_tokens_source: str = "extrapolated"       # "measured", "extrapolated", "declared"
+    total_tokens_source: str = "extrapolated"  # "measured", "extrapolated", "declared"
     tokenizer_scheme: str = ""
 
     def epochs_for(self, target_tokens: float) -> float:
@@ -75,13 +75,15 @@ def epochs_warning(stats: CorpusStatistics, target_tokens: float) -> str | None:
     if not math.isfinite(epochs) or epochs <= EPOCHS_WARN:
         return None
     fresh = fresh_equivalent_tokens(stats.total_tokens, epochs)
-    return (f"warning: {_tokens(target_tokens)} target tokens repeat the corpus "
-            f"({_tokens(stats.total_tokens)} tokens, {stats.total_tokens_source}) {epochs:,.1f} "
-            f"times. Up to about {EPOCHS_WARN:.0f} epochs is nearly as good as fresh data; "
-            f"after that repeated tokens are worth sharply less (Muennighoff et al. 2023): "
-            f"these are worth about {_tokens(fresh)} fresh tokens "
-            f"({fresh / target_tokens:.0%} of the target; modelled). More text, or a smaller "
-            "target, spends the budget better.")
+    return (
+        f"warning: {_tokens(target_tokens)} target tokens repeat the corpus "
+        f"({_tokens(stats.total_tokens)} tokens, {stats.total_tokens_source}) {epochs:,.1f} "
+        f"times. Up to about {EPOCHS_WARN:.0f} epochs is nearly as good as fresh data; "
+        f"after that repeated tokens are worth sharply less (Muennighoff et al. 2023): "
+        f"these are worth about {_tokens(fresh)} fresh tokens "
+        f"({fresh / target_tokens:.0%} of the target; modelled). More text, or a smaller "
+        "target, spends the budget better."
+    )
 
 
 def _tokens(n: float) -> str:
@@ -100,24 +102,48 @@ def _padding_tables(lengths: np.ndarray, seq_lens: list[int]) -> tuple[dict, dic
     return waste, lost
 
 
-def _cache_key(corpus: list[str], *, tokenizer: str, vocab_size: int, sample_documents: int,
-               seq_lens: list[int], tokens_per_char: float) -> str:
+def _cache_key(
+    corpus: list[str],
+    *,
+    tokenizer: str,
+    vocab_size: int,
+    sample_documents: int,
+    seq_lens: list[int],
+    tokens_per_char: float,
+) -> str:
     from gptplan.tokenizer import TOKENIZER_VERSION
 
     paths = resolve_sources(corpus)
     skey = source_key(paths, dedupe=default_dedupe(corpus))
-    tok = f"declared {tokens_per_char!r}" if tokens_per_char else \
-        f"{tokenizer}|{vocab_size}|t{TOKENIZER_VERSION}"
+    tok = (
+        f"declared {tokens_per_char!r}"
+        if tokens_per_char
+        else f"{tokenizer}|{vocab_size}|t{TOKENIZER_VERSION}"
+    )
     raw = f"{skey}|{tok}|{sample_documents}|{sorted(seq_lens)}|v{STATS_VERSION}"
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 
-def corpus_statistics(*, corpus: list[str], tokenizer: str, vocab_size: int, cache_dir: str,
-                      sample_documents: int, declared_bytes: float, seq_lens: list[int],
-                      tokens_per_char: float = 0.0, log=print) -> CorpusStatistics:
-    key = _cache_key(corpus, tokenizer=tokenizer, vocab_size=vocab_size,
-                     sample_documents=sample_documents, seq_lens=seq_lens,
-                     tokens_per_char=tokens_per_char)
+def corpus_statistics(
+    *,
+    corpus: list[str],
+    tokenizer: str,
+    vocab_size: int,
+    cache_dir: str,
+    sample_documents: int,
+    declared_bytes: float,
+    seq_lens: list[int],
+    tokens_per_char: float = 0.0,
+    log=print,
+) -> CorpusStatistics:
+    key = _cache_key(
+        corpus,
+        tokenizer=tokenizer,
+        vocab_size=vocab_size,
+        sample_documents=sample_documents,
+        seq_lens=seq_lens,
+        tokens_per_char=tokens_per_char,
+    )
     cache_file = Path(cache_dir) / "stats" / f"{key}.json"
     cached = _cached(cache_file, declared_bytes, log=log)
     if cached is not None:
@@ -132,27 +158,40 @@ def corpus_statistics(*, corpus: list[str], tokenizer: str, vocab_size: int, cac
         lengths = np.array([max(1, round(len(d) * tokens_per_char)) + 1 for d in sample])
         name, vocab, scheme, tpc = "declared in the spec", vocab_size, "", tokens_per_char
     else:
-        name, vocab, scheme, lengths = _measure(sample, corpus=corpus, tokenizer=tokenizer,
-                                                vocab_size=vocab_size, cache_dir=cache_dir,
-                                                log=log)
+        name, vocab, scheme, lengths = _measure(
+            sample,
+            corpus=corpus,
+            tokenizer=tokenizer,
+            vocab_size=vocab_size,
+            cache_dir=cache_dir,
+            log=log,
+        )
         tpc = float((lengths - 1).sum() / chars)
     waste, lost = _padding_tables(lengths, seq_lens)
     st = local.stats
     whole = len(sample) >= len(docs)
     data = {
-        "local_files": st.files, "local_bytes": st.bytes, "local_characters": st.characters,
-        "local_documents": st.documents, "invalid_utf8_lines": st.invalid_utf8_lines,
-        "empty_lines": st.empty_lines, "duplicate_documents": st.duplicate_documents,
-        "length_histogram": st.length_histogram, "tokenizer": name,
-        "tokenizer_vocab": vocab, "sample_documents": len(sample),
+        "local_files": st.files,
+        "local_bytes": st.bytes,
+        "local_characters": st.characters,
+        "local_documents": st.documents,
+        "invalid_utf8_lines": st.invalid_utf8_lines,
+        "empty_lines": st.empty_lines,
+        "duplicate_documents": st.duplicate_documents,
+        "length_histogram": st.length_histogram,
+        "tokenizer": name,
+        "tokenizer_vocab": vocab,
+        "sample_documents": len(sample),
         "tokens_per_character": tpc,
         "tokens_per_document_median": float(np.median(lengths)),
-        "bytes_per_character": sum(len(d.encode("utf-8")) + 1 for d in docs) /
-        sum(len(d) + 1 for d in docs),
-        "padding_waste": waste, "truncation_loss": lost,
+        "bytes_per_character": sum(len(d.encode("utf-8")) + 1 for d in docs)
+        / sum(len(d) + 1 for d in docs),
+        "padding_waste": waste,
+        "truncation_loss": lost,
         "tokens_per_character_source": "declared" if tokens_per_char else "measured",
-        "total_tokens_source": "declared" if tokens_per_char else
-        ("measured" if whole else "extrapolated"),
+        "total_tokens_source": "declared"
+        if tokens_per_char
+        else ("measured" if whole else "extrapolated"),
         "tokenizer_scheme": scheme,
     }
     write_text_atomic(cache_file, json.dumps(data, ensure_ascii=False))
@@ -166,20 +205,30 @@ def _cached(cache_file: Path, declared_bytes: float, *, log) -> CorpusStatistics
     try:
         stats = _finish(json.loads(cache_file.read_text(encoding="utf-8")), declared_bytes)
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-        log(f"corpus statistics cache {cache_file} is damaged ({type(exc).__name__}); "
-            "measuring again")
+        log(
+            f"corpus statistics cache {cache_file} is damaged ({type(exc).__name__}); "
+            "measuring again"
+        )
         return None
-    log(f"corpus statistics reused from {cache_file} (corpus files unchanged: same paths, "
-        "sizes and modification times)")
+    log(
+        f"corpus statistics reused from {cache_file} (corpus files unchanged: same paths, "
+        "sizes and modification times)"
+    )
     return stats
 
 
 def _measure(sample: list[str], *, corpus, tokenizer, vocab_size, cache_dir, log):
-    from gptplan.tokenizer import check_vocab, ensure_tokenizer
-    from gptplan.tokenizer import FastEncoder, load_tokenizer, read_manifest
+    from gptplan.tokenizer import (
+        FastEncoder,
+        check_vocab,
+        ensure_tokenizer,
+        load_tokenizer,
+        read_manifest,
+    )
 
-    directory = ensure_tokenizer(tokenizer=tokenizer, vocab_size=vocab_size,
-                                 cache_dir=cache_dir, patterns=corpus, log=log)
+    directory = ensure_tokenizer(
+        tokenizer=tokenizer, vocab_size=vocab_size, cache_dir=cache_dir, patterns=corpus, log=log
+    )
     if directory is not None:
         enc = FastEncoder(directory)
         check_vocab(enc.vocab_size, vocab_size)
@@ -198,14 +247,20 @@ def _measure(sample: list[str], *, corpus, tokenizer, vocab_size, cache_dir, log
 def _finish(data: dict, declared_bytes: float) -> CorpusStatistics:
     extrapolated = declared_bytes > 0
     # Extrapolate by UTF-8 bytes per character of the kept documents (one newline each).
-    chars = declared_bytes / data["bytes_per_character"] if extrapolated else \
-        data["local_characters"]
+    chars = (
+        declared_bytes / data["bytes_per_character"] if extrapolated else data["local_characters"]
+    )
     tokens = chars * data["tokens_per_character"]
     data = dict(data)
     if extrapolated and data.get("total_tokens_source") == "measured":
         data["total_tokens_source"] = "extrapolated"
-    return CorpusStatistics(**data, declared_bytes=declared_bytes, total_characters=chars,
-                            total_tokens=tokens, extrapolated=extrapolated)
+    return CorpusStatistics(
+        **data,
+        declared_bytes=declared_bytes,
+        total_characters=chars,
+        total_tokens=tokens,
+        extrapolated=extrapolated,
+    )
 
 
 def as_dict(stats: CorpusStatistics) -> dict:

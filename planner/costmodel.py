@@ -22,14 +22,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from gptplan.memory import (GB, ModelShape, activation_bytes_per_layer,  # noqa: F401
-                           memory_per_device_bytes, model_state_bytes_per_param)
+from gptplan.memory import (  # noqa: F401
+    GB,
+    ModelShape,
+    activation_bytes_per_layer,
+    memory_per_device_bytes,
+    model_state_bytes_per_param,
+)
 from gptplan.modelfacts import training_flops_per_token
 from gptplan.plan import ModelSection
 
-
-
 # ---- FLOPs -------------------------------------------------------------------------------------
+
 
 def model_flops_per_token(m: ModelSection, seq_len):
     """[P22] 6N + 12·L·h·s (vectorised over seq_len); see runner.model for the exact N."""
@@ -39,6 +43,7 @@ def model_flops_per_token(m: ModelSection, seq_len):
 
 
 # ---- uncertainty -------------------------------------------------------------------------------
+
 
 def interval_from_throughput(*, tokens_per_s, hours, fixed_hours, cost, p10_ratio, p90_ratio):
     """The 80% interval (p10..p90) on modelled throughput, hours and cost.
@@ -57,30 +62,41 @@ def interval_from_throughput(*, tokens_per_s, hours, fixed_hours, cost, p10_rati
     per_hour = np.asarray(cost, dtype=float) / np.maximum(h, 1e-12)
     hours_p10 = variable / hi + fixed
     hours_p90 = variable / lo + fixed
-    return {"tokens_per_s_p10": tps * lo, "tokens_per_s_p90": tps * hi,
-            "hours_p10": hours_p10, "hours_p90": hours_p90,
-            "cost_p10": per_hour * hours_p10, "cost_p90": per_hour * hours_p90}
+    return {
+        "tokens_per_s_p10": tps * lo,
+        "tokens_per_s_p90": tps * hi,
+        "hours_p10": hours_p10,
+        "hours_p90": hours_p90,
+        "cost_p10": per_hour * hours_p10,
+        "cost_p90": per_hour * hours_p90,
+    }
 
 
 # ---- spot and checkpoints ------------------------------------------------------------------
 
-def checkpoint_write_hours(*, state_bytes, nodes, node_gbytes_per_s,
-                           storage_cap_gbytes_per_s=0.0):
+
+def checkpoint_write_hours(*, state_bytes, nodes, node_gbytes_per_s, storage_cap_gbytes_per_s=0.0):
     """Time to write one checkpoint: every node writes its own shards in parallel, so each
     writes state_bytes/nodes at its own bandwidth, capped by what the offer's storage states
     per node (0 = no stated cap)."""
-    bw = node_gbytes_per_s if not storage_cap_gbytes_per_s else \
-        min(node_gbytes_per_s, storage_cap_gbytes_per_s)
-    return np.asarray(state_bytes, dtype=float) / np.maximum(np.asarray(nodes, dtype=float),
-                                                             1.0) / (bw * 1e9) / 3600
+    bw = (
+        node_gbytes_per_s
+        if not storage_cap_gbytes_per_s
+        else min(node_gbytes_per_s, storage_cap_gbytes_per_s)
+    )
+    return (
+        np.asarray(state_bytes, dtype=float)
+        / np.maximum(np.asarray(nodes, dtype=float), 1.0)
+        / (bw * 1e9)
+        / 3600
+    )
 
 
 def young_daly_interval_hours(checkpoint_hours, failures_per_hour):
     """[YD] tau = sqrt(2·delta/lambda); infinite when nothing fails."""
     lam = np.asarray(failures_per_hour, dtype=float)
     with np.errstate(divide="ignore"):
-        return np.where(lam > 0, np.sqrt(2.0 * checkpoint_hours / np.maximum(lam, 1e-30)),
-                        np.inf)
+        return np.where(lam > 0, np.sqrt(2.0 * checkpoint_hours / np.maximum(lam, 1e-30)), np.inf)
 
 
 def useful_fraction(checkpoint_hours, interval_hours, failures_per_hour, restart_hours):
@@ -91,6 +107,5 @@ def useful_fraction(checkpoint_hours, interval_hours, failures_per_hour, restart
     lam = np.asarray(failures_per_hour, dtype=float)
     finite = np.isfinite(tau)
     safe_tau = np.where(finite, tau, 1.0)
-    lost = np.where(finite, checkpoint_hours / safe_tau + lam * (safe_tau / 2 + restart_hours),
-                    0.0)
+    lost = np.where(finite, checkpoint_hours / safe_tau + lam * (safe_tau / 2 + restart_hours), 0.0)
     return np.clip(1.0 - lost, 0.01, 1.0)

@@ -51,8 +51,13 @@ def distinct_rows(table: CandidateTable, rows, keep=()) -> list[int]:
     seen, out = set(), []
     for i in rows:
         i = int(i)
-        key = (int(table["offer"][i]), bool(table["spot"][i]), int(table["nodes"][i]),
-               int(table["precision_code"][i]), family(table, i))
+        key = (
+            int(table["offer"][i]),
+            bool(table["spot"][i]),
+            int(table["nodes"][i]),
+            int(table["precision_code"][i]),
+            family(table, i),
+        )
         if key in seen and i not in keep:
             continue
         seen.add(key)
@@ -67,8 +72,14 @@ def _fold_precisions(table: CandidateTable, rows: list[int], keep) -> list[tuple
 
     out, where = [], {}
     for i in rows:
-        key = (int(table["offer"][i]), bool(table["spot"][i]), int(table["nodes"][i]),
-               family(table, i), f"{table['cost'][i]:.3g}", f"{table['hours'][i]:.3g}")
+        key = (
+            int(table["offer"][i]),
+            bool(table["spot"][i]),
+            int(table["nodes"][i]),
+            family(table, i),
+            f"{table['cost'][i]:.3g}",
+            f"{table['hours'][i]:.3g}",
+        )
         name = PRECISIONS[int(table["precision_code"][i])]
         if key in where and i not in keep:
             out[where[key]][1].append(name)
@@ -95,7 +106,7 @@ def render_decisions(result, top: int) -> str:
     """Top distinct decisions by cost (feasible first), one row each, <= 120 columns."""
     table, cur = result.table, result.currency
     mask = result.decision.feasible if result.decision.feasible.any() else table["fits"]
-    order = ranked(table, mask)[:max(top * 200, 2000)]
+    order = ranked(table, mask)[: max(top * 200, 2000)]
     keep = {int(result.chosen)} if result.chosen is not None else set()
     rows = _fold_precisions(table, distinct_rows(table, order, keep), keep)[:top]
     if result.chosen is not None and all(int(result.chosen) != i for i, _ in rows):
@@ -104,18 +115,40 @@ def render_decisions(result, top: int) -> str:
     body = []
     for i, precisions in rows:
         r = table.row(i)
-        body.append(["*" if i == result.chosen else "", short_offer(table, i),
-                     capacity(table, i, fb), f"{r['nodes']}x{r['gpus_per_node']}",
-                     "/".join(precisions), family(table, i), f"{r['hours']:,.3g}", _cost_cell(r),
-                     f"{r['preemptions']:.2g}" if r["spot"] else "-",
-                     _flags(r["offer_choice"], bool(r["spot"]))])
-    head = ["", "offer", "capacity", "nodes", "prec", "layout", "hours", f"cost {cur} (p10-p90)",
-            "preempt.", "price"]
-    title = (f"Top {len(body)} distinct decisions (offer, capacity, nodes, precision, layout "
-             f"family) by cost, modelled; * = chosen; {int(mask.sum()):,} feasible of "
-             f"{len(table):,}; --wide for every column")
-    return _wrap(title) + "\n" + tabulate(body, headers=head, tablefmt="simple",
-                                         disable_numparse=True)
+        body.append(
+            [
+                "*" if i == result.chosen else "",
+                short_offer(table, i),
+                capacity(table, i, fb),
+                f"{r['nodes']}x{r['gpus_per_node']}",
+                "/".join(precisions),
+                family(table, i),
+                f"{r['hours']:,.3g}",
+                _cost_cell(r),
+                f"{r['preemptions']:.2g}" if r["spot"] else "-",
+                _flags(r["offer_choice"], bool(r["spot"])),
+            ]
+        )
+    head = [
+        "",
+        "offer",
+        "capacity",
+        "nodes",
+        "prec",
+        "layout",
+        "hours",
+        f"cost {cur} (p10-p90)",
+        "preempt.",
+        "price",
+    ]
+    title = (
+        f"Top {len(body)} distinct decisions (offer, capacity, nodes, precision, layout "
+        f"family) by cost, modelled; * = chosen; {int(mask.sum()):,} feasible of "
+        f"{len(table):,}; --wide for every column"
+    )
+    return (
+        _wrap(title) + "\n" + tabulate(body, headers=head, tablefmt="simple", disable_numparse=True)
+    )
 
 
 def offer_summary(decision: Decision, spec) -> list[dict]:
@@ -125,33 +158,56 @@ def offer_summary(decision: Decision, spec) -> list[dict]:
     for index, choice in enumerate(table.offers):
         mine = (table["offer"] == index) if len(table) else np.zeros(0, bool)
         f = choice.price
-        base = {"offer": choice.label, "price_source": choice.offer.source,
-                "price_as_of": choice.offer.as_of, "price_age_days": f.age_days,
-                "price_stale": f.stale, "spot_price_outlier": f.outlier,
-                f"price_{choice.offer.currency.lower()}_per_node_hour_on_demand":
-                    choice.offer.on_demand_per_hour,
-                f"price_{choice.offer.currency.lower()}_per_node_hour_spot":
-                    choice.offer.spot_per_hour,
-                "preemptions_per_node_hour": f.risk.rate,
-                "preemption_rate_source": f.risk.source}
+        base = {
+            "offer": choice.label,
+            "price_source": choice.offer.source,
+            "price_as_of": choice.offer.as_of,
+            "price_age_days": f.age_days,
+            "price_stale": f.stale,
+            "spot_price_outlier": f.outlier,
+            f"price_{choice.offer.currency.lower()}_per_node_hour_on_demand": (
+                choice.offer.on_demand_per_hour
+            ),
+            f"price_{choice.offer.currency.lower()}_per_node_hour_spot": choice.offer.spot_per_hour,
+            "preemptions_per_node_hour": f.risk.rate,
+            "preemption_rate_source": f.risk.source,
+        }
         pick = _best_row(spec, decision, mine)
         if pick is None:
-            out.append(base | {"status": "does not fit" if mine.any() else "no valid layout",
-                               f"modelled_cost_{cur}": None, "modelled_hours": None})
+            out.append(
+                base
+                | {
+                    "status": "does not fit" if mine.any() else "no valid layout",
+                    f"modelled_cost_{cur}": None,
+                    "modelled_hours": None,
+                }
+            )
             continue
         i, status = pick
         r = table.row(i)
-        out.append(base | {"status": status, "capacity": "spot" if r["spot"] else "on_demand",
-                           "nodes": r["nodes"], "devices_per_node": r["gpus_per_node"],
-                           "precision": r["precision"], "layout_family": family(table, i),
-                           f"modelled_cost_{cur}": r["cost"],
-                           f"modelled_cost_{cur}_p10": r["cost_p10"],
-                           f"modelled_cost_{cur}_p90": r["cost_p90"],
-                           f"modelled_cost_on_demand_{cur}": _nan_none(r["cost_on_demand"]),
-                           "modelled_hours": r["hours"],
-                           "expected_preemptions": r["preemptions"] if r["spot"] else 0.0})
-    out.sort(key=lambda x: (x["status"] != "ok", x[f"modelled_cost_{cur}"]
-                            if x[f"modelled_cost_{cur}"] is not None else math.inf))
+        out.append(
+            base
+            | {
+                "status": status,
+                "capacity": "spot" if r["spot"] else "on_demand",
+                "nodes": r["nodes"],
+                "devices_per_node": r["gpus_per_node"],
+                "precision": r["precision"],
+                "layout_family": family(table, i),
+                f"modelled_cost_{cur}": r["cost"],
+                f"modelled_cost_{cur}_p10": r["cost_p10"],
+                f"modelled_cost_{cur}_p90": r["cost_p90"],
+                f"modelled_cost_on_demand_{cur}": _nan_none(r["cost_on_demand"]),
+                "modelled_hours": r["hours"],
+                "expected_preemptions": r["preemptions"] if r["spot"] else 0.0,
+            }
+        )
+    out.sort(
+        key=lambda x: (
+            x["status"] != "ok",
+            x[f"modelled_cost_{cur}"] if x[f"modelled_cost_{cur}"] is not None else math.inf,
+        )
+    )
     return out
 
 
@@ -188,33 +244,54 @@ def render_offers(decision: Decision, spec, *, wide: bool = False) -> str:
         cost = r[f"modelled_cost_{cur.lower()}"]
         od = r.get(f"modelled_cost_on_demand_{cur.lower()}")
         notes = ["undated" if r["price_age_days"] is None else f"{r['price_age_days']} d"]
-        notes += [x for x, on in (("stale", r["price_stale"] and r["price_age_days"] is not None),
-                                  ("spot-OUTLIER", r["spot_price_outlier"]),
-                                  (r["status"], r["status"] != "ok")) if on]
-        line = [r["offer"].split(" @ ")[1] if not wide else r["offer"],
-                f"{r['capacity'].replace('_', '-')} {r['nodes']}x{r['devices_per_node']}"
-                if "capacity" in r else "",
-                f"{money(cost)} ({money(r[f'modelled_cost_{cur.lower()}_p10'])}-"
-                f"{money(r[f'modelled_cost_{cur.lower()}_p90'])})" if cost is not None else "",
-                money(od) if od is not None and r.get("capacity") == "spot" else "",
-                f"{r['modelled_hours']:,.3g}" if cost is not None else "", " ".join(notes)]
+        notes += [
+            x
+            for x, on in (
+                ("stale", r["price_stale"] and r["price_age_days"] is not None),
+                ("spot-OUTLIER", r["spot_price_outlier"]),
+                (r["status"], r["status"] != "ok"),
+            )
+            if on
+        ]
+        line = [
+            r["offer"].split(" @ ")[1] if not wide else r["offer"],
+            f"{r['capacity'].replace('_', '-')} {r['nodes']}x{r['devices_per_node']}"
+            if "capacity" in r
+            else "",
+            f"{money(cost)} ({money(r[f'modelled_cost_{cur.lower()}_p10'])}-"
+            f"{money(r[f'modelled_cost_{cur.lower()}_p90'])})"
+            if cost is not None
+            else "",
+            money(od) if od is not None and r.get("capacity") == "spot" else "",
+            f"{r['modelled_hours']:,.3g}" if cost is not None else "",
+            " ".join(notes),
+        ]
         if wide:
             line.append(r["price_source"])
         body.append(line)
-    head = ["offer (its best plan)", "capacity", f"cost {cur} p10-p90", "on-demand",
-            "hours", "price age, flags"] + (["price source"] if wide else [])
-    title = (f"Best plan per offer (modelled; spot cost includes expected preemptions, "
-             f"'on-demand' = the same plan if spot cannot be had; prices older than "
-             f"{spec.constraints.max_price_age_days} d or undated are stale)")
-    return _wrap(title) + "\n" + tabulate(body, headers=head, tablefmt="simple",
-                                         disable_numparse=True)
+    head = [
+        "offer (its best plan)",
+        "capacity",
+        f"cost {cur} p10-p90",
+        "on-demand",
+        "hours",
+        "price age, flags",
+    ] + (["price source"] if wide else [])
+    title = (
+        f"Best plan per offer (modelled; spot cost includes expected preemptions, "
+        f"'on-demand' = the same plan if spot cannot be had; prices older than "
+        f"{spec.constraints.max_price_age_days} d or undated are stale)"
+    )
+    return (
+        _wrap(title) + "\n" + tabulate(body, headers=head, tablefmt="simple", disable_numparse=True)
+    )
 
 
 def fit_lines(text: str) -> str:
     """Every line of `text` wrapped at WIDTH columns, keeping its indentation."""
     out = []
     for line in text.splitlines():
-        indent = line[:len(line) - len(line.lstrip())]
+        indent = line[: len(line) - len(line.lstrip())]
         out.append(_wrap(line.strip(), indent) if len(line) > WIDTH else line)
     return "\n".join(out)
 
@@ -222,8 +299,9 @@ def fit_lines(text: str) -> str:
 def _wrap(text: str, indent: str = "") -> str:
     import textwrap
 
-    return "\n".join(textwrap.wrap(text, WIDTH, initial_indent=indent,
-                                   subsequent_indent=indent + "  "))
+    return "\n".join(
+        textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+    )
 
 
 def sensitivity(table: CandidateTable, i: int, target_from_tokens: bool = True) -> dict:
@@ -231,22 +309,29 @@ def sensitivity(table: CandidateTable, i: int, target_from_tokens: bool = True) 
     r = table.row(int(i))
     f = r["offer_choice"].price
     spread = f.spot_spread if r["spot"] else f.on_demand_spread
-    out = {"price": spread[1] / spread[0],
-           "throughput interval": r["throughput_cost_p90"] / r["throughput_cost_p10"],
-           "preemption rate": r["preemption_hours_p90"] / r["preemption_hours_p10"]}
+    out = {
+        "price": spread[1] / spread[0],
+        "throughput interval": r["throughput_cost_p90"] / r["throughput_cost_p10"],
+        "preemption rate": r["preemption_hours_p90"] / r["preemption_hours_p10"],
+    }
     # tokens per character moves the cost only when the target is in epochs of the corpus;
     # the statistics carry no spread for it yet, so it is named, not quantified
-    out["tokens per character (target in tokens)" if target_from_tokens else
-        "tokens per character (no spread measured)"] = 1.0
+    out[
+        "tokens per character (target in tokens)"
+        if target_from_tokens
+        else "tokens per character (no spread measured)"
+    ] = 1.0
     return out
 
 
 def sensitivity_line(sens: dict, currency: str) -> str:
     ranked_inputs = sorted(sens.items(), key=lambda kv: -kv[1])
     parts = ", ".join(f"{k} x{v:.2f}" for k, v in ranked_inputs)
-    return _wrap(f"sensitivity: the cost moves most with {ranked_inputs[0][0]} (p90/p10 of the "
-                 f"{currency} cost with each input alone over its 80% range: {parts})",
-                 "        ")
+    return _wrap(
+        f"sensitivity: the cost moves most with {ranked_inputs[0][0]} (p90/p10 of the "
+        f"{currency} cost with each input alone over its 80% range: {parts})",
+        "        ",
+    )
 
 
 def price_lines(result) -> list[str]:
@@ -256,25 +341,33 @@ def price_lines(result) -> list[str]:
     choice, cur = r["offer_choice"], result.currency
     f, offer = choice.price, choice.offer
     native = offer.node_price_per_hour(spot=bool(r["spot"]), tdp_w=choice.profile.tdp_w)
-    rate = (f" x {choice.rate:g} {cur}/{offer.currency} (rate as of "
-            f"{spec.rates_as_of or 'undated'})" if offer.currency != cur else "")
+    rate = (
+        f" x {choice.rate:g} {cur}/{offer.currency} (rate as of {spec.rates_as_of or 'undated'})"
+        if offer.currency != cur
+        else ""
+    )
     age = "undated" if f.age_days is None else f"{f.age_days} days old"
     stale = "; STALE: refresh with 'planner prices import'" if f.stale else ""
-    lines = [f"price: {native:g} {offer.currency}/node-hour{rate}; price as of "
-             f"{offer.as_of or '(no date)'} ({age}{stale})"]
+    lines = [
+        f"price: {native:g} {offer.currency}/node-hour{rate}; price as of "
+        f"{offer.as_of or '(no date)'} ({age}{stale})"
+    ]
     fallback = spec.spot.fallback_wait_hours
     if r["spot"] and fallback:
         p = f.risk.unavailable_probability
-        lines.append(f"spot with on-demand fallback: if no spot capacity after {fallback:g} h "
-                     f"(chance {p:.0%}, {offer.provider}), the plan runs on-demand; cost = "
-                     f"expected over both, hours = the later of the two")
+        lines.append(
+            f"spot with on-demand fallback: if no spot capacity after {fallback:g} h "
+            f"(chance {p:.0%}, {offer.provider}), the plan runs on-demand; cost = "
+            f"expected over both, hours = the later of the two"
+        )
     if r["spot"]:
         od = r["cost_on_demand"]
         lines.append(
             f"spot risk: {r['preemptions']:.2g} expected preemptions at {f.risk.rate:g}/node-hour "
             f"(80% range {f.risk.low:g}-{f.risk.high:g}; source: {f.risk.source}), checkpoint "
             f"every {r['checkpoint_interval_h']:.2g} h, included in the cost; if spot cannot be "
-            f"had, the same plan on-demand costs {money(od)} {cur}")
+            f"had, the same plan on-demand costs {money(od)} {cur}"
+        )
     if f.outlier and r["spot"]:
         lines.append(f"WARNING: {f.outlier_note} (allowed by --allow-outlier-prices)")
     return [_wrap(x, "        ") for x in lines]
@@ -286,9 +379,12 @@ def budget_line(decision: Decision, spec) -> str:
     if decision.minimum_budget is None or not c.budget:
         return ""
     within = f" within {c.deadline_hours:g} h" if c.deadline_hours else ""
-    return _wrap(f"budget: {c.budget:,.0f} {c.currency} buys about "
-                 f"{(decision.tokens_bought or 0):.3g} tokens{within}; the target needs at "
-                 f"least {money(decision.minimum_budget)} {c.currency} (modelled)", "        ")
+    return _wrap(
+        f"budget: {c.budget:,.0f} {c.currency} buys about "
+        f"{(decision.tokens_bought or 0):.3g} tokens{within}; the target needs at "
+        f"least {money(decision.minimum_budget)} {c.currency} (modelled)",
+        "        ",
+    )
 
 
 def excluded_outliers(table: CandidateTable) -> list[str]:
@@ -299,18 +395,28 @@ def cost_json(result) -> dict:
     """The cost facts of `planner optimize --json` beyond the candidate records."""
     spec, decision = result.spec, result.decision
     cur = spec.constraints.currency.lower()
-    out = {f"minimum_budget_{cur}": decision.minimum_budget,
-           "tokens_bought": decision.tokens_bought,
-           "excluded_outlier_offers": excluded_outliers(decision.table),
-           "rates": {"quote": spec.rates_quote or spec.constraints.currency,
-                     "as_of": spec.rates_as_of, "source": spec.rates_source,
-                     **{f"{spec.rates_quote or spec.constraints.currency}_per_{k}".lower(): v
-                        for k, v in spec.rates.items()}},
-           "offers": offer_summary(decision, spec)}
+    out = {
+        f"minimum_budget_{cur}": decision.minimum_budget,
+        "tokens_bought": decision.tokens_bought,
+        "excluded_outlier_offers": excluded_outliers(decision.table),
+        "rates": {
+            "quote": spec.rates_quote or spec.constraints.currency,
+            "as_of": spec.rates_as_of,
+            "source": spec.rates_source,
+            **{
+                f"{spec.rates_quote or spec.constraints.currency}_per_{k}".lower(): v
+                for k, v in spec.rates.items()
+            },
+        },
+        "offers": offer_summary(decision, spec),
+    }
     if result.chosen is not None:
         out["sensitivity_cost_p90_over_p10"] = {
-            k.split(" (")[0].replace(" ", "_"): v for k, v in
-            sensitivity(decision.table, result.chosen, spec.job.target_tokens > 0).items()}
+            k.split(" (")[0].replace(" ", "_"): v
+            for k, v in sensitivity(
+                decision.table, result.chosen, spec.job.target_tokens > 0
+            ).items()
+        }
     return out
 
 
@@ -320,14 +426,18 @@ def price_record(table: CandidateTable, i: int, currency: str) -> dict:
     choice = r["offer_choice"]
     f, offer, cur = choice.price, choice.offer, currency.lower()
     native = offer.node_price_per_hour(spot=bool(r["spot"]), tdp_w=choice.profile.tdp_w)
-    return {f"price_{offer.currency.lower()}_per_node_hour": native,
-            f"price_{cur}_per_node_hour": r["price_node_hour"], "price_as_of": offer.as_of,
-            "price_age_days": f.age_days, "price_stale": f.stale,
-            "spot_price_outlier": bool(r["spot"]) and f.outlier,
-            "expected_preemptions": r["preemptions"],
-            "preemptions_per_node_hour": f.risk.rate if r["spot"] else 0.0,
-            "preemptions_per_node_hour_p10": f.risk.low if r["spot"] else 0.0,
-            "preemptions_per_node_hour_p90": f.risk.high if r["spot"] else 0.0,
-            "preemption_rate_source": f.risk.source if r["spot"] else "",
-            "checkpoint_interval_hours": _nan_none(float(r["checkpoint_interval_h"])),
-            f"modelled_cost_on_demand_{cur}": _nan_none(r["cost_on_demand"])}
+    return {
+        f"price_{offer.currency.lower()}_per_node_hour": native,
+        f"price_{cur}_per_node_hour": r["price_node_hour"],
+        "price_as_of": offer.as_of,
+        "price_age_days": f.age_days,
+        "price_stale": f.stale,
+        "spot_price_outlier": bool(r["spot"]) and f.outlier,
+        "expected_preemptions": r["preemptions"],
+        "preemptions_per_node_hour": f.risk.rate if r["spot"] else 0.0,
+        "preemptions_per_node_hour_p10": f.risk.low if r["spot"] else 0.0,
+        "preemptions_per_node_hour_p90": f.risk.high if r["spot"] else 0.0,
+        "preemption_rate_source": f.risk.source if r["spot"] else "",
+        "checkpoint_interval_hours": _nan_none(float(r["checkpoint_interval_h"])),
+        f"modelled_cost_on_demand_{cur}": _nan_none(r["cost_on_demand"]),
+    }

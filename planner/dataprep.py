@@ -16,8 +16,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from planner.hardware import PROFILE_DIR
 from gptplan.tomlconf import read_toml
+from planner.hardware import PROFILE_DIR
 
 NODE_FILE = PROFILE_DIR / "cpus" / "node_cpus.toml"
 THROUGHPUT_FILE = "prep_throughput.json"
@@ -27,27 +27,34 @@ THROUGHPUT_FILE = "prep_throughput.json"
 class DataPrepEstimate:
     corpus_bytes: float
     bytes_per_second_per_core: float
-    throughput_source: str        # where the per-core throughput was measured
-    node_cpus: int                # 0 = unknown
+    throughput_source: str  # where the per-core throughput was measured
+    node_cpus: int  # 0 = unknown
     node_cpus_source: str
-    hours: float | None           # modelled from the measured throughput; None = CPUs unknown
-    cost: float | None            # hours x nodes x node price, in the plan's currency
+    hours: float | None  # modelled from the measured throughput; None = CPUs unknown
+    cost: float | None  # hours x nodes x node price, in the plan's currency
     currency: str
 
     def describe(self) -> str:
         if self.hours is None:
-            return (f"data preparation: {self.corpus_bytes / 1e9:,.3g} GB at "
-                    f"{self.bytes_per_second_per_core / 1e6:.2f} MB/s per core "
-                    f"({self.throughput_source}); the node's CPU count is unknown "
-                    f"({self.node_cpus_source}), so "
-                    f"{self.corpus_bytes / self.bytes_per_second_per_core / 3600:,.1f} "
-                    "core-hours")
-        cost = f", {self.cost:,.2f} {self.currency} if prepared on the rented nodes" \
-            if self.cost is not None else ""
-        return (f"data preparation before training: {self.hours:,.2f} h{cost} (modelled: "
-                f"{self.corpus_bytes / 1e9:,.3g} GB / ({self.bytes_per_second_per_core / 1e6:.2f}"
-                f" MB/s per core, {self.throughput_source} x {self.node_cpus} CPUs, "
-                f"{self.node_cpus_source}))")
+            return (
+                f"data preparation: {self.corpus_bytes / 1e9:,.3g} GB at "
+                f"{self.bytes_per_second_per_core / 1e6:.2f} MB/s per core "
+                f"({self.throughput_source}); the node's CPU count is unknown "
+                f"({self.node_cpus_source}), so "
+                f"{self.corpus_bytes / self.bytes_per_second_per_core / 3600:,.1f} "
+                "core-hours"
+            )
+        cost = (
+            f", {self.cost:,.2f} {self.currency} if prepared on the rented nodes"
+            if self.cost is not None
+            else ""
+        )
+        return (
+            f"data preparation before training: {self.hours:,.2f} h{cost} (modelled: "
+            f"{self.corpus_bytes / 1e9:,.3g} GB / ({self.bytes_per_second_per_core / 1e6:.2f}"
+            f" MB/s per core, {self.throughput_source} x {self.node_cpus} CPUs, "
+            f"{self.node_cpus_source}))"
+        )
 
 
 def _measured_rate(cache_dir: str, scheme: str) -> tuple[float, str]:
@@ -58,11 +65,13 @@ def _measured_rate(cache_dir: str, scheme: str) -> tuple[float, str]:
         data = {}
     entry = data.get(scheme) or (next(iter(data.values())) if data else None)
     if entry and entry.get("bytes_per_second_per_core", 0) > 0:
-        return float(entry["bytes_per_second_per_core"]), \
-            f"measured on this machine {entry.get('measured_at', '')[:10]}"
+        return float(
+            entry["bytes_per_second_per_core"]
+        ), f"measured on this machine {entry.get('measured_at', '')[:10]}"
     table = read_toml(NODE_FILE)["data_preparation"]
-    return float(table["bytes_per_second_per_core"]), \
-        f"measured by bench/data_prep.py, {table['as_of']}"
+    return float(
+        table["bytes_per_second_per_core"]
+    ), f"measured by bench/data_prep.py, {table['as_of']}"
 
 
 def node_cpus(provider: str, instance: str) -> tuple[int, str]:
@@ -74,24 +83,40 @@ def node_cpus(provider: str, instance: str) -> tuple[int, str]:
     return 0, f"no CPU count for {provider}/{instance} in {NODE_FILE.name}"
 
 
-def estimate(*, corpus_bytes: float, scheme: str, cache_dir: str, provider: str,
-             instance: str, nodes: int, price_node_hour: float | None,
-             currency: str) -> DataPrepEstimate:
+def estimate(
+    *,
+    corpus_bytes: float,
+    scheme: str,
+    cache_dir: str,
+    provider: str,
+    instance: str,
+    nodes: int,
+    price_node_hour: float | None,
+    currency: str,
+) -> DataPrepEstimate:
     rate, rate_source = _measured_rate(cache_dir, scheme)
     cpus, cpus_source = node_cpus(provider, instance)
     hours = corpus_bytes / (rate * cpus) / 3600 if cpus else None
     cost = hours * nodes * price_node_hour if hours is not None and price_node_hour else None
-    return DataPrepEstimate(corpus_bytes, rate, rate_source, cpus, cpus_source, hours, cost,
-                            currency)
+    return DataPrepEstimate(
+        corpus_bytes, rate, rate_source, cpus, cpus_source, hours, cost, currency
+    )
 
 
 def for_row(stats, row: dict, *, cache_dir: str, currency: str) -> DataPrepEstimate:
     """The estimate for a planner candidate row (the chosen plan)."""
     offer = row["offer_choice"].offer
     size = stats.declared_bytes or stats.local_bytes
-    return estimate(corpus_bytes=size, scheme=stats.tokenizer_scheme, cache_dir=cache_dir,
-                    provider=offer.provider, instance=offer.instance, nodes=int(row["nodes"]),
-                    price_node_hour=float(row["price_node_hour"]), currency=currency)
+    return estimate(
+        corpus_bytes=size,
+        scheme=stats.tokenizer_scheme,
+        cache_dir=cache_dir,
+        provider=offer.provider,
+        instance=offer.instance,
+        nodes=int(row["nodes"]),
+        price_node_hour=float(row["price_node_hour"]),
+        currency=currency,
+    )
 
 
 def as_dict(est: DataPrepEstimate) -> dict:
@@ -102,8 +127,10 @@ def as_dict(est: DataPrepEstimate) -> dict:
 
 def truncation_line(stats) -> str:
     lost = ", ".join(f"seq {k}: {v:.1%}" for k, v in stats.truncation_loss.items())
-    return (f"truncation a non-packed pipeline would lose: {lost} of the tokens (documents "
-            "longer than seq_len; measured on the sample; the plan packs, losing none)")
+    return (
+        f"truncation a non-packed pipeline would lose: {lost} of the tokens (documents "
+        "longer than seq_len; measured on the sample; the plan packs, losing none)"
+    )
 
 
 def stats_lines(stats, target: float) -> list[str]:
@@ -119,18 +146,20 @@ def report(stats, target: float, row: dict | None, *, cache_dir: str, currency: 
     from planner.corpus_stats import epochs_warning
 
     warning = epochs_warning(stats, target)
-    prep = for_row(stats, row, cache_dir=cache_dir, currency=currency) if row is not None \
-        else None
-    return {"notes": [x for x in (prep.describe() if prep else None, warning) if x],
-            "json": {"warnings": [warning] if warning else [],
-                     "epochs": stats.epochs_for(target),
-                     "fresh_equivalent_tokens": _fresh(stats, target),
-                     "data_preparation": as_dict(prep) if prep else None}}
+    prep = for_row(stats, row, cache_dir=cache_dir, currency=currency) if row is not None else None
+    return {
+        "notes": [x for x in (prep.describe() if prep else None, warning) if x],
+        "json": {
+            "warnings": [warning] if warning else [],
+            "epochs": stats.epochs_for(target),
+            "fresh_equivalent_tokens": _fresh(stats, target),
+            "data_preparation": as_dict(prep) if prep else None,
+        },
+    }
 
 
 def _fresh(stats, target: float) -> float | None:
     from planner.corpus_stats import fresh_equivalent_tokens
 
     epochs = stats.epochs_for(target)
-    return fresh_equivalent_tokens(stats.total_tokens, epochs) if epochs != float("inf") \
-        else None
+    return fresh_equivalent_tokens(stats.total_tokens, epochs) if epochs != float("inf") else None

@@ -22,10 +22,12 @@ from planner.spec import SpecError, load_spec
 
 def _one(spec, choice: OfferChoice, target: float, **pins) -> dict | None:
     """Evaluate a single configuration (pinned search lists) on one offer; None if invalid."""
-    s = dataclasses.replace(spec.search, **{k: v for k, v in pins.items()
-                                            if hasattr(spec.search, k)})
-    c = dataclasses.replace(spec.constraints, **{k: v for k, v in pins.items()
-                                                 if hasattr(spec.constraints, k)})
+    s = dataclasses.replace(
+        spec.search, **{k: v for k, v in pins.items() if hasattr(spec.search, k)}
+    )
+    c = dataclasses.replace(
+        spec.constraints, **{k: v for k, v in pins.items() if hasattr(spec.constraints, k)}
+    )
     sp = dataclasses.replace(spec, search=s, constraints=c)
     rows = evaluate_offer(sp, choice, 0, target)
     if not rows or not len(rows["nodes"]):
@@ -36,18 +38,26 @@ def _one(spec, choice: OfferChoice, target: float, **pins) -> dict | None:
 
 def _pins_from_plan(plan: Plan) -> dict:
     p, t = plan.parallel, plan.training
-    return dict(seq_lens=[t.seq_len], precisions=[t.precision],
-                micro_batch_sizes=[t.per_device_train_batch_size],
-                accumulation_steps=[t.gradient_accumulation_steps],
-                tensor_parallel=[p.tensor_parallel_degree],
-                pipeline_parallel=[p.pipeline_parallel_degree],
-                virtual_pp=[p.virtual_pp_degree], sharding=[p.sharding],
-                sharding_degrees=[p.sharding_parallel_degree] if p.sharding else [],
-                flash_attention=t.use_flash_attention,
-                recompute=[p.recompute], sequence_parallel=[p.sequence_parallel],
-                node_counts=[p.nnodes], max_nodes=p.nnodes, spot=plan.hardware.spot,
-                on_demand=not plan.hardware.spot, global_batch_tokens_min=0,
-                global_batch_tokens_max=0)
+    return dict(
+        seq_lens=[t.seq_len],
+        precisions=[t.precision],
+        micro_batch_sizes=[t.per_device_train_batch_size],
+        accumulation_steps=[t.gradient_accumulation_steps],
+        tensor_parallel=[p.tensor_parallel_degree],
+        pipeline_parallel=[p.pipeline_parallel_degree],
+        virtual_pp=[p.virtual_pp_degree],
+        sharding=[p.sharding],
+        sharding_degrees=[p.sharding_parallel_degree] if p.sharding else [],
+        flash_attention=t.use_flash_attention,
+        recompute=[p.recompute],
+        sequence_parallel=[p.sequence_parallel],
+        node_counts=[p.nnodes],
+        max_nodes=p.nnodes,
+        spot=plan.hardware.spot,
+        on_demand=not plan.hardware.spot,
+        global_batch_tokens_min=0,
+        global_batch_tokens_max=0,
+    )
 
 
 def uncertainty_terms(row: dict, profile, precision: str, params_total: float = 0.0) -> dict:
@@ -56,22 +66,31 @@ def uncertainty_terms(row: dict, profile, precision: str, params_total: float = 
     The interval comes from the leave-one-out residuals of the efficiency fit (published runs);
     a step dominated by compute inherits that spread directly, one dominated by communication
     rests on link bandwidths the published runs barely constrain (say so)."""
-    terms = {"compute (fitted efficiency)": row["compute_s"] * row["bubble"],
-             "tensor-parallel all-reduces": row["tp_s"] * row["bubble"],
-             "pipeline point-to-point": row["pp_s"],
-             "gradient sync (not hidden)": row["comm_s"] - row["tp_s"] - row["pp_s"],
-             "optimizer step": row["opt_s"]}
+    terms = {
+        "compute (fitted efficiency)": row["compute_s"] * row["bubble"],
+        "tensor-parallel all-reduces": row["tp_s"] * row["bubble"],
+        "pipeline point-to-point": row["pp_s"],
+        "gradient sync (not hidden)": row["comm_s"] - row["tp_s"] - row["pp_s"],
+        "optimizer step": row["opt_s"],
+    }
     total = sum(terms.values())
     shares = {k: v / total for k, v in terms.items()}
     dominant = max(shares, key=shares.get)
     eff = profile.efficiency_for(precision)
     lo, hi = eff.interval_ratios(params_total)
-    basis = (f"{eff.interval_basis or 'leave-one-out residuals'} of the published runs on "
-             f"this GPU generation (x{lo:g}..x{hi:g} on tokens/s)"
-             if eff.fit_rows else "no published runs for this hardware: the wide default "
-             f"spread x{lo:g}..x{hi:g} of an uncalibrated prior")
-    return {"dominant_term": dominant, "dominant_share": shares[dominant],
-            "shares": shares, "interval_basis": basis}
+    basis = (
+        f"{eff.interval_basis or 'leave-one-out residuals'} of the published runs on "
+        f"this GPU generation (x{lo:g}..x{hi:g} on tokens/s)"
+        if eff.fit_rows
+        else "no published runs for this hardware: the wide default "
+        f"spread x{lo:g}..x{hi:g} of an uncalibrated prior"
+    )
+    return {
+        "dominant_term": dominant,
+        "dominant_share": shares[dominant],
+        "shares": shares,
+        "interval_basis": basis,
+    }
 
 
 CLAIMS_FILE = Path(__file__).with_name("specs") / "bank_faq_claims.toml"
@@ -103,28 +122,36 @@ def _spec_for(plan: Plan, spec_path: str | None):
     return spec
 
 
-def explain_plan(plan_path, *, spec_path: str | None = None, claims: bool | None = None
-                 ) -> dict:
+def explain_plan(plan_path, *, spec_path: str | None = None, claims: bool | None = None) -> dict:
     """Why this plan (estimate, interval, dominant uncertainty, warnings) and, for plans from
     the bank-FAQ spec or with claims=True, which of the article's claims the model supports."""
     plan = load_plan(plan_path)
     spec = _spec_for(plan, spec_path)
     profiles = load_profiles()
     target = float(plan.job.target_tokens or plan.tokens_per_step * plan.training.max_steps)
-    out: dict = {"plan": str(plan_path), "currency": plan.budget.currency,
-                 "notes": plan.provenance.notes, "estimate": dataclasses.asdict(plan.estimate),
-                 "claims": []}
+    out: dict = {
+        "plan": str(plan_path),
+        "currency": plan.budget.currency,
+        "notes": plan.provenance.notes,
+        "estimate": dataclasses.asdict(plan.estimate),
+        "claims": [],
+    }
     choice = _find_offer(spec, profiles, plan.hardware.profile, plan.hardware.offer)
     if choice is None:
-        out["warnings"] = ["the plan's offer is not in the current profiles (or its currency "
-                           "has no rate in the spec): cannot re-evaluate"]
+        out["warnings"] = [
+            "the plan's offer is not in the current profiles (or its currency "
+            "has no rate in the spec): cannot re-evaluate"
+        ]
         return out
     pins = _pins_from_plan(plan)
     here = _one(spec, choice, target, **pins)
     if here:
         out["uncertainty"] = uncertainty_terms(
-            here, choice.profile, plan.training.precision,
-            float(cm.ModelShape.from_section(plan.model).params_total))
+            here,
+            choice.profile,
+            plan.training.precision,
+            float(cm.ModelShape.from_section(plan.model).params_total),
+        )
     stats = _corpus_stats(spec)
     from planner.corpus_stats import epochs_warning
 
@@ -139,12 +166,16 @@ def explain_plan(plan_path, *, spec_path: str | None = None, claims: bool | None
 def _corpus_stats(spec):
     from planner.corpus_stats import corpus_statistics
 
-    return corpus_statistics(corpus=spec.job.corpus, tokenizer=spec.job.tokenizer,
-                             vocab_size=spec.model_section().vocab_size,
-                             cache_dir=spec.job.cache_dir,
-                             sample_documents=spec.job.sample_documents,
-                             declared_bytes=spec.job.corpus_bytes,
-                             seq_lens=spec.constraints.seq_lens, log=lambda *a: None)
+    return corpus_statistics(
+        corpus=spec.job.corpus,
+        tokenizer=spec.job.tokenizer,
+        vocab_size=spec.model_section().vocab_size,
+        cache_dir=spec.job.cache_dir,
+        sample_documents=spec.job.sample_documents,
+        declared_bytes=spec.job.corpus_bytes,
+        seq_lens=spec.constraints.seq_lens,
+        log=lambda *a: None,
+    )
 
 
 def _claim(name, article, model, verdict) -> dict:
@@ -162,19 +193,32 @@ def article_claims(spec, plan, choice, here, pins, target, stats, profiles) -> l
     out.append(_tokenizer_claim(data["tokenizer"], stats))
     seqs, tokens = data["steps_batch"]
     total = data["target_tokens"]
-    out.append(_claim("190k steps", f"about 190k steps at {seqs} x {tokens} tokens per step",
-                      f"{total / (seqs * tokens):,.0f} steps for {total:.3g} tokens; 64 x 1024 "
-                      f"would need {total / data['small_batch_tokens']:,.0f}", "holds"))
+    out.append(
+        _claim(
+            "190k steps",
+            f"about 190k steps at {seqs} x {tokens} tokens per step",
+            f"{total / (seqs * tokens):,.0f} steps for {total:.3g} tokens; 64 x 1024 "
+            f"would need {total / data['small_batch_tokens']:,.0f}",
+            "holds",
+        )
+    )
     out += _article_run_claims(data, spec, profiles)
     b = data["budget"]
     cost = plan.estimate.cost
-    out.append(_claim("12,000 yuan", b["claim"],
-                      f"this plan: {cost:,.0f} {plan.budget.currency} ({plan.estimate.source}); "
-                      "no quoted P4 cloud price exists in our price lists, so the P4 figure "
-                      "cannot be checked",
-                      "the planned hardware is far cheaper" if plan.budget.currency ==
-                      b["currency"] and cost < b["far_cheaper_below"] else "not comparable"
-                      if plan.budget.currency != b["currency"] else "similar"))
+    out.append(
+        _claim(
+            "12,000 yuan",
+            b["claim"],
+            f"this plan: {cost:,.0f} {plan.budget.currency} ({plan.estimate.source}); "
+            "no quoted P4 cloud price exists in our price lists, so the P4 figure "
+            "cannot be checked",
+            "the planned hardware is far cheaper"
+            if plan.budget.currency == b["currency"] and cost < b["far_cheaper_below"]
+            else "not comparable"
+            if plan.budget.currency != b["currency"]
+            else "similar",
+        )
+    )
     return out
 
 
@@ -189,61 +233,97 @@ def _amp_claims(d, spec, plan, choice, here, pins, target) -> list[dict]:
         return []
     saving = 1 - same_kernel["memory_gb"] / fp32["memory_gb"]
     speedup = fp32["step_time_s"] / here["step_time_s"] - 1
-    flash = (f"; with the flash attention 16 bit enables, {here['memory_gb']:.1f} GB"
-             if here.get("flash") else "")
+    flash = (
+        f"; with the flash attention 16 bit enables, {here['memory_gb']:.1f} GB"
+        if here.get("flash")
+        else ""
+    )
     name, prof = choice.profile.name, choice.profile
     lo, hi = d["memory_holds"]
-    return [_claim("AMP memory", d["memory_claim"],
-                   f"{saving:.0%} less per device ({fp32['memory_gb']:.1f} -> "
-                   f"{same_kernel['memory_gb']:.1f} GB, same attention kernel) on {name}{flash}",
-                   "holds" if lo <= saving <= hi else "differs"),
-            _claim("AMP speed", d["speed_claim"],
-                   f"{speedup:.0%} faster on {name} (tensor-core peak "
-                   f"{prof.peak_for(plan.training.precision):g} vs {prof.peak_for('fp32'):g} "
-                   "TFLOPS used for fp32)",
-                   "holds" if speedup >= d["speed_holds"] else "does not hold")]
+    return [
+        _claim(
+            "AMP memory",
+            d["memory_claim"],
+            f"{saving:.0%} less per device ({fp32['memory_gb']:.1f} -> "
+            f"{same_kernel['memory_gb']:.1f} GB, same attention kernel) on {name}{flash}",
+            "holds" if lo <= saving <= hi else "differs",
+        ),
+        _claim(
+            "AMP speed",
+            d["speed_claim"],
+            f"{speedup:.0%} faster on {name} (tensor-core peak "
+            f"{prof.peak_for(plan.training.precision):g} vs {prof.peak_for('fp32'):g} "
+            "TFLOPS used for fp32)",
+            "holds" if speedup >= d["speed_holds"] else "does not hold",
+        ),
+    ]
 
 
 def _recompute_claim(d, plan) -> dict:
     shape = cm.ModelShape.from_section(plan.model)
-    args = dict(seq_len=plan.training.seq_len,
-                micro_batch=plan.training.per_device_train_batch_size,
-                tp=plan.parallel.tensor_parallel_degree,
-                seq_parallel=plan.parallel.sequence_parallel,
-                act_bytes=2.0 if plan.training.precision != "fp32" else 4.0)
+    args = dict(
+        seq_len=plan.training.seq_len,
+        micro_batch=plan.training.per_device_train_batch_size,
+        tp=plan.parallel.tensor_parallel_degree,
+        seq_parallel=plan.parallel.sequence_parallel,
+        act_bytes=2.0 if plan.training.precision != "fp32" else 4.0,
+    )
     none = float(cm.activation_bytes_per_layer(shape, recompute_code=0, **args))
     full = float(cm.activation_bytes_per_layer(shape, recompute_code=3, **args))
     saving = 1 - full / none
-    return _claim("recompute", d["claim"],
-                  f"full recompute keeps {full / none:.0%} of activations ({saving:.0%} saved) "
-                  f"at seq {plan.training.seq_len}; it costs about 1/3 more compute",
-                  "holds (the model says more)" if saving >= d["holds_more"] else "holds"
-                  if saving >= d["holds"] else "differs")
+    return _claim(
+        "recompute",
+        d["claim"],
+        f"full recompute keeps {full / none:.0%} of activations ({saving:.0%} saved) "
+        f"at seq {plan.training.seq_len}; it costs about 1/3 more compute",
+        "holds (the model says more)"
+        if saving >= d["holds_more"]
+        else "holds"
+        if saving >= d["holds"]
+        else "differs",
+    )
 
 
 def _spot_claim(d, spec, plan, choice, here, pins, target) -> list[dict]:
     if not choice.offer.has_spot:
         return []
-    other = _one(spec, choice, target, **(pins | {"spot": not plan.hardware.spot,
-                                               "on_demand": plan.hardware.spot}))
+    other = _one(
+        spec,
+        choice,
+        target,
+        **(pins | {"spot": not plan.hardware.spot, "on_demand": plan.hardware.spot}),
+    )
     if not other:
         return []
     spot_row, od_row = (here, other) if plan.hardware.spot else (other, here)
     ratio = spot_row["cost"] / od_row["cost"]
-    return [_claim("spot price", d["claim"],
-                   f"{ratio:.0%} of on-demand on {choice.offer.key} including expected "
-                   f"preemptions ({spot_row['preemptions']:.2g}; useful fraction "
-                   f"{spot_row['useful_fraction']:.1%})",
-                   "holds" if ratio <= d["holds"] else "does not hold for this offer")]
+    return [
+        _claim(
+            "spot price",
+            d["claim"],
+            f"{ratio:.0%} of on-demand on {choice.offer.key} including expected "
+            f"preemptions ({spot_row['preemptions']:.2g}; useful fraction "
+            f"{spot_row['useful_fraction']:.1%})",
+            "holds" if ratio <= d["holds"] else "does not hold for this offer",
+        )
+    ]
 
 
 def _tokenizer_claim(d, stats) -> dict:
-    how = ("declared in the spec" if stats.tokens_per_character_source == "declared" else
-           f"measured with our {stats.tokenizer_scheme or stats.tokenizer} tokenizer "
-           f"({stats.tokenizer_vocab:,} pieces) on {stats.sample_documents:,} sample documents")
-    return _claim("tokens per character", d["claim"], f"{stats.tokens_per_character:.2f} {how}",
-                  "differs: a word-level CPM vocabulary gives fewer than 1 token per character"
-                  if stats.tokens_per_character < d["similar_above"] else "similar")
+    how = (
+        "declared in the spec"
+        if stats.tokens_per_character_source == "declared"
+        else f"measured with our {stats.tokenizer_scheme or stats.tokenizer} tokenizer "
+        f"({stats.tokenizer_vocab:,} pieces) on {stats.sample_documents:,} sample documents"
+    )
+    return _claim(
+        "tokens per character",
+        d["claim"],
+        f"{stats.tokens_per_character:.2f} {how}",
+        "differs: a word-level CPM vocabulary gives fewer than 1 token per character"
+        if stats.tokens_per_character < d["similar_above"]
+        else "similar",
+    )
 
 
 def _article_run_claims(data, spec, profiles) -> list[dict]:
@@ -257,15 +337,22 @@ def _article_run_claims(data, spec, profiles) -> list[dict]:
         return []
     kwh = article["energy_kwh"]
     scale = run["compare_gpus"] * run["compare_tdp_w"] * run["compare_hours"] / 1000
-    return [_claim("7 days", run["days_claim"],
-                   f"{article['hours'] / 24:,.1f} days on 8 x P4 (fp32: P4 has no fast fp16, so "
-                   f"the article's fp16 cannot have sped it up), MFU {article['mfu']:.0%}",
-                   "does not hold" if article["hours"] > 24 * run["days_hold_below"]
-                   else "holds"),
-            _claim("100 kWh / 70 yuan", run["energy_claim"],
-                   f"{kwh:,.0f} kWh for 8 P4s at TDP over that time (x PUE {p4.offer.pue:g}); "
-                   f"{run['compare_gpus']} A100s for 7 days would draw {scale:,.0f} kWh",
-                   "does not hold" if kwh > run["kwh_hold_below"] else "holds")]
+    return [
+        _claim(
+            "7 days",
+            run["days_claim"],
+            f"{article['hours'] / 24:,.1f} days on 8 x P4 (fp32: P4 has no fast fp16, so "
+            f"the article's fp16 cannot have sped it up), MFU {article['mfu']:.0%}",
+            "does not hold" if article["hours"] > 24 * run["days_hold_below"] else "holds",
+        ),
+        _claim(
+            "100 kWh / 70 yuan",
+            run["energy_claim"],
+            f"{kwh:,.0f} kWh for 8 P4s at TDP over that time (x PUE {p4.offer.pue:g}); "
+            f"{run['compare_gpus']} A100s for 7 days would draw {scale:,.0f} kWh",
+            "does not hold" if kwh > run["kwh_hold_below"] else "holds",
+        ),
+    ]
 
 
 def render_explanation(result: dict) -> str:
@@ -274,23 +361,28 @@ def render_explanation(result: dict) -> str:
     lines = [f"Why {result['plan']}:"]
     lines += [f"  - {n}" for n in result["notes"]]
     est = result["estimate"]
-    lines.append(f"  estimate ({est['source']}): {est['cost']:,.0f} {result['currency']}, "
-                 f"{est['hours']:,.1f} h, {est['tokens_per_second']:,.0f} tokens/s, "
-                 f"{est['peak_memory_gb']:.1f} GB/device, MFU {est['mfu']:.1%}")
+    lines.append(
+        f"  estimate ({est['source']}): {est['cost']:,.0f} {result['currency']}, "
+        f"{est['hours']:,.1f} h, {est['tokens_per_second']:,.0f} tokens/s, "
+        f"{est['peak_memory_gb']:.1f} GB/device, MFU {est['mfu']:.1%}"
+    )
     if est.get("cost_p90"):
-        lines.append(f"  80% interval (p10-p90): {est['cost_p10']:,.0f}-{est['cost_p90']:,.0f} "
-                     f"{result['currency']}, {est['hours_p10']:,.1f}-{est['hours_p90']:,.1f} h, "
-                     f"{est['tokens_per_second_p10']:,.0f}-{est['tokens_per_second_p90']:,.0f} "
-                     "tokens/s")
+        lines.append(
+            f"  80% interval (p10-p90): {est['cost_p10']:,.0f}-{est['cost_p90']:,.0f} "
+            f"{result['currency']}, {est['hours_p10']:,.1f}-{est['hours_p90']:,.1f} h, "
+            f"{est['tokens_per_second_p10']:,.0f}-{est['tokens_per_second_p90']:,.0f} "
+            "tokens/s"
+        )
     unc = result.get("uncertainty")
     if unc:
-        lines.append(f"  uncertainty: {unc['dominant_term']} is {unc['dominant_share']:.0%} of "
-                     f"the modelled step, so it dominates; interval from "
-                     f"{unc['interval_basis']}")
+        lines.append(
+            f"  uncertainty: {unc['dominant_term']} is {unc['dominant_share']:.0%} of "
+            f"the modelled step, so it dominates; interval from "
+            f"{unc['interval_basis']}"
+        )
     lines += [f"  {w}" for w in result.get("warnings", [])]
     if result["claims"]:
         lines.append("")
-        lines.append("Bank-FAQ article's claims vs the model (all modelled unless marked "
-                     "measured)")
+        lines.append("Bank-FAQ article's claims vs the model (all modelled unless marked measured)")
         lines.append(tabulate(result["claims"], headers="keys", tablefmt="github"))
     return "\n".join(lines)

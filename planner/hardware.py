@@ -14,47 +14,61 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from gptplan.tomlconf import from_table, read_toml, setting
-
 # Profile folder, calibration folder and the [efficiency] table are shared with the runner's
 # local rehearsal (gptplan.profile), so both read a profile the same way.
-from gptplan.profile import (LARGE_MODEL_PARAMS, LOCAL_CALIBRATION_ENV,  # noqa: F401
-                            PROFILE_DIR, Efficiency, ProfileError, calibration_dir,
-                            calibration_tables)
+from gptplan.profile import (  # noqa: F401
+    LARGE_MODEL_PARAMS,
+    LOCAL_CALIBRATION_ENV,
+    PROFILE_DIR,
+    Efficiency,
+    ProfileError,
+    calibration_dir,
+    calibration_tables,
+)
+from gptplan.tomlconf import from_table, read_toml, setting
 
 
 @dataclass(frozen=True)
 class Offer:
     provider: str = setting("", "Cloud provider or 'owned'.")
     instance: str = setting("", "Instance type or machine description.")
-    kind: Literal["cloud", "on_prem"] = setting("cloud", "Rented cloud capacity or owned "
-                                                         "hardware costed by electricity.")
+    kind: Literal["cloud", "on_prem"] = setting(
+        "cloud", "Rented cloud capacity or owned hardware costed by electricity."
+    )
     gpus_per_node: int = setting(1, "Devices per node.", min=1)
-    inter_node_gbits_per_s: float = setting(0.0, "Network bandwidth between nodes, Gbit/s.",
-                                            min=0)
+    inter_node_gbits_per_s: float = setting(0.0, "Network bandwidth between nodes, Gbit/s.", min=0)
     on_demand_per_hour: float = setting(0.0, "On-demand price per node-hour.", min=0)
     spot_per_hour: float = setting(0.0, "Spot price per node-hour (0 = no spot).", min=0)
-    spot_per_hour_low: float = setting(0.0, "Lowest spot price seen, per node-hour (0 = not "
-                                            "stated: a default spread applies).", min=0)
+    spot_per_hour_low: float = setting(
+        0.0,
+        "Lowest spot price seen, per node-hour (0 = not stated: a default spread applies).",
+        min=0,
+    )
     spot_per_hour_high: float = setting(0.0, "Highest spot price seen, per node-hour.", min=0)
     spot_interruptions_per_node_hour: float = setting(
-        0.0, "Expected spot interruptions per node-hour (0 = the provider's in "
-             "hardware_profiles/spot/interruptions.toml).", min=0)
+        0.0,
+        "Expected spot interruptions per node-hour (0 = the provider's in "
+        "hardware_profiles/spot/interruptions.toml).",
+        min=0,
+    )
     spot_interruptions_low: float = setting(0.0, "p10 of that rate (0 = a third of it).", min=0)
-    spot_interruptions_high: float = setting(0.0, "p90 of that rate (0 = three times it).",
-                                             min=0)
+    spot_interruptions_high: float = setting(0.0, "p90 of that rate (0 = three times it).", min=0)
     spot_interruption_source: str = setting("", "Where the interruption rate comes from.")
-    storage_gbytes_per_s: float = setting(0.0, "Checkpoint write bandwidth per node to the "
-                                               "offer's storage, GB/s, where the provider "
-                                               "states one (0 = not stated: the spec's "
-                                               "spot.checkpoint_gbytes_per_s applies).", min=0)
+    storage_gbytes_per_s: float = setting(
+        0.0,
+        "Checkpoint write bandwidth per node to the "
+        "offer's storage, GB/s, where the provider "
+        "states one (0 = not stated: the spec's "
+        "spot.checkpoint_gbytes_per_s applies).",
+        min=0,
+    )
     network_source: str = setting("", "Where inter_node_gbits_per_s comes from.")
     electricity_per_kwh: float = setting(0.0, "on_prem: electricity price per kWh.", min=0)
     pue: float = setting(1.0, "on_prem: power usage effectiveness.", min=1)
-    host_power_w: float = setting(0.0, "on_prem: host power per node beyond the devices.",
-                                  min=0)
-    amortization_per_gpu_hour: float = setting(0.0, "on_prem: hardware cost per device-hour.",
-                                               min=0)
+    host_power_w: float = setting(0.0, "on_prem: host power per node beyond the devices.", min=0)
+    amortization_per_gpu_hour: float = setting(
+        0.0, "on_prem: hardware cost per device-hour.", min=0
+    )
     currency: str = setting("USD", "Currency of the prices.")
     source: str = setting("", "Where the price comes from.")
     as_of: str = setting("", "Date of the price.")
@@ -70,8 +84,10 @@ class Offer:
         """Price of one node-hour in self.currency; on_prem = energy x PUE + amortisation."""
         if self.kind == "on_prem":
             watts = self.gpus_per_node * tdp_w + self.host_power_w
-            return watts / 1000 * self.pue * self.electricity_per_kwh + \
-                self.amortization_per_gpu_hour * self.gpus_per_node
+            return (
+                watts / 1000 * self.pue * self.electricity_per_kwh
+                + self.amortization_per_gpu_hour * self.gpus_per_node
+            )
         return self.spot_per_hour if spot else self.on_demand_per_hour
 
     @property
@@ -86,16 +102,24 @@ class Profile:
     device: Literal["cpu", "gpu", "xpu", "npu"] = setting("gpu", "Device type.")
     memory_gb: float = setting(0.0, "Memory per device, GB.", min=0)
     memory_bandwidth_gbytes_per_s: float = setting(0.0, "Memory bandwidth, GB/s.", min=0)
-    intra_node_gbytes_per_s: float = setting(0.0, "Device-to-device bandwidth in a node, GB/s.",
-                                             min=0)
+    intra_node_gbytes_per_s: float = setting(
+        0.0, "Device-to-device bandwidth in a node, GB/s.", min=0
+    )
     intra_node_link: str = setting("", "Link type.")
     tdp_w: float = setting(0.0, "Board power, W.", min=0)
-    sm_count: int = setting(0, "Streaming multiprocessors (NVIDIA datasheets/whitepapers): the "
-                               "GEMM tile/wave model; 0 = none (CPUs, NPUs: the calibrated "
-                               "whole-layer curve).", min=0)
+    sm_count: int = setting(
+        0,
+        "Streaming multiprocessors (NVIDIA datasheets/whitepapers): the "
+        "GEMM tile/wave model; 0 = none (CPUs, NPUs: the calibrated "
+        "whole-layer curve).",
+        min=0,
+    )
     verified: bool = setting(True, "False when figures are unverified leads.")
-    flash_attention: bool = setting(False, "Paddle's flash attention kernels run here (CUDA "
-                                           "compute capability >= 8.0: Ampere and newer).")
+    flash_attention: bool = setting(
+        False,
+        "Paddle's flash attention kernels run here (CUDA "
+        "compute capability >= 8.0: Ampere and newer).",
+    )
     source: str = setting("", "Where the specs come from.")
     peak_tflops: dict = field(default_factory=dict)
     efficiency: Efficiency = field(default_factory=Efficiency)
@@ -115,8 +139,11 @@ class Profile:
 
     @property
     def precisions(self) -> list[str]:
-        return [p for p in ("fp32", "fp16", "bf16") if self.peak_tflops.get(p) or
-                (p == "fp32" and self.peak_tflops.get("tf32"))]
+        return [
+            p
+            for p in ("fp32", "fp16", "bf16")
+            if self.peak_tflops.get(p) or (p == "fp32" and self.peak_tflops.get("tf32"))
+        ]
 
 
 def _load_offer(table: dict, *, file: str, index: int) -> Offer:
@@ -128,21 +155,30 @@ def load_profile(path: Path) -> Profile:
     file = str(path)
     data = dict(data)
     peaks = data.pop("peak_tflops", {})
-    eff = from_table(Efficiency, data.pop("efficiency", {}), file=file, section="efficiency",
-                     error=ProfileError)
-    offers = tuple(_load_offer(o, file=file, index=i) for i, o in
-                   enumerate(data.pop("offers", [])))
+    eff = from_table(
+        Efficiency, data.pop("efficiency", {}), file=file, section="efficiency", error=ProfileError
+    )
+    offers = tuple(_load_offer(o, file=file, index=i) for i, o in enumerate(data.pop("offers", [])))
     for key, value in peaks.items():
-        if key not in ("fp32", "tf32", "fp16", "bf16") or isinstance(value, bool) or \
-                not isinstance(value, (int, float)) or value <= 0:
-            raise ProfileError(f"{value!r}: allowed keys fp32, tf32, fp16, bf16 with positive "
-                               "numbers", file=file, key=f"peak_tflops.{key}")
+        if (
+            key not in ("fp32", "tf32", "fp16", "bf16")
+            or isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or value <= 0
+        ):
+            raise ProfileError(
+                f"{value!r}: allowed keys fp32, tf32, fp16, bf16 with positive numbers",
+                file=file,
+                key=f"peak_tflops.{key}",
+            )
     base = from_table(Profile, data, file=file, section="", error=ProfileError)
     if base.name != path.stem:
-        raise ProfileError(f"{base.name!r} must equal the file name {path.stem!r}", file=file,
-                           key="name")
-    return dataclasses.replace(base, peak_tflops={k: float(v) for k, v in peaks.items()},
-                               efficiency=eff, offers=offers)
+        raise ProfileError(
+            f"{base.name!r} must equal the file name {path.stem!r}", file=file, key="name"
+        )
+    return dataclasses.replace(
+        base, peak_tflops={k: float(v) for k, v in peaks.items()}, efficiency=eff, offers=offers
+    )
 
 
 def load_profiles(directory: Path = PROFILE_DIR) -> dict[str, Profile]:
@@ -153,9 +189,11 @@ def load_profiles(directory: Path = PROFILE_DIR) -> dict[str, Profile]:
         for i, table in enumerate(data.get("offers", [])):
             offer = _load_offer(table, file=str(price_file), index=i)
             if offer.profile not in profiles:
-                raise ProfileError(f"{offer.profile!r} is not a profile; allowed: "
-                                   f"{', '.join(profiles)}", file=str(price_file),
-                                   key=f"offers[{i}].profile")
+                raise ProfileError(
+                    f"{offer.profile!r} is not a profile; allowed: {', '.join(profiles)}",
+                    file=str(price_file),
+                    key=f"offers[{i}].profile",
+                )
             prof = profiles[offer.profile]
             profiles[offer.profile] = dataclasses.replace(prof, offers=prof.offers + (offer,))
     for calib in sorted(calibration_dir(directory).glob("*.toml")):

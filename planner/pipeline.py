@@ -11,17 +11,25 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from gptplan.errors import UserError
 
-MEASURED_FIELDS = ["tokens_per_second", "step_time_s", "peak_memory_gb", "mfu", "hours",
-                   "cost", "cost_per_million_tokens", "step_time_interval_s",
-                   "step_time_spread"]
+MEASURED_FIELDS = [
+    "tokens_per_second",
+    "step_time_s",
+    "peak_memory_gb",
+    "mfu",
+    "hours",
+    "cost",
+    "cost_per_million_tokens",
+    "step_time_interval_s",
+    "step_time_spread",
+]
 
 
 def _quiet(*_args, **_kwargs) -> None:
@@ -31,12 +39,13 @@ def _quiet(*_args, **_kwargs) -> None:
 @dataclass
 class Tuning:
     """What probing this machine found (None in OptimizeResult when nothing was probed)."""
+
     profile: str
     local_rows: np.ndarray
-    outcome: object                     # planner.autotune.TuneOutcome
-    calibration: object | None          # planner.calibration.Calibration
+    outcome: object  # planner.autotune.TuneOutcome
+    calibration: object | None  # planner.calibration.Calibration
     calibration_path: Path | None
-    calibrated_cost: dict[int, float]   # row -> cost under the calibrated model
+    calibrated_cost: dict[int, float]  # row -> cost under the calibrated model
 
 
 @dataclass
@@ -44,12 +53,12 @@ class OptimizeResult:
     spec: object
     stats: object
     target: float
-    decision: object                    # planner.search.Decision (the model's search)
+    decision: object  # planner.search.Decision (the model's search)
     timings: dict
-    chosen: int | None = None           # the one decision: a row of decision.table
-    chosen_source: str = "model"        # "model" | "probe"
+    chosen: int | None = None  # the one decision: a row of decision.table
+    chosen_source: str = "model"  # "model" | "probe"
     tuning: Tuning | None = None
-    plan: object | None = None          # gptplan.plan.Plan to write (None: no plan)
+    plan: object | None = None  # gptplan.plan.Plan to write (None: no plan)
     notes: list[str] = field(default_factory=list)
     data: dict = field(default_factory=dict)  # planner.dataprep.report(...)["json"]
 
@@ -95,28 +104,40 @@ def plan_space(spec, *, log: Callable = print, on_stats: Callable | None = None)
     offers = allowed_offers(spec, profiles)
     if not offers:
         known = ", ".join(sorted(profiles))
-        raise UserError(f"no hardware offer matches constraints.profiles "
-                        f"{spec.constraints.profiles} / offers {spec.constraints.offers}; known "
-                        f"profiles: {known}", file=spec.path, key="constraints.profiles")
+        raise UserError(
+            f"no hardware offer matches constraints.profiles "
+            f"{spec.constraints.profiles} / offers {spec.constraints.offers}; known "
+            f"profiles: {known}",
+            file=spec.path,
+            key="constraints.profiles",
+        )
     model = spec.model_section()
     try:
-        stats = corpus_statistics(corpus=spec.job.corpus, tokenizer=spec.job.tokenizer,
-                                  vocab_size=model.vocab_size, cache_dir=spec.job.cache_dir,
-                                  sample_documents=spec.job.sample_documents,
-                                  declared_bytes=spec.job.corpus_bytes,
-                                  seq_lens=spec.constraints.seq_lens,
-                                  tokens_per_char=spec.job.tokens_per_char, log=log)
+        stats = corpus_statistics(
+            corpus=spec.job.corpus,
+            tokenizer=spec.job.tokenizer,
+            vocab_size=model.vocab_size,
+            cache_dir=spec.job.cache_dir,
+            sample_documents=spec.job.sample_documents,
+            declared_bytes=spec.job.corpus_bytes,
+            seq_lens=spec.constraints.seq_lens,
+            tokens_per_char=spec.job.tokens_per_char,
+            log=log,
+        )
     except UserError as exc:  # corpus/tokenizer errors name the spec they came from
         exc.file = exc.file or spec.path
         raise
     timings["corpus_statistics_s"] = time.perf_counter() - t0
     sample = min(spec.constraints.seq_lens) + 1
     if stats.total_tokens < sample:  # the runner refuses such a corpus too
-        raise UserError(f"the corpus holds {stats.total_tokens:,.0f} tokens "
-                        f"({stats.total_tokens_source}), fewer "
-                        f"than one training sample of seq_len + 1 = {sample} tokens; give a "
-                        "larger corpus or declare job.corpus_bytes", file=spec.path,
-                        key="job.corpus")
+        raise UserError(
+            f"the corpus holds {stats.total_tokens:,.0f} tokens "
+            f"({stats.total_tokens_source}), fewer "
+            f"than one training sample of seq_len + 1 = {sample} tokens; give a "
+            "larger corpus or declare job.corpus_bytes",
+            file=spec.path,
+            key="job.corpus",
+        )
     target = target_tokens(spec, stats)
     if on_stats is not None:
         on_stats(stats, target)
@@ -128,9 +149,18 @@ def plan_space(spec, *, log: Callable = print, on_stats: Callable | None = None)
     return stats, target, decision, timings
 
 
-def tune_locally(spec, decision, target, settings, *, local_profile: str,
-                 work_dir: Path, log: Callable = _quiet, on_probe: Callable | None = None,
-                 write_calibration: bool = True) -> Tuning | None:
+def tune_locally(
+    spec,
+    decision,
+    target,
+    settings,
+    *,
+    local_profile: str,
+    work_dir: Path,
+    log: Callable = _quiet,
+    on_probe: Callable | None = None,
+    write_calibration: bool = True,
+) -> Tuning | None:
     """Probe the locally runnable candidates (planner.autotune), fit the calibration, and
     re-rank every local candidate with it. None when no planned offer runs here."""
     from planner import calibration
@@ -141,26 +171,50 @@ def tune_locally(spec, decision, target, settings, *, local_profile: str,
     if not local_profile or not offers_local:
         used = {c.profile.name: c.profile.efficiency_for("fp16").source for c in table.offers}
         which = local_profile or "unknown GPU; pass --local-profile"
-        log(f"no planned offer runs on this machine's devices ({which}): planning from the "
+        log(
+            f"no planned offer runs on this machine's devices ({which}): planning from the "
             "model only; efficiency calibrations used: "
-            + "; ".join(f"{k}: {v}" for k, v in used.items()))
+            + "; ".join(f"{k}: {v}" for k, v in used.items())
+        )
         return None
     local_rows = np.flatnonzero(np.isin(table["offer"], offers_local) & table["fits"])
-    log(f"autotuning on {local_profile}: {len(local_rows):,} runnable candidates, at most "
-        f"{settings.probes} probes / {settings.probe_time_s:g} s")
-    outcome = tune(spec, table, local_rows, target=target, work_dir=work_dir,
-                   settings=settings, progress=on_probe, log=log)
-    log(f"study {outcome.study_name} in {outcome.storage}: {len(outcome.probed)} "
+    log(
+        f"autotuning on {local_profile}: {len(local_rows):,} runnable candidates, at most "
+        f"{settings.probes} probes / {settings.probe_time_s:g} s"
+    )
+    outcome = tune(
+        spec,
+        table,
+        local_rows,
+        target=target,
+        work_dir=work_dir,
+        settings=settings,
+        progress=on_probe,
+        log=log,
+    )
+    log(
+        f"study {outcome.study_name} in {outcome.storage}: {len(outcome.probed)} "
         f"configuration(s) measured, {outcome.probes_run} probe(s) run now, {outcome.reused} "
-        f"reused from the probe cache, probe time {outcome.probe_wall_s:.0f} s")
+        f"reused from the probe cache, probe time {outcome.probe_wall_s:.0f} s"
+    )
     profile = table.offers[offers_local[0]].profile
-    fitted = calibration.fit(table, outcome.probed, profile,
-                             fingerprint=outcome.study_name.rsplit("-", 1)[-1])
+    fitted = calibration.fit(
+        table, outcome.probed, profile, fingerprint=outcome.study_name.rsplit("-", 1)[-1]
+    )
     path = calibration.write(fitted) if fitted is not None and write_calibration else None
-    costs = calibrated_costs(table, local_rows, outcome.probed) if outcome.probed else \
-        table["cost"][local_rows]
-    return Tuning(local_profile, local_rows, outcome, fitted, path,
-                  {int(i): float(c) for i, c in zip(local_rows, costs)})
+    costs = (
+        calibrated_costs(table, local_rows, outcome.probed)
+        if outcome.probed
+        else table["cost"][local_rows]
+    )
+    return Tuning(
+        local_profile,
+        local_rows,
+        outcome,
+        fitted,
+        path,
+        {int(i): float(c) for i, c in zip(local_rows, costs)},
+    )
 
 
 def step_statistics(steps, level: float = 0.95) -> dict:
@@ -172,11 +226,16 @@ def step_statistics(steps, level: float = 0.95) -> dict:
     mean = float(steps.mean())
     if len(steps) < 2:
         return {"mean_s": mean, "interval_s": [mean, mean], "spread": 0.0, "steps": len(steps)}
-    half = float(st.t.ppf(0.5 + level / 2, len(steps) - 1) * steps.std(ddof=1) /
-                 np.sqrt(len(steps)))
+    half = float(
+        st.t.ppf(0.5 + level / 2, len(steps) - 1) * steps.std(ddof=1) / np.sqrt(len(steps))
+    )
     p10, p90 = np.quantile(steps, [0.1, 0.9])
-    return {"mean_s": mean, "interval_s": [mean - half, mean + half],
-            "spread": float((p90 - p10) / statistics.median(steps)), "steps": len(steps)}
+    return {
+        "mean_s": mean,
+        "interval_s": [mean - half, mean + half],
+        "spread": float((p90 - p10) / statistics.median(steps)),
+        "steps": len(steps),
+    }
 
 
 def measured_row(table, i: int, result, target: float) -> dict:
@@ -191,25 +250,41 @@ def measured_row(table, i: int, result, target: float) -> dict:
     # the 80% interval of the mean step (as the model's p10-p90), carried to tokens/s, hours
     # and cost
     low, high = step_statistics(result.step_times_s or [step], level=0.8)["interval_s"]
-    (cost_lo, hours_lo), (cost_hi, hours_hi) = cost_at_step(table, i, low), \
-        cost_at_step(table, i, high)
+    (cost_lo, hours_lo), (cost_hi, hours_hi) = (
+        cost_at_step(table, i, low),
+        cost_at_step(table, i, high),
+    )
     return row | {
         "tokens_per_s_p10": row["tokens_per_step"] / high,
         "tokens_per_s_p90": row["tokens_per_step"] / low,
-        "hours_p10": hours_lo, "hours_p90": hours_hi, "cost_p10": cost_lo, "cost_p90": cost_hi,
+        "hours_p10": hours_lo,
+        "hours_p90": hours_hi,
+        "cost_p10": cost_lo,
+        "cost_p90": cost_hi,
         "interval_source": f"80% interval of the mean of {spread['steps']} measured probe "
-                           "steps (Student t)",
-        "step_time_s": step, "tokens_per_s": row["tokens_per_step"] / step,
-                  "memory_gb": result.peak_memory_gb, "cost": cost, "hours": hours,
-                  "cost_per_million_tokens": cost / target * 1e6,
-                  "mfu": row["mfu"] * row["step_time_s"] / step,
-                  "step_time_interval_s": spread["interval_s"],
-                  "step_time_spread": spread["spread"]}
+        "steps (Student t)",
+        "step_time_s": step,
+        "tokens_per_s": row["tokens_per_step"] / step,
+        "memory_gb": result.peak_memory_gb,
+        "cost": cost,
+        "hours": hours,
+        "cost_per_million_tokens": cost / target * 1e6,
+        "mfu": row["mfu"] * row["step_time_s"] / step,
+        "step_time_interval_s": spread["interval_s"],
+        "step_time_spread": spread["spread"],
+    }
 
 
-def optimize(spec, *, settings=None, local_profile: str = "", work_dir: Path | None = None,
-             log: Callable = _quiet, on_stats: Callable | None = None,
-             on_probe: Callable | None = None) -> OptimizeResult:
+def optimize(
+    spec,
+    *,
+    settings=None,
+    local_profile: str = "",
+    work_dir: Path | None = None,
+    log: Callable = _quiet,
+    on_stats: Callable | None = None,
+    on_probe: Callable | None = None,
+) -> OptimizeResult:
     """The whole `planner optimize`: model search, then (with settings.probes > 0) probes,
     calibration, re-rank and one decision; returns the result with the plan to write."""
     from planner.planwriter import candidate_plan, decision_notes
@@ -220,27 +295,36 @@ def optimize(spec, *, settings=None, local_profile: str = "", work_dir: Path | N
     cur = spec.constraints.currency
     from planner import dataprep
 
-    result.data = dataprep.report(stats, target, None, cache_dir=spec.job.cache_dir,
-                                  currency=cur)["json"]
+    result.data = dataprep.report(stats, target, None, cache_dir=spec.job.cache_dir, currency=cur)[
+        "json"
+    ]
     if decision.chosen is None:
         return result
     notes = decision_notes(decision, lambda i: describe(decision.table, i, cur))
     if settings is not None and settings.probes > 0:
         t0 = time.perf_counter()
-        result.tuning = tune_locally(spec, decision, target, settings,
-                                     local_profile=local_profile,
-                                     work_dir=work_dir or Path("runs") / "autotune" /
-                                     spec.job.name, log=log, on_probe=on_probe)
+        result.tuning = tune_locally(
+            spec,
+            decision,
+            target,
+            settings,
+            local_profile=local_profile,
+            work_dir=work_dir or Path("runs") / "autotune" / spec.job.name,
+            log=log,
+            on_probe=on_probe,
+        )
         timings["tuning_s"] = time.perf_counter() - t0
         outcome = result.tuning.outcome if result.tuning else None
         if outcome is not None and outcome.best_row is None:
-            result.notes.append("no probed configuration met the constraints: keeping the "
-                                "model's choice")
+            result.notes.append(
+                "no probed configuration met the constraints: keeping the model's choice"
+            )
         elif outcome is not None:
             result.chosen, result.chosen_source = outcome.best_row, "probe"
     table = decision.table
-    data = dataprep.report(stats, target, table.row(result.chosen),
-                           cache_dir=spec.job.cache_dir, currency=cur)
+    data = dataprep.report(
+        stats, target, table.row(result.chosen), cache_dir=spec.job.cache_dir, currency=cur
+    )
     result.data = data["json"]
     notes += data["notes"]
     result.notes += data["notes"][:1]  # the preparation line (the warning is shown with stats)
@@ -249,20 +333,29 @@ def optimize(spec, *, settings=None, local_profile: str = "", work_dir: Path | N
         tuning = result.tuning
         outcome = tuning.outcome
         row = measured_row(table, best, outcome.probed[best], target)
-        notes.append(f"autotuned: study {outcome.study_name}, {len(outcome.probed)} "
-                     f"configurations measured, {outcome.probes_run} probes, "
-                     f"{outcome.probe_wall_s:.0f} s of probes; the model's choice was "
-                     f"{describe(table, decision.chosen, cur)}")
+        notes.append(
+            f"autotuned: study {outcome.study_name}, {len(outcome.probed)} "
+            f"configurations measured, {outcome.probes_run} probes, "
+            f"{outcome.probe_wall_s:.0f} s of probes; the model's choice was "
+            f"{describe(table, decision.chosen, cur)}"
+        )
         if outcome.race is not None:
             notes.append(race_note(table, outcome.race))
         if tuning.calibration is not None:
-            notes.append(f"calibration: {tuning.profile} fit error "
-                         f"{tuning.calibration.fit_error:.1%}")
-        result.plan = candidate_plan(spec, row, target=target, notes=notes,
-                                     measured=MEASURED_FIELDS, probes=len(outcome.probed),
-                                     stats=stats)
+            notes.append(
+                f"calibration: {tuning.profile} fit error {tuning.calibration.fit_error:.1%}"
+            )
+        result.plan = candidate_plan(
+            spec,
+            row,
+            target=target,
+            notes=notes,
+            measured=MEASURED_FIELDS,
+            probes=len(outcome.probed),
+            stats=stats,
+        )
     else:
-        result.plan = candidate_plan(spec, table.row(result.chosen), target=target,
-                                     notes=notes, stats=stats)
+        result.plan = candidate_plan(
+            spec, table.row(result.chosen), target=target, notes=notes, stats=stats
+        )
     return result
-

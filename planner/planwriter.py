@@ -5,11 +5,20 @@ from __future__ import annotations
 import datetime as dt
 import math
 
+from gptplan.plan import (
+    BudgetSection,
+    CheckpointSection,
+    EstimateSection,
+    HardwareSection,
+    JobSection,
+    ParallelSection,
+    Plan,
+    ProvenanceSection,
+    TrainingSection,
+)
 from planner import __version__
 from planner.search import Decision
 from planner.spec import Spec
-from gptplan.plan import (BudgetSection, CheckpointSection, EstimateSection, HardwareSection,
-                         JobSection, ParallelSection, Plan, ProvenanceSection, TrainingSection)
 
 
 def _sig(x: float, digits: int = 6) -> float:
@@ -29,13 +38,19 @@ def _interval_source(prof, precision: str, params: float) -> str:
     if eff.calibrated_on:
         where = f"measured spread of the probes around the calibration ({eff.source})"
     elif eff.fit_rows:
-        where = (f"{eff.interval_basis or 'leave-one-out residuals'} "
-                 f"(hardware_profiles/published_runs.csv, fitted {eff.calibrated_at})")
+        where = (
+            f"{eff.interval_basis or 'leave-one-out residuals'} "
+            f"(hardware_profiles/published_runs.csv, fitted {eff.calibrated_at})"
+        )
     else:
-        where = "no published runs for this hardware: the default (wide) spread of an " \
-                "uncalibrated prior"
-    return (f"80% interval on throughput x{lo:.3g}..x{hi:.3g}: {where}; hours and cost add the "
-            "price spread and the spot preemption rate's range (planner.spotrisk)")
+        where = (
+            "no published runs for this hardware: the default (wide) spread of an "
+            "uncalibrated prior"
+        )
+    return (
+        f"80% interval on throughput x{lo:.3g}..x{hi:.3g}: {where}; hours and cost add the "
+        "price spread and the spot preemption rate's range (planner.spotrisk)"
+    )
 
 
 def planned_corpus(spec: Spec, stats, *, trained_tokens: float) -> dict:
@@ -43,12 +58,14 @@ def planned_corpus(spec: Spec, stats, *, trained_tokens: float) -> dict:
     apart from the sample they were measured on; {} without statistics."""
     if stats is None or not stats.total_tokens:
         return {}
-    return {"corpus_sample": list(spec.job.corpus),
-            "corpus_bytes": _sig(stats.declared_bytes or stats.local_bytes),
-            "corpus_tokens": _sig(stats.total_tokens),
-            "corpus_tokens_source": stats.total_tokens_source,
-            "tokens_per_char": _sig(stats.tokens_per_character),
-            "planned_epochs": _sig(trained_tokens / stats.total_tokens)}
+    return {
+        "corpus_sample": list(spec.job.corpus),
+        "corpus_bytes": _sig(stats.declared_bytes or stats.local_bytes),
+        "corpus_tokens": _sig(stats.total_tokens),
+        "corpus_tokens_source": stats.total_tokens_source,
+        "tokens_per_char": _sig(stats.tokens_per_character),
+        "planned_epochs": _sig(trained_tokens / stats.total_tokens),
+    }
 
 
 def _memory_notes(spec: Spec, row: dict) -> list[str]:
@@ -58,87 +75,134 @@ def _memory_notes(spec: Spec, row: dict) -> list[str]:
 
     out = []
     if row.get("may_fit"):
-        out.append(may_fit_note(row["memory_gb"], row["offer_choice"].profile,
-                                spec.constraints.memory_headroom))
+        out.append(
+            may_fit_note(
+                row["memory_gb"], row["offer_choice"].profile, spec.constraints.memory_headroom
+            )
+        )
     layers, pp = spec.model_section().num_hidden_layers, int(row.get("pp", 1))
     if pp > 1 and layers % pp:
-        out.append(f"uneven pipeline stages: {layers % pp} of {pp} stages hold "
-                   f"{layers // pp + 1} layers, the rest {layers // pp} (Paddle's uniform "
-                   "segmentation); the biggest stage sets step time and memory")
+        out.append(
+            f"uneven pipeline stages: {layers % pp} of {pp} stages hold "
+            f"{layers // pp + 1} layers, the rest {layers // pp} (Paddle's uniform "
+            "segmentation); the biggest stage sets step time and memory"
+        )
     return out
 
 
-def candidate_plan(spec: Spec, row: dict, *, target: float, notes: list[str] | None = None,
-                   measured: list[str] | None = None, probes: int = 0,
-                   stats=None) -> Plan:
+def candidate_plan(
+    spec: Spec,
+    row: dict,
+    *,
+    target: float,
+    notes: list[str] | None = None,
+    measured: list[str] | None = None,
+    probes: int = 0,
+    stats=None,
+) -> Plan:
     choice = row["offer_choice"]
     prof, offer = choice.profile, choice.offer
     steps = int(row["steps"])
     tr = spec.training
     precision = row["precision"]
     interval_steps = row["checkpoint_interval_h"] * 3600 / row["step_time_s"]
-    interval_steps = max(1, min(steps, int(interval_steps) if math.isfinite(interval_steps)
-                                else steps))
+    interval_steps = max(
+        1, min(steps, int(interval_steps) if math.isfinite(interval_steps) else steps)
+    )
     cur = spec.constraints.currency
-    price_note = (f"price {offer.node_price_per_hour(spot=row['spot'], tdp_w=prof.tdp_w):g} "
-                  f"{offer.currency}/node-hour x rate {choice.rate:g} {cur}/{offer.currency}"
-                  + (f" ({spec.rates_source})" if offer.currency != cur and spec.rates_source
-                     else ""))
+    price_note = (
+        f"price {offer.node_price_per_hour(spot=row['spot'], tdp_w=prof.tdp_w):g} "
+        f"{offer.currency}/node-hour x rate {choice.rate:g} {cur}/{offer.currency}"
+        + (f" ({spec.rates_source})" if offer.currency != cur and spec.rates_source else "")
+    )
     notes = [*_risk_notes(row, cur), *(notes or [])]
     return Plan(
         name=spec.job.name,
-        job=JobSection(corpus=list(spec.job.corpus), tokenizer=spec.job.tokenizer,
-                       target_tokens=int(target), seed=spec.job.seed,
-                       cache_dir=spec.job.cache_dir,
-                       **planned_corpus(spec, stats,
-                                        trained_tokens=steps * row["tokens_per_step"])),
+        job=JobSection(
+            corpus=list(spec.job.corpus),
+            tokenizer=spec.job.tokenizer,
+            target_tokens=int(target),
+            seed=spec.job.seed,
+            cache_dir=spec.job.cache_dir,
+            **planned_corpus(spec, stats, trained_tokens=steps * row["tokens_per_step"]),
+        ),
         model=spec.model_section(),
         training=TrainingSection(
-            seq_len=row["seq"], per_device_train_batch_size=row["micro"],
-            gradient_accumulation_steps=row["acc"], max_steps=steps,
-            learning_rate=tr.learning_rate, min_learning_rate=tr.min_learning_rate,
+            seq_len=row["seq"],
+            per_device_train_batch_size=row["micro"],
+            gradient_accumulation_steps=row["acc"],
+            max_steps=steps,
+            learning_rate=tr.learning_rate,
+            min_learning_rate=tr.min_learning_rate,
             warmup_steps=max(1, int(steps * tr.warmup_fraction)),
-            weight_decay=tr.weight_decay, precision=precision,
+            weight_decay=tr.weight_decay,
+            precision=precision,
             fp16_opt_level=tr.fp16_opt_level if precision != "fp32" else "O1",
             use_flash_attention=bool(row.get("flash", 0)),
-            packing=tr.packing, logging_steps=max(1, min(100, steps // 20))),
+            packing=tr.packing,
+            logging_steps=max(1, min(100, steps // 20)),
+        ),
         parallel=ParallelSection(
-            nnodes=row["nodes"], nproc_per_node=row["gpus_per_node"],
-            data_parallel_degree=row["dp"], tensor_parallel_degree=row["tp"],
-            pipeline_parallel_degree=row["pp"], virtual_pp_degree=row.get("vpp", 1),
+            nnodes=row["nodes"],
+            nproc_per_node=row["gpus_per_node"],
+            data_parallel_degree=row["dp"],
+            tensor_parallel_degree=row["tp"],
+            pipeline_parallel_degree=row["pp"],
+            virtual_pp_degree=row.get("vpp", 1),
             sharding=row["sharding"],
-            sharding_parallel_degree=row["shard_degree"], recompute=row["recompute"],
-            sequence_parallel=bool(row["sp"])),
+            sharding_parallel_degree=row["shard_degree"],
+            recompute=row["recompute"],
+            sequence_parallel=bool(row["sp"]),
+        ),
         hardware=HardwareSection(
-            profile=prof.name, offer=offer.key, device=prof.device if prof.device in
-            ("cpu", "gpu", "xpu", "npu") else "gpu", precisions=prof.precisions,
-            peak_tflops=prof.peak_for(precision), memory_gb=prof.memory_gb, tdp_w=prof.tdp_w,
-            spot=bool(row["spot"]), price_per_node_hour=_sig(row["price_node_hour"]), currency=cur),
+            profile=prof.name,
+            offer=offer.key,
+            device=prof.device if prof.device in ("cpu", "gpu", "xpu", "npu") else "gpu",
+            precisions=prof.precisions,
+            peak_tflops=prof.peak_for(precision),
+            memory_gb=prof.memory_gb,
+            tdp_w=prof.tdp_w,
+            spot=bool(row["spot"]),
+            price_per_node_hour=_sig(row["price_node_hour"]),
+            currency=cur,
+        ),
         checkpoint=CheckpointSection(interval_steps=interval_steps, keep_last=2),
-        budget=BudgetSection(max_cost=spec.constraints.budget, currency=cur,
-                             max_hours=spec.constraints.deadline_hours),
+        budget=BudgetSection(
+            max_cost=spec.constraints.budget,
+            currency=cur,
+            max_hours=spec.constraints.deadline_hours,
+        ),
         estimate=EstimateSection(
             source="probe" if measured else "model",
-            tokens_per_second=_sig(row["tokens_per_s"]), step_time_s=_sig(row["step_time_s"]),
-            peak_memory_gb=_sig(row["memory_gb"]), mfu=_sig(row["mfu"]),
-            hours=_sig(row["hours"]), cost=_sig(row["cost"]),
+            tokens_per_second=_sig(row["tokens_per_s"]),
+            step_time_s=_sig(row["step_time_s"]),
+            peak_memory_gb=_sig(row["memory_gb"]),
+            mfu=_sig(row["mfu"]),
+            hours=_sig(row["hours"]),
+            cost=_sig(row["cost"]),
             cost_per_million_tokens=_sig(row["cost_per_million_tokens"]),
             energy_kwh=_sig(row["energy_kwh"]),
             step_time_interval_s=[_sig(x) for x in row.get("step_time_interval_s", [])],
             step_time_spread=_sig(row.get("step_time_spread", 0.0)),
             tokens_per_second_p10=_sig(row["tokens_per_s_p10"]),
             tokens_per_second_p90=_sig(row["tokens_per_s_p90"]),
-            hours_p10=_sig(row["hours_p10"]), hours_p90=_sig(row["hours_p90"]),
-            cost_p10=_sig(row["cost_p10"]), cost_p90=_sig(row["cost_p90"]),
-            interval=row.get("interval_source") or _interval_source(prof, precision,
-                                                                    _params(spec)),
-            measured=measured or []),
+            hours_p10=_sig(row["hours_p10"]),
+            hours_p90=_sig(row["hours_p90"]),
+            cost_p10=_sig(row["cost_p10"]),
+            cost_p90=_sig(row["cost_p90"]),
+            interval=row.get("interval_source") or _interval_source(prof, precision, _params(spec)),
+            measured=measured or [],
+        ),
         provenance=ProvenanceSection(
             created_by=f"planner {__version__}",
             created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            spec=spec.path, spec_sha256=spec.sha256, prices_source=offer.source,
-            prices_as_of=offer.as_of, probes=probes,
-            notes=[price_note, *_memory_notes(spec, row), *(notes or [])]),
+            spec=spec.path,
+            spec_sha256=spec.sha256,
+            prices_source=offer.source,
+            prices_as_of=offer.as_of,
+            probes=probes,
+            notes=[price_note, *_memory_notes(spec, row), *(notes or [])],
+        ),
     )
 
 
@@ -146,13 +210,18 @@ def _risk_notes(row: dict, cur: str) -> list[str]:
     """The price's age and, on spot, the preemptions in the cost and the on-demand cost."""
     f = row["offer_choice"].price
     age = "undated" if f.age_days is None else f"{f.age_days} days old at planning"
-    out = [f"price as of {row['offer_choice'].offer.as_of or '(no date)'} ({age}"
-           + ("; stale" if f.stale else "") + ")"]
+    out = [
+        f"price as of {row['offer_choice'].offer.as_of or '(no date)'} ({age}"
+        + ("; stale" if f.stale else "")
+        + ")"
+    ]
     if row["spot"]:
-        out.append(f"spot: {row['preemptions']:.2g} expected preemptions at {f.risk.rate:g} per "
-                   f"node-hour (80% range {f.risk.low:g}-{f.risk.high:g}; {f.risk.source}), "
-                   f"included in the cost; the same plan on-demand: "
-                   f"{row['cost_on_demand']:,.0f} {cur} (modelled)")
+        out.append(
+            f"spot: {row['preemptions']:.2g} expected preemptions at {f.risk.rate:g} per "
+            f"node-hour (80% range {f.risk.low:g}-{f.risk.high:g}; {f.risk.source}), "
+            f"included in the cost; the same plan on-demand: "
+            f"{row['cost_on_demand']:,.0f} {cur} (modelled)"
+        )
     if row["spot"] and f.outlier:
         out.append(f.outlier_note)
     return out

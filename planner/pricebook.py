@@ -18,8 +18,8 @@ from pathlib import Path
 from gptplan.tomlconf import read_toml
 from planner.hardware import PROFILE_DIR, Offer, ProfileError
 
-STALE_AFTER_DAYS = 180          # prices older than this are flagged (spec can change it)
-OUTLIER_BELOW_MEDIAN = 0.5      # a spot price below half the same GPU's other spot prices
+STALE_AFTER_DAYS = 180  # prices older than this are flagged (spec can change it)
+OUTLIER_BELOW_MEDIAN = 0.5  # a spot price below half the same GPU's other spot prices
 # Spread of prices over a plan's life when the offer states none (assumption, shown as such):
 # spot prices move with demand; a stale on-demand list price may since have been cut (AWS cut
 # P4/P5 on-demand prices by up to 45% in mid-2025).
@@ -31,6 +31,7 @@ _DATE = re.compile(r"^(\d{4})(?:-(\d{2}))?(?:-(\d{2}))?$")
 @dataclass(frozen=True)
 class SpotRisk:
     """Interruptions per node-hour (central, p10, p90), with where the numbers come from."""
+
     rate: float = 0.0
     low: float = 0.0
     high: float = 0.0
@@ -41,12 +42,12 @@ class SpotRisk:
 @dataclass(frozen=True)
 class PriceFacts:
     as_of: str = ""
-    age_days: int | None = None     # None: the price is undated
+    age_days: int | None = None  # None: the price is undated
     stale: bool = False
     outlier: bool = False
     outlier_note: str = ""
     risk: SpotRisk = SpotRisk()
-    spot_spread: tuple[float, float] = SPOT_PRICE_SPREAD       # low/high ratio to the price
+    spot_spread: tuple[float, float] = SPOT_PRICE_SPREAD  # low/high ratio to the price
     on_demand_spread: tuple[float, float] = (1.0, 1.0)
 
     @property
@@ -89,12 +90,17 @@ def _risk_from(table: dict, *, file: str, key: str) -> SpotRisk:
         low, high = float(table.get("low", rate)), float(table.get("high", rate))
         unavailable = float(table.get("unavailable_probability", 0.0))
     except (KeyError, TypeError, ValueError):
-        raise ProfileError("needs preemptions_per_node_hour, low, high as numbers", file=file,
-                           key=key) from None
+        raise ProfileError(
+            "needs preemptions_per_node_hour, low, high as numbers", file=file, key=key
+        ) from None
     if not (0 <= low <= rate <= high) or not 0 <= unavailable <= 1:
-        raise ProfileError(f"needs 0 <= low <= preemptions_per_node_hour <= high and "
-                           f"unavailable_probability in 0..1 (got {low}, {rate}, {high}, "
-                           f"{unavailable})", file=file, key=key)
+        raise ProfileError(
+            f"needs 0 <= low <= preemptions_per_node_hour <= high and "
+            f"unavailable_probability in 0..1 (got {low}, {rate}, {high}, "
+            f"{unavailable})",
+            file=file,
+            key=key,
+        )
     return SpotRisk(rate, low, high, unavailable, str(table.get("source", "")))
 
 
@@ -105,14 +111,23 @@ def spot_risk(offer: Offer, *, override: float = 0.0, directory: Path = PROFILE_
     if offer.kind != "cloud" or offer.spot_per_hour <= 0:
         return SpotRisk(source="no spot capacity")
     if override > 0:
-        return SpotRisk(override, override / 3, override * 3, 0.5,
-                        "spec spot.preemptions_per_node_hour (user assumption; 80% range "
-                        "a factor 3 either side)")
+        return SpotRisk(
+            override,
+            override / 3,
+            override * 3,
+            0.5,
+            "spec spot.preemptions_per_node_hour (user assumption; 80% range "
+            "a factor 3 either side)",
+        )
     if offer.spot_interruptions_per_node_hour > 0:
         rate = offer.spot_interruptions_per_node_hour
-        return SpotRisk(rate, offer.spot_interruptions_low or rate / 3,
-                        offer.spot_interruptions_high or rate * 3, 0.5,
-                        offer.spot_interruption_source or "stated in the offer")
+        return SpotRisk(
+            rate,
+            offer.spot_interruptions_low or rate / 3,
+            offer.spot_interruptions_high or rate * 3,
+            0.5,
+            offer.spot_interruption_source or "stated in the offer",
+        )
     data = interruption_table(Path(directory))
     file = str(Path(directory) / "spot" / "interruptions.toml")
     table = data.get("providers", {}).get(offer.provider)
@@ -134,40 +149,65 @@ def outlier_notes(choices) -> dict[int, str]:
     for i, c in enumerate(choices):
         if not c.offer.has_spot:
             continue
-        others = [o for j, o in enumerate(choices) if j != i and o.offer.has_spot and
-                  o.profile.name == c.profile.name]
+        others = [
+            o
+            for j, o in enumerate(choices)
+            if j != i and o.offer.has_spot and o.profile.name == c.profile.name
+        ]
         if not others:
             continue
         mine = _per_gpu_spot(c)
         median = statistics.median(_per_gpu_spot(o) for o in others)
         if mine < OUTLIER_BELOW_MEDIAN * median:
-            below_od = 1 - c.offer.spot_per_hour / c.offer.on_demand_per_hour \
-                if c.offer.on_demand_per_hour else 0.0
+            below_od = (
+                1 - c.offer.spot_per_hour / c.offer.on_demand_per_hour
+                if c.offer.on_demand_per_hour
+                else 0.0
+            )
             names = ", ".join(f"{o.offer.provider} {_per_gpu_spot(o):.3g}" for o in others)
-            notes[i] = (f"outlier spot price: {c.offer.key} {mine:.3g} per GPU-hour is "
-                        f"{mine / median:.0%} of the median of the other {c.profile.name} spot "
-                        f"offers ({median:.3g}: {names}; budget currency) and {below_od:.0%} "
-                        "below its own on-demand price; such capacity is often unavailable or "
-                        "momentary")
+            notes[i] = (
+                f"outlier spot price: {c.offer.key} {mine:.3g} per GPU-hour is "
+                f"{mine / median:.0%} of the median of the other {c.profile.name} spot "
+                f"offers ({median:.3g}: {names}; budget currency) and {below_od:.0%} "
+                "below its own on-demand price; such capacity is often unavailable or "
+                "momentary"
+            )
     return notes
 
 
-def price_facts(choices, *, today: dt.date | None = None, stale_after_days: int =
-                STALE_AFTER_DAYS, preemption_override: float = 0.0) -> list[PriceFacts]:
+def price_facts(
+    choices,
+    *,
+    today: dt.date | None = None,
+    stale_after_days: int = STALE_AFTER_DAYS,
+    preemption_override: float = 0.0,
+) -> list[PriceFacts]:
     """One PriceFacts per offer choice (same order)."""
     notes = outlier_notes(choices)
     out = []
     for i, c in enumerate(choices):
         age = price_age_days(c.offer.as_of, today)
         stale = age is None or age > stale_after_days
-        spot = (c.offer.spot_per_hour_low / c.offer.spot_per_hour,
-                c.offer.spot_per_hour_high / c.offer.spot_per_hour) \
-            if c.offer.spot_per_hour_low and c.offer.spot_per_hour_high and \
-            c.offer.spot_per_hour else SPOT_PRICE_SPREAD
-        out.append(PriceFacts(
-            as_of=c.offer.as_of, age_days=age, stale=stale and c.offer.kind == "cloud",
-            outlier=i in notes, outlier_note=notes.get(i, ""),
-            risk=spot_risk(c.offer, override=preemption_override), spot_spread=spot,
-            on_demand_spread=STALE_ON_DEMAND_SPREAD if stale and c.offer.kind == "cloud"
-            else (1.0, 1.0)))
+        spot = (
+            (
+                c.offer.spot_per_hour_low / c.offer.spot_per_hour,
+                c.offer.spot_per_hour_high / c.offer.spot_per_hour,
+            )
+            if c.offer.spot_per_hour_low and c.offer.spot_per_hour_high and c.offer.spot_per_hour
+            else SPOT_PRICE_SPREAD
+        )
+        out.append(
+            PriceFacts(
+                as_of=c.offer.as_of,
+                age_days=age,
+                stale=stale and c.offer.kind == "cloud",
+                outlier=i in notes,
+                outlier_note=notes.get(i, ""),
+                risk=spot_risk(c.offer, override=preemption_override),
+                spot_spread=spot,
+                on_demand_spread=STALE_ON_DEMAND_SPREAD
+                if stale and c.offer.kind == "cloud"
+                else (1.0, 1.0),
+            )
+        )
     return out

@@ -16,14 +16,23 @@ from pathlib import Path
 
 import tomli_w
 
-from planner.hardware import PROFILE_DIR, ProfileError
 from gptplan.tomlconf import name_problem, write_text_atomic
+from planner.hardware import PROFILE_DIR, ProfileError
 
 # SkyPilot accelerator names -> our profile names
 ACCELERATORS = {
-    "V100": "v100-16gb", "V100-32GB": "v100-32gb", "T4": "t4", "P4": "p4", "A10G": "a10g",
-    "A10": "a10g", "A100": "a100-40gb", "A100-80GB": "a100-80gb", "L4": "l4", "L40S": "l40s",
-    "H100": "h100-80gb", "H200": "h200-141gb",
+    "V100": "v100-16gb",
+    "V100-32GB": "v100-32gb",
+    "T4": "t4",
+    "P4": "p4",
+    "A10G": "a10g",
+    "A10": "a10g",
+    "A100": "a100-40gb",
+    "A100-80GB": "a100-80gb",
+    "L4": "l4",
+    "L40S": "l40s",
+    "H100": "h100-80gb",
+    "H200": "h200-141gb",
 }
 REQUIRED = ("InstanceType", "AcceleratorName", "AcceleratorCount", "Price", "SpotPrice")
 
@@ -45,15 +54,19 @@ def parse_catalog(path: Path, *, provider: str, as_of: str) -> tuple[list[dict],
     except FileNotFoundError:
         raise ProfileError("file not found", file=str(path)) from None
     except IsADirectoryError:
-        raise ProfileError("is a directory, expected a SkyPilot catalog CSV file",
-                           file=str(path)) from None
+        raise ProfileError(
+            "is a directory, expected a SkyPilot catalog CSV file", file=str(path)
+        ) from None
     with handle:
         try:
             reader = csv.DictReader(handle)
             missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
             if missing:
-                raise ProfileError(f"missing column(s) {', '.join(missing)}; a SkyPilot catalog "
-                                   f"has {', '.join(REQUIRED)}, ...", file=str(path))
+                raise ProfileError(
+                    f"missing column(s) {', '.join(missing)}; a SkyPilot catalog "
+                    f"has {', '.join(REQUIRED)}, ...",
+                    file=str(path),
+                )
             rows = list(reader)
         except UnicodeDecodeError:
             raise ProfileError("not UTF-8 text", file=str(path)) from None
@@ -71,11 +84,14 @@ def parse_catalog(path: Path, *, provider: str, as_of: str) -> tuple[list[dict],
                 raise ValueError
             count = int(count)
         except (TypeError, ValueError, OverflowError):
-            skipped.append(f"line {number}: AcceleratorCount {row['AcceleratorCount']!r} is "
-                           "not a whole number >= 1")
+            skipped.append(
+                f"line {number}: AcceleratorCount {row['AcceleratorCount']!r} is "
+                "not a whole number >= 1"
+            )
             continue
-        bad = [c for c in ("Price", "SpotPrice") if (row[c] or "").strip() and
-               _price(row[c]) is None]
+        bad = [
+            c for c in ("Price", "SpotPrice") if (row[c] or "").strip() and _price(row[c]) is None
+        ]
         if bad:
             skipped.append(f"line {number}: {', '.join(bad)} not a finite price > 0")
             continue
@@ -84,8 +100,17 @@ def parse_catalog(path: Path, *, provider: str, as_of: str) -> tuple[list[dict],
             skipped.append(f"line {number}: no price")
             continue
         key = row["InstanceType"].strip()
-        entry = merged.setdefault(key, {"profile": profile, "instance": key, "count": count,
-                                        "on_demand": [], "spot": [], "regions": set()})
+        entry = merged.setdefault(
+            key,
+            {
+                "profile": profile,
+                "instance": key,
+                "count": count,
+                "on_demand": [],
+                "spot": [],
+                "regions": set(),
+            },
+        )
         region = (row.get("Region") or "").strip()
         if on_demand is not None:
             entry["on_demand"].append((on_demand, region))
@@ -97,18 +122,34 @@ def parse_catalog(path: Path, *, provider: str, as_of: str) -> tuple[list[dict],
         # the lowest price and the region it was seen in (SkyPilot launches there)
         on_demand, region = min(entry["on_demand"]) if entry["on_demand"] else (0.0, "")
         spot, spot_region = min(entry["spot"]) if entry["spot"] else (0.0, "")
-        offers.append({
-            "profile": entry["profile"], "provider": provider, "instance": entry["instance"],
-            "gpus_per_node": entry["count"], "inter_node_gbits_per_s": 0.0,
-            "on_demand_per_hour": on_demand, "spot_per_hour": spot, "currency": "USD",
-            "source": f"imported from {path.name}: lowest price over {len(entry['regions'])} "
-                      "region(s)", "as_of": as_of, "region": region, "spot_region": spot_region})
+        offers.append(
+            {
+                "profile": entry["profile"],
+                "provider": provider,
+                "instance": entry["instance"],
+                "gpus_per_node": entry["count"],
+                "inter_node_gbits_per_s": 0.0,
+                "on_demand_per_hour": on_demand,
+                "spot_per_hour": spot,
+                "currency": "USD",
+                "source": f"imported from {path.name}: lowest price over {len(entry['regions'])} "
+                "region(s)",
+                "as_of": as_of,
+                "region": region,
+                "spot_region": spot_region,
+            }
+        )
     return offers, skipped
 
 
-def import_catalog(path: Path, *, name: str | None = None, provider: str | None = None,
-                   as_of: str | None = None, directory: Path = PROFILE_DIR
-                   ) -> tuple[Path, int, list[str]]:
+def import_catalog(
+    path: Path,
+    *,
+    name: str | None = None,
+    provider: str | None = None,
+    as_of: str | None = None,
+    directory: Path = PROFILE_DIR,
+) -> tuple[Path, int, list[str]]:
     path = Path(path)
     name = path.stem if name is None else name
     if name_problem(name):
@@ -121,11 +162,16 @@ def import_catalog(path: Path, *, name: str | None = None, provider: str | None 
     as_of = as_of or dt.date.today().isoformat()
     offers, skipped = parse_catalog(path, provider=provider, as_of=as_of)
     if not offers:
-        raise ProfileError(f"no usable row ({len(skipped)} skipped"
-                           + (f"; first: {skipped[0]}" if skipped else "") + ")",
-                           file=str(path))
+        raise ProfileError(
+            f"no usable row ({len(skipped)} skipped"
+            + (f"; first: {skipped[0]}" if skipped else "")
+            + ")",
+            file=str(path),
+        )
     out = Path(directory) / "offers" / f"{name}.toml"
-    header = (f"# Imported by 'planner prices import' from {path.name} on {as_of}.\n"
-              "# inter_node_gbits_per_s = 0 means unknown: such offers are planned single-node.\n")
+    header = (
+        f"# Imported by 'planner prices import' from {path.name} on {as_of}.\n"
+        "# inter_node_gbits_per_s = 0 means unknown: such offers are planned single-node.\n"
+    )
     write_text_atomic(out, header + tomli_w.dumps({"offers": offers}))
     return out, len(offers), skipped

@@ -52,19 +52,35 @@ def hardware_fingerprint() -> str:
 def config_key(plan: Plan) -> str:
     """What a probe's measurement depends on: model, shapes, precision, layout, device."""
     t, p, m = plan.training, plan.parallel, plan.model
-    parts = [m.vocab_size, m.hidden_size, m.num_hidden_layers, m.num_attention_heads,
-             m.intermediate_size, t.seq_len, t.per_device_train_batch_size,
-             t.gradient_accumulation_steps, t.precision, t.fp16_opt_level, p.nnodes,
-             p.nproc_per_node, p.data_parallel_degree, p.tensor_parallel_degree,
-             p.pipeline_parallel_degree, p.sharding, p.sharding_parallel_degree, p.recompute,
-             p.sequence_parallel, plan.hardware.device]
+    parts = [
+        m.vocab_size,
+        m.hidden_size,
+        m.num_hidden_layers,
+        m.num_attention_heads,
+        m.intermediate_size,
+        t.seq_len,
+        t.per_device_train_batch_size,
+        t.gradient_accumulation_steps,
+        t.precision,
+        t.fp16_opt_level,
+        p.nnodes,
+        p.nproc_per_node,
+        p.data_parallel_degree,
+        p.tensor_parallel_degree,
+        p.pipeline_parallel_degree,
+        p.sharding,
+        p.sharding_parallel_degree,
+        p.recompute,
+        p.sequence_parallel,
+        plan.hardware.device,
+    ]
     return "|".join(str(x) for x in parts)
 
 
 @dataclass(frozen=True)
 class ProbeResult:
     key: str
-    status: str                 # ok | oom | crash | timeout | killed
+    status: str  # ok | oom | crash | timeout | killed
     step_time_s: float = 0.0
     step_time_spread: float = 0.0
     tokens_per_second: float = 0.0
@@ -73,9 +89,9 @@ class ProbeResult:
     detail: str = ""
     fingerprint: str = ""
     measured_steps: int = 0
-    mean_step_time_s: float = 0.0   # what a run pays for; step_time_s (median) ranks robustly
-    step_times_s: tuple = ()        # every measured step (warm-up excluded), in order
-    warmup_times_s: tuple = ()      # the discarded warm-up steps
+    mean_step_time_s: float = 0.0  # what a run pays for; step_time_s (median) ranks robustly
+    step_times_s: tuple = ()  # every measured step (warm-up excluded), in order
+    warmup_times_s: tuple = ()  # the discarded warm-up steps
 
     def pooled_with(self, other: ProbeResult) -> ProbeResult:
         """Both measurements of one configuration, weighted by their measured steps."""
@@ -85,12 +101,16 @@ class ProbeResult:
         step = (self.step_time_s * n1 + other.step_time_s * n2) / (n1 + n2)
         mean = (self.mean_step_time_s * n1 + other.mean_step_time_s * n2) / (n1 + n2)
         return dataclasses.replace(
-            self, step_time_s=step, mean_step_time_s=mean,
-            tokens_per_second=self.tokens_per_second *
-            self.step_time_s / step, measured_steps=n1 + n2, wall_s=self.wall_s + other.wall_s,
+            self,
+            step_time_s=step,
+            mean_step_time_s=mean,
+            tokens_per_second=self.tokens_per_second * self.step_time_s / step,
+            measured_steps=n1 + n2,
+            wall_s=self.wall_s + other.wall_s,
             peak_memory_gb=max(self.peak_memory_gb, other.peak_memory_gb),
             step_times_s=tuple(self.step_times_s) + tuple(other.step_times_s),
-            warmup_times_s=tuple(self.warmup_times_s) + tuple(other.warmup_times_s))
+            warmup_times_s=tuple(self.warmup_times_s) + tuple(other.warmup_times_s),
+        )
 
     @property
     def ok(self) -> bool:
@@ -100,6 +120,7 @@ class ProbeResult:
 @dataclass
 class _Worker:
     """A served probe worker (runner.probe --queue-dir) for one parallel layout."""
+
     proc: subprocess.Popen
     queue_dir: Path
     log: Path
@@ -131,9 +152,18 @@ class LocalProbe:
     fresh address space), runs every probe in its own new processes.
     """
 
-    def __init__(self, work_dir: Path, *, steps: int = 5, warmup: int = 2,
-                 timeout_s: float = 180.0, memory_limit_gb: float = 0.0, fault: str = "",
-                 fingerprint: str | None = None, persistent: bool = True):
+    def __init__(
+        self,
+        work_dir: Path,
+        *,
+        steps: int = 5,
+        warmup: int = 2,
+        timeout_s: float = 180.0,
+        memory_limit_gb: float = 0.0,
+        fault: str = "",
+        fingerprint: str | None = None,
+        persistent: bool = True,
+    ):
         self.work_dir = Path(work_dir)
         self.steps, self.warmup, self.timeout_s = steps, warmup, timeout_s
         self.memory_limit_gb, self.fault = memory_limit_gb, fault
@@ -158,16 +188,27 @@ class LocalProbe:
         return self._classify(key, out, rc, timed_out, wall, log)
 
     def _run_fresh(self, plan, plan_path, out, folder, steps):
-        command = probe_command(plan, plan_path=plan_path, out=out, log_dir=folder / "logs",
-                                steps=steps, warmup=self.warmup,
-                                memory_limit_gb=self.memory_limit_gb, fault=self.fault)
+        command = probe_command(
+            plan,
+            plan_path=plan_path,
+            out=out,
+            log_dir=folder / "logs",
+            steps=steps,
+            warmup=self.warmup,
+            memory_limit_gb=self.memory_limit_gb,
+            fault=self.fault,
+        )
         started = time.time()
         log = folder / "probe.log"
         with open(log, "wb") as handle:
-            proc = subprocess.Popen(command.argv, env=dict(os.environ) | command.env,
-                                    stdout=handle, stderr=subprocess.STDOUT,
-                                    start_new_session=True,
-                                    preexec_fn=die_with_parent())  # never outlive us
+            proc = subprocess.Popen(
+                command.argv,
+                env=dict(os.environ) | command.env,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),
+            )  # never outlive us
             try:
                 rc, timed_out = proc.wait(timeout=self.timeout_s), False
             except subprocess.TimeoutExpired:
@@ -190,14 +231,19 @@ class LocalProbe:
         folder = self.work_dir / "workers" / f"{tag}-{int(time.time() * 1000)}"
         queue = folder / "queue"
         queue.mkdir(parents=True, exist_ok=True)
-        command = serve_command(plan, queue_dir=queue, log_dir=folder / "logs",
-                                parent_pid=os.getpid())
+        command = serve_command(
+            plan, queue_dir=queue, log_dir=folder / "logs", parent_pid=os.getpid()
+        )
         log = folder / "worker.log"
         with open(log, "wb") as handle:
-            proc = subprocess.Popen(command.argv, env=dict(os.environ) | command.env,
-                                    stdout=handle, stderr=subprocess.STDOUT,
-                                    start_new_session=True,
-                                    preexec_fn=die_with_parent())  # never outlive us
+            proc = subprocess.Popen(
+                command.argv,
+                env=dict(os.environ) | command.env,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),
+            )  # never outlive us
         self._workers[layout] = worker = _Worker(proc, queue, log)
         return worker
 
@@ -205,10 +251,14 @@ class LocalProbe:
         """One request to the layout's worker; its start-up counts in the first probe's wall."""
         started = time.time()
         worker = self._worker_for(plan)
-        request = {"plan": str(plan_path), "out": str(out), "steps": steps,
-                   "warmup": self.warmup, "fault": self.fault}
-        write_text_atomic(request_path(worker.queue_dir, worker.next_request),
-                          json.dumps(request))
+        request = {
+            "plan": str(plan_path),
+            "out": str(out),
+            "steps": steps,
+            "warmup": self.warmup,
+            "fault": self.fault,
+        }
+        write_text_atomic(request_path(worker.queue_dir, worker.next_request), json.dumps(request))
         worker.next_request += 1
         rc, timed_out = None, False
         while not out.exists():
@@ -236,8 +286,10 @@ class LocalProbe:
                 running += 1
                 if wait:
                     try:
-                        write_text_atomic(request_path(worker.queue_dir, worker.next_request),
-                                          json.dumps({"stop": True}))
+                        write_text_atomic(
+                            request_path(worker.queue_dir, worker.next_request),
+                            json.dumps({"stop": True}),
+                        )
                         worker.proc.wait(timeout=10)
                     except (OSError, subprocess.TimeoutExpired):
                         pass
@@ -245,30 +297,53 @@ class LocalProbe:
         self._workers.clear()
         return running
 
-    def _classify(self, key: str, out: Path, rc, timed_out: bool, wall: float,
-                  log: Path) -> ProbeResult:
+    def _classify(
+        self, key: str, out: Path, rc, timed_out: bool, wall: float, log: Path
+    ) -> ProbeResult:
         data = json.loads(out.read_text()) if out.exists() else None
         if timed_out:
-            return ProbeResult(key, "timeout", wall_s=wall, fingerprint=self.fingerprint,
-                               detail=f"no result within {self.timeout_s:g} s; log: {log}")
+            return ProbeResult(
+                key,
+                "timeout",
+                wall_s=wall,
+                fingerprint=self.fingerprint,
+                detail=f"no result within {self.timeout_s:g} s; log: {log}",
+            )
         if data is None:
-            status = "oom" if rc in (-signal.SIGKILL, 137) else "killed" if rc and rc < 0 \
-                else "crash"
-            return ProbeResult(key, status, wall_s=wall, fingerprint=self.fingerprint,
-                               detail=f"exit {rc}, no result; last lines: {_log_tail(log)}")
+            status = (
+                "oom" if rc in (-signal.SIGKILL, 137) else "killed" if rc and rc < 0 else "crash"
+            )
+            return ProbeResult(
+                key,
+                status,
+                wall_s=wall,
+                fingerprint=self.fingerprint,
+                detail=f"exit {rc}, no result; last lines: {_log_tail(log)}",
+            )
         if data["status"] != "ok":
-            return ProbeResult(key, data["status"], wall_s=wall, fingerprint=self.fingerprint,
-                               detail=data.get("error", "") + " | " +
-                               " | ".join(data.get("traceback_tail", [])[-2:]))
-        return ProbeResult(key, "ok", step_time_s=data["step_time_s"],
-                           step_time_spread=data["step_time_spread"],
-                           tokens_per_second=data["tokens_per_second"],
-                           peak_memory_gb=data["peak_memory_gb"], wall_s=wall,
-                           fingerprint=self.fingerprint,
-                           measured_steps=len(data["step_times_s"]) - data["warmup_steps"],
-                           mean_step_time_s=data["mean_step_time_s"],
-                           step_times_s=tuple(data["step_times_s"][data["warmup_steps"]:]),
-                           warmup_times_s=tuple(data["step_times_s"][:data["warmup_steps"]]))
+            return ProbeResult(
+                key,
+                data["status"],
+                wall_s=wall,
+                fingerprint=self.fingerprint,
+                detail=data.get("error", "")
+                + " | "
+                + " | ".join(data.get("traceback_tail", [])[-2:]),
+            )
+        return ProbeResult(
+            key,
+            "ok",
+            step_time_s=data["step_time_s"],
+            step_time_spread=data["step_time_spread"],
+            tokens_per_second=data["tokens_per_second"],
+            peak_memory_gb=data["peak_memory_gb"],
+            wall_s=wall,
+            fingerprint=self.fingerprint,
+            measured_steps=len(data["step_times_s"]) - data["warmup_steps"],
+            mean_step_time_s=data["mean_step_time_s"],
+            step_times_s=tuple(data["step_times_s"][data["warmup_steps"] :]),
+            warmup_times_s=tuple(data["step_times_s"][: data["warmup_steps"]]),
+        )
 
 
 class ProbeCache:
@@ -290,8 +365,10 @@ class ProbeCache:
         try:
             text = self.path.read_bytes().decode("utf-8", errors="replace")
         except OSError as exc:
-            raise UserError(f"cannot read the probe cache: {exc.strerror}; move it away to "
-                            "start a new one", file=str(self.path)) from None
+            raise UserError(
+                f"cannot read the probe cache: {exc.strerror}; move it away to start a new one",
+                file=str(self.path),
+            ) from None
         good, bad = [], []
         for number, line in enumerate(text.splitlines(), 1):
             result = _parse_result(line) if line.strip() else None
@@ -308,8 +385,10 @@ class ProbeCache:
         except OSError as exc:
             fixed = f"could not rewrite it ({exc.strerror})"
         if bad:
-            self.notes.append(f"probe cache {self.path}: skipped {len(bad)} damaged line(s) "
-                              f"(line {', '.join(map(str, bad[:5]))}); {fixed}")
+            self.notes.append(
+                f"probe cache {self.path}: skipped {len(bad)} damaged line(s) "
+                f"(line {', '.join(map(str, bad[:5]))}); {fixed}"
+            )
 
     def get(self, fingerprint: str, key: str) -> ProbeResult | None:
         return self.results.get((fingerprint, key))
@@ -337,8 +416,9 @@ def _parse_result(line: str) -> ProbeResult | None:
         result = ProbeResult(**data) if isinstance(data, dict) else None
     except (ValueError, TypeError):
         return None
-    if result is None or not all(isinstance(x, str) for x in (result.key, result.status,
-                                                              result.fingerprint)):
+    if result is None or not all(
+        isinstance(x, str) for x in (result.key, result.status, result.fingerprint)
+    ):
         return None
     numbers = (result.step_time_s, result.mean_step_time_s, result.wall_s)
     if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in numbers):

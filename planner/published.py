@@ -98,11 +98,16 @@ def _measured_tokens(rec: dict, m: ModelSection) -> float:
 
 def _model(rec: dict) -> ModelSection:
     i = {k: int(rec[k]) for k in ("hidden", "layers", "heads", "ffn", "vocab", "seq")}
-    return ModelSection(family=rec.get("family") or "gpt", vocab_size=i["vocab"],
-                        hidden_size=i["hidden"], num_hidden_layers=i["layers"],
-                        num_attention_heads=i["heads"], intermediate_size=i["ffn"],
-                        max_position_embeddings=i["seq"],
-                        num_key_value_heads=int(rec.get("kv_heads") or 0))
+    return ModelSection(
+        family=rec.get("family") or "gpt",
+        vocab_size=i["vocab"],
+        hidden_size=i["hidden"],
+        num_hidden_layers=i["layers"],
+        num_attention_heads=i["heads"],
+        intermediate_size=i["ffn"],
+        max_position_embeddings=i["seq"],
+        num_key_value_heads=int(rec.get("kv_heads") or 0),
+    )
 
 
 def load_rows(path: Path = RUNS_CSV, profiles: dict[str, Profile] | None = None) -> list[Row]:
@@ -113,11 +118,22 @@ def load_rows(path: Path = RUNS_CSV, profiles: dict[str, Profile] | None = None)
         for rec in csv.DictReader(f):
             m = _model(rec)
             params = parameter_count(m)
-            row = Row(rec["id"], rec["source"], rec["gpu_profile"],
-                      generation_of(rec["gpu_profile"]), params / 1e9, _size_class(params),
-                      int(rec["nodes"]) * int(rec["gpus_per_node"]), _measured_tokens(rec, m),
-                      source_key(rec["source"]), int(rec["tp"]), int(rec["pp"]), rec, m,
-                      profiles[rec["gpu_profile"]])
+            row = Row(
+                rec["id"],
+                rec["source"],
+                rec["gpu_profile"],
+                generation_of(rec["gpu_profile"]),
+                params / 1e9,
+                _size_class(params),
+                int(rec["nodes"]) * int(rec["gpus_per_node"]),
+                _measured_tokens(rec, m),
+                source_key(rec["source"]),
+                int(rec["tp"]),
+                int(rec["pp"]),
+                rec,
+                m,
+                profiles[rec["gpu_profile"]],
+            )
             rows.append(row)
     return rows
 
@@ -130,48 +146,81 @@ def _columns(rows: list[Row]) -> dict:
         return np.array([fn(rec[key]) for rec, _, _ in recs])
 
     shapes = [ModelShape.from_section(m) for _, m, _ in recs]
-    shape = ModelShape(**{f: np.array([getattr(sh, f) for sh in shapes])
-                          for f in ModelShape.__dataclass_fields__})
-    g = {"nodes": col("nodes"), "seq": col("seq"), "micro": col("micro"), "acc": col("acc"),
-         "tp": col("tp"), "pp": col("pp"), "vpp": col("vpp"), "dp": col("dp"),
-         "shard_degree": col("sharding_degree"), "sp": col("sequence_parallel"),
-         "flash": col("flash_attention"),
-         "precision_code": col("precision", PRECISION_CODES.__getitem__),
-         "stage_code": col("sharding", SHARDING.index),
-         "recompute_code": col("recompute", RECOMPUTE.index)}
+    shape = ModelShape(
+        **{f: np.array([getattr(sh, f) for sh in shapes]) for f in ModelShape.__dataclass_fields__}
+    )
+    g = {
+        "nodes": col("nodes"),
+        "seq": col("seq"),
+        "micro": col("micro"),
+        "acc": col("acc"),
+        "tp": col("tp"),
+        "pp": col("pp"),
+        "vpp": col("vpp"),
+        "dp": col("dp"),
+        "shard_degree": col("sharding_degree"),
+        "sp": col("sequence_parallel"),
+        "flash": col("flash_attention"),
+        "precision_code": col("precision", PRECISION_CODES.__getitem__),
+        "stage_code": col("sharding", SHARDING.index),
+        "recompute_code": col("recompute", RECOMPUTE.index),
+    }
     profs = [p for _, _, p in recs]
-    dev = Device(np.array([float(rec.get("device_peak_tflops") or p.peak_for(rec["precision"]))
-                           * 1e12 for rec, _, p in recs]),
-                 np.array([p.sm_count for p in profs]),
-                 np.array([float(rec.get("device_hbm_gbytes_per_s") or
-                                 p.memory_bandwidth_gbytes_per_s) * 1e9 for rec, _, p in recs]),
-                 np.array([p.intra_node_gbytes_per_s * 1e9 for p in profs]),
-                 col("inter_node_gbits_per_s", float) / 8 * 1e9, col("gpus_per_node"))
-    return {"shape": shape, "g": g, "dev": dev,
-            "tokens_per_step": g["micro"] * g["acc"] * g["seq"] * g["dp"] * g["shard_degree"],
-            "world": col("nodes") * col("gpus_per_node"),
-            "measured": np.array([r.measured_tokens_per_s_per_device for r in rows]),
-            "source": np.array([r.source_key for r in rows])}
+    dev = Device(
+        np.array(
+            [
+                float(rec.get("device_peak_tflops") or p.peak_for(rec["precision"])) * 1e12
+                for rec, _, p in recs
+            ]
+        ),
+        np.array([p.sm_count for p in profs]),
+        np.array(
+            [
+                float(rec.get("device_hbm_gbytes_per_s") or p.memory_bandwidth_gbytes_per_s) * 1e9
+                for rec, _, p in recs
+            ]
+        ),
+        np.array([p.intra_node_gbytes_per_s * 1e9 for p in profs]),
+        col("inter_node_gbits_per_s", float) / 8 * 1e9,
+        col("gpus_per_node"),
+    )
+    return {
+        "shape": shape,
+        "g": g,
+        "dev": dev,
+        "tokens_per_step": g["micro"] * g["acc"] * g["seq"] * g["dp"] * g["shard_degree"],
+        "world": col("nodes") * col("gpus_per_node"),
+        "measured": np.array([r.measured_tokens_per_s_per_device for r in rows]),
+        "source": np.array([r.source_key for r in rows]),
+    }
 
 
 def _subset(cols: dict, mask) -> dict:
-    idx = np.flatnonzero(np.broadcast_to(mask, cols["measured"].shape)) \
-        if np.asarray(mask).dtype == bool else np.asarray(mask)
+    idx = (
+        np.flatnonzero(np.broadcast_to(mask, cols["measured"].shape))
+        if np.asarray(mask).dtype == bool
+        else np.asarray(mask)
+    )
     sh = cols["shape"]
     shape = ModelShape(**{f: np.asarray(getattr(sh, f))[idx] for f in sh.__dataclass_fields__})
-    return {"shape": shape,
-            "g": {k: v[idx] for k, v in cols["g"].items()},
-            "dev": Device(*(np.asarray(getattr(cols["dev"], f))[idx]
-                            for f in cols["dev"].__dataclass_fields__)),
-            **{k: cols[k][idx] for k in ("tokens_per_step", "world", "measured", "source")}}
+    return {
+        "shape": shape,
+        "g": {k: v[idx] for k, v in cols["g"].items()},
+        "dev": Device(
+            *(np.asarray(getattr(cols["dev"], f))[idx] for f in cols["dev"].__dataclass_fields__)
+        ),
+        **{k: cols[k][idx] for k in ("tokens_per_step", "world", "measured", "source")},
+    }
 
 
-def predict(cols: dict, gemm_max, kernel_overhead_us, overlap, attention_fraction
-            ) -> np.ndarray:
+def predict(cols: dict, gemm_max, kernel_overhead_us, overlap, attention_fraction) -> np.ndarray:
     """Tokens/s per device of each row under these constants (step_time_parts)."""
-    parts = step_time_parts(cols["shape"], cols["g"], cols["dev"],
-                            Rates(gemm_max, kernel_overhead_us * 1e-6, overlap,
-                                  attention_fraction))
+    parts = step_time_parts(
+        cols["shape"],
+        cols["g"],
+        cols["dev"],
+        Rates(gemm_max, kernel_overhead_us * 1e-6, overlap, attention_fraction),
+    )
     return cols["tokens_per_step"] / parts["step_time_s"] / cols["world"]
 
 
@@ -213,8 +262,13 @@ def fit(cols: dict, mask: np.ndarray | None = None) -> Fit:
         pred = predict(cols, *np.exp(x))
         return np.concatenate([w * np.log(pred / cols["measured"]), (x - prior) / PRIOR_SIGMA])
 
-    res = least_squares(residuals, np.clip(prior, lo + 1e-6, hi - 1e-6), bounds=(lo, hi),
-                        loss="soft_l1", f_scale=0.1)
+    res = least_squares(
+        residuals,
+        np.clip(prior, lo + 1e-6, hi - 1e-6),
+        bounds=(lo, hi),
+        loss="soft_l1",
+        f_scale=0.1,
+    )
     return Fit(*(float(v) for v in np.exp(res.x)), rows=len(cols["measured"]))
 
 
@@ -237,8 +291,7 @@ def _held_out(rows: list[Row], groups: np.ndarray) -> dict[str, np.ndarray]:
                 continue
             f = fit(cols, train)
             pred[test] = predict(_subset(cols, test), *f.params)
-    return {"predicted": pred, "measured": cols["measured"],
-            "ratio": cols["measured"] / pred}
+    return {"predicted": pred, "measured": cols["measured"], "ratio": cols["measured"] / pred}
 
 
 def leave_one_out(rows: list[Row]) -> dict[str, np.ndarray]:

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.probes import ProbeResult, config_key
 from gptplan.plan import Plan
+from planner.probes import ProbeResult, config_key
 from runner.probe import layout_key
 
 FORMAT = "gptplan-probe-recording"
@@ -40,10 +40,11 @@ class RecordingError(ValueError):
 @dataclass
 class RecordedConfig:
     """All recorded probes of one configuration."""
-    key: str                        # planner.probes.config_key of its plan
-    describe: str                   # e.g. "2p fp32 s64 m16x2 none"
-    dims: dict                      # processes, precision, seq, micro, acc, recompute
-    layout: list                    # runner.probe.layout_key of its plan (worker sharing)
+
+    key: str  # planner.probes.config_key of its plan
+    describe: str  # e.g. "2p fp32 s64 m16x2 none"
+    dims: dict  # processes, precision, seq, micro, acc, recompute
+    layout: list  # runner.probe.layout_key of its plan (worker sharing)
     probes: list[dict] = field(default_factory=list)
     # each: {"pass", "status", "wall_s", "new_worker", "warmup_s": [...], "steps_s": [...],
     #        "peak_memory_gb", "loadavg_1m", "at_s"}
@@ -67,8 +68,11 @@ class RecordedConfig:
 
     def overhead_s(self) -> float:
         """Median probe overhead outside the timed steps, probes that started no worker."""
-        rest = [p["wall_s"] - sum(p["warmup_s"]) - sum(p["steps_s"]) for p in self.probes
-                if p["status"] == "ok" and not p.get("new_worker")]
+        rest = [
+            p["wall_s"] - sum(p["warmup_s"]) - sum(p["steps_s"])
+            for p in self.probes
+            if p["status"] == "ok" and not p.get("new_worker")
+        ]
         return max(0.0, statistics.median(rest)) if rest else 0.0
 
 
@@ -77,18 +81,32 @@ class Recording:
     machine: dict
     created: str
     finished: str
-    probe: dict                     # {"warmup", "steps", "passes", "orders"}
-    space: dict                     # {"spec", "overrides"}
+    probe: dict  # {"warmup", "steps", "passes", "orders"}
+    space: dict  # {"spec", "overrides"}
     configs: dict[str, RecordedConfig]
     worker_startup_s: dict[str, float] = field(default_factory=dict)  # layout -> median s
 
     def to_dict(self) -> dict:
-        return {"format": FORMAT, "version": VERSION, "created": self.created,
-                "finished": self.finished, "machine": self.machine, "probe": self.probe,
-                "space": self.space, "worker_startup_s": self.worker_startup_s,
-                "configs": [{"key": c.key, "describe": c.describe, "dims": c.dims,
-                             "layout": c.layout, "probes": c.probes}
-                            for c in self.configs.values()]}
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "created": self.created,
+            "finished": self.finished,
+            "machine": self.machine,
+            "probe": self.probe,
+            "space": self.space,
+            "worker_startup_s": self.worker_startup_s,
+            "configs": [
+                {
+                    "key": c.key,
+                    "describe": c.describe,
+                    "dims": c.dims,
+                    "layout": c.layout,
+                    "probes": c.probes,
+                }
+                for c in self.configs.values()
+            ],
+        }
 
     def save(self, path: Path) -> None:
         """Atomically, gzip-compressed (mtime 0: the same content gives the same bytes)."""
@@ -101,7 +119,7 @@ class Recording:
         tmp.replace(path)
 
     @classmethod
-    def load(cls, path: Path) -> "Recording":
+    def load(cls, path: Path) -> Recording:
         path = Path(path)
         try:
             raw = path.read_bytes()
@@ -111,12 +129,22 @@ class Recording:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise RecordingError(f"{path}: format: expected {FORMAT!r}")
         if data.get("version") != VERSION:
-            raise RecordingError(f"{path}: version: {data.get('version')!r}, this planner "
-                                 f"reads version {VERSION}")
-        configs = {c["key"]: RecordedConfig(c["key"], c["describe"], c["dims"], c["layout"],
-                                            c["probes"]) for c in data["configs"]}
-        return cls(data["machine"], data["created"], data["finished"], data["probe"],
-                   data["space"], configs, data.get("worker_startup_s", {}))
+            raise RecordingError(
+                f"{path}: version: {data.get('version')!r}, this planner reads version {VERSION}"
+            )
+        configs = {
+            c["key"]: RecordedConfig(c["key"], c["describe"], c["dims"], c["layout"], c["probes"])
+            for c in data["configs"]
+        }
+        return cls(
+            data["machine"],
+            data["created"],
+            data["finished"],
+            data["probe"],
+            data["space"],
+            configs,
+            data.get("worker_startup_s", {}),
+        )
 
     def startup_for(self, layout) -> float:
         return float(self.worker_startup_s.get(json.dumps(list(layout)), 0.0))
@@ -131,7 +159,8 @@ def worker_startups(configs: dict[str, RecordedConfig]) -> dict[str, float]:
         for p in c.probes:
             if p["new_worker"] and p["status"] == "ok" and usual:
                 found.setdefault(json.dumps(list(c.layout)), []).append(
-                    max(0.0, p["wall_s"] - statistics.median(usual)))
+                    max(0.0, p["wall_s"] - statistics.median(usual))
+                )
     return {k: statistics.median(v) for k, v in found.items()}
 
 
@@ -143,14 +172,21 @@ class ReplayProbe:
     unknown). Deterministic for a given seed and sequence of calls.
     """
 
-    def __init__(self, recording: Recording, *, seed: int = 0, steps: int = 3,
-                 warmup: int = 1, fingerprint: str = ""):
+    def __init__(
+        self,
+        recording: Recording,
+        *,
+        seed: int = 0,
+        steps: int = 3,
+        warmup: int = 1,
+        fingerprint: str = "",
+    ):
         self.recording, self.seed = recording, seed
         self.steps, self.warmup = steps, warmup
         self.fingerprint = fingerprint or "replay " + recording.machine.get("fingerprint", "")
         self._started: set = set()
         self._calls: dict[str, int] = {}
-        self.wall_s = 0.0           # everything charged so far
+        self.wall_s = 0.0  # everything charged so far
         self.probes = 0
 
     def _rng(self, key: str) -> np.random.Generator:
@@ -170,15 +206,24 @@ class ReplayProbe:
         startup = 0.0 if layout in self._started else self.recording.startup_for(layout)
         self.probes += 1
         if config is None:
-            return ProbeResult(key, "crash", fingerprint=self.fingerprint,
-                               detail="configuration not in the recording")
+            return ProbeResult(
+                key,
+                "crash",
+                fingerprint=self.fingerprint,
+                detail="configuration not in the recording",
+            )
         failed = [p for p in config.probes if p["status"] != "ok"]
         if failed:  # a failure the recording saw: the same failure, its recorded wall cost
             wall = failed[0]["wall_s"]
             self.wall_s += wall
             self._started.discard(layout)  # a failed probe ends its worker
-            return ProbeResult(key, failed[0]["status"], wall_s=wall,
-                               fingerprint=self.fingerprint, detail="recorded failure")
+            return ProbeResult(
+                key,
+                failed[0]["status"],
+                wall_s=wall,
+                fingerprint=self.fingerprint,
+                detail="recorded failure",
+            )
         self._started.add(layout)
         rng = self._rng(key)
         # a probe is a contiguous run of one recorded probe: steps drawn as a window from one
@@ -188,24 +233,31 @@ class ReplayProbe:
         while len(chosen) < steps:
             rec = config.probes[int(rng.integers(len(config.probes)))]
             if not warm:
-                warm = list(rec["warmup_s"][:self.warmup]) or [rec["steps_s"][0]]
+                warm = list(rec["warmup_s"][: self.warmup]) or [rec["steps_s"][0]]
                 while len(warm) < self.warmup:
                     warm.append(warm[-1])
             start = int(rng.integers(len(rec["steps_s"])))
             run = rec["steps_s"][start:] + rec["steps_s"][:start]
-            chosen += run[:steps - len(chosen)]
+            chosen += run[: steps - len(chosen)]
         measured = np.array(chosen)
         median = float(np.median(measured))
         wall = startup + config.overhead_s() + sum(warm) + float(measured.sum())
         self.wall_s += wall
         tokens = plan.tokens_per_step
         return ProbeResult(
-            key, "ok", step_time_s=median,
+            key,
+            "ok",
+            step_time_s=median,
             step_time_spread=float((measured.max() - measured.min()) / median),
-            tokens_per_second=tokens / median, peak_memory_gb=config.peak_memory_gb,
-            wall_s=wall, fingerprint=self.fingerprint, measured_steps=len(chosen),
-            mean_step_time_s=float(measured.mean()), step_times_s=tuple(chosen),
-            warmup_times_s=tuple(warm))
+            tokens_per_second=tokens / median,
+            peak_memory_gb=config.peak_memory_gb,
+            wall_s=wall,
+            fingerprint=self.fingerprint,
+            measured_steps=len(chosen),
+            mean_step_time_s=float(measured.mean()),
+            step_times_s=tuple(chosen),
+            warmup_times_s=tuple(warm),
+        )
 
     def close(self) -> None:
         self._started.clear()
@@ -214,26 +266,29 @@ class ReplayProbe:
 @dataclass
 class ReplaySpace:
     """A recording matched to the candidate table of the space it was recorded from."""
+
     spec: object
     table: object
     target: float
-    rows: np.ndarray                # recorded, ok, runnable rows of the table
-    plans: dict                     # row -> plan
-    truth: dict                     # row -> true cost per million tokens (measured)
+    rows: np.ndarray  # recorded, ok, runnable rows of the table
+    plans: dict  # row -> plan
+    truth: dict  # row -> true cost per million tokens (measured)
     best: float
     recording: Recording
 
     def regret(self, row) -> float:
         """True cost of the pick / the best true cost - 1 (nan for no pick)."""
-        return self.truth[row] / self.best - 1 if row is not None and row in self.truth \
+        return (
+            self.truth[row] / self.best - 1
+            if row is not None and row in self.truth
             else float("nan")
+        )
 
     def backend(self, seed: int, *, steps: int = 3, warmup: int = 1) -> ReplayProbe:
         return ReplayProbe(self.recording, seed=seed, steps=steps, warmup=warmup)
 
 
-def replay_space(recording: Recording, spec_path: Path, *, profiles=None,
-                 keep=None) -> ReplaySpace:
+def replay_space(recording: Recording, spec_path: Path, *, profiles=None, keep=None) -> ReplaySpace:
     """Evaluate the recording's space (its spec file + overrides) and match every candidate to
     its recorded configuration by probe key; `keep(dims) -> bool` restricts the space."""
     from planner.hardware import load_profiles
@@ -242,8 +297,9 @@ def replay_space(recording: Recording, spec_path: Path, *, profiles=None,
     from planner.spec import load_spec
 
     spec = load_spec(str(spec_path), overrides=recording.space.get("overrides", {}))
-    table = evaluate_space(spec, allowed_offers(spec, profiles or load_profiles()),
-                           spec.job.target_tokens)
+    table = evaluate_space(
+        spec, allowed_offers(spec, profiles or load_profiles()), spec.job.target_tokens
+    )
     target = spec.job.target_tokens
     plans, truth = {}, {}
     for i in np.flatnonzero(table["fits"]):
@@ -253,10 +309,15 @@ def replay_space(recording: Recording, spec_path: Path, *, profiles=None,
             continue
         plans[int(i)] = plan
         step = config.true_step_s
-        truth[int(i)] = float(table["price_node_hour"][i] * table["nodes"][i] * step / 3600 /
-                              table["tokens_per_step"][i] * 1e6)
+        truth[int(i)] = float(
+            table["price_node_hour"][i]
+            * table["nodes"][i]
+            * step
+            / 3600
+            / table["tokens_per_step"][i]
+            * 1e6
+        )
     if not truth:
         raise RecordingError("no candidate of the space matches the recording")
     rows = np.array(sorted(plans), dtype=int)
-    return ReplaySpace(spec, table, target, rows, plans, truth, min(truth.values()),
-                       recording)
+    return ReplaySpace(spec, table, target, rows, plans, truth, min(truth.values()), recording)

@@ -37,25 +37,34 @@ def layout(row: dict) -> str:
 
 def describe(table: CandidateTable, i: int, currency: str) -> str:
     r = table.row(i)
-    return (f"{r['offer_choice'].label} {'spot' if r['spot'] else 'on-demand'}, "
-            f"{r['nodes']} node(s) x {r['gpus_per_node']}, {r['precision']}, seq {r['seq']}, "
-            f"micro {r['micro']} x acc {r['acc']}, {layout(r)}, recompute {r['recompute']}: "
-            f"{money(r['cost'])} {currency} (p10-p90 {money(r['cost_p10'])}-"
-            f"{money(r['cost_p90'])}), {r['hours']:,.3g} h (p10-p90 {r['hours_p10']:,.3g}-"
-            f"{r['hours_p90']:,.3g}) (modelled)")
+    return (
+        f"{r['offer_choice'].label} {'spot' if r['spot'] else 'on-demand'}, "
+        f"{r['nodes']} node(s) x {r['gpus_per_node']}, {r['precision']}, seq {r['seq']}, "
+        f"micro {r['micro']} x acc {r['acc']}, {layout(r)}, recompute {r['recompute']}: "
+        f"{money(r['cost'])} {currency} (p10-p90 {money(r['cost_p10'])}-"
+        f"{money(r['cost_p90'])}), {r['hours']:,.3g} h (p10-p90 {r['hours_p10']:,.3g}-"
+        f"{r['hours_p90']:,.3g}) (modelled)"
+    )
 
 
 def short_config(table: CandidateTable, i: int) -> str:
     """A configuration in a few words (no numbers)."""
     r = table.row(int(i))
-    return (f"{r['offer_choice'].offer.instance}, {r['nodes']}x{r['gpus_per_node']}, "
-            f"{r['precision']}, seq {r['seq']}, micro {r['micro']} x acc {r['acc']}, "
-            f"{layout(r)}, recompute {r['recompute']}")
+    return (
+        f"{r['offer_choice'].offer.instance}, {r['nodes']}x{r['gpus_per_node']}, "
+        f"{r['precision']}, seq {r['seq']}, micro {r['micro']} x acc {r['acc']}, "
+        f"{layout(r)}, recompute {r['recompute']}"
+    )
 
 
 # Columns that can differ between candidates the model cannot tell apart (same numbers).
-_VARIANT_DIMS = (("precision", "precision"), ("sharding", "sharding stage"),
-                 ("recompute", "recompute"), ("sp", "sequence parallel"), ("dp", "dp"))
+_VARIANT_DIMS = (
+    ("precision", "precision"),
+    ("sharding", "sharding stage"),
+    ("recompute", "recompute"),
+    ("sp", "sequence parallel"),
+    ("dp", "dp"),
+)
 
 
 def collapse(table: CandidateTable, rows, keep=()) -> list[tuple[int, list[int]]]:
@@ -69,10 +78,18 @@ def collapse(table: CandidateTable, rows, keep=()) -> list[tuple[int, list[int]]
     order = []
     for i in rows:
         i = int(i)
-        sig = (int(table["offer"][i]), bool(table["spot"][i]), int(table["nodes"][i]),
-               int(table["seq"][i]), int(table["micro"][i]), int(table["acc"][i]),
-               int(table["tp"][i]), int(table["pp"][i]),
-               float(f"{table['cost'][i]:.3g}"), float(f"{table['hours'][i]:.3g}"))
+        sig = (
+            int(table["offer"][i]),
+            bool(table["spot"][i]),
+            int(table["nodes"][i]),
+            int(table["seq"][i]),
+            int(table["micro"][i]),
+            int(table["acc"][i]),
+            int(table["tp"][i]),
+            int(table["pp"][i]),
+            float(f"{table['cost'][i]:.3g}"),
+            float(f"{table['hours'][i]:.3g}"),
+        )
         if sig in groups and i not in keep:
             groups[sig][1].append(i)
             continue
@@ -95,33 +112,52 @@ def variant_note(table: CandidateTable, rep: int, others: list[int]) -> str:
     return f"+{len(others)} ({', '.join(parts) or 'identical'})"
 
 
-def candidate_record(table: CandidateTable, i: int, currency: str, *, chosen: int | None,
-                     measured=None, calibrated_cost: float | None = None,
-                     variants: list[int] = ()) -> dict:
+def candidate_record(
+    table: CandidateTable,
+    i: int,
+    currency: str,
+    *,
+    chosen: int | None,
+    measured=None,
+    calibrated_cost: float | None = None,
+    variants: list[int] = (),
+) -> dict:
     """One candidate as raw numbers under snake_case keys that carry their unit; modelled,
     calibrated and measured numbers under separate keys. Formatting is the renderer's."""
     r = table.row(int(i))
     cur = currency.lower()
     kind = r["offer_choice"].offer.kind
     out = {
-        "chosen": int(i) == chosen, "offer": r["offer_choice"].label,
+        "chosen": int(i) == chosen,
+        "offer": r["offer_choice"].label,
         "capacity": "spot" if r["spot"] else ("owned" if kind == "on_prem" else "on_demand"),
-        "nodes": r["nodes"], "devices_per_node": r["gpus_per_node"],
-        "precision": r["precision"], "seq_len": r["seq"], "micro_batch_size": r["micro"],
-        "gradient_accumulation_steps": r["acc"], "data_parallel_degree": r["dp"],
-        "tensor_parallel_degree": r["tp"], "pipeline_parallel_degree": r["pp"],
-        "sharding": r["sharding"], "sharding_degree": r["shard_degree"],
-        "sequence_parallel": bool(r["sp"]), "recompute": r["recompute"],
+        "nodes": r["nodes"],
+        "devices_per_node": r["gpus_per_node"],
+        "precision": r["precision"],
+        "seq_len": r["seq"],
+        "micro_batch_size": r["micro"],
+        "gradient_accumulation_steps": r["acc"],
+        "data_parallel_degree": r["dp"],
+        "tensor_parallel_degree": r["tp"],
+        "pipeline_parallel_degree": r["pp"],
+        "sharding": r["sharding"],
+        "sharding_degree": r["shard_degree"],
+        "sequence_parallel": bool(r["sp"]),
+        "recompute": r["recompute"],
         "modelled_memory_gb_per_device": r["memory_gb"],
         "modelled_step_time_s": r["step_time_s"],
-        "modelled_tokens_per_second": r["tokens_per_s"], "modelled_mfu": r["mfu"],
-        "modelled_hours": r["hours"], f"modelled_cost_{cur}": r["cost"],
+        "modelled_tokens_per_second": r["tokens_per_s"],
+        "modelled_mfu": r["mfu"],
+        "modelled_hours": r["hours"],
+        f"modelled_cost_{cur}": r["cost"],
         f"modelled_{cur}_per_million_tokens": r["cost_per_million_tokens"],
         # the 80% interval of the modelled numbers (calibration residuals, planner.costmodel)
         "modelled_tokens_per_second_p10": r["tokens_per_s_p10"],
         "modelled_tokens_per_second_p90": r["tokens_per_s_p90"],
-        "modelled_hours_p10": r["hours_p10"], "modelled_hours_p90": r["hours_p90"],
-        f"modelled_cost_{cur}_p10": r["cost_p10"], f"modelled_cost_{cur}_p90": r["cost_p90"],
+        "modelled_hours_p10": r["hours_p10"],
+        "modelled_hours_p90": r["hours_p90"],
+        f"modelled_cost_{cur}_p10": r["cost_p10"],
+        f"modelled_cost_{cur}_p90": r["cost_p90"],
         "interval_basis": r["offer_choice"].profile.efficiency_for(r["precision"]).interval_basis
         or "uncalibrated default spread",
         "may_fit": bool(r.get("may_fit", False)),
@@ -137,16 +173,23 @@ def candidate_record(table: CandidateTable, i: int, currency: str, *, chosen: in
             from planner.autotune import measured_cost
 
             cost, hours = measured_cost(table, int(i), measured, "mean")
-            out |= {"measured_step_time_s": measured.mean_step_time_s or measured.step_time_s,
-                    "measured_median_step_time_s": measured.step_time_s,
-                    "measured_steps": measured.measured_steps,
-                    "measured_peak_memory_gb": measured.peak_memory_gb,
-                    "measured_hours": hours, f"measured_cost_{cur}": cost}
+            out |= {
+                "measured_step_time_s": measured.mean_step_time_s or measured.step_time_s,
+                "measured_median_step_time_s": measured.step_time_s,
+                "measured_steps": measured.measured_steps,
+                "measured_peak_memory_gb": measured.peak_memory_gb,
+                "measured_hours": hours,
+                f"measured_cost_{cur}": cost,
+            }
     if variants:
         out["identical_under_the_model"] = [
-            {k: v for k, v in candidate_record(table, j, currency, chosen=chosen).items()
-             if k in ("precision", "sharding", "recompute", "sequence_parallel", "capacity")}
-            for j in variants]
+            {
+                k: v
+                for k, v in candidate_record(table, j, currency, chosen=chosen).items()
+                if k in ("precision", "sharding", "recompute", "sequence_parallel", "capacity")
+            }
+            for j in variants
+        ]
     return out
 
 
@@ -160,7 +203,7 @@ def result_rows(result, top: int) -> tuple[list[tuple[int, list[int]]], int]:
     folded."""
     table = result.table
     decision = result.decision
-    rows = set(int(i) for i in ranked(table, decision.feasible)[:max(top * 8, 200)])
+    rows = set(int(i) for i in ranked(table, decision.feasible)[: max(top * 8, 200)])
     if not rows:
         rows = set(int(i) for i in ranked(table, table["fits"])[:top])
     probed = set(result.tuning.outcome.probed) if result.tuning else set()
@@ -168,8 +211,9 @@ def result_rows(result, top: int) -> tuple[list[tuple[int, list[int]]], int]:
     if result.chosen is not None:
         rows.add(int(result.chosen))
     order = sorted(rows, key=lambda i: (result.estimate(i)[0], i))
-    groups = collapse(table, order, keep=probed | ({int(result.chosen)} if result.chosen
-                                                    is not None else set()))
+    groups = collapse(
+        table, order, keep=probed | ({int(result.chosen)} if result.chosen is not None else set())
+    )
     shown = groups[:top]
     if result.chosen is not None and all(rep != result.chosen for rep, _ in shown):
         shown.append(next(g for g in groups if g[0] == result.chosen))
@@ -184,52 +228,92 @@ def render_candidates(result, top: int) -> str:
     body = []
     for rep, others in shown:
         r = table.row(rep)
-        line = ["*" if rep == result.chosen else "", r["offer_choice"].label,
-                "spot" if r["spot"] else ("owned" if r["offer_choice"].offer.kind == "on_prem"
-                                          else "on-demand"),
-                f"{r['nodes']}x{r['gpus_per_node']}", r["precision"], r["seq"],
-                f"{r['micro']}x{r['acc']}", layout(r), r["recompute"],
-                f"{r['memory_gb']:.1f}", f"{r['tokens_per_s']:,.0f}", f"{r['mfu']:.1%}",
-                f"{r['hours']:,.3g}", f"{r['hours_p10']:,.3g}-{r['hours_p90']:,.3g}",
-                money(r["cost"]), f"{money(r['cost_p10'])}-{money(r['cost_p90'])}"]
+        line = [
+            "*" if rep == result.chosen else "",
+            r["offer_choice"].label,
+            "spot"
+            if r["spot"]
+            else ("owned" if r["offer_choice"].offer.kind == "on_prem" else "on-demand"),
+            f"{r['nodes']}x{r['gpus_per_node']}",
+            r["precision"],
+            r["seq"],
+            f"{r['micro']}x{r['acc']}",
+            layout(r),
+            r["recompute"],
+            f"{r['memory_gb']:.1f}",
+            f"{r['tokens_per_s']:,.0f}",
+            f"{r['mfu']:.1%}",
+            f"{r['hours']:,.3g}",
+            f"{r['hours_p10']:,.3g}-{r['hours_p90']:,.3g}",
+            money(r["cost"]),
+            f"{money(r['cost_p10'])}-{money(r['cost_p90'])}",
+        ]
         if tuned:
             m = result.measured(rep)
             cal = result.calibrated_cost(rep)
             line += [money(cal) if cal is not None else "-"]
             if m is not None and m.ok:
                 cost = result.estimate(rep)[0]
-                line += [f"{(m.mean_step_time_s or m.step_time_s) * 1000:,.0f}",
-                         f"{m.measured_steps}", money(cost)]
+                line += [
+                    f"{(m.mean_step_time_s or m.step_time_s) * 1000:,.0f}",
+                    f"{m.measured_steps}",
+                    money(cost),
+                ]
             else:
                 line += [m.status if m is not None else "-", "-", "-"]
         line.append(variant_note(table, rep, others))
         body.append(line)
-    head = ["", "offer", "mode", "nodes x dev", "prec", "seq", "micro x acc", "layout",
-            "recompute", "mem GB", "tokens/s", "MFU", "hours", "hours p10-p90",
-            f"cost {cur}", f"cost p10-p90 {cur}"]
+    head = [
+        "",
+        "offer",
+        "mode",
+        "nodes x dev",
+        "prec",
+        "seq",
+        "micro x acc",
+        "layout",
+        "recompute",
+        "mem GB",
+        "tokens/s",
+        "MFU",
+        "hours",
+        "hours p10-p90",
+        f"cost {cur}",
+        f"cost p10-p90 {cur}",
+    ]
     if tuned:
-        head += [f"cost {cur} calibrated", "step ms measured (mean)", "steps",
-                 f"cost {cur} measured"]
+        head += [
+            f"cost {cur} calibrated",
+            "step ms measured (mean)",
+            "steps",
+            f"cost {cur} measured",
+        ]
     head.append("folded rows (same cost and time)")
     n_feasible = int(result.decision.feasible.sum())
     if tuned:
-        title = (f"Top {len(body)} candidates by best estimate (measured where probed, else "
-                 f"the model calibrated on the probes; columns before 'calibrated' are the "
-                 f"shipped model's; * = chosen; {n_feasible:,} feasible of "
-                 f"{len(table):,} evaluated)")
+        title = (
+            f"Top {len(body)} candidates by best estimate (measured where probed, else "
+            f"the model calibrated on the probes; columns before 'calibrated' are the "
+            f"shipped model's; * = chosen; {n_feasible:,} feasible of "
+            f"{len(table):,} evaluated)"
+        )
     else:
-        title = (f"Top {len(body)} candidates by cost (all numbers modelled, p10-p90 = 80% "
-                 f"interval from the calibration residuals; * = chosen; {n_feasible:,} "
-                 f"feasible of {len(table):,} evaluated)")
+        title = (
+            f"Top {len(body)} candidates by cost (all numbers modelled, p10-p90 = 80% "
+            f"interval from the calibration residuals; * = chosen; {n_feasible:,} "
+            f"feasible of {len(table):,} evaluated)"
+        )
     if folded:
-        title += (f"\n{folded} more candidate(s) folded into the rows above: they differ only "
-                  "where the model's cost and time agree to the digits shown ('folded rows')")
-    return title + "\n" + tabulate(body, headers=head, tablefmt="github",
-                                   disable_numparse=True)
+        title += (
+            f"\n{folded} more candidate(s) folded into the rows above: they differ only "
+            "where the model's cost and time agree to the digits shown ('folded rows')"
+        )
+    return title + "\n" + tabulate(body, headers=head, tablefmt="github", disable_numparse=True)
 
 
-def per_offer_records(decision: Decision, spec_budget: float, deadline: float,
-                      currency: str) -> list:
+def per_offer_records(
+    decision: Decision, spec_budget: float, deadline: float, currency: str
+) -> list:
     """The best plan of every offer as raw numbers (snake_case keys with units), best first."""
     table = decision.table
     cur = currency.lower()
@@ -238,29 +322,56 @@ def per_offer_records(decision: Decision, spec_budget: float, deadline: float,
         mine = table["offer"] == index if len(table) else np.zeros(0, bool)
         feasible = ranked(table, decision.feasible & mine) if len(table) else []
         fitting = ranked(table, table["fits"] & mine) if len(table) else []
-        base = {"offer": choice.label, "price_source": choice.offer.source,
-                "prices_as_of": choice.offer.as_of}
+        base = {
+            "offer": choice.label,
+            "price_source": choice.offer.source,
+            "prices_as_of": choice.offer.as_of,
+        }
         if len(feasible):
             r = table.row(int(feasible[0]))
             status = "ok"
         elif len(fitting):
             r = table.row(int(fitting[0]))
-            status = "over budget" if spec_budget and r["cost"] > spec_budget else \
-                "misses deadline" if deadline and r["hours"] > deadline else "excluded"
+            status = (
+                "over budget"
+                if spec_budget and r["cost"] > spec_budget
+                else "misses deadline"
+                if deadline and r["hours"] > deadline
+                else "excluded"
+            )
         else:
-            out.append(base | {"status": "does not fit" if mine.any() else "no valid layout",
-                               f"modelled_cost_{cur}": None, "modelled_hours": None})
+            out.append(
+                base
+                | {
+                    "status": "does not fit" if mine.any() else "no valid layout",
+                    f"modelled_cost_{cur}": None,
+                    "modelled_hours": None,
+                }
+            )
             continue
-        out.append(base | {"status": status, f"modelled_cost_{cur}": r["cost"],
-                           f"modelled_cost_{cur}_p10": r["cost_p10"],
-                           f"modelled_cost_{cur}_p90": r["cost_p90"],
-                           "modelled_hours": r["hours"], "modelled_hours_p10": r["hours_p10"],
-                           "modelled_hours_p90": r["hours_p90"],
-                           "capacity": "spot" if r["spot"] else "on_demand",
-                           "nodes": r["nodes"], "devices_per_node": r["gpus_per_node"],
-                           "precision": r["precision"], "layout": layout(r)})
-    out.sort(key=lambda x: (x["status"] != "ok", x[f"modelled_cost_{cur}"]
-                            if x[f"modelled_cost_{cur}"] is not None else float("inf")))
+        out.append(
+            base
+            | {
+                "status": status,
+                f"modelled_cost_{cur}": r["cost"],
+                f"modelled_cost_{cur}_p10": r["cost_p10"],
+                f"modelled_cost_{cur}_p90": r["cost_p90"],
+                "modelled_hours": r["hours"],
+                "modelled_hours_p10": r["hours_p10"],
+                "modelled_hours_p90": r["hours_p90"],
+                "capacity": "spot" if r["spot"] else "on_demand",
+                "nodes": r["nodes"],
+                "devices_per_node": r["gpus_per_node"],
+                "precision": r["precision"],
+                "layout": layout(r),
+            }
+        )
+    out.sort(
+        key=lambda x: (
+            x["status"] != "ok",
+            x[f"modelled_cost_{cur}"] if x[f"modelled_cost_{cur}"] is not None else float("inf"),
+        )
+    )
     return out
 
 
@@ -269,19 +380,31 @@ def render_per_offer(decision: Decision, budget: float, deadline: float, currenc
     body = []
     for r in per_offer_records(decision, budget, deadline, currency):
         cost = r[f"modelled_cost_{cur}"]
-        body.append([r["offer"], r["status"],
-                     f"{money(cost)} {currency} (p10-p90 {money(r[f'modelled_cost_{cur}_p10'])}-"
-                     f"{money(r[f'modelled_cost_{cur}_p90'])})" if cost is not None else "",
-                     f"{r['modelled_hours']:,.3g} ({r['modelled_hours_p10']:,.3g}-"
-                     f"{r['modelled_hours_p90']:,.3g})" if r["modelled_hours"] is not None
-                     else "",
-                     f"{r['capacity'].replace('_', '-')} {r['nodes']}x{r['devices_per_node']} "
-                     f"{r['precision']} {r['layout']}" if "capacity" in r else "",
-                     f"{r['price_source'][:40]} ({r['prices_as_of']})"])
-    return ("Best plan per offer (modelled)\n" +
-            tabulate(body, headers=["offer", "status", "cost", "hours", "config",
-                                    "price source"], tablefmt="github",
-                     disable_numparse=True))
+        body.append(
+            [
+                r["offer"],
+                r["status"],
+                f"{money(cost)} {currency} (p10-p90 {money(r[f'modelled_cost_{cur}_p10'])}-"
+                f"{money(r[f'modelled_cost_{cur}_p90'])})"
+                if cost is not None
+                else "",
+                f"{r['modelled_hours']:,.3g} ({r['modelled_hours_p10']:,.3g}-"
+                f"{r['modelled_hours_p90']:,.3g})"
+                if r["modelled_hours"] is not None
+                else "",
+                f"{r['capacity'].replace('_', '-')} {r['nodes']}x{r['devices_per_node']} "
+                f"{r['precision']} {r['layout']}"
+                if "capacity" in r
+                else "",
+                f"{r['price_source'][:40]} ({r['prices_as_of']})",
+            ]
+        )
+    return "Best plan per offer (modelled)\n" + tabulate(
+        body,
+        headers=["offer", "status", "cost", "hours", "config", "price source"],
+        tablefmt="github",
+        disable_numparse=True,
+    )
 
 
 def render_stats(stats: CorpusStatistics, target: float) -> str:
@@ -291,19 +414,30 @@ def render_stats(stats: CorpusStatistics, target: float) -> str:
         f"invalid UTF-8 lines, {stats.empty_lines} empty, {stats.duplicate_documents} "
         "duplicates)",
         f"tokens per character: {stats.tokens_per_character:.3f} "
-        + (f"(measured on {stats.sample_documents:,} documents with {stats.tokenizer}, "
-           f"{stats.tokenizer_vocab:,} pieces)"
-           if stats.tokens_per_character_source == "measured" else "(declared in the spec)"),
+        + (
+            f"(measured on {stats.sample_documents:,} documents with {stats.tokenizer}, "
+            f"{stats.tokenizer_vocab:,} pieces)"
+            if stats.tokens_per_character_source == "measured"
+            else "(declared in the spec)"
+        ),
     ]
-    how = {"measured": "measured: every local document tokenized",
-           "declared": "declared tokens/char x characters"}.get(
-        stats.total_tokens_source, "extrapolated: sample tokens/char x "
-        + ("characters of the declared size" if stats.extrapolated else "characters"))
-    lines.append(f"corpus tokens: {_fmt_tokens(stats.total_tokens)} ({how}); target "
-                 f"{_fmt_tokens(target)} tokens = {stats.epochs_for(target):.2f} epochs")
+    how = {
+        "measured": "measured: every local document tokenized",
+        "declared": "declared tokens/char x characters",
+    }.get(
+        stats.total_tokens_source,
+        "extrapolated: sample tokens/char x "
+        + ("characters of the declared size" if stats.extrapolated else "characters"),
+    )
+    lines.append(
+        f"corpus tokens: {_fmt_tokens(stats.total_tokens)} ({how}); target "
+        f"{_fmt_tokens(target)} tokens = {stats.epochs_for(target):.2f} epochs"
+    )
     waste = ", ".join(f"seq {k}: {v:.0%}" for k, v in stats.padding_waste.items())
-    lines.append(f"padding a non-packed pipeline would waste: {waste} (measured on the "
-                 "sample; the plan packs, wasting none)")
+    lines.append(
+        f"padding a non-packed pipeline would waste: {waste} (measured on the "
+        "sample; the plan packs, wasting none)"
+    )
     return "\n".join(lines)
 
 
@@ -312,11 +446,16 @@ def render_calibration(tuning) -> str:
     import os
 
     cal = tuning.calibration
-    text = (f"calibrated {cal.profile}: "
-            + ", ".join(f"{p} max {e.max:.3f} half_tokens {e.half_tokens:,.0f} rolloff_tokens "
-                        f"{e.rolloff_tokens:,.0f}" for p, e in cal.by_precision.items())
-            + f"; step-time fit error median {cal.fit_error:.1%}, worst {cal.worst_error:.1%} "
-            f"on {cal.points} probes")
+    text = (
+        f"calibrated {cal.profile}: "
+        + ", ".join(
+            f"{p} max {e.max:.3f} half_tokens {e.half_tokens:,.0f} rolloff_tokens "
+            f"{e.rolloff_tokens:,.0f}"
+            for p, e in cal.by_precision.items()
+        )
+        + f"; step-time fit error median {cal.fit_error:.1%}, worst {cal.worst_error:.1%} "
+        f"on {cal.points} probes"
+    )
     if tuning.calibration_path is not None:
         text += f"; written to {os.path.relpath(tuning.calibration_path)}"
     return text
@@ -328,20 +467,28 @@ def model_facts(result) -> dict:
     from gptplan.modelfacts import parameter_count, training_flops_per_token
 
     model = result.spec.model_section()
-    seq = (result.plan.training.seq_len if result.plan is not None
-           else max(result.spec.constraints.seq_lens))
-    return {"model_name": model.name, "model_family": model.family,
-            "model_parameters": parameter_count(model),
-            "model_flops_per_token": training_flops_per_token(model, seq),
-            "model_flops_per_token_seq_len": seq}
+    seq = (
+        result.plan.training.seq_len
+        if result.plan is not None
+        else max(result.spec.constraints.seq_lens)
+    )
+    return {
+        "model_name": model.name,
+        "model_family": model.family,
+        "model_parameters": parameter_count(model),
+        "model_flops_per_token": training_flops_per_token(model, seq),
+        "model_flops_per_token_seq_len": seq,
+    }
 
 
 def render_model(result) -> str:
     f = model_facts(result)
-    return (f"model: {f['model_name']} ({f['model_family']}), {f['model_parameters']:,} "
-            f"parameters, {f['model_flops_per_token'] / 1e9:.4g} GFLOPs per trained token at "
-            f"seq_len {f['model_flops_per_token_seq_len']} (exact count and model FLOPs, "
-            "no recompute)")
+    return (
+        f"model: {f['model_name']} ({f['model_family']}), {f['model_parameters']:,} "
+        f"parameters, {f['model_flops_per_token'] / 1e9:.4g} GFLOPs per trained token at "
+        f"seq_len {f['model_flops_per_token_seq_len']} (exact count and model FLOPs, "
+        "no recompute)"
+    )
 
 
 def render_choice(result) -> str:
@@ -352,32 +499,41 @@ def render_choice(result) -> str:
     est = result.plan.estimate
     cur = result.currency
     source = "measured by probes" if est.source == "probe" else "modelled"
-    lines = [f"chosen: {short_config(result.table, result.chosen)}: {money(est.cost)} {cur}, "
-             f"{est.hours:,.3g} h ({source})",
-             f"        {est.tokens_per_second:,.0f} tokens/s, {est.peak_memory_gb:.2f} "
-             f"GB/device, MFU {est.mfu:.1%}, {est.cost_per_million_tokens:.4g} {cur}/Mtok "
-             f"({source}), {est.energy_kwh:,.3g} kWh (modelled, TDP upper bound)"]
+    lines = [
+        f"chosen: {short_config(result.table, result.chosen)}: {money(est.cost)} {cur}, "
+        f"{est.hours:,.3g} h ({source})",
+        f"        {est.tokens_per_second:,.0f} tokens/s, {est.peak_memory_gb:.2f} "
+        f"GB/device, MFU {est.mfu:.1%}, {est.cost_per_million_tokens:.4g} {cur}/Mtok "
+        f"({source}), {est.energy_kwh:,.3g} kWh (modelled, TDP upper bound)",
+    ]
     from planner.costreport import budget_line, price_lines, sensitivity, sensitivity_line
 
     lines += price_lines(result)
     if est.cost_p90 > 0:
         basis = est.interval.split(": ", 1)[-1].split(" (hardware_profiles")[0]
-        lines.append(f"        80% interval (p10-p90; throughput, price and preemptions; "
-                     f"throughput from {basis[:90]}): "
-                     f"{est.tokens_per_second_p10:,.0f}-{est.tokens_per_second_p90:,.0f} "
-                     f"tokens/s, {est.hours_p10:,.3g}-{est.hours_p90:,.3g} h, "
-                     f"{money(est.cost_p10)}-{money(est.cost_p90)} {cur}")
+        lines.append(
+            f"        80% interval (p10-p90; throughput, price and preemptions; "
+            f"throughput from {basis[:90]}): "
+            f"{est.tokens_per_second_p10:,.0f}-{est.tokens_per_second_p90:,.0f} "
+            f"tokens/s, {est.hours_p10:,.3g}-{est.hours_p90:,.3g} h, "
+            f"{money(est.cost_p10)}-{money(est.cost_p90)} {cur}"
+        )
     if est.step_time_interval_s:
         lo, hi = est.step_time_interval_s
-        lines.append(f"        step time {est.step_time_s * 1000:,.0f} ms, 95% interval of "
-                     f"the mean {lo * 1000:,.0f}-{hi * 1000:,.0f} ms, single steps spread "
-                     f"{est.step_time_spread:.0%} (10-90%) (measured)")
+        lines.append(
+            f"        step time {est.step_time_s * 1000:,.0f} ms, 95% interval of "
+            f"the mean {lo * 1000:,.0f}-{hi * 1000:,.0f} ms, single steps spread "
+            f"{est.step_time_spread:.0%} (10-90%) (measured)"
+        )
     race = result.tuning.outcome.race if result.tuning else None
     if race is not None and result.chosen_source == "probe":
         lines.append("        " + race_note(result.table, race))
     if result.chosen_source == "model":
-        lines.append(sensitivity_line(sensitivity(
-            result.table, result.chosen, result.spec.job.target_tokens > 0), cur))
+        lines.append(
+            sensitivity_line(
+                sensitivity(result.table, result.chosen, result.spec.job.target_tokens > 0), cur
+            )
+        )
         lines += [x for x in [budget_line(decision, result.spec)] if x]
         lines.append(f"        binding constraint: {decision.binding}")
     else:
@@ -390,10 +546,12 @@ def race_note(table, race) -> str:
     pick, other = race.finalists[0], race.finalists[1]
     lo, hi = race.interval
     verdict = "distinguishable" if race.separated else "NOT distinguishable"
-    return (f"race of {len(race.finalists)} finalists, {race.rounds} round(s), {race.probes} "
-            f"probe(s): the pick {short_config(table, pick)} is {verdict} from the runner-up "
-            f"{short_config(table, other)} (runner-up {race.difference:+.1%} per token, 95% "
-            f"interval {lo:+.1%} .. {hi:+.1%}, p = {race.p_value:.2g}; measured)")
+    return (
+        f"race of {len(race.finalists)} finalists, {race.rounds} round(s), {race.probes} "
+        f"probe(s): the pick {short_config(table, pick)} is {verdict} from the runner-up "
+        f"{short_config(table, other)} (runner-up {race.difference:+.1%} per token, 95% "
+        f"interval {lo:+.1%} .. {hi:+.1%}, p = {race.p_value:.2g}; measured)"
+    )
 
 
 def _offer_front(table: CandidateTable, mask: np.ndarray) -> np.ndarray:
@@ -406,8 +564,9 @@ def _offer_front(table: CandidateTable, mask: np.ndarray) -> np.ndarray:
     return idx[hours < before]
 
 
-def plot_pareto(decision: Decision, path: str, currency: str, *, spec=None,
-                chosen: int | None = None) -> None:
+def plot_pareto(
+    decision: Decision, path: str, currency: str, *, spec=None, chosen: int | None = None
+) -> None:
     """Per-offer Pareto fronts (distinct marker and colour each), the budget and deadline
     lines, the chosen plan labelled, the job in the title; the legend sits outside the axes."""
     import matplotlib
@@ -422,42 +581,74 @@ def plot_pareto(decision: Decision, path: str, currency: str, *, spec=None,
     cmap = plt.get_cmap("tab20")
     from planner.search import outlier_rows
 
-    excluded = outlier_rows(table) if not (spec and spec.constraints.allow_outlier_prices) \
+    excluded = (
+        outlier_rows(table)
+        if not (spec and spec.constraints.allow_outlier_prices)
         else np.zeros(len(table), bool)
+    )
     for index, choice in enumerate(table.offers):
         mine = table["fits"] & (table["offer"] == index)
         front = _offer_front(table, mine & ~excluded)
         if len(front):
-            ax.plot(table["hours"][front], table["cost"][front], marker=markers[index % 15],
-                    color=cmap(index % 20), ms=5, lw=1, label=choice.label)
+            ax.plot(
+                table["hours"][front],
+                table["cost"][front],
+                marker=markers[index % 15],
+                color=cmap(index % 20),
+                ms=5,
+                lw=1,
+                label=choice.label,
+            )
         front = _offer_front(table, mine & excluded)
         if len(front):
-            ax.plot(table["hours"][front], table["cost"][front], marker=markers[index % 15],
-                    color="grey", ms=5, lw=1, ls="--", mfc="none",
-                    label=f"{choice.label} spot: outlier price, excluded")
+            ax.plot(
+                table["hours"][front],
+                table["cost"][front],
+                marker=markers[index % 15],
+                color="grey",
+                ms=5,
+                lw=1,
+                ls="--",
+                mfc="none",
+                label=f"{choice.label} spot: outlier price, excluded",
+            )
     c = spec.constraints if spec is not None else None
     if c is not None and c.budget:
-        ax.axhline(c.budget, color="red", ls="--", lw=1, label=f"budget {c.budget:,.0f} "
-                                                                  f"{currency}")
+        ax.axhline(c.budget, color="red", ls="--", lw=1, label=f"budget {c.budget:,.0f} {currency}")
     if c is not None and c.deadline_hours:
-        ax.axvline(c.deadline_hours, color="purple", ls=":", lw=1.2,
-                   label=f"deadline {c.deadline_hours:g} h")
+        ax.axvline(
+            c.deadline_hours,
+            color="purple",
+            ls=":",
+            lw=1.2,
+            label=f"deadline {c.deadline_hours:g} h",
+        )
     if chosen is not None:
         x, y = table["hours"][chosen], table["cost"][chosen]
-        ax.scatter([x], [y], marker="*", s=260, c="gold", edgecolors="black", zorder=5,
-                   label="chosen")
-        ax.annotate(f"chosen: {table.offers[int(table['offer'][chosen])].label}\n"
-                    f"{y:,.0f} {currency}, {x:,.3g} h", (x, y), xytext=(25, 30),
-                    textcoords="offset points", fontsize=8,
-                    arrowprops={"arrowstyle": "->", "lw": 0.8})
+        ax.scatter(
+            [x], [y], marker="*", s=260, c="gold", edgecolors="black", zorder=5, label="chosen"
+        )
+        ax.annotate(
+            f"chosen: {table.offers[int(table['offer'][chosen])].label}\n"
+            f"{y:,.0f} {currency}, {x:,.3g} h",
+            (x, y),
+            xytext=(25, 30),
+            textcoords="offset points",
+            fontsize=8,
+            arrowprops={"arrowstyle": "->", "lw": 0.8},
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("hours (modelled)")
     ax.set_ylabel(f"cost, {currency} (modelled, incl. expected preemptions)")
     from planner.report import _fmt_tokens
 
-    job = f"{spec.job.name}: {spec.model.size or 'custom'} on " \
-          f"{_fmt_tokens(decision.target_tokens)} tokens" if spec is not None else "planner"
+    job = (
+        f"{spec.job.name}: {spec.model.size or 'custom'} on "
+        f"{_fmt_tokens(decision.target_tokens)} tokens"
+        if spec is not None
+        else "planner"
+    )
     ax.set_title(f"{job} - cheapest-vs-fastest front of each offer")
     ax.grid(True, which="both", alpha=0.2)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)

@@ -30,8 +30,9 @@ from planner.hardware import Offer, Profile
 from planner.pricebook import PriceFacts, price_facts
 from planner.spec import Spec
 
-DIAGNOSTIC_COLUMNS = frozenset({"tp_s", "pp_s", "opt_s", "bubble", "tokens_per_s_per_device",
-                                "dp_sync_s"})
+DIAGNOSTIC_COLUMNS = frozenset(
+    {"tp_s", "pp_s", "opt_s", "bubble", "tokens_per_s_per_device", "dp_sync_s"}
+)
 
 
 @dataclass(frozen=True)
@@ -85,14 +86,22 @@ class CandidateTable:
         calibration spread (planner.costmodel.interval_from_throughput), so a million-row
         table need not carry six more columns."""
         idx = np.arange(len(self)) if idx is None else np.asarray(idx, dtype=int)
-        ratios = np.array([[c.profile.efficiency_for(p).interval_ratios(self.params_total)
-                            for p in PRECISIONS] for c in self.offers])
+        ratios = np.array(
+            [
+                [c.profile.efficiency_for(p).interval_ratios(self.params_total) for p in PRECISIONS]
+                for c in self.offers
+            ]
+        )
         lo, hi = ratios[..., 0], ratios[..., 1]
         offer, prec = self["offer"][idx], self["precision_code"][idx]
         out = cm.interval_from_throughput(
-            tokens_per_s=self["tokens_per_s"][idx], hours=self["hours"][idx],
-            fixed_hours=self.fixed_hours, cost=self["cost"][idx], p10_ratio=lo[offer, prec],
-            p90_ratio=hi[offer, prec])
+            tokens_per_s=self["tokens_per_s"][idx],
+            hours=self["hours"][idx],
+            fixed_hours=self.fixed_hours,
+            cost=self["cost"][idx],
+            p10_ratio=lo[offer, prec],
+            p90_ratio=hi[offer, prec],
+        )
         return out | self._risk_interval(idx, out)
 
     def _risk_interval(self, idx: np.ndarray, tp: dict) -> dict:
@@ -100,31 +109,59 @@ class CandidateTable:
         price added to the throughput interval (planner.spotrisk.cost_interval)."""
         facts = [c.price for c in self.offers]
         offer, spot = self["offer"][idx], self["spot"][idx].astype(bool)
-        per_offer = np.array([[f.risk.rate, f.risk.low, f.risk.high, *f.spot_spread,
-                               *f.on_demand_spread] for f in facts]).reshape(-1, 7)[offer]
+        per_offer = np.array(
+            [
+                [f.risk.rate, f.risk.low, f.risk.high, *f.spot_spread, *f.on_demand_spread]
+                for f in facts
+            ]
+        ).reshape(-1, 7)[offer]
         rate = np.where(spot, per_offer[:, 0], 0.0)
-        common = dict(train_hours=self["train_hours"][idx], useful=self["useful_fraction"][idx],
-                      rate=rate, nodes=self["nodes"][idx],
-                      interval_hours=self["checkpoint_interval_h"][idx],
-                      restart_hours=self.restart_hours, fixed_hours=self.fixed_hours)
+        common = dict(
+            train_hours=self["train_hours"][idx],
+            useful=self["useful_fraction"][idx],
+            rate=rate,
+            nodes=self["nodes"][idx],
+            interval_hours=self["checkpoint_interval_h"][idx],
+            restart_hours=self.restart_hours,
+            fixed_hours=self.fixed_hours,
+        )
         low = spotrisk.hours_at_rate(other_rate=np.where(spot, per_offer[:, 1], 0.0), **common)
-        high = spotrisk.hours_at_rate(other_rate=np.where(spot, per_offer[:, 2], 0.0),
-                                      **common)
-        sd = spotrisk.poisson_hours_sd(preemptions=self["preemptions"][idx],
-                                       interval_hours=self["checkpoint_interval_h"][idx],
-                                       restart_hours=self.restart_hours)
+        high = spotrisk.hours_at_rate(other_rate=np.where(spot, per_offer[:, 2], 0.0), **common)
+        sd = spotrisk.poisson_hours_sd(
+            preemptions=self["preemptions"][idx],
+            interval_hours=self["checkpoint_interval_h"][idx],
+            restart_hours=self.restart_hours,
+        )
         h10, h90, c10, c90 = spotrisk.cost_interval(
-            cost=self["cost"][idx], hours=self["hours"][idx], hours_tp_p10=tp["hours_p10"],
-            hours_tp_p90=tp["hours_p90"], hours_rate_low=low, hours_rate_high=high,
-            hours_sd=sd, price_low_ratio=np.where(spot, per_offer[:, 3], per_offer[:, 5]),
-            price_high_ratio=np.where(spot, per_offer[:, 4], per_offer[:, 6]))
-        return {"hours_p10": h10, "hours_p90": h90, "cost_p10": c10, "cost_p90": c90,
-                "throughput_cost_p10": tp["cost_p10"], "throughput_cost_p90": tp["cost_p90"],
-                "preemption_hours_p10": low, "preemption_hours_p90": high}
+            cost=self["cost"][idx],
+            hours=self["hours"][idx],
+            hours_tp_p10=tp["hours_p10"],
+            hours_tp_p90=tp["hours_p90"],
+            hours_rate_low=low,
+            hours_rate_high=high,
+            hours_sd=sd,
+            price_low_ratio=np.where(spot, per_offer[:, 3], per_offer[:, 5]),
+            price_high_ratio=np.where(spot, per_offer[:, 4], per_offer[:, 6]),
+        )
+        return {
+            "hours_p10": h10,
+            "hours_p90": h90,
+            "cost_p10": c10,
+            "cost_p90": c90,
+            "throughput_cost_p10": tp["cost_p10"],
+            "throughput_cost_p90": tp["cost_p90"],
+            "preemption_hours_p10": low,
+            "preemption_hours_p90": high,
+        }
 
-    def select(self, mask: np.ndarray) -> "CandidateTable":
-        return CandidateTable(self.offers, {k: v[mask] for k, v in self.columns.items()},
-                              self.fixed_hours, self.params_total, self.restart_hours)
+    def select(self, mask: np.ndarray) -> CandidateTable:
+        return CandidateTable(
+            self.offers,
+            {k: v[mask] for k, v in self.columns.items()},
+            self.fixed_hours,
+            self.params_total,
+            self.restart_hours,
+        )
 
 
 def allowed_offers(spec: Spec, profiles: dict[str, Profile]) -> list[OfferChoice]:
@@ -139,8 +176,11 @@ def allowed_offers(spec: Spec, profiles: dict[str, Profile]) -> list[OfferChoice
             if offer.kind == "on_prem" and not (c.owned_hardware or offer.key in c.offers):
                 continue
             choices.append(OfferChoice(prof, offer, spec.rate(offer.currency)))
-    facts = price_facts(choices, stale_after_days=c.max_price_age_days,
-                        preemption_override=spec.spot.preemptions_per_node_hour)
+    facts = price_facts(
+        choices,
+        stale_after_days=c.max_price_age_days,
+        preemption_override=spec.spot.preemptions_per_node_hour,
+    )
     return [dataclasses.replace(ch, facts=f) for ch, f in zip(choices, facts, strict=True)]
 
 
@@ -158,8 +198,7 @@ def _grid(**dims) -> dict[str, np.ndarray]:
     return {n: m.ravel() for n, m in zip(names, mesh)}
 
 
-def _accumulations(lo: np.ndarray, hi: np.ndarray, pp: np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray]:
+def _accumulations(lo: np.ndarray, hi: np.ndarray, pp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per row, the accumulation values evaluated out of the valid range [lo, hi].
 
     Every value in the range is valid and searched, but the time per token never rises with
@@ -177,47 +216,73 @@ def _accumulations(lo: np.ndarray, hi: np.ndarray, pp: np.ndarray
     return pairs[0], pairs[1]
 
 
-def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
-                   ) -> dict[str, np.ndarray]:
+def evaluate_offer(
+    spec: Spec, choice: OfferChoice, index: int, target: float
+) -> dict[str, np.ndarray]:
     """All valid candidates on one offer, evaluated. Cheap integer rules filter first."""
     from gptplan.modelfacts import kv_heads
-    from gptplan.plan import (sequence_parallel_fits, tensor_parallel_fits_node,
-                             virtual_pipeline_fits)
+    from gptplan.plan import (
+        sequence_parallel_fits,
+        tensor_parallel_fits_node,
+        virtual_pipeline_fits,
+    )
 
     m = spec.model_section()
     prof, offer = choice.profile, choice.offer
     c, s = spec.constraints, spec.search
     gpn = offer.gpus_per_node
     precisions = [PRECISIONS.index(p) for p in c.precisions if p in prof.precisions]
-    tps = [t for t in s.tensor_parallel if tensor_parallel_fits_node(t, gpn) and all(
-        x % t == 0 for x in (m.num_attention_heads, kv_heads(m), m.hidden_size,
-                             m.intermediate_size, m.vocab_size))]
+    tps = [
+        t
+        for t in s.tensor_parallel
+        if tensor_parallel_fits_node(t, gpn)
+        and all(
+            x % t == 0
+            for x in (
+                m.num_attention_heads,
+                kv_heads(m),
+                m.hidden_size,
+                m.intermediate_size,
+                m.vocab_size,
+            )
+        )
+    ]
     if prof.device == "cpu":
         tps = [1]
     # uneven stages are allowed (Paddle's PipelineLayer segments L layers over p stages with
     # the remainder spread, SegmentLayers.uniform): the biggest stage, ceil(L/p) layers, sets
     # time and memory. Paddle's auto_tuner (prune.py prune_by_pp) prunes L % p != 0 as a
     # search-space choice, not a limit of the runtime; published runs use such layouts.
-    pps = [p for p in s.pipeline_parallel if p <= m.num_hidden_layers and
-           (prof.device != "cpu" or p == 1)]
-    stages = [SHARDING_STAGES.index(z) for z in s.sharding
-              if prof.device != "cpu" or z == ""]
+    pps = [
+        p
+        for p in s.pipeline_parallel
+        if p <= m.num_hidden_layers and (prof.device != "cpu" or p == 1)
+    ]
+    stages = [SHARDING_STAGES.index(z) for z in s.sharding if prof.device != "cpu" or z == ""]
     nodes = sorted({n for n in s.node_counts if n <= c.max_nodes})
     if not offer.inter_node_gbits_per_s:  # unknown network: plan single-node only
         nodes = [n for n in nodes if n == 1]
     vpps = sorted(set(s.virtual_pp) | {1})
     if not (precisions and tps and pps and stages and nodes):
         return {}
-    g = _grid(nodes=nodes, precision_code=precisions, seq=c.seq_lens, micro=s.micro_batch_sizes,
-              tp=tps, pp=pps, vpp=vpps, stage_code=stages,
-              recompute_code=[RECOMPUTE_MODES.index(r) for r in s.recompute],
-              sp=[int(v) for v in s.sequence_parallel])
+    g = _grid(
+        nodes=nodes,
+        precision_code=precisions,
+        seq=c.seq_lens,
+        micro=s.micro_batch_sizes,
+        tp=tps,
+        pp=pps,
+        vpp=vpps,
+        stage_code=stages,
+        recompute_code=[RECOMPUTE_MODES.index(r) for r in s.recompute],
+        sp=[int(v) for v in s.sequence_parallel],
+    )
     world = g["nodes"] * gpn
     model_ranks = g["tp"] * g["pp"]
-    ok = (world % model_ranks == 0)
+    ok = world % model_ranks == 0
     batch_ranks = np.where(ok, world // np.maximum(model_ranks, 1), 0)
-    ok &= ~((g["stage_code"] > 0) & (batch_ranks <= 1))          # sharding over 1 rank
-    ok &= ~((g["pp"] > 1) & (g["stage_code"] >= 2))               # PaddleNLP: pp + stage2/3
+    ok &= ~((g["stage_code"] > 0) & (batch_ranks <= 1))  # sharding over 1 rank
+    ok &= ~((g["pp"] > 1) & (g["stage_code"] >= 2))  # PaddleNLP: pp + stage2/3
     ok &= sequence_parallel_fits(g["micro"], g["seq"], g["tp"], g["sp"])
     ok &= tensor_parallel_fits_node(g["tp"], gpn)
     # the accumulation-free part of gptplan.plan.virtual_pipeline_fits, applied again in full
@@ -234,8 +299,11 @@ def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
     else:
         lo = np.maximum(1, -(-c.global_batch_tokens_min // np.maximum(per_acc, 1)))
         lo = np.where(g["pp"] > 1, np.maximum(lo, g["pp"]), lo)
-        hi = (c.global_batch_tokens_max // np.maximum(per_acc, 1) if c.global_batch_tokens_max
-              else np.full(len(per_acc), max(1024, int(lo.max(initial=1)))))
+        hi = (
+            c.global_batch_tokens_max // np.maximum(per_acc, 1)
+            if c.global_batch_tokens_max
+            else np.full(len(per_acc), max(1024, int(lo.max(initial=1))))
+        )
         rows, acc = _accumulations(lo, np.minimum(hi, 4096), g["pp"])
     g = {k: v[rows] for k, v in g.items()}
     g["acc"] = acc
@@ -244,7 +312,7 @@ def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
     ok = tokens_per_step >= c.global_batch_tokens_min
     if c.global_batch_tokens_max:
         ok &= tokens_per_step <= c.global_batch_tokens_max
-    ok &= ~((g["pp"] > 1) & (g["acc"] < g["pp"]))                 # fill the pipeline
+    ok &= ~((g["pp"] > 1) & (g["acc"] < g["pp"]))  # fill the pipeline
     ok &= virtual_pipeline_fits(m.num_hidden_layers, g["pp"], g["vpp"], g["acc"])
     g = {k: v[ok] for k, v in g.items()}
     batch_ranks = batch_ranks[ok]
@@ -253,12 +321,17 @@ def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
     # sharding degree: all batch ranks, or (hybrid) the batch ranks inside one node with data
     # parallel across nodes (sharding_parallel_degree < batch ranks)
     in_node = np.maximum(1, gpn // (g["tp"] * g["pp"]))
-    hybrid_ok = (g["stage_code"] > 0) & (in_node > 1) & (in_node < batch_ranks) & \
-        (batch_ranks % in_node == 0)
+    hybrid_ok = (
+        (g["stage_code"] > 0)
+        & (in_node > 1)
+        & (in_node < batch_ranks)
+        & (batch_ranks % in_node == 0)
+    )
     extra = np.flatnonzero(hybrid_ok)
     g = {k: np.concatenate([v, v[extra]]) for k, v in g.items()}
-    shard_degree = np.concatenate([np.where(g["stage_code"][:len(batch_ranks)] > 0,
-                                            batch_ranks, 1), in_node[extra]])
+    shard_degree = np.concatenate(
+        [np.where(g["stage_code"][: len(batch_ranks)] > 0, batch_ranks, 1), in_node[extra]]
+    )
     batch_ranks = np.concatenate([batch_ranks, batch_ranks[extra]])
     g["shard_degree"] = shard_degree
     g["dp"] = batch_ranks // shard_degree
@@ -269,8 +342,7 @@ def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
         if not len(batch_ranks):
             return {}
     g["flash"] = np.full(len(batch_ranks), 0)
-    if s.flash_attention and prof.flash_attention and \
-            m.hidden_size // m.num_attention_heads <= 256:
+    if s.flash_attention and prof.flash_attention and m.hidden_size // m.num_attention_heads <= 256:
         g["flash"] = (g["precision_code"] > 0).astype(int)  # fp16/bf16 only
     out = evaluate_layouts(m, prof, offer, g, memory_headroom=c.memory_headroom)
     out["offer"] = np.full(len(out["nodes"]), index)
@@ -280,8 +352,16 @@ def evaluate_offer(spec: Spec, choice: OfferChoice, index: int, target: float
     return _price(spec, choice, cm.ModelShape.from_section(m), out)
 
 
-def evaluate_layouts(m, prof: Profile, offer: Offer, g: dict, *, efficiency=None,
-                     overlap=None, memory_headroom: float = 0.9) -> dict[str, np.ndarray]:
+def evaluate_layouts(
+    m,
+    prof: Profile,
+    offer: Offer,
+    g: dict,
+    *,
+    efficiency=None,
+    overlap=None,
+    memory_headroom: float = 0.9,
+) -> dict[str, np.ndarray]:
     """The cost model on explicit layouts (one row per entry of the columns in `g`: nodes,
     precision_code, seq, micro, acc, tp, pp, vpp, stage_code, shard_degree, dp,
     recompute_code, sp, flash). Returns per-row memory, step time and its parts, tokens/s and
@@ -309,41 +389,85 @@ def evaluate_layouts(m, prof: Profile, offer: Offer, g: dict, *, efficiency=None
         return np.array([getattr(e, attr) for e in per_precision])[g["precision_code"]]
 
     mem = cm.memory_per_device_bytes(
-        shape, seq_len=g["seq"], micro_batch=g["micro"], accumulation=g["acc"], tp=g["tp"],
-        pp=g["pp"], stage_code=g["stage_code"], shard_degree=g["shard_degree"],
-        recompute_code=g["recompute_code"], seq_parallel=g["sp"], mixed_precision=mixed,
-        overhead_gb=eff.memory_overhead_gb, fragmentation=eff.fragmentation,
-        flash_attention=g["flash"], virtual_pp=g["vpp"])
+        shape,
+        seq_len=g["seq"],
+        micro_batch=g["micro"],
+        accumulation=g["acc"],
+        tp=g["tp"],
+        pp=g["pp"],
+        stage_code=g["stage_code"],
+        shard_degree=g["shard_degree"],
+        recompute_code=g["recompute_code"],
+        seq_parallel=g["sp"],
+        mixed_precision=mixed,
+        overhead_gb=eff.memory_overhead_gb,
+        fragmentation=eff.fragmentation,
+        flash_attention=g["flash"],
+        virtual_pp=g["vpp"],
+    )
     limit = prof.memory_gb * cm.GB * memory_headroom
     may_fit = (mem > limit) & (mem <= limit * (1.0 + MEMORY_MODEL_ERROR))
 
     peak = np.array([prof.peak_for(p) for p in PRECISIONS])[g["precision_code"]] * 1e12
     inter = offer.inter_node_gbits_per_s / 8 * 1e9 if offer.inter_node_gbits_per_s else 1.0
-    dev = Device(peak, prof.sm_count, prof.memory_bandwidth_gbytes_per_s * 1e9,
-                 prof.intra_node_gbytes_per_s * 1e9, inter, gpn)
-    rates = Rates(by_precision("max"), by_precision("kernel_overhead_us") * 1e-6,
-                  eff.comm_overlap if overlap is None else overlap,
-                  by_precision("attention_relative"), by_precision("half_tokens"),
-                  by_precision("half_hidden"), by_precision("rolloff_tokens"))
+    dev = Device(
+        peak,
+        prof.sm_count,
+        prof.memory_bandwidth_gbytes_per_s * 1e9,
+        prof.intra_node_gbytes_per_s * 1e9,
+        inter,
+        gpn,
+    )
+    rates = Rates(
+        by_precision("max"),
+        by_precision("kernel_overhead_us") * 1e-6,
+        eff.comm_overlap if overlap is None else overlap,
+        by_precision("attention_relative"),
+        by_precision("half_tokens"),
+        by_precision("half_hidden"),
+        by_precision("rolloff_tokens"),
+    )
     parts = step_time_parts(shape, g, dev, rates)
     step_time = parts["step_time_s"]
     tokens_per_s = tokens_per_step / step_time
     f_model = cm.model_flops_per_token(m, g["seq"])
     mfu = f_model * tokens_per_s / (world * peak)
     n = len(step_time)
-    return {"nodes": g["nodes"], "gpus_per_node": np.full(n, gpn), "world": world,
-            "precision_code": g["precision_code"], "seq": g["seq"], "micro": g["micro"],
-            "acc": g["acc"], "tp": g["tp"], "pp": g["pp"], "vpp": g["vpp"], "dp": g["dp"],
-            "shard_degree": g["shard_degree"], "stage_code": g["stage_code"],
-            "recompute_code": g["recompute_code"], "sp": g["sp"], "flash": g["flash"],
-            "tokens_per_step": tokens_per_step, "memory_gb": mem / cm.GB,
-            "fits": (mem <= limit) | may_fit, "may_fit": may_fit,
-            "efficiency": parts["efficiency"], "hidden_per_tp": m.hidden_size / g["tp"],
-            "step_time_s": step_time,
-            "compute_s": parts["compute_s"], "comm_s": parts["comm_s"],
-            "dp_sync_s": parts["dp_sync_s"], "tp_s": parts["tp_s"], "pp_s": parts["pp_s"],
-            "opt_s": parts["opt_s"], "bubble": parts["bubble"], "tokens_per_s": tokens_per_s,
-            "tokens_per_s_per_device": tokens_per_s / world, "mfu": mfu}
+    return {
+        "nodes": g["nodes"],
+        "gpus_per_node": np.full(n, gpn),
+        "world": world,
+        "precision_code": g["precision_code"],
+        "seq": g["seq"],
+        "micro": g["micro"],
+        "acc": g["acc"],
+        "tp": g["tp"],
+        "pp": g["pp"],
+        "vpp": g["vpp"],
+        "dp": g["dp"],
+        "shard_degree": g["shard_degree"],
+        "stage_code": g["stage_code"],
+        "recompute_code": g["recompute_code"],
+        "sp": g["sp"],
+        "flash": g["flash"],
+        "tokens_per_step": tokens_per_step,
+        "memory_gb": mem / cm.GB,
+        "fits": (mem <= limit) | may_fit,
+        "may_fit": may_fit,
+        "efficiency": parts["efficiency"],
+        "hidden_per_tp": m.hidden_size / g["tp"],
+        "step_time_s": step_time,
+        "compute_s": parts["compute_s"],
+        "comm_s": parts["comm_s"],
+        "dp_sync_s": parts["dp_sync_s"],
+        "tp_s": parts["tp_s"],
+        "pp_s": parts["pp_s"],
+        "opt_s": parts["opt_s"],
+        "bubble": parts["bubble"],
+        "tokens_per_s": tokens_per_s,
+        "tokens_per_s_per_device": tokens_per_s / world,
+        "mfu": mfu,
+    }
 
 
 def _hours(rows: dict, checkpoint_hours, spot_rate: float, sp) -> tuple:
@@ -351,20 +475,26 @@ def _hours(rows: dict, checkpoint_hours, spot_rate: float, sp) -> tuple:
     interruption rate per node-hour (0 = on-demand: checkpoints at the fixed interval)."""
     n = len(rows["nodes"])
     failures = rows["nodes"] * spot_rate
-    interval = cm.young_daly_interval_hours(checkpoint_hours, failures) if spot_rate else \
-        np.full(n, sp.on_demand_checkpoint_hours)
+    interval = (
+        cm.young_daly_interval_hours(checkpoint_hours, failures)
+        if spot_rate
+        else np.full(n, sp.on_demand_checkpoint_hours)
+    )
     useful = cm.useful_fraction(checkpoint_hours, interval, failures, sp.restart_minutes / 60)
     running = rows["train_hours"] / useful
-    preemptions = spotrisk.expected_preemptions(nodes=rows["nodes"], rate_per_node_hour=spot_rate,
-                                                running_hours=running)
+    preemptions = spotrisk.expected_preemptions(
+        nodes=rows["nodes"], rate_per_node_hour=spot_rate, running_hours=running
+    )
     return running + sp.startup_minutes / 60, interval, useful, preemptions
 
 
 def may_fit_note(memory_gb: float, prof: Profile, memory_headroom: float) -> str:
     """The flag a user sees on a row kept inside the memory model's own error."""
-    return (f"may fit (modelled {memory_gb * cm.GB / 2**30:.1f} GiB of "
-            f"{prof.memory_gb * memory_headroom * cm.GB / 2**30:.1f} GiB usable, "
-            f"+-{MEMORY_MODEL_ERROR:.0%} model error): probe it before a long run")
+    return (
+        f"may fit (modelled {memory_gb * cm.GB / 2**30:.1f} GiB of "
+        f"{prof.memory_gb * memory_headroom * cm.GB / 2**30:.1f} GiB usable, "
+        f"+-{MEMORY_MODEL_ERROR:.0%} model error): probe it before a long run"
+    )
 
 
 def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) -> dict:
@@ -380,19 +510,23 @@ def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) ->
         modes.append(True)
     parts = []
     checkpoint_hours = cm.checkpoint_write_hours(
-        state_bytes=checkpoint_bytes(shape.params_total, master_weights=(
-            (rows["precision_code"] > 0) & (spec.training.fp16_opt_level == "O2"))),
+        state_bytes=checkpoint_bytes(
+            shape.params_total,
+            master_weights=((rows["precision_code"] > 0) & (spec.training.fp16_opt_level == "O2")),
+        ),
         nodes=rows["nodes"],
         node_gbytes_per_s=sp.checkpoint_gbytes_per_s,
-        storage_cap_gbytes_per_s=offer.storage_gbytes_per_s)
+        storage_cap_gbytes_per_s=offer.storage_gbytes_per_s,
+    )
     od_price = offer.node_price_per_hour(spot=False, tdp_w=prof.tdp_w) * choice.rate
     od_hours = _hours(rows, checkpoint_hours, 0.0, sp)[0]
     risk = choice.price.risk
     for spot in modes:
         r = dict(rows)
         n = len(r["nodes"])
-        hours, interval, useful, preemptions = _hours(rows, checkpoint_hours,
-                                                      risk.rate if spot else 0.0, sp)
+        hours, interval, useful, preemptions = _hours(
+            rows, checkpoint_hours, risk.rate if spot else 0.0, sp
+        )
         price = offer.node_price_per_hour(spot=spot, tdp_w=prof.tdp_w) * choice.rate
         cost = price * r["nodes"] * hours
         cost_od = od_price * r["nodes"] * od_hours
@@ -410,8 +544,9 @@ def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) ->
         r["cost"] = cost
         r["cost_on_demand"] = cost_od if od_price > 0 else np.full(n, np.nan)
         r["preemptions"] = preemptions
-        r["energy_kwh"] = r["world"] * prof.tdp_w * hours / 1000 * \
-            (offer.pue if offer.kind == "on_prem" else 1.0)
+        r["energy_kwh"] = (
+            r["world"] * prof.tdp_w * hours / 1000 * (offer.pue if offer.kind == "on_prem" else 1.0)
+        )
         parts.append(r)
     if not parts:
         return {}
@@ -425,15 +560,18 @@ def evaluate_space(spec: Spec, offers: list[OfferChoice], target: float) -> Cand
     tables = [{k: v for k, v in t.items() if k not in DIAGNOSTIC_COLUMNS} for t in tables if t]
     params = float(cm.ModelShape.from_section(spec.model_section()).params_total)
     if not tables:
-        return CandidateTable(offers, {}, spec.spot.startup_minutes / 60, params,
-                              spec.spot.restart_minutes / 60)
+        return CandidateTable(
+            offers, {}, spec.spot.startup_minutes / 60, params, spec.spot.restart_minutes / 60
+        )
     columns = {k: np.concatenate([t[k] for t in tables]) for k in tables[0]}
     columns["cost_per_million_tokens"] = columns["cost"] / target * 1e6
-    return CandidateTable(offers, columns, spec.spot.startup_minutes / 60, params,
-                          spec.spot.restart_minutes / 60)
+    return CandidateTable(
+        offers, columns, spec.spot.startup_minutes / 60, params, spec.spot.restart_minutes / 60
+    )
 
 
 # ---- choosing ----------------------------------------------------------------------------------
+
 
 def outlier_rows(table: CandidateTable) -> np.ndarray:
     """Spot rows on an offer whose spot price is an outlier (planner.pricebook)."""
@@ -481,9 +619,9 @@ class Decision:
     target_tokens: float
     problems: list[str] = field(default_factory=list)
     binding: str = ""
-    minimum_budget: float | None = None   # cheapest plan meeting every other constraint
+    minimum_budget: float | None = None  # cheapest plan meeting every other constraint
     minimum_budget_row: int | None = None
-    tokens_bought: float | None = None    # what the budget buys within the deadline
+    tokens_bought: float | None = None  # what the budget buys within the deadline
 
 
 def eligible_mask(spec: Spec, table: CandidateTable) -> np.ndarray:
@@ -508,8 +646,9 @@ def tokens_within(spec: Spec, table: CandidateTable, target: float) -> float:
     fixed = table.fixed_hours
     share = c.budget / cost
     if c.deadline_hours:
-        share = np.minimum(share, np.maximum(c.deadline_hours - fixed, 0.0) /
-                           np.maximum(hours - fixed, 1e-12))
+        share = np.minimum(
+            share, np.maximum(c.deadline_hours - fixed, 0.0) / np.maximum(hours - fixed, 1e-12)
+        )
     return float(target * share.max())
 
 
@@ -522,32 +661,66 @@ def minimum_budget(spec: Spec, table: CandidateTable) -> int | None:
 def decide(spec: Spec, table: CandidateTable, target: float) -> Decision:
     """The cheapest candidate meeting memory, budget and deadline, or why there is none."""
     if not len(table):
-        return Decision(None, table, np.zeros(0, bool), np.zeros(0, int), target,
-                        ["no candidate satisfies the divisibility/batch rules; widen "
-                         "constraints.seq_lens, the global batch range or search lists"])
+        return Decision(
+            None,
+            table,
+            np.zeros(0, bool),
+            np.zeros(0, int),
+            target,
+            [
+                "no candidate satisfies the divisibility/batch rules; widen "
+                "constraints.seq_lens, the global batch range or search lists"
+            ],
+        )
     fits = table["fits"]
     feasible = feasible_mask(spec, table)
     pareto = pareto_front(table, fits)
     least = minimum_budget(spec, table)
-    extra = dict(minimum_budget=float(table["cost"][least]) if least is not None else None,
-                 minimum_budget_row=least, tokens_bought=tokens_within(spec, table, target)
-                 if spec.constraints.budget else None)
+    extra = dict(
+        minimum_budget=float(table["cost"][least]) if least is not None else None,
+        minimum_budget_row=least,
+        tokens_bought=tokens_within(spec, table, target) if spec.constraints.budget else None,
+    )
     order = ranked(table, feasible)
     if len(order):
         chosen = int(order[0])
-        return Decision(chosen, table, feasible, pareto, target,
-                        binding=_binding_constraint(spec, table, chosen), **extra)
+        return Decision(
+            chosen,
+            table,
+            feasible,
+            pareto,
+            target,
+            binding=_binding_constraint(spec, table, chosen),
+            **extra,
+        )
     if not fits.any():
         smallest = int(np.argmin(table["memory_gb"]))
-        return Decision(None, table, feasible, pareto, target,
-                        [f"nothing fits in device memory: the smallest configuration needs "
-                         f"{table['memory_gb'][smallest]:.1f} GB per device (modelled)"], **extra)
-    return Decision(None, table, feasible, pareto, target,
-                    _problems(spec, table, target, least, extra["tokens_bought"]), **extra)
+        return Decision(
+            None,
+            table,
+            feasible,
+            pareto,
+            target,
+            [
+                f"nothing fits in device memory: the smallest configuration needs "
+                f"{table['memory_gb'][smallest]:.1f} GB per device (modelled)"
+            ],
+            **extra,
+        )
+    return Decision(
+        None,
+        table,
+        feasible,
+        pareto,
+        target,
+        _problems(spec, table, target, least, extra["tokens_bought"]),
+        **extra,
+    )
 
 
-def _problems(spec: Spec, table: CandidateTable, target: float, least: int | None,
-              bought: float | None) -> list[str]:
+def _problems(
+    spec: Spec, table: CandidateTable, target: float, least: int | None, bought: float | None
+) -> list[str]:
     c, cur = spec.constraints, spec.constraints.currency
     fits = table["fits"]
     fastest = int(np.flatnonzero(fits)[np.argmin(table["hours"][fits])])
@@ -559,19 +732,24 @@ def _problems(spec: Spec, table: CandidateTable, target: float, least: int | Non
             f"cheapest plan that meets every other constraint costs "
             f"{table['cost'][least]:,.0f} {cur} and takes {table['hours'][least]:,.1f} h "
             f"(modelled); the budget buys about {bought or 0:.3g} tokens{within}; minimum "
-            f"budget for the target: {table['cost'][least]:,.0f} {cur}")
+            f"budget for the target: {table['cost'][least]:,.0f} {cur}"
+        )
     if least is None and c.deadline_hours and table["hours"][fastest] > c.deadline_hours:
         problems.append(
             f"the deadline {c.deadline_hours:g} h cannot be met: the fastest plan takes "
             f"{table['hours'][fastest]:,.1f} h and costs {table['cost'][fastest]:,.0f} {cur} "
-            "(modelled)")
+            "(modelled)"
+        )
         cap_note = node_cap_relief(spec, table, target, int(table["nodes"][fastest]))
         if cap_note:
             problems.append(cap_note)
     if not problems:
-        problems.append("no plan meets the limits without an outlier spot price (pass "
-                        "--allow-outlier-prices to accept one)" if least is None else
-                        "no single plan meets both budget and deadline (modelled)")
+        problems.append(
+            "no plan meets the limits without an outlier spot price (pass "
+            "--allow-outlier-prices to accept one)"
+            if least is None
+            else "no single plan meets both budget and deadline (modelled)"
+        )
     return problems
 
 
@@ -580,8 +758,7 @@ def node_cap(spec: Spec) -> int:
     return min(spec.constraints.max_nodes, max(spec.search.node_counts))
 
 
-def node_cap_relief(spec: Spec, table: CandidateTable, target: float,
-                    fastest_nodes: int) -> str:
+def node_cap_relief(spec: Spec, table: CandidateTable, target: float, fastest_nodes: int) -> str:
     """When no plan meets the deadline/budget and the fastest one already uses the node cap,
     say so, and what 8x the cap would buy (re-evaluated, modelled)."""
     import dataclasses
@@ -591,29 +768,37 @@ def node_cap_relief(spec: Spec, table: CandidateTable, target: float,
         return ""
     wider_counts = sorted(set(spec.search.node_counts) | {cap * 2, cap * 4, cap * 8})
     wider = dataclasses.replace(
-        spec, constraints=dataclasses.replace(spec.constraints, max_nodes=cap * 8),
-        search=dataclasses.replace(spec.search, node_counts=wider_counts))
+        spec,
+        constraints=dataclasses.replace(spec.constraints, max_nodes=cap * 8),
+        search=dataclasses.replace(spec.search, node_counts=wider_counts),
+    )
     big = evaluate_space(wider, table.offers, target)
     if not len(big):
         return ""
     c, cur = spec.constraints, spec.constraints.currency
-    head = (f"constraints.max_nodes = {c.max_nodes} / search.node_counts (most "
-            f"{max(spec.search.node_counts)}) cap the job at {cap} nodes, and the fastest plan "
-            f"uses all {cap}")
+    head = (
+        f"constraints.max_nodes = {c.max_nodes} / search.node_counts (most "
+        f"{max(spec.search.node_counts)}) cap the job at {cap} nodes, and the fastest plan "
+        f"uses all {cap}"
+    )
     ok = feasible_mask(wider, big)
     if ok.any():
         best = int(ranked(big, ok)[0])
-        return (f"{head}; with up to {cap * 8} nodes a plan meets the limits: "
-                f"{int(big['nodes'][best])} nodes, {big['hours'][best]:,.1f} h, "
-                f"{big['cost'][best]:,.0f} {cur} (modelled); raise constraints.max_nodes "
-                "and search.node_counts")
+        return (
+            f"{head}; with up to {cap * 8} nodes a plan meets the limits: "
+            f"{int(big['nodes'][best])} nodes, {big['hours'][best]:,.1f} h, "
+            f"{big['cost'][best]:,.0f} {cur} (modelled); raise constraints.max_nodes "
+            "and search.node_counts"
+        )
     fits = big["fits"]
     if not fits.any():
         return ""
     fastest = int(np.flatnonzero(fits)[np.argmin(big["hours"][fits])])
-    return (f"{head}; even {int(big['nodes'][fastest])} nodes would take "
-            f"{big['hours'][fastest]:,.1f} h and cost {big['cost'][fastest]:,.0f} {cur} "
-            "(modelled)")
+    return (
+        f"{head}; even {int(big['nodes'][fastest])} nodes would take "
+        f"{big['hours'][fastest]:,.1f} h and cost {big['cost'][fastest]:,.0f} {cur} "
+        "(modelled)"
+    )
 
 
 def _binding_constraint(spec: Spec, table: CandidateTable, chosen: int) -> str:

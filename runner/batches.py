@@ -22,12 +22,13 @@ from runner.datacache import PreparedData
 
 IGNORE_INDEX = -100
 
+
 @dataclass
 class MicroBatch:
     input_ids: np.ndarray  # [b, s] int64
-    labels: np.ndarray     # [b, s] int64, IGNORE_INDEX where padded
-    real_tokens: int       # label positions that are real text
-    padded_tokens: int     # label positions that are padding
+    labels: np.ndarray  # [b, s] int64, IGNORE_INDEX where padded
+    real_tokens: int  # label positions that are real text
+    padded_tokens: int  # label positions that are padding
 
 
 class TokenDataset:
@@ -45,9 +46,12 @@ class TokenDataset:
         else:
             self.num_samples = len(self.doc_offsets) - 1
         if self.num_samples < 1:
-            raise DataError(f"the corpus has {len(self.tokens)} tokens, fewer than one sample "
-                            f"of seq_len + 1 = {seq_len + 1}; lower training.seq_len or add "
-                            "text", key="training.seq_len")
+            raise DataError(
+                f"the corpus has {len(self.tokens)} tokens, fewer than one sample "
+                f"of seq_len + 1 = {seq_len + 1}; lower training.seq_len or add "
+                "text",
+                key="training.seq_len",
+            )
 
     def sample_real_tokens(self, index: int) -> int:
         if self.packing:
@@ -59,20 +63,21 @@ class TokenDataset:
         """(seq_len+1 token ids, number of real label positions)."""
         s = self.seq_len
         if self.packing:
-            window = np.asarray(self.tokens[index * s:index * s + s + 1], dtype=np.int64)
+            window = np.asarray(self.tokens[index * s : index * s + s + 1], dtype=np.int64)
             return window, s
         start, end = int(self.doc_offsets[index]), int(self.doc_offsets[index + 1])
-        doc = np.asarray(self.tokens[start:min(end, start + s + 1)], dtype=np.int64)
+        doc = np.asarray(self.tokens[start : min(end, start + s + 1)], dtype=np.int64)
         window = np.full(s + 1, self.pad_id, dtype=np.int64)
-        window[:len(doc)] = doc
+        window[: len(doc)] = doc
         return window, len(doc) - 1
 
 
 class DeterministicSampler:
     """Maps (step, micro-step, batch rank) to sample indices from (seed, epoch) alone."""
 
-    def __init__(self, num_samples: int, *, seed: int, micro_batch: int, accumulation: int,
-                 batch_ranks: int):
+    def __init__(
+        self, num_samples: int, *, seed: int, micro_batch: int, accumulation: int, batch_ranks: int
+    ):
         self.num_samples = num_samples
         self.seed = seed
         self.micro_batch = micro_batch
@@ -127,8 +132,12 @@ class BatchSource:
         inputs, labels = batch[:, :-1].copy(), batch[:, 1:].copy()
         if not self.dataset.packing:
             positions = np.arange(self.dataset.seq_len)[None, :]
-            lengths = np.array([self.dataset.sample_real_tokens(i) for i in
-                                self.sampler.micro_batch_indices(step, micro, self.rank)])
+            lengths = np.array(
+                [
+                    self.dataset.sample_real_tokens(i)
+                    for i in self.sampler.micro_batch_indices(step, micro, self.rank)
+                ]
+            )
             labels[positions >= lengths[:, None]] = IGNORE_INDEX
         total = labels.size
         return MicroBatch(inputs, labels, real, total - real)

@@ -43,8 +43,11 @@ def process_start_time(pid: int | str = "self") -> float:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22: starttime
-        boot = next(float(line.split()[1]) for line in
-                    Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime")
+        )
         return boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return time.time()
@@ -72,8 +75,9 @@ def _merge(records: list[dict]) -> list[dict]:
 
 
 def _valid_attempt(a) -> bool:
-    return isinstance(a, dict) and all(isinstance(a.get(k), (int, float)) and
-                                       not isinstance(a.get(k), bool) for k in TIME_KEYS)
+    return isinstance(a, dict) and all(
+        isinstance(a.get(k), (int, float)) and not isinstance(a.get(k), bool) for k in TIME_KEYS
+    )
 
 
 def parse(text: str) -> list[dict] | None:
@@ -97,8 +101,11 @@ def parse(text: str) -> list[dict] | None:
             continue
         try:
             rec = json.loads(line)
-            if not isinstance(rec, dict) or not isinstance(rec.get("attempt"), int) or \
-                    rec["attempt"] < 1:
+            if (
+                not isinstance(rec, dict)
+                or not isinstance(rec.get("attempt"), int)
+                or rec["attempt"] < 1
+            ):
                 raise ValueError(line)
         except ValueError:
             if i == len(lines) - 1:  # torn by a kill mid-write: the last line only
@@ -155,16 +162,14 @@ class Billing:
     def reload(self) -> None:
         read = {p: _read(p) for p in self.paths if p.exists() or p.is_symlink()}
         usable = {p: a for p, a in read.items() if a is not None}
-        merged = _merge([{"attempt": i + 1, **a} for g in usable.values()
-                         for i, a in enumerate(g)])
+        merged = _merge([{"attempt": i + 1, **a} for g in usable.values() for i, a in enumerate(g)])
         if merged:
             self.attempts = merged
             damaged = [p for p in self.paths if not usable.get(p)]
         else:  # both damaged, empty or missing: the upper bound (nothing for a new run dir)
             self.attempts = upper_bound_attempts(self.run_dir)
             damaged = list(self.paths) if self.attempts or read else []
-        if damaged == [self.paths[1]] and not self.paths[1].exists() and \
-                _old_format(self.paths[0]):
+        if damaged == [self.paths[1]] and not self.paths[1].exists() and _old_format(self.paths[0]):
             damaged = []  # a run billed before the journal: its copy is written from now on
             if self.repair:
                 self.compact()
@@ -185,12 +190,15 @@ class Billing:
                 f"billing the upper bound the run directory's file times prove: "
                 f"{self.total_seconds():.1f} s (first file {time.ctime(a['first_file'])}, last "
                 f"{time.ctime(a['last_seen'])}, + {UPPER_BOUND_MARGIN_S:.0f} s per attempt for "
-                f"start-up before its first write; {a['attempts_seen']} attempt(s) seen)")
+                f"start-up before its first write; {a['attempts_seen']} attempt(s) seen)"
+            )
         else:
             good = next(p for p in self.paths if p not in damaged)
-            self.notice = (f"billing: {damaged[0]} was damaged or lost; recovered from "
-                           f"{good.name} ({len(self.attempts)} attempt(s), "
-                           f"{self.total_seconds():.1f} s billed, measured)")
+            self.notice = (
+                f"billing: {damaged[0]} was damaged or lost; recovered from "
+                f"{good.name} ({len(self.attempts)} attempt(s), "
+                f"{self.total_seconds():.1f} s billed, measured)"
+            )
 
     def previous_seconds(self) -> float:
         """Billed seconds of all attempts but the current (last) one."""
@@ -202,8 +210,9 @@ class Billing:
     # ---- writing -------------------------------------------------------------------------
     def compact(self) -> None:
         """Rewrite both copies with one line per attempt (atomically, the journal first)."""
-        text = "".join(json.dumps({"attempt": i + 1, **a}) + "\n"
-                       for i, a in enumerate(self.attempts))
+        text = "".join(
+            json.dumps({"attempt": i + 1, **a}) + "\n" for i, a in enumerate(self.attempts)
+        )
         for path in self.paths:
             write_text_atomic(path, text)
 
@@ -234,8 +243,7 @@ class Billing:
         current["last_seen"] = max(now, current["last_seen"])
         for key, value in measured.items():
             current[key] = max(value, current.get(key, value))
-        self._append({"attempt": len(self.attempts), "last_seen": current["last_seen"],
-                      **measured})
+        self._append({"attempt": len(self.attempts), "last_seen": current["last_seen"], **measured})
 
     def note(self, **measured: float) -> None:
         """Keep measured costs (start-up, step, checkpoint, shutdown seconds) on the current
@@ -254,9 +262,14 @@ def upper_bound_attempts(run_dir: Path) -> list[dict]:
         here = Path(root)
         # node 0 bills; other nodes of a run sharing this directory write their locks and
         # logs (logs/node_RR, RR > 0) whenever they start, before node 0 has billed anything
-        dirs[:] = [d for d in dirs if not (
-            (d == DAMAGED_DIR and here == Path(run_dir)) or
-            (here.name == "logs" and d.startswith("node_") and d != "node_00"))]
+        dirs[:] = [
+            d
+            for d in dirs
+            if not (
+                (d == DAMAGED_DIR and here == Path(run_dir))
+                or (here.name == "logs" and d.startswith("node_") and d != "node_00")
+            )
+        ]
         attempts_seen += sum(1 for d in dirs if d.startswith("attempt_"))
         for name in files:
             if name in (JOURNAL, COPY) or (name.startswith("runner") and name.endswith(".lock")):
@@ -269,9 +282,15 @@ def upper_bound_attempts(run_dir: Path) -> list[dict]:
         return []
     attempts_seen = max(1, attempts_seen)
     first, last = min(times), max(times)
-    return [{"start": first - UPPER_BOUND_MARGIN_S * attempts_seen, "last_seen": last,
-             "first_file": first, "attempts_seen": attempts_seen,
-             "recovered": "upper bound from file times"}]
+    return [
+        {
+            "start": first - UPPER_BOUND_MARGIN_S * attempts_seen,
+            "last_seen": last,
+            "first_file": first,
+            "attempts_seen": attempts_seen,
+            "recovered": "upper bound from file times",
+        }
+    ]
 
 
 class Heartbeat:

@@ -17,9 +17,9 @@ from gptplan.plan import Plan
 
 # Priors for costs not measured yet in this run (modelled, conservative for the CPU machine):
 SHUTDOWN_PRIOR_S = {False: 1.0, True: 6.0}  # in-process vs launched ranks
-CHECKPOINT_BYTES_PER_S = 50e6               # slow disk
+CHECKPOINT_BYTES_PER_S = 50e6  # slow disk
 CHECKPOINT_FIXED_S = 1.0
-MARGIN_FRACTION = 0.10                      # on top of the measured spread
+MARGIN_FRACTION = 0.10  # on top of the measured spread
 # Start-up (runner start to the first step) of a run that has not measured one, a stated bound
 # (the CPU test machine measured 5-12 s in-process and 15-30 s for two launched ranks).
 STARTUP_BOUND_S = {False: 15.0, True: 45.0}  # in-process vs launched ranks
@@ -28,6 +28,7 @@ STARTUP_BOUND_S = {False: 15.0, True: 45.0}  # in-process vs launched ranks
 @dataclass(frozen=True)
 class StopCosts:
     """Seconds a run still needs to end cleanly after deciding to take one more step."""
+
     step_s: float
     checkpoint_s: float
     shutdown_s: float
@@ -44,9 +45,12 @@ def checkpoint_prior_bytes(plan: Plan) -> int:
     from gptplan.modelfacts import parameter_count
 
     t = plan.training
-    return int(money.checkpoint_bytes(
-        parameter_count(plan.model),
-        master_weights=money.keeps_master_weights(t.precision, t.fp16_opt_level)))
+    return int(
+        money.checkpoint_bytes(
+            parameter_count(plan.model),
+            master_weights=money.keeps_master_weights(t.precision, t.fp16_opt_level),
+        )
+    )
 
 
 def checkpoint_prior_s(plan: Plan) -> float:
@@ -61,8 +65,7 @@ def modelled_step_s(plan: Plan) -> tuple[float, str]:
     if plan.hardware.peak_tflops > 0:
         from gptplan.modelfacts import training_flops_per_token
 
-        flops = training_flops_per_token(plan.model, plan.training.seq_len) * \
-            plan.tokens_per_step
+        flops = training_flops_per_token(plan.model, plan.training.seq_len) * plan.tokens_per_step
         seconds = flops / (plan.hardware.peak_tflops * 1e12 * plan.parallel.world_size)
         return seconds, "modelled at the hardware's peak FLOPS, a lower bound"
     return 0.0, "unknown"
@@ -73,8 +76,9 @@ def measured_max(attempts: list[dict], key: str) -> float | None:
     return max(values) if values else None
 
 
-def stop_costs(plan: Plan, attempts: list[dict], *, step_times: list[float],
-               checkpoint_times: list[float]) -> StopCosts:
+def stop_costs(
+    plan: Plan, attempts: list[dict], *, step_times: list[float], checkpoint_times: list[float]
+) -> StopCosts:
     """Costs of one more step and a clean stop, from this attempt's measurements and the
     earlier attempts' (`attempts` from billing.json)."""
     launched = plan.parallel.world_size > 1
@@ -92,14 +96,21 @@ def stop_costs(plan: Plan, attempts: list[dict], *, step_times: list[float],
     shutdown_s = shutdown if shutdown is not None else SHUTDOWN_PRIOR_S[launched]
     spread = (max(steps) - min(steps)) if len(steps) > 1 else step_s
     margin_s = spread + MARGIN_FRACTION * (step_s + checkpoint_s + shutdown_s)
-    return StopCosts(step_s=step_s, checkpoint_s=checkpoint_s, shutdown_s=shutdown_s,
-                     margin_s=margin_s,
-                     measured=bool(steps) and bool(ckpts) and shutdown is not None)
+    return StopCosts(
+        step_s=step_s,
+        checkpoint_s=checkpoint_s,
+        shutdown_s=shutdown_s,
+        margin_s=margin_s,
+        measured=bool(steps) and bool(ckpts) and shutdown is not None,
+    )
 
 
 def cost_of_seconds(plan: Plan, seconds: float) -> float:
-    return money.cost(price_per_node_hour=plan.hardware.price_per_node_hour,
-                      nodes=plan.parallel.nnodes, seconds=seconds)
+    return money.cost(
+        price_per_node_hour=plan.hardware.price_per_node_hour,
+        nodes=plan.parallel.nnodes,
+        seconds=seconds,
+    )
 
 
 def over_limits(plan: Plan, *, billed_s: float, needed_s: float) -> list[str]:
@@ -128,8 +139,10 @@ def first_step_need_s(plan: Plan, attempts: list[dict]) -> tuple[float, str]:
     start, how = startup_s(plan, attempts)
     costs = stop_costs(plan, attempts, step_times=[], checkpoint_times=[])
     step_how = "measured" if costs.measured else modelled_step_s(plan)[1]
-    return start + costs.total_s, f"start-up {start:.1f} s ({how}), step and stop " \
-        f"{costs.total_s:.1f} s ({step_how})"
+    return (
+        start + costs.total_s,
+        f"start-up {start:.1f} s ({how}), step and stop {costs.total_s:.1f} s ({step_how})",
+    )
 
 
 DEADLINE_TEARDOWN_S = 1.0  # killing the group and the last billing write
@@ -143,8 +156,13 @@ def deadline(plan: Plan, *, billed_s: float, attempt_start: float) -> float | No
     if b.max_hours > 0:
         limits.append(b.max_hours * 3600.0)
     if b.max_cost > 0:
-        limits.append(money.seconds_for(price_per_node_hour=plan.hardware.price_per_node_hour,
-                                        nodes=plan.parallel.nnodes, money=b.max_cost))
+        limits.append(
+            money.seconds_for(
+                price_per_node_hour=plan.hardware.price_per_node_hour,
+                nodes=plan.parallel.nnodes,
+                money=b.max_cost,
+            )
+        )
     limits = [x for x in limits if x != float("inf")]
     if not limits:
         return None

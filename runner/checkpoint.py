@@ -87,8 +87,11 @@ def _hash_file(path: Path) -> str:
 def write_manifest(folder: Path) -> None:
     """Sizes and checksums of every file in `folder`, written (and fsynced) last."""
     folder = Path(folder)
-    files = {p.name: {"bytes": p.stat().st_size, "xxh3_64": _hash_file(p)}
-             for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST}
+    files = {
+        p.name: {"bytes": p.stat().st_size, "xxh3_64": _hash_file(p)}
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.name != MANIFEST
+    }
     with guard_disk_writes(folder, needed_bytes=4096):
         with open(folder / MANIFEST, "w", encoding="utf-8") as handle:
             json.dump({"files": files}, handle, indent=1)
@@ -144,8 +147,10 @@ def resume_point(root: Path, *, log=print) -> Path | None:
         if problem is None:
             return folder
         moved = move_aside(folder)
-        log(f"checkpoint {folder.name} is damaged ({problem}); moved to {moved}, "
-            "resuming from the previous complete one")
+        log(
+            f"checkpoint {folder.name} is damaged ({problem}); moved to {moved}, "
+            "resuming from the previous complete one"
+        )
     return None
 
 
@@ -195,8 +200,16 @@ def retie(state: dict) -> dict:
     return state
 
 
-def write_shard(tmp: Path, shard: ShardId, *, model_state: dict, optimizer_state: dict,
-                scaler_state: dict | None, write_model: bool, write_optimizer: bool) -> None:
+def write_shard(
+    tmp: Path,
+    shard: ShardId,
+    *,
+    model_state: dict,
+    optimizer_state: dict,
+    scaler_state: dict | None,
+    write_model: bool,
+    write_optimizer: bool,
+) -> None:
     import paddle
 
     with guard_disk_writes(tmp):

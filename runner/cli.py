@@ -28,58 +28,111 @@ from runner.billing import Billing, Heartbeat
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(
-        prog="runner", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="runner", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"runner {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    ex = sub.add_parser("execute", help="run a plan as real (distributed) training")
+    _execute_args(sub.add_parser("execute", help="run a plan as real (distributed) training"))
+    _export_args(
+        sub.add_parser(
+            "export", help="write a run's model + tokenizer in PaddleNLP format (save_pretrained)"
+        )
+    )
+    _generate_args(
+        sub.add_parser("generate", help="sample text from a run's model (PaddleNLP generate)")
+    )
+    return parser
+
+
+def _execute_args(ex: argparse.ArgumentParser) -> None:
     ex.add_argument("plan", type=Path, help="plan TOML (schema 1)")
-    ex.add_argument("--dry-run", action="store_true",
-                    help="validate plan, data and model build; print the launch command(s)")
-    ex.add_argument("--fresh", action="store_true",
-                    help="ignore existing checkpoints (the old run folder is kept, renamed)")
-    ex.add_argument("--local", action="store_true",
-                    help="rehearse on this machine: its devices, a few steps, settings shrunk "
-                         "to fit its memory (each change is listed)")
+    ex.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate plan, data and model build; print the launch command(s)",
+    )
+    ex.add_argument(
+        "--fresh",
+        action="store_true",
+        help="ignore existing checkpoints (the old run folder is kept, renamed)",
+    )
+    ex.add_argument(
+        "--local",
+        action="store_true",
+        help="rehearse on this machine: its devices, a few steps, settings shrunk "
+        "to fit its memory (each change is listed)",
+    )
     ex.add_argument("--max-steps", type=int, default=None, help="override training.max_steps")
-    ex.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                    help="override one plan field (validated like the file); repeatable")
-    ex.add_argument("--memory-limit-gb", type=float, default=None, metavar="GB",
-                    help="memory limit per rank (default: from the plan's modelled memory "
-                         "and this machine's); the runner ends a rank above it")
+    ex.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one plan field (validated like the file); repeatable",
+    )
+    ex.add_argument(
+        "--memory-limit-gb",
+        type=float,
+        default=None,
+        metavar="GB",
+        help="memory limit per rank (default: from the plan's modelled memory "
+        "and this machine's); the runner ends a rank above it",
+    )
     ex.add_argument("--output-dir", type=str, default=None, help="override job.output_dir")
-    ex.add_argument("--node-rank", type=int, default=None,
-                    help="this node's rank in a multi-node plan")
+    ex.add_argument(
+        "--node-rank", type=int, default=None, help="this node's rank in a multi-node plan"
+    )
     ex.add_argument("--master", type=str, default="", help="host:port of node 0 (multi-node)")
-    ex.add_argument("--export", action="store_true",
-                    help="after training, export the model for inference (paddle.jit.save)")
+    ex.add_argument(
+        "--export",
+        action="store_true",
+        help="after training, export the model for inference (paddle.jit.save)",
+    )
     ex.add_argument("--json", action="store_true", help="print the final report as JSON")
-    ex.add_argument("--verbose", action="store_true",
-                    help="show the launcher's and ranks' own output (default: only the "
-                         "runner's lines; the rest is in the attempt's log folder)")
-    exp = sub.add_parser("export", help="write a run's model + tokenizer in PaddleNLP format "
-                                        "(save_pretrained)")
+    ex.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show the launcher's and ranks' own output (default: only the "
+        "runner's lines; the rest is in the attempt's log folder)",
+    )
+
+
+def _export_args(exp: argparse.ArgumentParser) -> None:
     exp.add_argument("run_dir", type=Path, help="run directory (runs/<name> or job.output_dir)")
-    exp.add_argument("--checkpoint", default=None,
-                     help="step number of the checkpoint to export (default: the newest)")
-    exp.add_argument("--out", type=Path, default=None,
-                     help="output folder (default: RUN_DIR/export/paddlenlp)")
-    exp.add_argument("--jit", action="store_true",
-                     help="also write the paddle.jit.save inference export (RUN_DIR/export)")
-    gen = sub.add_parser("generate", help="sample text from a run's model (PaddleNLP generate)")
+    exp.add_argument(
+        "--checkpoint",
+        default=None,
+        help="step number of the checkpoint to export (default: the newest)",
+    )
+    exp.add_argument(
+        "--out", type=Path, default=None, help="output folder (default: RUN_DIR/export/paddlenlp)"
+    )
+    exp.add_argument(
+        "--jit",
+        action="store_true",
+        help="also write the paddle.jit.save inference export (RUN_DIR/export)",
+    )
+
+
+def _generate_args(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("run_dir", type=Path, help="run directory (runs/<name> or job.output_dir)")
     gen.add_argument("--prompt", required=True, help="text to continue")
-    gen.add_argument("--checkpoint", default=None,
-                     help="step number of a checkpoint (default: the end-of-run export, else "
-                          "the newest checkpoint)")
+    gen.add_argument(
+        "--checkpoint",
+        default=None,
+        help="step number of a checkpoint (default: the end-of-run export, else "
+        "the newest checkpoint)",
+    )
     gen.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate")
-    gen.add_argument("--min-new-tokens", type=int, default=0,
-                     help="generate at least this many tokens before <eod> may end the sample")
+    gen.add_argument(
+        "--min-new-tokens",
+        type=int,
+        default=0,
+        help="generate at least this many tokens before <eod> may end the sample",
+    )
     gen.add_argument("--top-k", type=int, default=8, help="sample from the k likeliest tokens")
     gen.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     gen.add_argument("--seed", type=int, default=0, help="random seed of the sampling")
     gen.add_argument("--json", action="store_true", help="print the sample as JSON")
-    return parser
 
 
 def main(argv: list[str] | None = None, *, started_at: float | None = None) -> int:
@@ -96,8 +149,11 @@ def main(argv: list[str] | None = None, *, started_at: float | None = None) -> i
 def _main(argv: list[str] | None, started_at: float) -> int:
     args = build_parser().parse_args(argv)
     quiet_third_party_warnings()
-    commands = {"execute": lambda a: execute(a, started_at), "export": cmd_export,
-                "generate": cmd_generate}
+    commands = {
+        "execute": lambda a: execute(a, started_at),
+        "export": cmd_export,
+        "generate": cmd_generate,
+    }
     try:
         return commands[args.command](args)
     except UserError as exc:
@@ -106,8 +162,11 @@ def _main(argv: list[str] | None, started_at: float) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_status
     except signals.Terminated as exc:
-        print(f"stopped by {exc}; nothing since the last checkpoint was lost (run the same "
-              "command again to resume)", file=sys.stderr)
+        print(
+            f"stopped by {exc}; nothing since the last checkpoint was lost (run the same "
+            "command again to resume)",
+            file=sys.stderr,
+        )
         return signals.EXIT_SIGNALLED
 
 
@@ -115,17 +174,23 @@ def apply_overrides(plan: Plan, args) -> Plan:
     if args.max_steps is not None:
         if args.max_steps < 1:
             raise PlanError(f"{args.max_steps} must be >= 1", key="--max-steps")
-        t = dataclasses.replace(plan.training, max_steps=args.max_steps,
-                                warmup_steps=min(plan.training.warmup_steps, args.max_steps))
+        t = dataclasses.replace(
+            plan.training,
+            max_steps=args.max_steps,
+            warmup_steps=min(plan.training.warmup_steps, args.max_steps),
+        )
         job = dataclasses.replace(plan.job, target_tokens=0)
         plan = dataclasses.replace(plan, training=t, job=job)
     if args.output_dir is not None:
-        plan = dataclasses.replace(plan, job=dataclasses.replace(plan.job,
-                                                                 output_dir=args.output_dir))
+        plan = dataclasses.replace(
+            plan, job=dataclasses.replace(plan.job, output_dir=args.output_dir)
+        )
     if args.node_rank is not None and not 0 <= args.node_rank < plan.parallel.nnodes:
-        raise PlanError(f"{args.node_rank} is not a node of this plan; allowed: 0 to "
-                        f"{plan.parallel.nnodes - 1} (parallel.nnodes = {plan.parallel.nnodes})",
-                        key="--node-rank")
+        raise PlanError(
+            f"{args.node_rank} is not a node of this plan; allowed: 0 to "
+            f"{plan.parallel.nnodes - 1} (parallel.nnodes = {plan.parallel.nnodes})",
+            key="--node-rank",
+        )
     return plan
 
 
@@ -135,12 +200,12 @@ def rehearsal_dir(plan: Plan, original: Plan, args) -> Plan:
     stay resumable."""
     if args.output_dir is not None or plan.fingerprint() == original.fingerprint():
         return plan
-    tags = (["local"] if args.local else []) + \
-        ([f"max_steps_{args.max_steps}"] if args.max_steps is not None else [])
+    tags = (["local"] if args.local else []) + (
+        [f"max_steps_{args.max_steps}"] if args.max_steps is not None else []
+    )
     folder = original.run_dir.with_name(f"{original.run_dir.name}.{'-'.join(tags)}")
     changed = describe_differences(original.trajectory(), plan.trajectory())
-    print(f"rehearsal in {folder} (the plan's run directory stays untouched); "
-          f"changed: {changed}")
+    print(f"rehearsal in {folder} (the plan's run directory stays untouched); changed: {changed}")
     return dataclasses.replace(plan, job=dataclasses.replace(plan.job, output_dir=str(folder)))
 
 
@@ -160,32 +225,43 @@ def check_paths(plan: Plan, plan_file: Path) -> None:
             raise PlanError(problem, file=str(plan_file), key=key)
 
 
-def check_resume(plan: Plan, run_dir: Path, plan_file: Path, *,
-                 repair: bool) -> tuple[Path | None, dict | None]:
+def check_resume(
+    plan: Plan, run_dir: Path, plan_file: Path, *, repair: bool
+) -> tuple[Path | None, dict | None]:
     """The newest checkpoint that verifies and its state, if it belongs to this plan. With
     `repair`, damaged newer ones are moved aside (one line each); a dry run only reports."""
     root = run_dir / "checkpoints"
     if repair:
         latest = ckpt.resume_point(root)
     else:
-        latest = next((f for _, f in reversed(ckpt.complete_checkpoints(root))
-                       if ckpt.verify(f) is None), None)
+        latest = next(
+            (f for _, f in reversed(ckpt.complete_checkpoints(root)) if ckpt.verify(f) is None),
+            None,
+        )
     if latest is None:
         return None, None
     state = ckpt.read_state(latest)
     if state.get("plan_fingerprint") != plan.fingerprint():
         old = state.get("trajectory")
-        what = describe_differences(old, plan.trajectory()) if isinstance(old, dict) else \
-            "model, data, schedule or batch settings"
-        raise PlanError(f"{latest} was written by a different plan (changed: {what}); rerun "
-                        "with --fresh to start over (the old run is kept, renamed), or set "
-                        "job.output_dir", file=str(plan_file), key="job.output_dir")
+        what = (
+            describe_differences(old, plan.trajectory())
+            if isinstance(old, dict)
+            else "model, data, schedule or batch settings"
+        )
+        raise PlanError(
+            f"{latest} was written by a different plan (changed: {what}); rerun "
+            "with --fresh to start over (the old run is kept, renamed), or set "
+            "job.output_dir",
+            file=str(plan_file),
+            key="job.output_dir",
+        )
     return latest, state
 
 
 @dataclasses.dataclass
 class Execution:
     """What `runner execute` learns, each fact once, handed from step to step."""
+
     args: argparse.Namespace
     plan: Plan
     pinned: frozenset
@@ -195,7 +271,7 @@ class Execution:
     created_run_dir: bool = False
     billing: Billing | None = None
     latest: Path | None = None  # newest verified checkpoint of this plan
-    state: dict | None = None   # its state.json, read once
+    state: dict | None = None  # its state.json, read once
     data: object | None = None
     log_dir: Path | None = None
     commands: list = dataclasses.field(default_factory=list)
@@ -227,8 +303,8 @@ def execute(args, started_at: float | None = None) -> int:
     if args.dry_run:
         return dry_run_steps(ex)
     try:
-        take_run_dir(ex)          # lock, leftovers, --fresh, damaged run files moved aside
-        read_resume_state(ex)     # newest verified checkpoint and the bill, each read once
+        take_run_dir(ex)  # lock, leftovers, --fresh, damaged run files moved aside
+        read_resume_state(ex)  # newest verified checkpoint and the bill, each read once
         if ex.step >= ex.plan.training.max_steps:
             return finished_run(ex)  # report, and an export that did not happen yet
         spent = check_budget(ex)  # refuses (exit 2) a run that cannot buy one step
@@ -236,8 +312,8 @@ def execute(args, started_at: float | None = None) -> int:
             print(spent)
             return 0
         with billed_attempt(ex):  # the attempt's record and heartbeat, closed at exit
-            prepare(ex)           # data, launch commands
-            write_run_files(ex)   # effective plan, tokenizer
+            prepare(ex)  # data, launch commands
+            write_run_files(ex)  # effective plan, tokenizer
             outcome = launch(ex)  # in this process or launched ranks
             return conclude(ex, outcome)  # diagnose, bill, report, export
     except UserError:
@@ -254,8 +330,9 @@ def preflight(args, started_at: float) -> Execution:
     from runner.overrides import load_plan_with
 
     if args.memory_limit_gb is not None and not 0 < args.memory_limit_gb < float("inf"):
-        raise PlanError(f"{args.memory_limit_gb} must be a positive number of GB",
-                        key="--memory-limit-gb")
+        raise PlanError(
+            f"{args.memory_limit_gb} must be a positive number of GB", key="--memory-limit-gb"
+        )
     original, pinned = load_plan_with(args.plan, args.set)  # --set makes the user's plan
     plan = apply_overrides(original, args)
     if args.local:
@@ -278,8 +355,12 @@ def rehearse_locally(plan: Plan, args, pinned) -> Plan:
     from runner.rehearsal import describe, localize, rehearse
 
     plan, changes = localize(plan)
-    rehearsal = rehearse(plan, max_steps_given=args.max_steps is not None,
-                         limit_gb=args.memory_limit_gb, pinned=pinned)
+    rehearsal = rehearse(
+        plan,
+        max_steps_given=args.max_steps is not None,
+        limit_gb=args.memory_limit_gb,
+        pinned=pinned,
+    )
     print("--local: rehearsing on this machine; changed:")
     for change in [*changes, *rehearsal.changes] or ["nothing"]:
         print(f"  {change}")
@@ -295,9 +376,11 @@ def check_cluster(plan: Plan, args) -> None:
     print_cluster_commands(plan, args)
     check_hardware(plan, node_rank=args.node_rank)
     if plan.parallel.nnodes > 1 and not (args.master or plan.parallel.master):
-        raise PlanError(f"the plan spans {plan.parallel.nnodes} nodes; give every node the "
-                        "same --master HOST:PORT of node 0 (or set parallel.master)",
-                        key="--master")
+        raise PlanError(
+            f"the plan spans {plan.parallel.nnodes} nodes; give every node the "
+            "same --master HOST:PORT of node 0 (or set parallel.master)",
+            key="--master",
+        )
 
 
 def take_run_dir(ex: Execution) -> None:
@@ -335,8 +418,11 @@ def read_resume_state(ex: Execution) -> None:
 def drop_new_run_dir(ex: Execution) -> None:
     """Bad input leaves nothing behind: a run directory this runner created and that holds
     only its lock is removed again."""
-    if ex.created_run_dir and ex.lock is not None and \
-            all(p.name == "runner.lock" for p in ex.run_dir.iterdir()):
+    if (
+        ex.created_run_dir
+        and ex.lock is not None
+        and all(p.name == "runner.lock" for p in ex.run_dir.iterdir())
+    ):
         ex.lock.release()
         ex.lock = None
         shutil.rmtree(ex.run_dir, ignore_errors=True)
@@ -356,22 +442,28 @@ def check_budget(ex: Execution) -> str | None:
     b, cur = plan.budget, plan.hardware.currency
     if not billing.attempts:
         key = crossed[0]
-        limit = f"{b.max_cost} {b.currency}" if key == "budget.max_cost" else \
-            f"{b.max_hours} h"
-        raise BudgetError(f"{limit} cannot buy one step with start-up and shutdown "
-                          f"({budget_guard.cost_of_seconds(plan, need):.6g} {cur} for "
-                          f"{need:.3g} s: {how}); raise {key}", file=str(ex.plan_file),
-                          key=key)
+        limit = f"{b.max_cost} {b.currency}" if key == "budget.max_cost" else f"{b.max_hours} h"
+        raise BudgetError(
+            f"{limit} cannot buy one step with start-up and shutdown "
+            f"({budget_guard.cost_of_seconds(plan, need):.6g} {cur} for "
+            f"{need:.3g} s: {how}); raise {key}",
+            file=str(ex.plan_file),
+            key=key,
+        )
     limits = []
     if "budget.max_cost" in crossed:
-        limits.append(f"billed {budget_guard.cost_of_seconds(plan, billed):.4f} {cur} of "
-                      f"budget.max_cost {b.max_cost} {b.currency}")
+        limits.append(
+            f"billed {budget_guard.cost_of_seconds(plan, billed):.4f} {cur} of "
+            f"budget.max_cost {b.max_cost} {b.currency}"
+        )
     if "budget.max_hours" in crossed:
         limits.append(f"billed {billed / 3600:.4f} h of budget.max_hours {b.max_hours} h")
-    return (f"budget spent: {' and '.join(limits)} (measured); another step with start-up, "
-            f"checkpoint and shutdown needs ~{need:.1f} s more ({how}); trained {ex.step} of "
-            f"{plan.training.max_steps} steps (checkpoint at step {ex.step}); raise the limit "
-            "to continue")
+    return (
+        f"budget spent: {' and '.join(limits)} (measured); another step with start-up, "
+        f"checkpoint and shutdown needs ~{need:.1f} s more ({how}); trained {ex.step} of "
+        f"{plan.training.max_steps} steps (checkpoint at step {ex.step}); raise the limit "
+        "to continue"
+    )
 
 
 @contextlib.contextmanager
@@ -383,8 +475,9 @@ def billed_attempt(ex: Execution):
         yield
         return
     ex.attempt_start = ex.billing.open_attempt(ex.started_at)
-    ex.deadline = budget_guard.deadline(ex.plan, billed_s=ex.billing.previous_seconds(),
-                                        attempt_start=ex.attempt_start)
+    ex.deadline = budget_guard.deadline(
+        ex.plan, billed_s=ex.billing.previous_seconds(), attempt_start=ex.attempt_start
+    )
     heartbeat = Heartbeat(ex.billing).start()
     try:
         yield
@@ -400,32 +493,47 @@ def prepare(ex: Execution) -> None:
 
     plan = ex.plan
     ex.data = data = prepare_data(plan)
-    print(f"data: {data.num_tokens:,} tokens ({data.meta['num_documents']:,} documents, "
-          f"{data.meta['tokens_per_character']:.3f} tokens/char, measured) in {data.path}")
+    print(
+        f"data: {data.num_tokens:,} tokens ({data.meta['num_documents']:,} documents, "
+        f"{data.meta['tokens_per_character']:.3f} tokens/char, measured) in {data.path}"
+    )
     args = ex.args
-    ex.corpus_problem = check_before_launch(ex.original or plan, data.num_tokens,
-                                            plan_file=args.plan,
-                                            rehearsal=args.local or args.max_steps is not None,
-                                            dry_run=args.dry_run)
+    ex.corpus_problem = check_before_launch(
+        ex.original or plan,
+        data.num_tokens,
+        plan_file=args.plan,
+        rehearsal=args.local or args.max_steps is not None,
+        dry_run=args.dry_run,
+    )
     if not plan.training.packing:
         from runner.prepare import truncation_loss
 
         lost = truncation_loss(data, plan.training.seq_len)
         if lost > 0:
-            print(f"truncation: training.packing = false cuts documents to seq_len + 1 = "
-                  f"{plan.training.seq_len + 1} tokens: {lost:.1%} of the corpus tokens are "
-                  "never trained on (measured); packing loses none")
+            print(
+                f"truncation: training.packing = false cuts documents to seq_len + 1 = "
+                f"{plan.training.seq_len + 1} tokens: {lost:.1%} of the corpus tokens are "
+                "never trained on (measured); packing loses none"
+            )
     ex.log_dir = attempt_log_dir(ex)
-    ex.commands = launch_commands(plan, plan_path=ex.run_dir / "plan.toml", data_dir=data.path,
-                                  run_dir=ex.run_dir, log_dir=ex.log_dir,
-                                  master=ex.args.master)
+    ex.commands = launch_commands(
+        plan,
+        plan_path=ex.run_dir / "plan.toml",
+        data_dir=data.path,
+        run_dir=ex.run_dir,
+        log_dir=ex.log_dir,
+        master=ex.args.master,
+    )
 
 
 def write_run_files(ex: Execution) -> None:
     if ex.latest is not None:
         print(f"resuming from {ex.latest} (step {ex.step})")
-    write_plan(ex.plan, ex.run_dir / "plan.toml",
-               header=f"# effective plan of this run (from {ex.plan_file})\n")
+    write_plan(
+        ex.plan,
+        ex.run_dir / "plan.toml",
+        header=f"# effective plan of this run (from {ex.plan_file})\n",
+    )
     if ex.node_rank == 0:  # global rank 0 (on node 0) is the one that writes checkpoints
         from runner.export import save_run_tokenizer
 
@@ -435,6 +543,7 @@ def write_run_files(ex: Execution) -> None:
 @dataclasses.dataclass
 class Outcome:
     """How the training group of this attempt ended."""
+
     rc: int
     group: object | None = None  # runner.launch.GroupResult of launched ranks
     oom_kills_before: int = 0
@@ -469,10 +578,12 @@ def conclude(ex: Execution, outcome: Outcome) -> int:
         ex.billing.note(shutdown_s=max(0.0, time.time() - result["loop_ended_at"]))
     status = report(ex, result)
     if result["stop_reason"] == STOP_DISK:
-        print(f"error: stopped for lack of disk space in {ex.run_dir / 'checkpoints'} (a "
-              f"checkpoint needs ~{result.get('checkpoint_bytes', 0):,} bytes); checkpoint of "
-              f"step {result['last_checkpoint_step']} kept; free space and rerun",
-              file=sys.stderr)
+        print(
+            f"error: stopped for lack of disk space in {ex.run_dir / 'checkpoints'} (a "
+            f"checkpoint needs ~{result.get('checkpoint_bytes', 0):,} bytes); checkpoint of "
+            f"step {result['last_checkpoint_step']} kept; free space and rerun",
+            file=sys.stderr,
+        )
         return 1
     if result["finished"]:
         export(ex)
@@ -485,13 +596,17 @@ def explain_failure(ex: Execution, outcome: Outcome) -> int:
     rank died, how and why (runner.failure)."""
     group = outcome.group
     if group is not None and group.deadline_hit:
-        print(f"budget spent during start-up (the ranks had not begun a step): billed "
-              f"{ex.billing.total_seconds():.1f} s; trained nothing more; raise the limit to "
-              "continue")
+        print(
+            f"budget spent during start-up (the ranks had not begun a step): billed "
+            f"{ex.billing.total_seconds():.1f} s; trained nothing more; raise the limit to "
+            "continue"
+        )
         return 0
     if group is not None and group.forwarded_signals:
-        print("stopped by a termination signal before the first step; nothing to save",
-              file=sys.stderr)
+        print(
+            "stopped by a termination signal before the first step; nothing to save",
+            file=sys.stderr,
+        )
         return signals.EXIT_SIGNALLED
     line = rank_error_line(ex.log_dir)
     if line:
@@ -500,10 +615,16 @@ def explain_failure(ex: Execution, outcome: Outcome) -> int:
     from runner.failure import diagnose, render
     from runner.supervise import machine_memory_bytes, oom_kills
 
-    failure = diagnose(plan=ex.plan, status_dir=ex.log_dir / "ranks", log_dir=ex.log_dir,
-                       launcher_rc=outcome.rc, oom_kills_before=outcome.oom_kills_before,
-                       oom_kills_after=oom_kills(), machine_bytes=machine_memory_bytes(),
-                       local=ex.args.local)
+    failure = diagnose(
+        plan=ex.plan,
+        status_dir=ex.log_dir / "ranks",
+        log_dir=ex.log_dir,
+        launcher_rc=outcome.rc,
+        oom_kills_before=outcome.oom_kills_before,
+        oom_kills_after=oom_kills(),
+        machine_bytes=machine_memory_bytes(),
+        local=ex.args.local,
+    )
     print(render(failure, ex.log_dir), file=sys.stderr)
     return 1
 
@@ -529,8 +650,7 @@ def export(ex: Execution, *, only_if_missing: bool = False) -> None:
     if only_if_missing and done:
         return
     path = export_pretrained(ex.plan, ex.run_dir)
-    retried = " (retried: the export after training had not happened)" if only_if_missing \
-        else ""
+    retried = " (retried: the export after training had not happened)" if only_if_missing else ""
     print(f"model + tokenizer in PaddleNLP format: {path}{retried}")
     if ex.args.export:
         print(f"exported for inference (paddle.jit.save): {export_model(ex.plan, ex.run_dir)}")
@@ -541,8 +661,9 @@ def rank_error_line(log_dir: Path) -> str | None:
     why it ended."""
     for log in sorted(Path(log_dir).glob("workerlog.*")):
         for line in log.read_text(errors="replace").splitlines():
-            if line.startswith("error: ") and ("no space left" in line or
-                                               "is not writable" in line):
+            if line.startswith("error: ") and (
+                "no space left" in line or "is not writable" in line
+            ):
                 return line
     return None
 
@@ -566,8 +687,11 @@ def dry_run_steps(ex: Execution) -> int:
 def _run_plan(run_dir: Path) -> Plan:
     plan_file = Path(run_dir) / "plan.toml"
     if not plan_file.is_file():
-        raise UserError(f"{plan_file} is missing: {run_dir} is not a run directory (it holds "
-                        "the effective plan.toml of a run)", key="RUN_DIR")
+        raise UserError(
+            f"{plan_file} is missing: {run_dir} is not a run directory (it holds "
+            "the effective plan.toml of a run)",
+            key="RUN_DIR",
+        )
     return load_plan(plan_file)
 
 
@@ -585,23 +709,33 @@ def cmd_export(args) -> int:
 def cmd_generate(args) -> int:
     from runner.export import generate
 
-    for key, value, low in (("--max-new-tokens", args.max_new_tokens, 1),
-                            ("--top-k", args.top_k, 1),
-                            ("--min-new-tokens", args.min_new_tokens, 0)):
+    for key, value, low in (
+        ("--max-new-tokens", args.max_new_tokens, 1),
+        ("--top-k", args.top_k, 1),
+        ("--min-new-tokens", args.min_new_tokens, 0),
+    ):
         if value < low:
             raise UserError(f"{value} must be >= {low}", key=key)
     if not args.temperature > 0:
         raise UserError(f"{args.temperature} must be > 0", key="--temperature")
     _run_plan(args.run_dir)
-    sample = generate(args.run_dir, prompt=args.prompt, checkpoint=args.checkpoint,
-                      max_new_tokens=args.max_new_tokens,
-                      min_new_tokens=args.min_new_tokens, top_k=args.top_k,
-                      temperature=args.temperature, seed=args.seed)
+    sample = generate(
+        args.run_dir,
+        prompt=args.prompt,
+        checkpoint=args.checkpoint,
+        max_new_tokens=args.max_new_tokens,
+        min_new_tokens=args.min_new_tokens,
+        top_k=args.top_k,
+        temperature=args.temperature,
+        seed=args.seed,
+    )
     if args.json:
         print(json.dumps(sample, ensure_ascii=False, indent=1))
     else:
-        print(f"sample from {sample['source']} (top-{sample['top_k']} sampling, seed "
-              f"{sample['seed']}, {sample['new_tokens']} new tokens):")
+        print(
+            f"sample from {sample['source']} (top-{sample['top_k']} sampling, seed "
+            f"{sample['seed']}, {sample['new_tokens']} new tokens):"
+        )
         print(f"  {sample['prompt']}[{sample['continuation']}]")
     return 0
 
@@ -611,14 +745,19 @@ def check_node_args(plan: Plan, args) -> int:
     nnodes = plan.parallel.nnodes
     node_rank = args.node_rank if args.node_rank is not None else 0
     if not 0 <= node_rank < nnodes:
-        raise PlanError(f"{node_rank} is not a node of this plan; allowed: 0..{nnodes - 1} "
-                        f"(parallel.nnodes = {nnodes})", key="--node-rank")
+        raise PlanError(
+            f"{node_rank} is not a node of this plan; allowed: 0..{nnodes - 1} "
+            f"(parallel.nnodes = {nnodes})",
+            key="--node-rank",
+        )
     master = args.master or plan.parallel.master
     if master:
         host, _, port = master.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise PlanError(f"{master!r} is not host:port (e.g. 10.0.0.1:8090)",
-                            key="--master" if args.master else "parallel.master")
+            raise PlanError(
+                f"{master!r} is not host:port (e.g. 10.0.0.1:8090)",
+                key="--master" if args.master else "parallel.master",
+            )
     return node_rank
 
 
@@ -645,8 +784,9 @@ def run_launched(ex: Execution, command):
 
     log_dir, node_rank = ex.log_dir, ex.node_rank
     log_dir.mkdir(parents=True, exist_ok=True)
-    group_file = ex.run_dir / ("launcher.json" if node_rank == 0 else
-                               f"launcher.node{node_rank:02d}.json")
+    group_file = ex.run_dir / (
+        "launcher.json" if node_rank == 0 else f"launcher.node{node_rank:02d}.json"
+    )
     console_file = log_dir / "console.log"
     command = dataclasses.replace(command, env=command.env | {CONSOLE_ENV: str(console_file)})
     if ex.args.verbose:
@@ -654,8 +794,9 @@ def run_launched(ex: Execution, command):
     print(f"launcher and rank logs: {log_dir} (--verbose shows them here)", flush=True)
     console_file.touch()
     with Follower(console_file):
-        return run_group(command, log_file=log_dir / "launcher.log", group_file=group_file,
-                         deadline=ex.deadline)
+        return run_group(
+            command, log_file=log_dir / "launcher.log", group_file=group_file, deadline=ex.deadline
+        )
 
 
 def finish_other_node(ex: Execution, rc: int) -> int:
@@ -665,16 +806,20 @@ def finish_other_node(ex: Execution, rc: int) -> int:
 
     node_rank = ex.node_rank
     path = node_result_file(ex.run_dir, node_rank)
-    result = read_json(path) if path.exists() and \
-        path.stat().st_mtime >= ex.attempt_start else None
+    result = read_json(path) if path.exists() and path.stat().st_mtime >= ex.attempt_start else None
     if result is None:
-        print(f"node {node_rank}: training failed (exit {rc}); last lines of the rank logs:\n"
-              f"{last_log_lines(ex.log_dir)}", file=sys.stderr)
+        print(
+            f"node {node_rank}: training failed (exit {rc}); last lines of the rank logs:\n"
+            f"{last_log_lines(ex.log_dir)}",
+            file=sys.stderr,
+        )
         return 1
     status = "finished" if result["finished"] else f"stopped: {result['stop_reason']}"
-    print(f"node {node_rank}: {status} after {result['completed_steps']}/"
-          f"{result['max_steps']} steps; metrics, checkpoints, billing and the report are "
-          f"written by node 0 (into {ex.run_dir} on node 0)")
+    print(
+        f"node {node_rank}: {status} after {result['completed_steps']}/"
+        f"{result['max_steps']} steps; metrics, checkpoints, billing and the report are "
+        f"written by node 0 (into {ex.run_dir} on node 0)"
+    )
     interrupted = not result["finished"] and result["stop_reason"] == STOP_SIGNAL
     return signals.EXIT_SIGNALLED if interrupted else 0
 
@@ -700,11 +845,15 @@ def print_cluster_commands(plan: Plan, args) -> None:
     """What to type on each node of the planned cluster."""
     p = plan.parallel
     if p.nnodes == 1:
-        print(f"on the planned machine ({p.nproc_per_node} x {plan.hardware.device}, "
-              f"{plan.hardware.profile}): runner execute {args.plan}")
+        print(
+            f"on the planned machine ({p.nproc_per_node} x {plan.hardware.device}, "
+            f"{plan.hardware.profile}): runner execute {args.plan}"
+        )
         return
-    print(f"on each of the {p.nnodes} planned nodes ({p.nproc_per_node} x "
-          f"{plan.hardware.device} each, {plan.hardware.profile}):")
+    print(
+        f"on each of the {p.nnodes} planned nodes ({p.nproc_per_node} x "
+        f"{plan.hardware.device} each, {plan.hardware.profile}):"
+    )
     master = args.master or p.master or "<NODE0_IP>:8090"
     for node in range(p.nnodes):
         print(f"  node {node}: runner execute {args.plan} --node-rank {node} --master {master}")
@@ -718,9 +867,13 @@ def check_dry_run_memory(plan: Plan, plan_file: Path) -> None:
     need = parameter_count(plan.model) * 4
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
     if need > have / 2:
-        raise PlanError(f"{parameter_count(plan.model):,} parameters need {need / 1e9:.3g} GB "
-                        f"to build for the dry run; this machine has {have / 1e9:.3g} GB free. "
-                        "Check the model.* sizes", file=str(plan_file), key="model")
+        raise PlanError(
+            f"{parameter_count(plan.model):,} parameters need {need / 1e9:.3g} GB "
+            f"to build for the dry run; this machine has {have / 1e9:.3g} GB free. "
+            "Check the model.* sizes",
+            file=str(plan_file),
+            key="model",
+        )
 
 
 def dry_run(plan: Plan, data, plan_file: Path, *, corpus_problem: str | None = None) -> int:
@@ -733,24 +886,38 @@ def dry_run(plan: Plan, data, plan_file: Path, *, corpus_problem: str | None = N
     import paddle
 
     paddle.set_device("cpu")
-    net = build_model(plan.model, dataclasses.replace(plan.parallel, tensor_parallel_degree=1,
-                                                      pipeline_parallel_degree=1,
-                                                      sequence_parallel=False),
-                      seq_len=plan.training.seq_len)
+    net = build_model(
+        plan.model,
+        dataclasses.replace(
+            plan.parallel,
+            tensor_parallel_degree=1,
+            pipeline_parallel_degree=1,
+            sequence_parallel=False,
+        ),
+        seq_len=plan.training.seq_len,
+    )
     built = sum(int(p.numel()) for p in net.parameters())
     assert built == parameter_count(plan.model), "parameter formula out of date"
     epochs = plan.training.max_steps * plan.global_batch_size / dataset.num_samples
-    print(f"model: {plan.model.family} {built:,} parameters (built), "
-          f"{training_flops_per_token(plan.model, plan.training.seq_len):.3g} FLOPs/token")
-    kernels = kernel_choice(plan.model, use_flash_attention=plan.training.use_flash_attention,
-                            precision=plan.training.precision)
-    print("kernels on this machine: " + ", ".join(
-        f"{name} {'on' if used else 'off'}" for name, used in kernels.items()))
-    print(f"samples: {dataset.num_samples:,} of {plan.training.seq_len} tokens; "
-          f"{plan.training.max_steps} steps x {plan.global_batch_size} = {epochs:.2f} epochs")
+    print(
+        f"model: {plan.model.family} {built:,} parameters (built), "
+        f"{training_flops_per_token(plan.model, plan.training.seq_len):.3g} FLOPs/token"
+    )
+    kernels = kernel_choice(
+        plan.model,
+        use_flash_attention=plan.training.use_flash_attention,
+        precision=plan.training.precision,
+    )
+    print(
+        "kernels on this machine: "
+        + ", ".join(f"{name} {'on' if used else 'off'}" for name, used in kernels.items())
+    )
+    print(
+        f"samples: {dataset.num_samples:,} of {plan.training.seq_len} tokens; "
+        f"{plan.training.max_steps} steps x {plan.global_batch_size} = {epochs:.2f} epochs"
+    )
     if corpus_problem:  # runner.corpuscheck: a full run would refuse this corpus
-        print(f"error: {plan_file}: job.corpus: {corpus_problem} (dry run FAILED)",
-              file=sys.stderr)
+        print(f"error: {plan_file}: job.corpus: {corpus_problem} (dry run FAILED)", file=sys.stderr)
         return 2
     print("dry run OK: plan, data and model are valid")
     return 0
@@ -769,8 +936,13 @@ def report(ex: Execution, result: dict | None) -> int:
     if result is None and ex.state is not None:
         from runner.runfiles import rebuild_result
 
-        result = rebuild_result(ex.plan, ex.run_dir, ex.state, billed_seconds=billed,
-                                checkpoint_bytes=ckpt.checkpoint_bytes(ex.latest))
+        result = rebuild_result(
+            ex.plan,
+            ex.run_dir,
+            ex.state,
+            billed_seconds=billed,
+            checkpoint_bytes=ckpt.checkpoint_bytes(ex.latest),
+        )
         write_text_atomic(result_file, json.dumps(result, indent=1))
         print(f"{result_file} rebuilt from {ex.latest.name} and metrics.jsonl (measured)")
     if result is None:

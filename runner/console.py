@@ -51,7 +51,7 @@ class Follower:
         self._offset = 0
         self._thread = threading.Thread(target=self._run, name="console-follower", daemon=True)
 
-    def __enter__(self) -> "Follower":
+    def __enter__(self) -> Follower:
         self._thread.start()
         return self
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from gptplan.errors import DataError
 from gptplan.plan import Plan
 
-TOLERANCE = 2.0              # found epochs may exceed the planned ones by this factor
+TOLERANCE = 2.0  # found epochs may exceed the planned ones by this factor
 UNRECORDED_MAX_EPOCHS = 16.0
 
 
@@ -50,21 +50,28 @@ def corpus_check(plan: Plan, found_tokens: int) -> str | None:
     if planned:
         declared = f", {job.corpus_bytes / 1e9:,.3g} GB" if job.corpus_bytes else ""
         sample = f" from {', '.join(job.corpus_sample)}" if job.corpus_sample else ""
-        expected = (f"the plan expects a corpus of {_tokens(job.corpus_tokens)} tokens"
-                    f"{declared} ({job.corpus_tokens_source or 'recorded'}{sample}) and "
-                    f"{_times(planned)} epochs")
+        expected = (
+            f"the plan expects a corpus of {_tokens(job.corpus_tokens)} tokens"
+            f"{declared} ({job.corpus_tokens_source or 'recorded'}{sample}) and "
+            f"{_times(planned)} epochs"
+        )
     else:
-        expected = (f"the plan records no planned corpus (job.planned_epochs), and more than "
-                    f"{UNRECORDED_MAX_EPOCHS:g} epochs add almost nothing (Muennighoff 2023)")
-    return (f"{corpus} holds {found_tokens:,} tokens (measured), so {plan.training.max_steps:,} "
-            f"steps x {plan.tokens_per_step:,} tokens would repeat it {_times(found_epochs)} "
-            f"times; {expected}. Point job.corpus at the full corpus (edit the plan, or --set "
-            "'job.corpus=[\"/data/corpus/*.txt\"]'; on SkyPilot: planner launch-file "
-            "--corpus-bucket), or rehearse with --local or --max-steps")
+        expected = (
+            f"the plan records no planned corpus (job.planned_epochs), and more than "
+            f"{UNRECORDED_MAX_EPOCHS:g} epochs add almost nothing (Muennighoff 2023)"
+        )
+    return (
+        f"{corpus} holds {found_tokens:,} tokens (measured), so {plan.training.max_steps:,} "
+        f"steps x {plan.tokens_per_step:,} tokens would repeat it {_times(found_epochs)} "
+        f"times; {expected}. Point job.corpus at the full corpus (edit the plan, or --set "
+        "'job.corpus=[\"/data/corpus/*.txt\"]'; on SkyPilot: planner launch-file "
+        "--corpus-bucket), or rehearse with --local or --max-steps"
+    )
 
 
-def check_before_launch(plan: Plan, found_tokens: int, *, plan_file: Path, rehearsal: bool,
-                        dry_run: bool, log=print) -> str | None:
+def check_before_launch(
+    plan: Plan, found_tokens: int, *, plan_file: Path, rehearsal: bool, dry_run: bool, log=print
+) -> str | None:
     """Apply `corpus_check`: raise (a full run), warn (a rehearsal), or return the problem for
     the dry run to report as its failure; None when the corpus is the planned one."""
     problem = corpus_check(plan, found_tokens)

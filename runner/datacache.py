@@ -28,9 +28,9 @@ from pathlib import Path
 from gptplan.errors import DataError
 
 FORMAT = "gptplan-tokens"
-VERSION = 3                 # 3: manifest.json with per-chunk hashes
+VERSION = 3  # 3: manifest.json with per-chunk hashes
 MANIFEST = "manifest.json"
-CHUNK_BYTES = 64 << 20      # bytes per hashed chunk (a damaged region is named to 64 MiB)
+CHUNK_BYTES = 64 << 20  # bytes per hashed chunk (a damaged region is named to 64 MiB)
 FILES = ("tokens.bin", "docs.npy", "meta.json")
 
 
@@ -74,8 +74,7 @@ def write_manifest(folder: Path) -> None:
     for name in FILES:
         size, hashes = _chunk_hashes(folder / name)
         files[name] = {"bytes": size, "xxh3_64": hashes}
-    manifest = {"format": FORMAT, "version": VERSION, "chunk_bytes": CHUNK_BYTES,
-                "files": files}
+    manifest = {"format": FORMAT, "version": VERSION, "chunk_bytes": CHUNK_BYTES, "files": files}
     with open(folder / MANIFEST, "w", encoding="utf-8") as handle:
         json.dump(manifest, handle, indent=1)
         handle.flush()
@@ -100,8 +99,10 @@ def _file_problem(path: Path, expected: dict) -> str | None:
     _, hashes = _chunk_hashes(path)
     for i, (got, want) in enumerate(zip(hashes, expected["xxh3_64"], strict=False)):
         if got != want:
-            return (f"{name} bytes {i * CHUNK_BYTES:,}..{min(size, (i + 1) * CHUNK_BYTES):,} "
-                    "differ from the manifest's hash")
+            return (
+                f"{name} bytes {i * CHUNK_BYTES:,}..{min(size, (i + 1) * CHUNK_BYTES):,} "
+                "differ from the manifest's hash"
+            )
     if len(hashes) != len(expected["xxh3_64"]):
         return f"{name} has another number of chunks than the manifest lists"
     return None
@@ -112,9 +113,16 @@ def verify(folder: Path) -> str | None:
     folder = Path(folder)
     manifest = _read_json(folder / MANIFEST) or {}
     files = manifest.get("files")
-    if not (isinstance(files, dict) and manifest.get("chunk_bytes") == CHUNK_BYTES and
-            all(isinstance(files.get(n), dict) and isinstance(files[n].get("bytes"), int) and
-                isinstance(files[n].get("xxh3_64"), list) for n in FILES)):
+    if not (
+        isinstance(files, dict)
+        and manifest.get("chunk_bytes") == CHUNK_BYTES
+        and all(
+            isinstance(files.get(n), dict)
+            and isinstance(files[n].get("bytes"), int)
+            and isinstance(files[n].get("xxh3_64"), list)
+            for n in FILES
+        )
+    ):
         return f"{MANIFEST} is missing or unreadable"
     for name in FILES:
         problem = _file_problem(folder / name, files[name])
@@ -135,9 +143,14 @@ def content_key(folder: Path) -> int:
     folder = Path(folder)
     meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
     files = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["files"]
-    blob = json.dumps([[meta.get(k) for k in ("num_tokens", "num_documents", "vocab_size",
-                                              "eod_id", "dtype")],
-                       files["tokens.bin"], files["docs.npy"]], sort_keys=True)
+    blob = json.dumps(
+        [
+            [meta.get(k) for k in ("num_tokens", "num_documents", "vocab_size", "eod_id", "dtype")],
+            files["tokens.bin"],
+            files["docs.npy"],
+        ],
+        sort_keys=True,
+    )
     return int(hashlib.sha256(blob.encode()).hexdigest()[:15], 16)
 
 
@@ -146,9 +159,13 @@ def open_prepared(path: str | Path) -> PreparedData:
     path = Path(path)
     meta = _read_json(path / "meta.json")
     if meta is None:
-        raise DataError(f"{path} holds no readable prepared data (meta.json missing or "
-                        "damaged); run 'runner execute' again to prepare it")
+        raise DataError(
+            f"{path} holds no readable prepared data (meta.json missing or "
+            "damaged); run 'runner execute' again to prepare it"
+        )
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-        raise DataError(f"{path}: data format {meta.get('format')} v{meta.get('version')} is "
-                        f"not {FORMAT} v{VERSION}; run 'runner execute' again to prepare it")
+        raise DataError(
+            f"{path}: data format {meta.get('format')} v{meta.get('version')} is "
+            f"not {FORMAT} v{VERSION}; run 'runner execute' again to prepare it"
+        )
     return PreparedData(path, meta)

@@ -16,11 +16,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from gptplan.errors import UserError
+from gptplan.plan import Plan
 from runner import checkpoint as ckpt
 from runner.console import quiet_paddlenlp
-from gptplan.errors import UserError
 from runner.model import build_model
-from gptplan.plan import Plan
 
 TOKENIZER_DIR = "tokenizer"
 PRETRAINED_DIR = Path("export") / "paddlenlp"
@@ -47,8 +47,9 @@ def save_run_tokenizer(plan: Plan, meta: dict, run_dir: Path) -> Path:
     if (out / "tokenizer_config.json").exists():
         return out
     model_file = meta.get("tokenizer_model") or None
-    tok = load_tokenizer(plan.job.tokenizer, model_file=Path(model_file) if model_file
-                         else None).tokenizer
+    tok = load_tokenizer(
+        plan.job.tokenizer, model_file=Path(model_file) if model_file else None
+    ).tokenizer
     sp = getattr(tok, "sp", None)
     if "pad_token" not in tok.special_tokens_map and sp is not None and sp.pad_id() >= 0:
         tok.pad_token = sp.id_to_piece(sp.pad_id())  # so that a reloaded tokenizer pads
@@ -74,15 +75,19 @@ def resolve_checkpoint(run_dir: Path, checkpoint: str | None = None) -> Path:
     for step, path in found:
         if checkpoint in (str(step), path.name, str(path)):
             return path
-    raise UserError(f"{checkpoint!r} is not a complete checkpoint of this run; allowed: "
-                    f"{', '.join(str(step) for step, _ in found)} (step numbers)",
-                    key="--checkpoint")
+    raise UserError(
+        f"{checkpoint!r} is not a complete checkpoint of this run; allowed: "
+        f"{', '.join(str(step) for step, _ in found)} (step numbers)",
+        key="--checkpoint",
+    )
 
 
 def _check_exportable(plan: Plan) -> None:
     if plan.parallel.tensor_parallel_degree > 1 or plan.parallel.pipeline_parallel_degree > 1:
-        raise UserError("export of tensor/pipeline-parallel shards is not supported; merge "
-                        "the shards first", key="parallel")
+        raise UserError(
+            "export of tensor/pipeline-parallel shards is not supported; merge the shards first",
+            key="parallel",
+        )
 
 
 def load_trained_model(plan: Plan, checkpoint: Path):
@@ -96,8 +101,9 @@ def load_trained_model(plan: Plan, checkpoint: Path):
     single = dataclasses.replace(plan.parallel, recompute="none", sequence_parallel=False)
     net = build_model(plan.model, single, seq_len=plan.training.seq_len)
     state, _, _ = ckpt.load_shard(checkpoint, ckpt.ShardId())
-    net.set_state_dict({k: v.astype("float32") if hasattr(v, "astype") else v
-                        for k, v in state.items()})
+    net.set_state_dict(
+        {k: v.astype("float32") if hasattr(v, "astype") else v for k, v in state.items()}
+    )
     net.eval()
     return net
 
@@ -108,9 +114,12 @@ def load_run_tokenizer(run_dir: Path):
     quiet_paddlenlp()
     path = Path(run_dir) / TOKENIZER_DIR
     if not (path / "tokenizer_config.json").exists():
-        raise UserError(f"{path} is missing (runs started before this runner version do not "
-                        "keep their tokenizer); run `runner execute` on the plan again to "
-                        "save it", key="RUN_DIR")
+        raise UserError(
+            f"{path} is missing (runs started before this runner version do not "
+            "keep their tokenizer); run `runner execute` on the plan again to "
+            "save it",
+            key="RUN_DIR",
+        )
     from gptplan.tokenizer import _quiet_jieba
 
     _quiet_jieba()
@@ -127,8 +136,9 @@ def set_special_ids(net, tokenizer) -> None:
                 setattr(net.generation_config, f"{attr}_token_id", int(token_id))
 
 
-def export_pretrained(plan: Plan, run_dir: Path, *, checkpoint: str | None = None,
-                      out_dir: Path | None = None) -> Path:
+def export_pretrained(
+    plan: Plan, run_dir: Path, *, checkpoint: str | None = None, out_dir: Path | None = None
+) -> Path:
     """Write model + tokenizer with `save_pretrained` (PaddleNLP format); returns the folder."""
     run_dir = Path(run_dir)
     path = resolve_checkpoint(run_dir, checkpoint)
@@ -149,9 +159,18 @@ def export_pretrained(plan: Plan, run_dir: Path, *, checkpoint: str | None = Non
     return out
 
 
-def _traceable_llama_attention(query_states, config, key_states, value_states,
-                               attention_mask, output_attentions, alibi=None,
-                               sequence_parallel=False, reshard_layer=None, npu_is_casual=False):
+def _traceable_llama_attention(
+    query_states,
+    config,
+    key_states,
+    value_states,
+    attention_mask,
+    output_attentions,
+    alibi=None,
+    sequence_parallel=False,
+    reshard_layer=None,
+    npu_is_casual=False,
+):
     """PaddleNLP 2.8.1's standard (non-flash) Llama attention without its Python shape checks
     (`if attn_weights.shape != [bsz, ...]`), which the static-graph trace of a dynamic
     batch/sequence turns into bool(Tensor) and refuses. Same math: softmax(QK^T/sqrt(d) +
@@ -200,9 +219,17 @@ def export_model(plan: Plan, run_dir: Path) -> Path:
     return prefix
 
 
-def generate(run_dir: Path, *, prompt: str, checkpoint: str | None = None,
-             max_new_tokens: int = 32, min_new_tokens: int = 0, top_k: int = 8,
-             temperature: float = 1.0, seed: int = 0) -> dict:
+def generate(
+    run_dir: Path,
+    *,
+    prompt: str,
+    checkpoint: str | None = None,
+    max_new_tokens: int = 32,
+    min_new_tokens: int = 0,
+    top_k: int = 8,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> dict:
     """Sample a continuation of `prompt` with PaddleNLP's generation API.
 
     From `export/paddlenlp` (the end-of-run export) unless a checkpoint is named, in which case
@@ -242,20 +269,31 @@ def generate(run_dir: Path, *, prompt: str, checkpoint: str | None = None,
         # boolean one); a 2-D all-ones mask of the prompt goes through Llama's own path
         extra["attention_mask"] = paddle.ones([1, len(ids)], dtype="bool")
     with paddle.no_grad():
-        out, _ = net.generate(input_ids=paddle.to_tensor([ids], dtype="int64"), **extra,
-                              max_new_tokens=max_new_tokens,
-                              min_new_tokens=min(min_new_tokens, max_new_tokens),
-                              decode_strategy="sampling",
-                              top_k=top_k, temperature=temperature)
+        out, _ = net.generate(
+            input_ids=paddle.to_tensor([ids], dtype="int64"),
+            **extra,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=min(min_new_tokens, max_new_tokens),
+            decode_strategy="sampling",
+            top_k=top_k,
+            temperature=temperature,
+        )
     new_ids = [int(i) for i in out.numpy()[0].tolist()]
     eos = getattr(tokenizer, "eos_token_id", None)
     if eos is not None and eos in new_ids:
-        new_ids = new_ids[:new_ids.index(eos)]
+        new_ids = new_ids[: new_ids.index(eos)]
     if hasattr(tokenizer, "convert_ids_to_string"):  # CPM style: undoes the space pieces
         text = tokenizer.convert_ids_to_string(new_ids)
     else:
         text = tokenizer.decode(new_ids, skip_special_tokens=True)
-    return {"prompt": prompt, "continuation": text, "source": source,
-            "prompt_tokens": len(ids), "new_tokens": len(new_ids),
-            "decode_strategy": "sampling", "top_k": top_k, "temperature": temperature,
-            "seed": seed}
+    return {
+        "prompt": prompt,
+        "continuation": text,
+        "source": source,
+        "prompt_tokens": len(ids),
+        "new_tokens": len(new_ids),
+        "decode_strategy": "sampling",
+        "top_k": top_k,
+        "temperature": temperature,
+        "seed": seed,
+    }

@@ -19,22 +19,40 @@ from gptplan.memory import GB
 from gptplan.plan import Plan
 from runner.supervise import read_status
 
-OOM_TEXT = ("MemoryError", "ResourceExhausted", "std::bad_alloc", "Cannot allocate memory",
-            "out of memory")
-PEER_LOST_TEXT = ("gloo::IoException", "Connection reset by peer", "Connection closed by peer",
-                  "Broken pipe")
-_NOISE = [re.compile(p) for p in (
-    r"^\[\d{4}-\d\d-\d\d [\d:,]+\] \[\s*(INFO|WARNING|DEBUG)\]",   # paddle/paddlenlp loggers
-    r"^[IWD]\d{4} \d\d:\d\d:\d\d",                                 # glog info/warning
-    r"^=+( Modified FLAGS detected =+)?$", r"^FLAGS\(name=", r"^-{5,}",  # the FLAGS banner
-    r"^\S+\.py:\d+: \w*Warning: ", r"^\s+warnings\.warn\(",        # Python warnings
-    r"^LAUNCH (INFO|WARNING)", r"^\s*$")]
+OOM_TEXT = (
+    "MemoryError",
+    "ResourceExhausted",
+    "std::bad_alloc",
+    "Cannot allocate memory",
+    "out of memory",
+)
+PEER_LOST_TEXT = (
+    "gloo::IoException",
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+)
+_NOISE = [
+    re.compile(p)
+    for p in (
+        r"^\[\d{4}-\d\d-\d\d [\d:,]+\] \[\s*(INFO|WARNING|DEBUG)\]",  # paddle/paddlenlp loggers
+        r"^[IWD]\d{4} \d\d:\d\d:\d\d",  # glog info/warning
+        r"^=+( Modified FLAGS detected =+)?$",
+        r"^FLAGS\(name=",
+        r"^-{5,}",  # the FLAGS banner
+        r"^\S+\.py:\d+: \w*Warning: ",
+        r"^\s+warnings\.warn\(",  # Python warnings
+        r"^LAUNCH (INFO|WARNING)",
+        r"^\s*$",
+    )
+]
 
 
 @dataclass(frozen=True)
 class Failure:
     """One run's failure, as data; `line` is what the console shows."""
-    cause: str                # memory_limit | oom_killer | oom_error | signal | exit | unknown
+
+    cause: str  # memory_limit | oom_killer | oom_error | signal | exit | unknown
     rank: int | None
     exit_code: int | None
     signal: str | None
@@ -93,18 +111,26 @@ def _fix(plan: Plan, local: bool, peak: float, limit: float) -> str:
     return f"try --local with a smaller micro-batch or --set {setting}"
 
 
-def diagnose(*, plan: Plan, status_dir: Path, log_dir: Path, launcher_rc: int | None,
-             oom_kills_before: int, oom_kills_after: int, machine_bytes: int,
-             local: bool) -> Failure:
+def diagnose(
+    *,
+    plan: Plan,
+    status_dir: Path,
+    log_dir: Path,
+    launcher_rc: int | None,
+    oom_kills_before: int,
+    oom_kills_after: int,
+    machine_bytes: int,
+    local: bool,
+) -> Failure:
     """Classify the failure of one attempt (see the module doc)."""
     records = read_status(status_dir)
     culprit = _culprit(records, log_dir)
     if culprit is None:
         tail = _tail(log_dir, None)
-        line = (f"training failed (launcher exit {launcher_rc}) before any rank reported; "
-                f"see {log_dir}")
-        return Failure("unknown", None, launcher_rc, None, 0, 0, machine_bytes, line,
-                       tuple(tail))
+        line = (
+            f"training failed (launcher exit {launcher_rc}) before any rank reported; see {log_dir}"
+        )
+        return Failure("unknown", None, launcher_rc, None, 0, 0, machine_bytes, line, tuple(tail))
     rank, code = culprit["rank"], culprit["exit_code"]
     sig = culprit.get("signal")
     peak = max(culprit.get("peak_rss_bytes") or 0, culprit.get("killed_at_rss_bytes") or 0)
@@ -114,26 +140,36 @@ def diagnose(*, plan: Plan, status_dir: Path, log_dir: Path, launcher_rc: int | 
     fix = _fix(plan, local, peak, limit)
     if culprit.get("killed_for_memory"):
         cause = "memory_limit"
-        line = (f"out of memory: rank {rank} reached {_gb(peak)} GB of its {_gb(limit)} GB "
-                f"limit ({_gb(machine_bytes)} GB machine; peak RSS, measured), so the runner "
-                f"ended it ({how}); {fix}")
+        line = (
+            f"out of memory: rank {rank} reached {_gb(peak)} GB of its {_gb(limit)} GB "
+            f"limit ({_gb(machine_bytes)} GB machine; peak RSS, measured), so the runner "
+            f"ended it ({how}); {fix}"
+        )
     elif sig == "SIGKILL" and oom_kills_after > oom_kills_before >= 0:
         cause = "oom_killer"
-        line = (f"out of memory: rank {rank} reached {_gb(peak)} GB (peak RSS, measured) of "
-                f"{_gb(machine_bytes)} GB and the kernel's OOM killer ended it ({how}); {fix}")
+        line = (
+            f"out of memory: rank {rank} reached {_gb(peak)} GB (peak RSS, measured) of "
+            f"{_gb(machine_bytes)} GB and the kernel's OOM killer ended it ({how}); {fix}"
+        )
     elif any(word in "\n".join(tail) for word in OOM_TEXT):
         cause = "oom_error"
-        line = (f"out of memory: rank {rank} could not allocate memory at {_gb(peak)} GB "
-                f"(peak RSS, measured) of {_gb(machine_bytes)} GB ({how}); {fix}")
+        line = (
+            f"out of memory: rank {rank} could not allocate memory at {_gb(peak)} GB "
+            f"(peak RSS, measured) of {_gb(machine_bytes)} GB ({how}); {fix}"
+        )
     elif sig:
         cause = "signal"
-        line = (f"rank {rank} was killed by {sig} (exit {code}) at {_gb(peak)} GB (peak "
-                f"RSS, measured) of {_gb(machine_bytes)} GB, not by this runner nor the kernel's OOM "
-                "killer; rerun the same command to resume from the last checkpoint")
+        line = (
+            f"rank {rank} was killed by {sig} (exit {code}) at {_gb(peak)} GB (peak "
+            f"RSS, measured) of {_gb(machine_bytes)} GB, not by this runner nor the kernel's OOM "
+            "killer; rerun the same command to resume from the last checkpoint"
+        )
     else:
         cause = "exit"
-        line = (f"rank {rank} failed with exit code {code} at {_gb(peak)} GB (peak RSS, "
-                f"measured) of {_gb(machine_bytes)} GB; its last log lines follow")
+        line = (
+            f"rank {rank} failed with exit code {code} at {_gb(peak)} GB (peak RSS, "
+            f"measured) of {_gb(machine_bytes)} GB; its last log lines follow"
+        )
     return Failure(cause, rank, code, sig, peak, limit, machine_bytes, line, tuple(tail))
 
 
@@ -151,7 +187,8 @@ def render(failure: Failure, log_dir: Path) -> str:
     lines = [failure.line]
     if failure.log_tail:
         where = f"workerlog.{failure.rank}" if failure.rank is not None else "rank logs"
-        lines.append(f"last lines of {Path(log_dir) / where} (Paddle banners and warnings "
-                     "left out):")
+        lines.append(
+            f"last lines of {Path(log_dir) / where} (Paddle banners and warnings left out):"
+        )
         lines += [f"  {line}" for line in failure.log_tail]
     return "\n".join(lines)

@@ -26,13 +26,19 @@ from runner.supervise import STATUS_DIR_ENV, signal_supervised_ranks
 @dataclasses.dataclass
 class GroupResult:
     """How a launched group ended."""
+
     rc: int = 0
     forwarded_signals: list[int] = dataclasses.field(default_factory=list)  # passed on to it
     deadline_hit: float | None = None  # when it was killed at the budget deadline
 
 
-def run_group(command: LaunchCommand, *, log_file: Path | None = None,
-              group_file: Path | None = None, deadline: float | None = None) -> GroupResult:
+def run_group(
+    command: LaunchCommand,
+    *,
+    log_file: Path | None = None,
+    group_file: Path | None = None,
+    deadline: float | None = None,
+) -> GroupResult:
     """Run one launch command in its own process group; pass on SIGTERM/SIGINT.
 
     `group_file` records the group id so operators (and tests) can end exactly this group.
@@ -64,8 +70,9 @@ def run_group(command: LaunchCommand, *, log_file: Path | None = None,
             except ProcessLookupError:
                 pass
         if status_dir:
-            told.update(signal_supervised_ranks(Path(status_dir), signal.SIGTERM,
-                                                since=started, skip=told))
+            told.update(
+                signal_supervised_ranks(Path(status_dir), signal.SIGTERM, since=started, skip=told)
+            )
 
     def forward(signum, frame):
         forwarded_signals.append(signum)
@@ -75,13 +82,20 @@ def run_group(command: LaunchCommand, *, log_file: Path | None = None,
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     out = open(log_file, "ab") if log_file else None
     try:
-        proc = subprocess.Popen(command.argv, env=env, start_new_session=True,
-                                preexec_fn=die_with_parent(signal.SIGTERM),
-                                stdout=out or None, stderr=subprocess.STDOUT if out else None)
+        proc = subprocess.Popen(
+            command.argv,
+            env=env,
+            start_new_session=True,
+            preexec_fn=die_with_parent(signal.SIGTERM),
+            stdout=out or None,
+            stderr=subprocess.STDOUT if out else None,
+        )
         if group_file is not None:
-            group_file.write_text(json.dumps({"launcher_pid": proc.pid,
-                                              "process_group": proc.pid,
-                                              "runner_pid": os.getpid()}))
+            group_file.write_text(
+                json.dumps(
+                    {"launcher_pid": proc.pid, "process_group": proc.pid, "runner_pid": os.getpid()}
+                )
+            )
         if forwarded_signals:  # a notice came while the launcher was being started
             tell()
         while True:
@@ -113,6 +127,7 @@ def run_group(command: LaunchCommand, *, log_file: Path | None = None,
 
 # ---- the plan's hardware vs this machine -----------------------------------------------------
 
+
 def local_precisions() -> list[str]:
     """Precisions a CPU run really trains in: fp32 only. Paddle's AMP is a no-op on CPU
     ("amp_guard can only be enabled on CUDAPlace, XPUPlace, and CustomPlace"), so a bf16 or
@@ -125,14 +140,23 @@ def check_hardware(plan: Plan, *, node_rank: int | None) -> None:
     p, hw = plan.parallel, plan.hardware
     have = local_device_count(hw.device)
     if have < p.nproc_per_node:
-        raise HardwareError(f"the plan needs {p.nproc_per_node} {hw.device} device(s) per node "
-                            f"x {p.nnodes} node(s) ({hw.profile}); this machine has {have}. "
-                            "Run the commands above on the planned cluster, or add --local to "
-                            "rehearse on this machine", key="parallel.nproc_per_node")
+        raise HardwareError(
+            f"the plan needs {p.nproc_per_node} {hw.device} device(s) per node "
+            f"x {p.nnodes} node(s) ({hw.profile}); this machine has {have}. "
+            "Run the commands above on the planned cluster, or add --local to "
+            "rehearse on this machine",
+            key="parallel.nproc_per_node",
+        )
     if p.nnodes > 1 and node_rank is None:
-        raise HardwareError(f"the plan spans {p.nnodes} nodes; start it on each node with "
-                            "--node-rank R (commands above)", key="parallel.nnodes")
+        raise HardwareError(
+            f"the plan spans {p.nnodes} nodes; start it on each node with "
+            "--node-rank R (commands above)",
+            key="parallel.nnodes",
+        )
     if hw.device == "cpu" and plan.training.precision not in local_precisions():
-        raise HardwareError(f"{plan.training.precision!r} on CPU would run in fp32: Paddle's "
-                            "AMP is a no-op on CPU; use precision = 'fp32' (allowed here: "
-                            f"{', '.join(local_precisions())})", key="training.precision")
+        raise HardwareError(
+            f"{plan.training.precision!r} on CPU would run in fp32: Paddle's "
+            "AMP is a no-op on CPU; use precision = 'fp32' (allowed here: "
+            f"{', '.join(local_precisions())})",
+            key="training.precision",
+        )

@@ -30,8 +30,9 @@ def peak_memory_gb(device: str) -> tuple[float, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9, "peak RSS"
 
 
-def mfu(*, flops_per_token: float, tokens_per_second: float, devices: int,
-        peak_tflops: float) -> float:
+def mfu(
+    *, flops_per_token: float, tokens_per_second: float, devices: int, peak_tflops: float
+) -> float:
     """Model FLOPs utilisation, PaLM definition: achieved model FLOP/s over peak FLOP/s."""
     if peak_tflops <= 0 or devices <= 0:
         return 0.0
@@ -44,13 +45,13 @@ class StepRecord:
     loss: float
     learning_rate: float
     step_time_s: float
-    tokens: int            # real (non-padding) label tokens in the global batch
-    padded_tokens: int     # padding positions in the global batch
+    tokens: int  # real (non-padding) label tokens in the global batch
+    padded_tokens: int  # padding positions in the global batch
     tokens_per_second: float
     mfu: float
     peak_memory_gb: float
-    elapsed_hours: float   # billed wall-clock hours of the run so far, all attempts
-    cost: float            # billed cost so far, in the plan's currency
+    elapsed_hours: float  # billed wall-clock hours of the run so far, all attempts
+    cost: float  # billed cost so far, in the plan's currency
     projected_cost: float  # cost at max_steps at the current pace
     epoch: float
 
@@ -58,8 +59,16 @@ class StepRecord:
 class RunMeter:
     """Accumulates step records for one attempt and turns them into the run's numbers."""
 
-    def __init__(self, plan: Plan, *, attempt_start: float, previous_seconds: float,
-                 tokens_before: int, padded_before: int, first_step: int):
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        attempt_start: float,
+        previous_seconds: float,
+        tokens_before: int,
+        padded_before: int,
+        first_step: int,
+    ):
         self.plan = plan
         self.attempt_start = attempt_start
         self.previous_seconds = previous_seconds
@@ -76,8 +85,11 @@ class RunMeter:
         return self.previous_seconds + (now - self.attempt_start)
 
     def cost_of_seconds(self, seconds: float) -> float:
-        return money.cost(price_per_node_hour=self.plan.hardware.price_per_node_hour,
-                          nodes=self.plan.parallel.nnodes, seconds=seconds)
+        return money.cost(
+            price_per_node_hour=self.plan.hardware.price_per_node_hour,
+            nodes=self.plan.parallel.nnodes,
+            seconds=seconds,
+        )
 
     def cost_so_far(self, now: float | None = None) -> float:
         return self.cost_of_seconds(self.billed_seconds(now))
@@ -88,8 +100,17 @@ class RunMeter:
         return max(recent) if recent else 0.0
 
     # -- per step --
-    def record(self, *, step: int, loss: float, lr: float, step_time: float, tokens: int,
-               padded: int, epoch: float) -> StepRecord:
+    def record(
+        self,
+        *,
+        step: int,
+        loss: float,
+        lr: float,
+        step_time: float,
+        tokens: int,
+        padded: int,
+        epoch: float,
+    ) -> StepRecord:
         self.tokens_total += tokens
         self.padded_total += padded
         tps = tokens / step_time if step_time > 0 else 0.0
@@ -99,13 +120,25 @@ class RunMeter:
         pace = self.typical_step_seconds() or step_time
         remaining = max(0, self.plan.training.max_steps - done) * pace
         record = StepRecord(
-            step=step, loss=loss, learning_rate=lr, step_time_s=step_time, tokens=tokens,
-            padded_tokens=padded, tokens_per_second=tps,
-            mfu=mfu(flops_per_token=self.flops_per_token, tokens_per_second=tps,
-                    devices=self.plan.parallel.world_size,
-                    peak_tflops=self.plan.hardware.peak_tflops),
-            peak_memory_gb=peak, elapsed_hours=self.billed_seconds() / 3600.0, cost=cost,
-            projected_cost=cost + self.cost_of_seconds(remaining), epoch=epoch)
+            step=step,
+            loss=loss,
+            learning_rate=lr,
+            step_time_s=step_time,
+            tokens=tokens,
+            padded_tokens=padded,
+            tokens_per_second=tps,
+            mfu=mfu(
+                flops_per_token=self.flops_per_token,
+                tokens_per_second=tps,
+                devices=self.plan.parallel.world_size,
+                peak_tflops=self.plan.hardware.peak_tflops,
+            ),
+            peak_memory_gb=peak,
+            elapsed_hours=self.billed_seconds() / 3600.0,
+            cost=cost,
+            projected_cost=cost + self.cost_of_seconds(remaining),
+            epoch=epoch,
+        )
         self.records.append(record)
         return record
 
@@ -127,23 +160,26 @@ class RunMeter:
             "steps_this_attempt": len(self.records),
             "tokens_trained": self.tokens_total,
             "padded_tokens": self.padded_total,
-            "useful_token_fraction": self.tokens_total / max(1, self.tokens_total +
-                                                             self.padded_total),
+            "useful_token_fraction": self.tokens_total
+            / max(1, self.tokens_total + self.padded_total),
             "step_time_s": step_time,
             "step_time_spread_s": (max(times) - min(times)) if times else 0.0,
             "tokens_per_second": tps,
-            "mfu": mfu(flops_per_token=self.flops_per_token, tokens_per_second=tps,
-                       devices=self.plan.parallel.world_size,
-                       peak_tflops=self.plan.hardware.peak_tflops),
+            "mfu": mfu(
+                flops_per_token=self.flops_per_token,
+                tokens_per_second=tps,
+                devices=self.plan.parallel.world_size,
+                peak_tflops=self.plan.hardware.peak_tflops,
+            ),
             "peak_memory_gb": peak,
             "peak_memory_method": how,
             "billed_hours": billed / 3600.0,
             "cost": cost,
             "currency": self.plan.hardware.currency,
-            "cost_per_million_tokens": cost / self.tokens_total * 1e6 if self.tokens_total
-            else 0.0,
+            "cost_per_million_tokens": cost / self.tokens_total * 1e6 if self.tokens_total else 0.0,
             "checkpoint_seconds_median": statistics.median(self.checkpoint_seconds)
-            if self.checkpoint_seconds else 0.0,
+            if self.checkpoint_seconds
+            else 0.0,
             "final_loss": self.records[-1].loss if self.records else None,
         }
 
@@ -178,8 +214,9 @@ class MetricsWriter:
             self._file.flush()
         if self._vdl is not None:
             for key in ("loss", "learning_rate", "tokens_per_second", "mfu", "cost"):
-                self._vdl.add_scalar(tag=f"train/{key}", value=getattr(record, key),
-                                     step=record.step)
+                self._vdl.add_scalar(
+                    tag=f"train/{key}", value=getattr(record, key), step=record.step
+                )
 
     def close(self) -> None:
         if self._file:

@@ -24,8 +24,13 @@ def flash_attention_supported(precision: str) -> bool:
     return major >= 8
 
 
-def build_gpt_config(model: ModelSection, parallel: ParallelSection, *, seq_len: int,
-                     use_flash_attention: bool = False):
+def build_gpt_config(
+    model: ModelSection,
+    parallel: ParallelSection,
+    *,
+    seq_len: int,
+    use_flash_attention: bool = False,
+):
     """PaddleNLP GPTConfig from the plan (labels use -100 as the ignored id).
 
     `use_flash_attention` is the plan's request; the caller decides whether this device can
@@ -73,12 +78,16 @@ def kernel_choice(model: ModelSection, *, use_flash_attention: bool, precision: 
     'fused_rope'} -> bool. Flash attention only where the plan asks and the device can; the
     fused Llama kernels wherever they exist (GPU); GPT has neither fused kernel."""
     fused = model.family == "llama" and fused_kernels_supported()
-    return {"flash_attention": use_flash_attention and flash_attention_supported(precision),
-            "fused_rms_norm": fused, "fused_rope": fused}
+    return {
+        "flash_attention": use_flash_attention and flash_attention_supported(precision),
+        "fused_rms_norm": fused,
+        "fused_rope": fused,
+    }
 
 
-def build_llama_config(model: ModelSection, parallel: ParallelSection, *, seq_len: int,
-                       kernels: dict | None = None):
+def build_llama_config(
+    model: ModelSection, parallel: ParallelSection, *, seq_len: int, kernels: dict | None = None
+):
     """PaddleNLP LlamaConfig from the plan (no dropout in PaddleNLP's Llama; labels -100)."""
     from paddlenlp.transformers import LlamaConfig
 
@@ -129,8 +138,14 @@ def _network(model: ModelSection, parallel: ParallelSection, config):
     return GPTForCausalLM(config)
 
 
-def build_model(model: ModelSection, parallel: ParallelSection, *, seq_len: int,
-                use_flash_attention: bool = False, precision: str = "fp32"):
+def build_model(
+    model: ModelSection,
+    parallel: ParallelSection,
+    *,
+    seq_len: int,
+    use_flash_attention: bool = False,
+    precision: str = "fp32",
+):
     """GPTForCausalLM or LlamaForCausalLM by `model.family`, random init (pipeline parallel
     uses PaddleNLP's *Pipe variant).
 
@@ -139,14 +154,18 @@ def build_model(model: ModelSection, parallel: ParallelSection, *, seq_len: int,
     activation memory); Llama's fused RMSNorm and RoPE on GPUs only."""
     kernels = kernel_choice(model, use_flash_attention=use_flash_attention, precision=precision)
     if use_flash_attention and not kernels["flash_attention"]:
-        warnings.warn("the plan asks for flash attention but this device cannot run it "
-                      f"(needs a CUDA GPU of compute capability >= 8.0 and fp16/bf16, precision "
-                      f"is {precision}); using the standard attention kernel", stacklevel=2)
+        warnings.warn(
+            "the plan asks for flash attention but this device cannot run it "
+            f"(needs a CUDA GPU of compute capability >= 8.0 and fp16/bf16, precision "
+            f"is {precision}); using the standard attention kernel",
+            stacklevel=2,
+        )
     if model.family == "llama":
         config = build_llama_config(model, parallel, seq_len=seq_len, kernels=kernels)
     else:
-        config = build_gpt_config(model, parallel, seq_len=seq_len,
-                                  use_flash_attention=kernels["flash_attention"])
+        config = build_gpt_config(
+            model, parallel, seq_len=seq_len, use_flash_attention=kernels["flash_attention"]
+        )
     net = _network(model, parallel, config)
     if parallel.recompute != "none":
         net.recompute_enable()

@@ -24,12 +24,16 @@ def parse_assignment(text: str) -> tuple[list[str], object]:
     key = key.strip()
     parts = key.split(".")
     if not sep or len(parts) != 2 or not all(parts):
-        raise PlanError(f"{text!r} is not SECTION.KEY=VALUE (e.g. "
-                        "training.per_device_train_batch_size=8); sections: "
-                        f"{', '.join(SECTIONS)}", key="--set")
+        raise PlanError(
+            f"{text!r} is not SECTION.KEY=VALUE (e.g. "
+            "training.per_device_train_batch_size=8); sections: "
+            f"{', '.join(SECTIONS)}",
+            key="--set",
+        )
     if parts[0] not in SECTIONS:
-        raise PlanError(f"{parts[0]!r} is not a plan section; allowed: {', '.join(SECTIONS)}",
-                        key="--set")
+        raise PlanError(
+            f"{parts[0]!r} is not a plan section; allowed: {', '.join(SECTIONS)}", key="--set"
+        )
     try:
         value = tomli.loads(f"v = {raw.strip()}")["v"]
     except tomli.TOMLDecodeError:
@@ -52,5 +56,4 @@ def load_plan_with(path: Path, assignments: list[str]) -> tuple[Plan, frozenset[
             raise PlanError(f"must be a table ([{section}])", file=str(path), key=section)
         table[key] = value
         keys.append(f"{section}.{key}")
-    return plan_from_dict(data, file=f"{path} with --set {' '.join(assignments)}"), \
-        frozenset(keys)
+    return plan_from_dict(data, file=f"{path} with --set {' '.join(assignments)}"), frozenset(keys)

@@ -43,14 +43,19 @@ def strategy_settings(plan: Plan) -> dict:
     if p.tensor_parallel_degree > 1:
         settings["tensor_parallel_configs"] = {"tensor_init_seed": plan.job.seed}
         settings["hybrid_configs"]["mp_configs"] = {
-            "sync_param": True, "sync_grad": False, "sync_moment": False}
+            "sync_param": True,
+            "sync_grad": False,
+            "sync_moment": False,
+        }
     if p.sharding:
         settings["sharding_stage"] = int(p.sharding[-1])
     if t.precision in ("fp16", "bf16"):
-        settings["amp"] = {"dtype": "float16" if t.precision == "fp16" else "bfloat16",
-                           "level": t.fp16_opt_level,
-                           "use_dynamic_loss_scaling": t.precision == "fp16",
-                           "init_loss_scaling": t.scale_loss if t.precision == "fp16" else 1.0}
+        settings["amp"] = {
+            "dtype": "float16" if t.precision == "fp16" else "bfloat16",
+            "level": t.fp16_opt_level,
+            "use_dynamic_loss_scaling": t.precision == "fp16",
+            "init_loss_scaling": t.scale_loss if t.precision == "fp16" else 1.0,
+        }
     if p.recompute != "none":
         settings["recompute"] = {"granularity": p.recompute}
     return settings
@@ -120,8 +125,11 @@ def thread_env(plan: Plan) -> dict[str, str]:
     if plan.hardware.device != "cpu":
         return {}
     per_proc = str(max(1, (os.cpu_count() or 1) // plan.parallel.nproc_per_node))
-    return {"OMP_NUM_THREADS": per_proc, "MKL_NUM_THREADS": per_proc,
-            "FLAGS_paddle_num_threads": per_proc}
+    return {
+        "OMP_NUM_THREADS": per_proc,
+        "MKL_NUM_THREADS": per_proc,
+        "FLAGS_paddle_num_threads": per_proc,
+    }
 
 
 def is_loopback(master: str) -> bool:
@@ -129,19 +137,35 @@ def is_loopback(master: str) -> bool:
     return host == "localhost" or host.startswith("127.") or host == "::1"
 
 
-def launch_commands(plan: Plan, *, plan_path: Path, data_dir: Path, run_dir: Path,
-                    log_dir: Path, master: str = "", python: str = sys.executable
-                    ) -> list[LaunchCommand]:
+def launch_commands(
+    plan: Plan,
+    *,
+    plan_path: Path,
+    data_dir: Path,
+    run_dir: Path,
+    log_dir: Path,
+    master: str = "",
+    python: str = sys.executable,
+) -> list[LaunchCommand]:
     """One `python -m runner.paddle_launch` (paddle.distributed.launch) argv per node (node 0
     first)."""
     p = plan.parallel
     commands = []
     for node in range(p.nnodes):
-        argv = [python, "-m", LAUNCH_MODULE,
-                "--nnodes", str(p.nnodes), "--nproc_per_node", str(p.nproc_per_node),
-                "--log_dir", str(log_dir),
-                # a failed rank ends the run; resuming is the runner's job, from a checkpoint
-                "--max_restart", "0"]
+        argv = [
+            python,
+            "-m",
+            LAUNCH_MODULE,
+            "--nnodes",
+            str(p.nnodes),
+            "--nproc_per_node",
+            str(p.nproc_per_node),
+            "--log_dir",
+            str(log_dir),
+            # a failed rank ends the run; resuming is the runner's job, from a checkpoint
+            "--max_restart",
+            "0",
+        ]
         if p.nnodes > 1:
             argv += ["--master", master or p.master or "<NODE0_IP>:8090", "--rank", str(node)]
         if plan.hardware.device in ("gpu", "xpu"):

@@ -51,8 +51,8 @@ from gptplan.tokenizer import (
 )
 from runner.datacache import FORMAT, VERSION, PreparedData, verify, write_manifest
 
-CHUNK_CHARS = 64_000        # characters per unit of work handed to a worker
-INFLIGHT_PER_WORKER = 4     # chunks queued or being tokenized per worker (bounds memory)
+CHUNK_CHARS = 64_000  # characters per unit of work handed to a worker
+INFLIGHT_PER_WORKER = 4  # chunks queued or being tokenized per worker (bounds memory)
 THROUGHPUT_FILE = "prep_throughput.json"
 
 
@@ -97,8 +97,9 @@ def _encode_items(job: tuple[list[tuple[str, bool, bool]], int]):
     items, eod = job
     enc = _worker_encoder
     if isinstance(enc, Exception) or enc is None:
-        raise DataError(f"the tokenizer worker could not load the tokenizer: {enc!r}",
-                        key="job.tokenizer")
+        raise DataError(
+            f"the tokenizer worker could not load the tokenizer: {enc!r}", key="job.tokenizer"
+        )
     ids = enc.encode_batch([text for text, _, _ in items])
     parts, ends, empty, pos = [], [], 0, 0
     eod_arr = np.asarray([eod], dtype=enc.dtype)
@@ -135,8 +136,14 @@ def _tokenizer_info(tokenizer: str, directory: Path | None) -> dict:
     """eod/pad ids, vocabulary size and identity, without importing Paddle for trained ones."""
     if directory is None:
         tok = load_tokenizer(tokenizer)
-        return {"eod_id": tok.eod_id, "pad_id": tok.pad_id, "vocab_size": tok.vocab_size,
-                "identity": tok.fingerprint, "name": tok.name, "scheme": ""}
+        return {
+            "eod_id": tok.eod_id,
+            "pad_id": tok.pad_id,
+            "vocab_size": tok.vocab_size,
+            "identity": tok.fingerprint,
+            "name": tok.name,
+            "scheme": "",
+        }
     m = read_manifest(directory)
     enc = FastEncoder(directory)
     if m["scheme"] == "cpm":
@@ -144,37 +151,61 @@ def _tokenizer_info(tokenizer: str, directory: Path | None) -> dict:
     else:
         eod = enc.bpe.token_to_id("<|endoftext|>")
         pad = eod
-    return {"eod_id": int(eod), "pad_id": int(pad), "vocab_size": enc.vocab_size,
-            "identity": m["identity"], "name": f"{m['scheme']}:{directory.name}",
-            "scheme": m["scheme"], "script_mix": m.get("script_mix")}
+    return {
+        "eod_id": int(eod),
+        "pad_id": int(pad),
+        "vocab_size": enc.vocab_size,
+        "identity": m["identity"],
+        "name": f"{m['scheme']}:{directory.name}",
+        "scheme": m["scheme"],
+        "script_mix": m.get("script_mix"),
+    }
 
 
-def prepare_data(plan: Plan, *, workers: int | None = None, log=print,
-                 progress: bool = True) -> PreparedData:
+def prepare_data(
+    plan: Plan, *, workers: int | None = None, log=print, progress: bool = True
+) -> PreparedData:
     """Read, tokenize and store the corpus once, streaming; later calls reuse the cache."""
     job = plan.job
     paths = resolve_sources(job.corpus)
     dedupe = default_dedupe(job.corpus)
     corpus_key = source_key(paths, max_documents=job.max_documents, dedupe=dedupe)
     workers = workers or default_workers()
-    directory = ensure_tokenizer(tokenizer=job.tokenizer, vocab_size=plan.model.vocab_size,
-                                 cache_dir=job.cache_dir, patterns=job.corpus,
-                                 max_documents=job.max_documents, workers=workers, log=log)
+    directory = ensure_tokenizer(
+        tokenizer=job.tokenizer,
+        vocab_size=plan.model.vocab_size,
+        cache_dir=job.cache_dir,
+        patterns=job.corpus,
+        max_documents=job.max_documents,
+        workers=workers,
+        log=log,
+    )
     info = _tokenizer_info(job.tokenizer, directory)
     check_vocab(info["vocab_size"], plan.model.vocab_size)
-    key = hashlib.sha256(f"{corpus_key}|{info['identity']}|{FORMAT}{VERSION}"
-                         .encode()).hexdigest()[:20]
+    key = hashlib.sha256(f"{corpus_key}|{info['identity']}|{FORMAT}{VERSION}".encode()).hexdigest()[
+        :20
+    ]
     out = Path(job.cache_dir) / "data" / key
     cachedirs.remove_stale(out.parent, log=log)
     found = _verified(out, log=log)
     if found is not None:
-        log(f"reusing prepared data {out} (corpus files unchanged: same paths, sizes and "
-            f"modification times; tokenizer {info['identity']}; every chunk matches its hash)")
+        log(
+            f"reusing prepared data {out} (corpus files unchanged: same paths, sizes and "
+            f"modification times; tokenizer {info['identity']}; every chunk matches its hash)"
+        )
         return found
     with cachedirs.writing(out.parent, key) as tmp:
-        meta = _stream_prepare(paths, tmp, job=job, dedupe=dedupe, info=info,
-                               model_dir=directory, workers=workers, log=log,
-                               progress=progress)
+        meta = _stream_prepare(
+            paths,
+            tmp,
+            job=job,
+            dedupe=dedupe,
+            info=info,
+            model_dir=directory,
+            workers=workers,
+            log=log,
+            progress=progress,
+        )
         write_manifest(tmp)
         cachedirs.publish(tmp, out)
     _record_throughput(Path(job.cache_dir), meta)
@@ -197,29 +228,40 @@ def _verified(out: Path, *, log) -> PreparedData | None:
     return None
 
 
-def _stream_prepare(paths, tmp: Path, *, job, dedupe: bool, info: dict, model_dir,
-                    workers: int, log, progress: bool) -> dict:
+def _stream_prepare(
+    paths, tmp: Path, *, job, dedupe: bool, info: dict, model_dir, workers: int, log, progress: bool
+) -> dict:
     from tqdm import tqdm
 
     stats = CorpusStats()
     size = total_bytes(paths)
-    log(f"preparing data: {len(paths)} file(s), {size / 1e6:,.1f} MB, {workers} tokenizer "
-        f"worker(s), tokenizer {info['name']}")
+    log(
+        f"preparing data: {len(paths)} file(s), {size / 1e6:,.1f} MB, {workers} tokenizer "
+        f"worker(s), tokenizer {info['name']}"
+    )
     dtype = np.uint16 if info["vocab_size"] < 65535 else np.int32
     t0 = time.perf_counter()
     cpu0 = _cpu_seconds()
     # bytes read and tokenized (the two are pipelined), MB/s, ETA; documents as a postfix.
     # Not a terminal (a log file): a line every 30 s instead of a live bar.
     # No bar in the first 5 s: a quick failure stays one error line.
-    bar = tqdm(total=size, unit="B", unit_scale=True, desc="reading + tokenizing", delay=5.0,
-               mininterval=2.0 if sys.stderr.isatty() else 30.0, disable=not progress,
-               leave=False)
-    docs_iter = iter_documents(paths, stats, dedupe=dedupe, max_documents=job.max_documents,
-                               progress=bar.update)
+    bar = tqdm(
+        total=size,
+        unit="B",
+        unit_scale=True,
+        desc="reading + tokenizing",
+        delay=5.0,
+        mininterval=2.0 if sys.stderr.isatty() else 30.0,
+        disable=not progress,
+        leave=False,
+    )
+    docs_iter = iter_documents(
+        paths, stats, dedupe=dedupe, max_documents=job.max_documents, progress=bar.update
+    )
     chunks = _chunks(docs_iter, info["eod_id"])
     num_tokens = num_docs = empty = 0
-    with open(tmp / "tokens.bin", "wb") as tokens_out, \
-            open(tmp / "ends.i64", "wb") as ends_out:
+    with open(tmp / "tokens.bin", "wb") as tokens_out, open(tmp / "ends.i64", "wb") as ends_out:
+
         def write(result):
             nonlocal num_tokens, num_docs, empty
             flat, ends, n_empty = result
@@ -242,46 +284,83 @@ def _stream_prepare(paths, tmp: Path, *, job, dedupe: bool, info: dict, model_di
     seconds = time.perf_counter() - t0
     cpu = _cpu_seconds() - cpu0  # this process + its reaped workers: load-independent
     if num_docs == 0:
-        raise DataError(f"every document tokenized to nothing ({stats.summary()})",
-                        key="job.corpus")
+        raise DataError(
+            f"every document tokenized to nothing ({stats.summary()})", key="job.corpus"
+        )
     _write_offsets(tmp, num_docs)
-    meta = _meta(stats, info, model_dir, dtype=dtype, num_tokens=num_tokens,
-                 num_docs=num_docs, empty=empty, seconds=seconds, cpu=cpu, workers=workers)
+    meta = _meta(
+        stats,
+        info,
+        model_dir,
+        dtype=dtype,
+        num_tokens=num_tokens,
+        num_docs=num_docs,
+        empty=empty,
+        seconds=seconds,
+        cpu=cpu,
+        workers=workers,
+    )
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False))
-    log(f"prepared {num_tokens:,} tokens from {stats.summary()} in {seconds:.1f} s "
-        f"({stats.bytes / 1e6 / max(seconds, 1e-9):.2f} MB/s measured)")
+    log(
+        f"prepared {num_tokens:,} tokens from {stats.summary()} in {seconds:.1f} s "
+        f"({stats.bytes / 1e6 / max(seconds, 1e-9):.2f} MB/s measured)"
+    )
     return meta
 
 
-def _meta(stats: CorpusStats, info: dict, model_dir, *, dtype, num_tokens: int, num_docs: int,
-          empty: int, seconds: float, cpu: float, workers: int) -> dict:
+def _meta(
+    stats: CorpusStats,
+    info: dict,
+    model_dir,
+    *,
+    dtype,
+    num_tokens: int,
+    num_docs: int,
+    empty: int,
+    seconds: float,
+    cpu: float,
+    workers: int,
+) -> dict:
     """meta.json: format, counts, tokenizer, corpus statistics, measured throughput."""
     corpus_stats = stats.__dict__ | {"empty_after_tokenizing": empty}
-    return {"format": FORMAT, "version": VERSION, "dtype": np.dtype(dtype).name,
-            "num_tokens": num_tokens, "num_documents": num_docs,
-            "eod_id": info["eod_id"], "pad_id": info["pad_id"],
-            "vocab_size": info["vocab_size"], "tokenizer": info["name"],
-            "tokenizer_identity": info["identity"], "tokenizer_scheme": info["scheme"],
-            "tokenizer_model": str(model_file_of(model_dir)) if model_dir else "",
-            "tokens_per_character": (num_tokens - num_docs) / max(1, stats.characters),
-            "corpus": corpus_stats,
-            "preparation": {"seconds": round(seconds, 3), "bytes": stats.bytes,
-                            "workers": workers, "cpus": os.cpu_count() or 1,
-                            "bytes_per_second": stats.bytes / max(seconds, 1e-9),
-                            "cpu_seconds": round(cpu, 3),
-                            "bytes_per_cpu_second": stats.bytes / max(cpu, 1e-9)}}
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "dtype": np.dtype(dtype).name,
+        "num_tokens": num_tokens,
+        "num_documents": num_docs,
+        "eod_id": info["eod_id"],
+        "pad_id": info["pad_id"],
+        "vocab_size": info["vocab_size"],
+        "tokenizer": info["name"],
+        "tokenizer_identity": info["identity"],
+        "tokenizer_scheme": info["scheme"],
+        "tokenizer_model": str(model_file_of(model_dir)) if model_dir else "",
+        "tokens_per_character": (num_tokens - num_docs) / max(1, stats.characters),
+        "corpus": corpus_stats,
+        "preparation": {
+            "seconds": round(seconds, 3),
+            "bytes": stats.bytes,
+            "workers": workers,
+            "cpus": os.cpu_count() or 1,
+            "bytes_per_second": stats.bytes / max(seconds, 1e-9),
+            "cpu_seconds": round(cpu, 3),
+            "bytes_per_cpu_second": stats.bytes / max(cpu, 1e-9),
+        },
+    }
 
 
 def _write_offsets(tmp: Path, num_docs: int) -> None:
     """docs.npy from the side file of document ends: 0, then the end of every document (= the
     start of the next), copied in blocks (never all in memory)."""
     ends = np.memmap(tmp / "ends.i64", dtype=np.int64, mode="r", shape=(num_docs,))
-    offsets = np.lib.format.open_memmap(tmp / "docs.npy", mode="w+", dtype=np.int64,
-                                        shape=(num_docs + 1,))
+    offsets = np.lib.format.open_memmap(
+        tmp / "docs.npy", mode="w+", dtype=np.int64, shape=(num_docs + 1,)
+    )
     offsets[0] = 0
     block = 1 << 20
     for i in range(0, num_docs, block):
-        offsets[1 + i:1 + i + block] = ends[i:i + block]
+        offsets[1 + i : 1 + i + block] = ends[i : i + block]
     offsets.flush()
     del offsets, ends
     (tmp / "ends.i64").unlink()
@@ -301,8 +380,9 @@ def _run_pool(chunks, write, *, workers: int, spec: str, model_dir) -> None:
             yield chunk
 
     ctx = mp.get_context("spawn")  # fork after a paddle import is unsafe
-    pool = ctx.Pool(workers, initializer=_init_worker,
-                    initargs=(spec, str(model_dir) if model_dir else None))
+    pool = ctx.Pool(
+        workers, initializer=_init_worker, initargs=(spec, str(model_dir) if model_dir else None)
+    )
     try:
         for result in pool.imap(_encode_items, bounded()):
             slots.release()
@@ -342,8 +422,11 @@ def _record_throughput(cache_dir: Path, meta: dict) -> None:
     data[meta["tokenizer_scheme"] or "other"] = {
         # per CPU-second of the whole process tree: what one core does, whatever the load
         "bytes_per_second_per_core": prep["bytes_per_cpu_second"],
-        "bytes": prep["bytes"], "workers": prep["workers"], "cpus": prep["cpus"],
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        "bytes": prep["bytes"],
+        "workers": prep["workers"],
+        "cpus": prep["cpus"],
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     write_text_atomic(path, json.dumps(data, indent=1))
 
 

@@ -93,9 +93,13 @@ def is_oom(exc: BaseException) -> bool:
     name = type(exc).__name__
     text = str(exc)[:2000]
     # "failed to map segment": a shared library could not be mapped for lack of address space
-    return "ResourceExhausted" in name or "ResourceExhaustedError" in text or \
-        "std::bad_alloc" in text or "Cannot allocate memory" in text or \
-        "failed to map segment" in text
+    return (
+        "ResourceExhausted" in name
+        or "ResourceExhaustedError" in text
+        or "std::bad_alloc" in text
+        or "Cannot allocate memory" in text
+        or "failed to map segment" in text
+    )
 
 
 def _map_kernel_libraries(trainer) -> None:
@@ -122,13 +126,15 @@ class SyntheticBatches:
         from runner.batches import MicroBatch
 
         t = self.plan.training
-        ids = self.rng.integers(0, self.plan.model.vocab_size,
-                                (t.per_device_train_batch_size, t.seq_len + 1))
+        ids = self.rng.integers(
+            0, self.plan.model.vocab_size, (t.per_device_train_batch_size, t.seq_len + 1)
+        )
         return MicroBatch(ids[:, :-1], ids[:, 1:], ids.shape[0] * t.seq_len, 0)
 
 
-def run_probe(plan, *, steps: int, warmup: int, memory_limit_gb: float, fault: str,
-              rank=None) -> dict:
+def run_probe(
+    plan, *, steps: int, warmup: int, memory_limit_gb: float, fault: str, rank=None
+) -> dict:
     """Build the plan's training state and time `warmup + steps` steps; `rank` is given when
     the process (a served worker) has initialised its distributed environment already."""
     from runner.train import Trainer, build_training_state, distribute, init_distributed
@@ -138,8 +144,9 @@ def run_probe(plan, *, steps: int, warmup: int, memory_limit_gb: float, fault: s
         rank = init_distributed(plan)
     reset_peak_rss()
     model, optimizer, scaler = build_training_state(plan)
-    trainer = Trainer(plan, rank, model, optimizer, scaler,
-                      SyntheticBatches(plan, plan.job.seed + rank.rank))
+    trainer = Trainer(
+        plan, rank, model, optimizer, scaler, SyntheticBatches(plan, plan.job.seed + rank.rank)
+    )
     distribute(trainer)
     if memory_limit_gb > 0:
         _map_kernel_libraries(trainer)
@@ -157,21 +164,47 @@ def run_probe(plan, *, steps: int, warmup: int, memory_limit_gb: float, fault: s
     measured = times[warmup:]
     median = statistics.median(measured)
     tokens = plan.tokens_per_step
-    return {"status": "ok", "rank": rank.rank, "world_size": rank.world,
-            "step_times_s": times, "warmup_steps": warmup, "step_time_s": median,
-            "mean_step_time_s": statistics.fmean(measured),
-            "step_time_spread": (max(measured) - min(measured)) / median if median else 0.0,
-            "tokens_per_step": tokens, "tokens_per_second": tokens / median,
-            "peak_memory_gb": peak_rss_bytes() / 1e9,
-            "peak_memory_method": "peak RSS" if plan.hardware.device == "cpu" else
-            "allocator peak", "wall_s": time.time() - started}
+    return {
+        "status": "ok",
+        "rank": rank.rank,
+        "world_size": rank.world,
+        "step_times_s": times,
+        "warmup_steps": warmup,
+        "step_time_s": median,
+        "mean_step_time_s": statistics.fmean(measured),
+        "step_time_spread": (max(measured) - min(measured)) / median if median else 0.0,
+        "tokens_per_step": tokens,
+        "tokens_per_second": tokens / median,
+        "peak_memory_gb": peak_rss_bytes() / 1e9,
+        "peak_memory_method": "peak RSS" if plan.hardware.device == "cpu" else "allocator peak",
+        "wall_s": time.time() - started,
+    }
 
 
-def probe_command(plan, *, plan_path: Path, out: Path, log_dir: Path, steps: int,
-                  warmup: int, memory_limit_gb: float = 0.0, fault: str = ""):
+def probe_command(
+    plan,
+    *,
+    plan_path: Path,
+    out: Path,
+    log_dir: Path,
+    steps: int,
+    warmup: int,
+    memory_limit_gb: float = 0.0,
+    fault: str = "",
+):
     """The argv of one probe in its own processes."""
-    args = ["--plan", str(plan_path), "--out", str(out), "--steps", str(steps),
-            "--warmup", str(warmup), "--memory-limit-gb", str(memory_limit_gb)]
+    args = [
+        "--plan",
+        str(plan_path),
+        "--out",
+        str(out),
+        "--steps",
+        str(steps),
+        "--warmup",
+        str(warmup),
+        "--memory-limit-gb",
+        str(memory_limit_gb),
+    ]
     if fault:
         args += ["--fault", fault]
     return _command(plan, args, log_dir)
@@ -179,8 +212,7 @@ def probe_command(plan, *, plan_path: Path, out: Path, log_dir: Path, steps: int
 
 def serve_command(plan, *, queue_dir: Path, log_dir: Path, parent_pid: int):
     """The argv of a probe worker for the plan's parallel layout, serving `queue_dir`."""
-    return _command(plan, ["--queue-dir", str(queue_dir), "--parent-pid", str(parent_pid)],
-                    log_dir)
+    return _command(plan, ["--queue-dir", str(queue_dir), "--parent-pid", str(parent_pid)], log_dir)
 
 
 def _command(plan, args: list[str], log_dir: Path):
@@ -190,27 +222,45 @@ def _command(plan, args: list[str], log_dir: Path):
 
     # Every probe rank is supervised (runner.supervise): limited to its share of this machine
     # (a probe explores sizes the model may misjudge, so not the plan's modelled memory).
-    env = supervision_env(Path(log_dir) / "ranks",
-                          machine_share_bytes(plan.parallel.nproc_per_node))
+    env = supervision_env(
+        Path(log_dir) / "ranks", machine_share_bytes(plan.parallel.nproc_per_node)
+    )
     if plan.parallel.world_size == 1:
-        return LaunchCommand(0, [sys.executable, "-m", "runner.probe", *args],
-                             thread_env(plan) | env)
+        return LaunchCommand(
+            0, [sys.executable, "-m", "runner.probe", *args], thread_env(plan) | env
+        )
     p = plan.parallel
-    argv = [sys.executable, "-m", LAUNCH_MODULE, "--nnodes", "1",
-            "--nproc_per_node", str(p.nproc_per_node), "--log_dir", str(log_dir),
-            "--max_restart", "0"]
+    argv = [
+        sys.executable,
+        "-m",
+        LAUNCH_MODULE,
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        str(p.nproc_per_node),
+        "--log_dir",
+        str(log_dir),
+        "--max_restart",
+        "0",
+    ]
     if plan.hardware.device in ("gpu", "xpu"):
         argv += ["--devices", ",".join(str(i) for i in range(p.nproc_per_node))]
-    return LaunchCommand(0, argv + [str(ENTRY_SCRIPT), "probe", *args],
-                         thread_env(plan) | env)
+    return LaunchCommand(0, argv + [str(ENTRY_SCRIPT), "probe", *args], thread_env(plan) | env)
 
 
 def layout_key(plan) -> tuple:
     """What a served worker fixes at start-up (fleet is initialised once): device and layout."""
     p = plan.parallel
-    return (plan.hardware.device, p.nnodes, p.nproc_per_node, p.data_parallel_degree,
-            p.tensor_parallel_degree, p.pipeline_parallel_degree, p.sharding,
-            p.sharding_parallel_degree)
+    return (
+        plan.hardware.device,
+        p.nnodes,
+        p.nproc_per_node,
+        p.data_parallel_degree,
+        p.tensor_parallel_degree,
+        p.pipeline_parallel_degree,
+        p.sharding,
+        p.sharding_parallel_degree,
+    )
 
 
 def request_path(queue_dir: Path, number: int) -> Path:
@@ -219,8 +269,11 @@ def request_path(queue_dir: Path, number: int) -> Path:
 
 def _failure(exc: BaseException) -> dict:
     status = "oom" if is_oom(exc) else "crash"
-    return {"status": status, "error": f"{type(exc).__name__}: {str(exc)[:500]}",
-            "traceback_tail": traceback.format_exc().strip().splitlines()[-6:]}
+    return {
+        "status": status,
+        "error": f"{type(exc).__name__}: {str(exc)[:500]}",
+        "traceback_tail": traceback.format_exc().strip().splitlines()[-6:],
+    }
 
 
 def _alive(pid: int) -> bool:
@@ -264,8 +317,14 @@ def serve(queue_dir: Path, *, parent_pid: int = 0, poll_s: float = 0.01) -> int:
                 from runner.train import init_distributed
 
                 rank, layout = init_distributed(plan), layout_key(plan)
-            result = run_probe(plan, steps=request["steps"], warmup=request["warmup"],
-                               memory_limit_gb=0.0, fault=request.get("fault", ""), rank=rank)
+            result = run_probe(
+                plan,
+                steps=request["steps"],
+                warmup=request["warmup"],
+                memory_limit_gb=0.0,
+                fault=request.get("fault", ""),
+                rank=rank,
+            )
         except Exception as exc:  # classify, report, and end this worker: its state is suspect
             if is_rank0:
                 write_text_atomic(Path(request["out"]), json.dumps(_failure(exc)))
@@ -278,10 +337,15 @@ def serve(queue_dir: Path, *, parent_pid: int = 0, poll_s: float = 0.01) -> int:
 
 def probe_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="runner-probe", description=__doc__.splitlines()[0])
-    parser.add_argument("--queue-dir", type=Path, metavar="DIR",
-                        help="serve numbered probe requests from DIR (one worker, many probes)")
-    parser.add_argument("--parent-pid", type=int, default=0,
-                        help="with --queue-dir: stop when this process is gone")
+    parser.add_argument(
+        "--queue-dir",
+        type=Path,
+        metavar="DIR",
+        help="serve numbered probe requests from DIR (one worker, many probes)",
+    )
+    parser.add_argument(
+        "--parent-pid", type=int, default=0, help="with --queue-dir: stop when this process is gone"
+    )
     parser.add_argument("--plan", type=Path)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--steps", type=int, default=5)
@@ -295,8 +359,13 @@ def probe_main(argv: list[str] | None = None) -> int:
         parser.error("--plan and --out are required (or --queue-dir DIR)")
     plan = load_plan(args.plan)
     try:
-        result = run_probe(plan, steps=args.steps, warmup=args.warmup,
-                           memory_limit_gb=args.memory_limit_gb, fault=args.fault)
+        result = run_probe(
+            plan,
+            steps=args.steps,
+            warmup=args.warmup,
+            memory_limit_gb=args.memory_limit_gb,
+            fault=args.fault,
+        )
     except Exception as exc:  # classify, then report; the parent reads the JSON
         result = _failure(exc)
         if os.environ.get("PADDLE_TRAINER_ID", "0") == "0":

@@ -38,28 +38,29 @@ from runner.supervise import machine_memory_bytes, machine_share_bytes
 # A rehearsal's modelled memory may use this share of a rank's memory: the formulas (made for
 # GPUs) measured up to 1.57x low for the bank-FAQ rehearsal on CPU (see LIMIT_MARGIN).
 HEADROOM = 0.6
-DEFAULT_STEPS = 3       # --local without --max-steps
-STEP_TARGET_S = 30.0    # a rehearsal step should take about this long here (modelled)
+DEFAULT_STEPS = 3  # --local without --max-steps
+STEP_TARGET_S = 30.0  # a rehearsal step should take about this long here (modelled)
 MIN_SEQ_LEN = 16
 # Runtime limit: this multiple of the modelled memory (the bank-FAQ rehearsal, micro 2 x seq
 # 512 on CPU, measured 5.23 GB peak RSS against 4.10 GB modelled as fp32, 1.28x; 3.33 GB when
 # modelled as bf16, which Paddle's CPU AMP does not apply, 1.57x) ...
 LIMIT_MARGIN = 2.5
-LIMIT_SLACK_GB = 1.0    # ... or this much above it, whichever is more (within the machine)
+LIMIT_SLACK_GB = 1.0  # ... or this much above it, whichever is more (within the machine)
 STAGE_CODES = {stage: code for code, stage in enumerate(SHARDING_STAGES)}
 
 
 @dataclass(frozen=True)
 class Rehearsal:
     """The local plan and what was changed to get it, with the model's numbers for it."""
+
     plan: Plan
     changes: tuple[str, ...]
-    memory_bytes: float          # modelled peak per rank
-    memory_budget_bytes: float   # what the fit aimed under (HEADROOM x the rank's memory)
-    memory_limit_bytes: int      # enforced per rank while it runs
+    memory_bytes: float  # modelled peak per rank
+    memory_budget_bytes: float  # what the fit aimed under (HEADROOM x the rank's memory)
+    memory_limit_bytes: int  # enforced per rank while it runs
     machine_memory_bytes: int
-    step_time_s: float           # modelled on the local profile
-    step_time_p10_s: float       # 80% interval (the profile's measured/modelled spread)
+    step_time_s: float  # modelled on the local profile
+    step_time_p10_s: float  # 80% interval (the profile's measured/modelled spread)
     step_time_p90_s: float
     profile: str
 
@@ -77,16 +78,25 @@ def modelled_memory_bytes(plan: Plan, perf: PerformanceData | None) -> float:
     """Peak bytes per rank of `plan`, from gptplan.memory's formulas."""
     t, p = plan.training, plan.parallel
     eff = perf.efficiency_for(t.precision) if perf else None
-    return float(memory_per_device_bytes(
-        ModelShape.from_section(plan.model), seq_len=t.seq_len,
-        micro_batch=t.per_device_train_batch_size, accumulation=t.gradient_accumulation_steps,
-        tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
-        stage_code=STAGE_CODES[p.sharding], shard_degree=p.sharding_parallel_degree,
-        recompute_code=RECOMPUTE_CODES[p.recompute], seq_parallel=p.sequence_parallel,
-        mixed_precision=t.precision != "fp32",
-        overhead_gb=eff.memory_overhead_gb if eff else 0.0,
-        fragmentation=eff.fragmentation if eff else 1.0,
-        flash_attention=t.use_flash_attention, virtual_pp=p.virtual_pp_degree))
+    return float(
+        memory_per_device_bytes(
+            ModelShape.from_section(plan.model),
+            seq_len=t.seq_len,
+            micro_batch=t.per_device_train_batch_size,
+            accumulation=t.gradient_accumulation_steps,
+            tp=p.tensor_parallel_degree,
+            pp=p.pipeline_parallel_degree,
+            stage_code=STAGE_CODES[p.sharding],
+            shard_degree=p.sharding_parallel_degree,
+            recompute_code=RECOMPUTE_CODES[p.recompute],
+            seq_parallel=p.sequence_parallel,
+            mixed_precision=t.precision != "fp32",
+            overhead_gb=eff.memory_overhead_gb if eff else 0.0,
+            fragmentation=eff.fragmentation if eff else 1.0,
+            flash_attention=t.use_flash_attention,
+            virtual_pp=p.virtual_pp_degree,
+        )
+    )
 
 
 def rank_memory_limit_bytes(plan: Plan, *, limit_gb: float | None = None) -> int:
@@ -110,8 +120,9 @@ def _with_training(plan: Plan, **fields) -> Plan:
     return dataclasses.replace(plan, training=dataclasses.replace(plan.training, **fields))
 
 
-def fit_memory(plan: Plan, perf: PerformanceData | None, budget_bytes: float
-               ) -> tuple[Plan, dict[str, str]]:
+def fit_memory(
+    plan: Plan, perf: PerformanceData | None, budget_bytes: float
+) -> tuple[Plan, dict[str, str]]:
     """Halve micro-batch, then seq_len, until the modelled memory fits; keep tokens per step."""
     t = plan.training
     tokens_per_rank = t.per_device_train_batch_size * t.gradient_accumulation_steps * t.seq_len
@@ -119,8 +130,9 @@ def fit_memory(plan: Plan, perf: PerformanceData | None, budget_bytes: float
     while modelled_memory_bytes(fitted, perf) > budget_bytes:
         ft = fitted.training
         if ft.per_device_train_batch_size > 1:
-            fitted = _with_training(fitted, per_device_train_batch_size=max(
-                1, ft.per_device_train_batch_size // 2))
+            fitted = _with_training(
+                fitted, per_device_train_batch_size=max(1, ft.per_device_train_batch_size // 2)
+            )
         elif ft.seq_len > MIN_SEQ_LEN:
             fitted = _with_training(fitted, seq_len=max(MIN_SEQ_LEN, ft.seq_len // 2))
         else:
@@ -129,50 +141,71 @@ def fit_memory(plan: Plan, perf: PerformanceData | None, budget_bytes: float
                 f"even micro-batch 1 x seq_len {ft.seq_len} needs {need / GB:.2f} GB per rank "
                 f"(modelled), more than {budget_bytes / GB:.2f} GB ({HEADROOM:.0%} of this "
                 "machine's memory per rank); the model itself is too large to rehearse here",
-                key="model")
+                key="model",
+            )
     ft = fitted.training
     if ft == t:
         return plan, {}
     accumulation = math.ceil(tokens_per_rank / (ft.per_device_train_batch_size * ft.seq_len))
     fitted = _with_training(fitted, gradient_accumulation_steps=accumulation)
-    why = (f"memory: modelled {modelled_memory_bytes(plan, perf) / GB:.1f} GB per rank > "
-           f"{budget_bytes / GB:.1f} GB, {HEADROOM:.0%} of the rank's memory")
+    why = (
+        f"memory: modelled {modelled_memory_bytes(plan, perf) / GB:.1f} GB per rank > "
+        f"{budget_bytes / GB:.1f} GB, {HEADROOM:.0%} of the rank's memory"
+    )
     reasons = {"per_device_train_batch_size": why}
     if ft.seq_len != t.seq_len:
         reasons["seq_len"] = why + ", even at micro-batch 1"
-    reasons["gradient_accumulation_steps"] = (f"memory: raised to {accumulation} to keep "
-                                              f"{tokens_per_rank:,} tokens per rank per step, "
-                                              "the global batch")
+    reasons["gradient_accumulation_steps"] = (
+        f"memory: raised to {accumulation} to keep "
+        f"{tokens_per_rank:,} tokens per rank per step, "
+        "the global batch"
+    )
     return fitted, reasons
 
 
-def fit_time(plan: Plan, perf: PerformanceData, pinned: frozenset[str]
-             ) -> tuple[Plan, dict[str, str]]:
+def fit_time(
+    plan: Plan, perf: PerformanceData, pinned: frozenset[str]
+) -> tuple[Plan, dict[str, str]]:
     """Lower accumulation, then micro-batch, until a step is modelled at <= STEP_TARGET_S."""
     before = data_parallel_step_time_s(plan, perf)
     fitted = plan
     while data_parallel_step_time_s(fitted, perf) > STEP_TARGET_S:
         ft = fitted.training
-        if ft.gradient_accumulation_steps > 1 and \
-                "training.gradient_accumulation_steps" not in pinned:
-            fitted = _with_training(fitted, gradient_accumulation_steps=max(
-                1, ft.gradient_accumulation_steps // 2))
-        elif ft.per_device_train_batch_size > 1 and \
-                "training.per_device_train_batch_size" not in pinned:
-            fitted = _with_training(fitted, per_device_train_batch_size=max(
-                1, ft.per_device_train_batch_size // 2))
+        if (
+            ft.gradient_accumulation_steps > 1
+            and "training.gradient_accumulation_steps" not in pinned
+        ):
+            fitted = _with_training(
+                fitted, gradient_accumulation_steps=max(1, ft.gradient_accumulation_steps // 2)
+            )
+        elif (
+            ft.per_device_train_batch_size > 1
+            and "training.per_device_train_batch_size" not in pinned
+        ):
+            fitted = _with_training(
+                fitted, per_device_train_batch_size=max(1, ft.per_device_train_batch_size // 2)
+            )
         else:
             break
     t, ft = plan.training, fitted.training
-    why = (f"time: at the kept batch one step would take {before:,.0f} s here (modelled); "
-           f"a rehearsal step aims at <= {STEP_TARGET_S:.0f} s; --set pins a value")
-    return fitted, {key: why for key in ("gradient_accumulation_steps",
-                                         "per_device_train_batch_size")
-                    if getattr(t, key) != getattr(ft, key)}
+    why = (
+        f"time: at the kept batch one step would take {before:,.0f} s here (modelled); "
+        f"a rehearsal step aims at <= {STEP_TARGET_S:.0f} s; --set pins a value"
+    )
+    return fitted, {
+        key: why
+        for key in ("gradient_accumulation_steps", "per_device_train_batch_size")
+        if getattr(t, key) != getattr(ft, key)
+    }
 
 
-def rehearse(plan: Plan, *, max_steps_given: bool, limit_gb: float | None = None,
-             pinned: frozenset[str] = frozenset()) -> Rehearsal:
+def rehearse(
+    plan: Plan,
+    *,
+    max_steps_given: bool,
+    limit_gb: float | None = None,
+    pinned: frozenset[str] = frozenset(),
+) -> Rehearsal:
     """Fit a localized plan (localize) to this machine; see the module doc."""
     perf = local_performance(plan)
     changes: list[str] = []
@@ -180,15 +213,22 @@ def rehearse(plan: Plan, *, max_steps_given: bool, limit_gb: float | None = None
         changes.append("training.use_flash_attention: True -> False (needs a GPU)")
         plan = _with_training(plan, use_flash_attention=False)
     if plan.parallel.virtual_pp_degree > 1 and plan.parallel.pipeline_parallel_degree == 1:
-        changes.append(f"parallel.virtual_pp_degree: {plan.parallel.virtual_pp_degree} -> 1 "
-                       "(no pipeline here)")
-        plan = dataclasses.replace(plan, parallel=dataclasses.replace(plan.parallel,
-                                                                      virtual_pp_degree=1))
+        changes.append(
+            f"parallel.virtual_pp_degree: {plan.parallel.virtual_pp_degree} -> 1 (no pipeline here)"
+        )
+        plan = dataclasses.replace(
+            plan, parallel=dataclasses.replace(plan.parallel, virtual_pp_degree=1)
+        )
     if not max_steps_given and plan.training.max_steps > DEFAULT_STEPS:
-        changes.append(f"training.max_steps: {plan.training.max_steps} -> {DEFAULT_STEPS} "
-                       "(a rehearsal; --max-steps N for more)")
-        plan = _with_training(plan, max_steps=DEFAULT_STEPS,
-                              warmup_steps=min(plan.training.warmup_steps, DEFAULT_STEPS))
+        changes.append(
+            f"training.max_steps: {plan.training.max_steps} -> {DEFAULT_STEPS} "
+            "(a rehearsal; --max-steps N for more)"
+        )
+        plan = _with_training(
+            plan,
+            max_steps=DEFAULT_STEPS,
+            warmup_steps=min(plan.training.warmup_steps, DEFAULT_STEPS),
+        )
         plan = dataclasses.replace(plan, job=dataclasses.replace(plan.job, target_tokens=0))
     nproc = plan.parallel.nproc_per_node
     rank_memory = limit_gb * GB if limit_gb else machine_share_bytes(nproc)
@@ -207,16 +247,22 @@ def rehearse(plan: Plan, *, max_steps_given: bool, limit_gb: float | None = None
         old, new = getattr(before.training, key), getattr(plan.training, key)
         if old != new:
             changes.append(f"training.{key}: {old} -> {new} ({reasons[key]})")
-    if before.global_batch_size != plan.global_batch_size or \
-            before.training.seq_len != plan.training.seq_len:
-        changes.append(f"global batch: {before.global_batch_size} x {before.training.seq_len}"
-                       f" -> {plan.global_batch_size} x {plan.training.seq_len} tokens per step")
+    if (
+        before.global_batch_size != plan.global_batch_size
+        or before.training.seq_len != plan.training.seq_len
+    ):
+        changes.append(
+            f"global batch: {before.global_batch_size} x {before.training.seq_len}"
+            f" -> {plan.global_batch_size} x {plan.training.seq_len} tokens per step"
+        )
     memory = modelled_memory_bytes(plan, perf)
     if math.isfinite(step_time):
         tokens_per_s = plan.tokens_per_step / step_time
         peak = perf.peak_for(plan.training.precision) * 1e12 * plan.parallel.world_size
         estimate = EstimateSection(
-            source="model", tokens_per_second=tokens_per_s, step_time_s=step_time,
+            source="model",
+            tokens_per_second=tokens_per_s,
+            step_time_s=step_time,
             peak_memory_gb=memory / GB,
             mfu=training_flops_per_token(plan.model, plan.training.seq_len) * tokens_per_s / peak,
             hours=plan.training.max_steps * step_time / 3600,
@@ -225,34 +271,50 @@ def rehearse(plan: Plan, *, max_steps_given: bool, limit_gb: float | None = None
             hours_p10=plan.training.max_steps * interval[0] / 3600,
             hours_p90=plan.training.max_steps * interval[1] / 3600,
             interval=f"measured/modelled spread of the {perf.name!r} profile's efficiency "
-                     "(throughput_p10/p90)")
-        hardware = dataclasses.replace(plan.hardware,  # so the run's MFU uses this peak
-                                       peak_tflops=perf.peak_for(plan.training.precision))
+            "(throughput_p10/p90)",
+        )
+        hardware = dataclasses.replace(
+            plan.hardware,  # so the run's MFU uses this peak
+            peak_tflops=perf.peak_for(plan.training.precision),
+        )
         plan = dataclasses.replace(plan, estimate=estimate, hardware=hardware)
-    return Rehearsal(plan=plan, changes=tuple(changes), memory_bytes=memory,
-                     memory_budget_bytes=budget,
-                     memory_limit_bytes=rank_memory_limit_bytes(plan, limit_gb=limit_gb),
-                     machine_memory_bytes=machine_memory_bytes(), step_time_s=step_time,
-                     step_time_p10_s=interval[0], step_time_p90_s=interval[1],
-                     profile=perf.name if perf else "")
+    return Rehearsal(
+        plan=plan,
+        changes=tuple(changes),
+        memory_bytes=memory,
+        memory_budget_bytes=budget,
+        memory_limit_bytes=rank_memory_limit_bytes(plan, limit_gb=limit_gb),
+        machine_memory_bytes=machine_memory_bytes(),
+        step_time_s=step_time,
+        step_time_p10_s=interval[0],
+        step_time_p90_s=interval[1],
+        profile=perf.name if perf else "",
+    )
 
 
 def describe(r: Rehearsal) -> list[str]:
     """The lines `runner execute --local` prints about the fitted rehearsal."""
     t = r.plan.training
-    uncertainty = (f"80% interval {r.step_time_p10_s:.3g}-{r.step_time_p90_s:.3g} s from the "
-                   "profile's measured/modelled spread")
-    lines = [f"memory per rank: {r.memory_bytes / GB:.2f} GB modelled (gptplan.memory formulas, "
-             f"micro-batch {t.per_device_train_batch_size} x seq_len {t.seq_len}); limit "
-             f"{r.memory_limit_bytes / GB:.2f} GB per rank of {r.machine_memory_bytes / GB:.1f}"
-             " GB on this machine (the runner ends a rank above it)"]
+    uncertainty = (
+        f"80% interval {r.step_time_p10_s:.3g}-{r.step_time_p90_s:.3g} s from the "
+        "profile's measured/modelled spread"
+    )
+    lines = [
+        f"memory per rank: {r.memory_bytes / GB:.2f} GB modelled (gptplan.memory formulas, "
+        f"micro-batch {t.per_device_train_batch_size} x seq_len {t.seq_len}); limit "
+        f"{r.memory_limit_bytes / GB:.2f} GB per rank of {r.machine_memory_bytes / GB:.1f}"
+        " GB on this machine (the runner ends a rank above it)"
+    ]
     if math.isfinite(r.step_time_s):
-        lines.append(f"step time here: {r.step_time_s:.3g} s modelled on the {r.profile!r} "
-                     f"profile ({uncertainty}); {t.max_steps} step(s) ~ "
-                     f"{t.max_steps * r.step_time_s / 60:.2g} min plus start-up")
+        lines.append(
+            f"step time here: {r.step_time_s:.3g} s modelled on the {r.profile!r} "
+            f"profile ({uncertainty}); {t.max_steps} step(s) ~ "
+            f"{t.max_steps * r.step_time_s / 60:.2g} min plus start-up"
+        )
     else:
-        lines.append("step time here: not modelled (no peak FLOP/s for this precision in the "
-                     "local profile)")
+        lines.append(
+            "step time here: not modelled (no peak FLOP/s for this precision in the local profile)"
+        )
     return lines
 
 
@@ -272,10 +334,18 @@ def localize(plan: Plan) -> tuple[Plan, list[str]]:
         nproc = min(nproc, 2)
     par = plan.parallel
     # One node, data parallel only: tensor/pipeline/sharding layouts need the planned devices.
-    new_par = dataclasses.replace(par, nnodes=1, nproc_per_node=nproc, master="",
-                                  data_parallel_degree=nproc, tensor_parallel_degree=1,
-                                  pipeline_parallel_degree=1, sharding="",
-                                  sharding_parallel_degree=1, sequence_parallel=False)
+    new_par = dataclasses.replace(
+        par,
+        nnodes=1,
+        nproc_per_node=nproc,
+        master="",
+        data_parallel_degree=nproc,
+        tensor_parallel_degree=1,
+        pipeline_parallel_degree=1,
+        sharding="",
+        sharding_parallel_degree=1,
+        sequence_parallel=False,
+    )
     for f in dataclasses.fields(par):
         old, new = getattr(par, f.name), getattr(new_par, f.name)
         if old != new:
@@ -285,14 +355,21 @@ def localize(plan: Plan) -> tuple[Plan, list[str]]:
     new_t = t
     if t.precision not in precisions:
         fallback = "bf16" if "bf16" in precisions and t.precision != "fp32" else "fp32"
-        new_t = dataclasses.replace(t, precision=fallback,
-                                    fp16_opt_level=t.fp16_opt_level if fallback != "fp32"
-                                    else "O1")
+        new_t = dataclasses.replace(
+            t, precision=fallback, fp16_opt_level=t.fp16_opt_level if fallback != "fp32" else "O1"
+        )
         changes.append(f"training.precision: {t.precision!r} -> {fallback!r}")
     hw = plan.hardware
-    new_hw = dataclasses.replace(hw, device=device, profile=f"local-{device}", offer="local",
-                                 precisions=precisions, spot=False, price_per_node_hour=0.0,
-                                 peak_tflops=0.0 if device != hw.device else hw.peak_tflops)
+    new_hw = dataclasses.replace(
+        hw,
+        device=device,
+        profile=f"local-{device}",
+        offer="local",
+        precisions=precisions,
+        spot=False,
+        price_per_node_hour=0.0,
+        peak_tflops=0.0 if device != hw.device else hw.peak_tflops,
+    )
     for f in ("device", "profile", "price_per_node_hour"):
         if getattr(hw, f) != getattr(new_hw, f):
             changes.append(f"hardware.{f}: {getattr(hw, f)!r} -> {getattr(new_hw, f)!r}")
@@ -301,11 +378,19 @@ def localize(plan: Plan) -> tuple[Plan, list[str]]:
         changes.append("budget.max_cost: not enforced locally (price 0)")
     if plan.estimate.source != "none":
         changes.append("estimate: dropped (it describes the planned cluster, not this machine)")
-    new_plan = dataclasses.replace(plan, parallel=new_par, training=new_t, hardware=new_hw,
-                                   budget=budget, estimate=EstimateSection(),
-                                   job=dataclasses.replace(plan.job, target_tokens=0))
+    new_plan = dataclasses.replace(
+        plan,
+        parallel=new_par,
+        training=new_t,
+        hardware=new_hw,
+        budget=budget,
+        estimate=EstimateSection(),
+        job=dataclasses.replace(plan.job, target_tokens=0),
+    )
     old_batch, new_batch = plan.global_batch_size, new_plan.global_batch_size
     if old_batch != new_batch:
-        changes.append(f"global batch: {old_batch} -> {new_batch} sequences per step "
-                       "(per-device settings kept)")
+        changes.append(
+            f"global batch: {old_batch} -> {new_batch} sequences per step "
+            "(per-device settings kept)"
+        )
     return new_plan, changes

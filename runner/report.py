@@ -29,34 +29,54 @@ def planned_vs_actual(plan: Plan, result: dict, billed_seconds: float) -> dict:
     m = result["measured"]
     cur = plan.hardware.currency
     est = plan.estimate
-    cost = money.cost(price_per_node_hour=plan.hardware.price_per_node_hour,
-                      nodes=plan.parallel.nnodes, seconds=billed_seconds)
+    cost = money.cost(
+        price_per_node_hour=plan.hardware.price_per_node_hour,
+        nodes=plan.parallel.nnodes,
+        seconds=billed_seconds,
+    )
     tokens = m["tokens_trained"]
     rows = [
         Row("tokens/s (whole job)", "tokens/s", est.tokens_per_second, m["tokens_per_second"]),
         Row("step time (median)", "s", est.step_time_s, m["step_time_s"]),
-        Row(f"peak memory per device ({m['peak_memory_method']})", "GB", est.peak_memory_gb,
-            m["peak_memory_gb"]),
-        Row("MFU" if plan.hardware.peak_tflops > 0 else "MFU (hardware peak unknown)", "%",
+        Row(
+            f"peak memory per device ({m['peak_memory_method']})",
+            "GB",
+            est.peak_memory_gb,
+            m["peak_memory_gb"],
+        ),
+        Row(
+            "MFU" if plan.hardware.peak_tflops > 0 else "MFU (hardware peak unknown)",
+            "%",
             est.mfu * 100 if est.mfu else None,
-            m["mfu"] * 100 if plan.hardware.peak_tflops > 0 else None),
-        Row("cost per million tokens", cur, est.cost_per_million_tokens,
-            cost / tokens * 1e6 if tokens else None),
+            m["mfu"] * 100 if plan.hardware.peak_tflops > 0 else None,
+        ),
+        Row(
+            "cost per million tokens",
+            cur,
+            est.cost_per_million_tokens,
+            cost / tokens * 1e6 if tokens else None,
+        ),
         Row("total cost (billed wall-clock)", cur, est.cost, cost),
         Row("hours (billed wall-clock)", "h", est.hours, billed_seconds / 3600),
-        Row("tokens trained", "tokens", float(plan.training.max_steps * plan.tokens_per_step),
-            float(tokens)),
+        Row(
+            "tokens trained",
+            "tokens",
+            float(plan.training.max_steps * plan.tokens_per_step),
+            float(tokens),
+        ),
     ]
     spread = None
     if est.step_time_interval_s:  # the probes' measured noise around the planned step time
         low, high = est.step_time_interval_s
         actual = m["step_time_s"]
-        spread = {"planned_step_time_interval_s": [low, high],
-                  "planned_step_time_spread": est.step_time_spread,
-                  "actual_step_time_s": actual,
-                  "actual_within_planned_interval": low <= actual <= high,
-                  "actual_within_planned_spread": abs(actual - est.step_time_s) <=
-                  est.step_time_spread * est.step_time_s}
+        spread = {
+            "planned_step_time_interval_s": [low, high],
+            "planned_step_time_spread": est.step_time_spread,
+            "actual_step_time_s": actual,
+            "actual_within_planned_interval": low <= actual <= high,
+            "actual_within_planned_spread": abs(actual - est.step_time_s)
+            <= est.step_time_spread * est.step_time_s,
+        }
     return {
         "plan": plan.name,
         "step_time_noise": spread,
@@ -70,8 +90,16 @@ def planned_vs_actual(plan: Plan, result: dict, billed_seconds: float) -> dict:
         "max_steps": result["max_steps"],
         "useful_token_fraction": m["useful_token_fraction"],
         "padded_tokens": m["padded_tokens"],
-        "rows": [{"metric": r.metric, "unit": r.unit, "planned": r.planned, "actual": r.actual,
-                  "actual_over_planned": r.ratio} for r in rows],
+        "rows": [
+            {
+                "metric": r.metric,
+                "unit": r.unit,
+                "planned": r.planned,
+                "actual": r.actual,
+                "actual_over_planned": r.ratio,
+            }
+            for r in rows
+        ],
     }
 
 
@@ -88,22 +116,34 @@ def _fmt(value: float | None) -> str:
 def render(report: dict) -> str:
     source = report["planned_source"]
     planned_head = f"planned ({source})" if source != "none" else "planned (none given)"
-    table = [[r["metric"], r["unit"], _fmt(r["planned"] or None), _fmt(r["actual"]),
-              _fmt(r["actual_over_planned"])] for r in report["rows"]]
+    table = [
+        [
+            r["metric"],
+            r["unit"],
+            _fmt(r["planned"] or None),
+            _fmt(r["actual"]),
+            _fmt(r["actual_over_planned"]),
+        ]
+        for r in report["rows"]
+    ]
     head = ["metric", "unit", planned_head, "actual (measured)", "actual/planned"]
-    status = ("finished" if report["finished"] else f"stopped: {report['stop_reason']}")
-    lines = [f"plan {report['plan']}: {status} after {report['completed_steps']}/"
-             f"{report['max_steps']} steps; useful (non-padding) tokens "
-             f"{report['useful_token_fraction']:.1%}",
-             tabulate(table, headers=head, tablefmt="github", disable_numparse=True)]
+    status = "finished" if report["finished"] else f"stopped: {report['stop_reason']}"
+    lines = [
+        f"plan {report['plan']}: {status} after {report['completed_steps']}/"
+        f"{report['max_steps']} steps; useful (non-padding) tokens "
+        f"{report['useful_token_fraction']:.1%}",
+        tabulate(table, headers=head, tablefmt="github", disable_numparse=True),
+    ]
     noise = report.get("step_time_noise")
     if noise:
         low, high = noise["planned_step_time_interval_s"]
         inside = "inside" if noise["actual_within_planned_interval"] else "outside"
-        lines.append(f"planned step time from probes (measured): 95% interval of the mean "
-                     f"{_fmt(low)}-{_fmt(high)} s, single steps spread "
-                     f"{noise['planned_step_time_spread']:.0%} (10-90%); the actual median "
-                     f"{_fmt(noise['actual_step_time_s'])} s is {inside} the interval and "
-                     + ("within" if noise["actual_within_planned_spread"] else "beyond")
-                     + " the probes' spread")
+        lines.append(
+            f"planned step time from probes (measured): 95% interval of the mean "
+            f"{_fmt(low)}-{_fmt(high)} s, single steps spread "
+            f"{noise['planned_step_time_spread']:.0%} (10-90%); the actual median "
+            f"{_fmt(noise['actual_step_time_s'])} s is {inside} the interval and "
+            + ("within" if noise["actual_within_planned_spread"] else "beyond")
+            + " the probes' spread"
+        )
     return "\n".join(lines)

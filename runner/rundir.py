@@ -30,21 +30,28 @@ class RunDirLock:
         self.lock_file = lock_file  # nodes > 0 of a multi-node run hold their own
         self.fd: int | None = None
 
-    def acquire(self) -> "RunDirLock":
+    def acquire(self) -> RunDirLock:
         with guard_disk_writes(self.run_dir, needed_bytes=4096):
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.run_dir / self.lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(
+                self.run_dir / self.lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644
+            )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _read_holder(fd)
             os.close(fd)
-            raise RunDirBusy(f"another runner is using this run directory ({holder}); wait for "
-                             "it to end, or give this run its own --output-dir",
-                             file=str(self.run_dir)) from None
+            raise RunDirBusy(
+                f"another runner is using this run directory ({holder}); wait for "
+                "it to end, or give this run its own --output-dir",
+                file=str(self.run_dir),
+            ) from None
         self.fd = fd
-        info = {"pid": os.getpid(), "host": socket.gethostname(),
-                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
         with guard_disk_writes(self.run_dir, needed_bytes=4096):
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(info).encode(), 0)
@@ -55,7 +62,7 @@ class RunDirLock:
             os.close(self.fd)  # closing the descriptor drops the flock
             self.fd = None
 
-    def __enter__(self) -> "RunDirLock":
+    def __enter__(self) -> RunDirLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

@@ -76,16 +76,21 @@ def check_run_files(run_dir: Path, *, log=print) -> list[Path]:
             if problem:
                 shutil.copy2(path, _target(run_dir, name))
                 write_text_atomic(path, "".join(f"{line}\n" for line in good))
-                log(f"{path} had {problem}; a copy is in {run_dir / DAMAGED_DIR}, the run goes "
-                    f"on with its {len(good)} readable step records")
+                log(
+                    f"{path} had {problem}; a copy is in {run_dir / DAMAGED_DIR}, the run goes "
+                    f"on with its {len(good)} readable step records"
+                )
                 continue
         else:
             problem = None
         if problem:
             target = move_damaged(path, run_dir)
             moved.append(target)
-            fix = "rebuilt from the newest checkpoint" if name == "result.json" else \
-                "rewritten by this run"
+            fix = (
+                "rebuilt from the newest checkpoint"
+                if name == "result.json"
+                else "rewritten by this run"
+            )
             log(f"{path} is damaged ({problem}); moved to {target}, {fix}")
     return moved
 
@@ -109,8 +114,9 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def rebuild_result(plan: Plan, run_dir: Path, state: dict, *, billed_seconds: float,
-                   checkpoint_bytes: int) -> dict:
+def rebuild_result(
+    plan: Plan, run_dir: Path, state: dict, *, billed_seconds: float, checkpoint_bytes: int
+) -> dict:
     """result.json of a run whose result was lost: the newest checkpoint's state (steps,
     tokens, loss; measured) and the step records in metrics.jsonl (times, throughput)."""
     from runner.metrics import WARMUP_STEPS
@@ -123,26 +129,43 @@ def rebuild_result(plan: Plan, run_dir: Path, state: dict, *, billed_seconds: fl
         return statistics.median(values) if values else 0.0
 
     tokens, padded = state["tokens_trained"], state["padded_tokens"]
-    cost = money.cost(price_per_node_hour=plan.hardware.price_per_node_hour,
-                      nodes=plan.parallel.nnodes, seconds=billed_seconds)
+    cost = money.cost(
+        price_per_node_hour=plan.hardware.price_per_node_hour,
+        nodes=plan.parallel.nnodes,
+        seconds=billed_seconds,
+    )
     step_times = [r["step_time_s"] for r in steady if "step_time_s" in r]
     measured = {
-        "steps_this_attempt": 0, "tokens_trained": tokens, "padded_tokens": padded,
+        "steps_this_attempt": 0,
+        "tokens_trained": tokens,
+        "padded_tokens": padded,
         "useful_token_fraction": tokens / max(1, tokens + padded),
         "step_time_s": median("step_time_s"),
         "step_time_spread_s": max(step_times) - min(step_times) if step_times else 0.0,
-        "tokens_per_second": median("tokens_per_second"), "mfu": median("mfu"),
+        "tokens_per_second": median("tokens_per_second"),
+        "mfu": median("mfu"),
         "peak_memory_gb": max((r.get("peak_memory_gb", 0.0) for r in records), default=0.0),
         "peak_memory_method": "peak RSS" if plan.hardware.device == "cpu" else "allocator peak",
-        "billed_hours": billed_seconds / 3600.0, "cost": cost,
+        "billed_hours": billed_seconds / 3600.0,
+        "cost": cost,
         "currency": plan.hardware.currency,
         "cost_per_million_tokens": cost / tokens * 1e6 if tokens else 0.0,
-        "checkpoint_seconds_median": 0.0, "final_loss": state.get("loss")}
+        "checkpoint_seconds_median": 0.0,
+        "final_loss": state.get("loss"),
+    }
     step = state["step"]
     finished = step >= plan.training.max_steps
-    return {"plan": plan.name, "completed_steps": step, "max_steps": plan.training.max_steps,
-            "finished": finished, "stop_reason": "finished" if finished else "interrupted",
-            "last_checkpoint_step": step, "resumed_from_step": step,
-            "world_size": plan.parallel.world_size, "checkpoint_bytes": checkpoint_bytes,
-            "measured": measured, "last_step": records[-1] if records else None,
-            "rebuilt_from": "newest checkpoint's state and metrics.jsonl"}
+    return {
+        "plan": plan.name,
+        "completed_steps": step,
+        "max_steps": plan.training.max_steps,
+        "finished": finished,
+        "stop_reason": "finished" if finished else "interrupted",
+        "last_checkpoint_step": step,
+        "resumed_from_step": step,
+        "world_size": plan.parallel.world_size,
+        "checkpoint_bytes": checkpoint_bytes,
+        "measured": measured,
+        "last_step": records[-1] if records else None,
+        "rebuilt_from": "newest checkpoint's state and metrics.jsonl",
+    }

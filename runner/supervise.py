@@ -53,8 +53,7 @@ def machine_memory_bytes() -> int:
                     break
     except OSError:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for limit_file in ("/sys/fs/cgroup/memory.max",
-                       "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
             text = Path(limit_file).read_text().strip()
         except OSError:
@@ -83,8 +82,11 @@ def oom_kills() -> int:
 
 def supervision_env(status_dir: Path, limit_bytes: int) -> dict[str, str]:
     """Environment that makes every rank started with it supervised (see supervise())."""
-    return {STATUS_DIR_ENV: str(status_dir), LIMIT_ENV: str(int(limit_bytes)),
-            OWNER_ENV: f"{os.getpid()}:{process_start(os.getpid())}"}
+    return {
+        STATUS_DIR_ENV: str(status_dir),
+        LIMIT_ENV: str(int(limit_bytes)),
+        OWNER_ENV: f"{os.getpid()}:{process_start(os.getpid())}",
+    }
 
 
 def process_start(pid: int) -> int:
@@ -111,8 +113,7 @@ def supervised(command, status_dir: Path, limit_bytes: int):
     """`command` (a runner.parallel.LaunchCommand) with its ranks supervised."""
     import dataclasses
 
-    return dataclasses.replace(command, env=command.env | supervision_env(status_dir,
-                                                                          limit_bytes))
+    return dataclasses.replace(command, env=command.env | supervision_env(status_dir, limit_bytes))
 
 
 def _memory(pid: int) -> tuple[int, int]:
@@ -164,8 +165,13 @@ def supervise() -> None:
         if os.getppid() != parent:
             os._exit(1)
         return
-    watch(pid, rank=int(rank), limit_bytes=limit, status_file=folder / f"rank_{rank}.json",
-          owner=os.environ.get(OWNER_ENV, ""))
+    watch(
+        pid,
+        rank=int(rank),
+        limit_bytes=limit,
+        status_file=folder / f"rank_{rank}.json",
+        owner=os.environ.get(OWNER_ENV, ""),
+    )
 
 
 def watch(pid: int, *, rank: int, limit_bytes: int, status_file: Path, owner: str = "") -> None:
@@ -175,6 +181,7 @@ def watch(pid: int, *, rank: int, limit_bytes: int, status_file: Path, owner: st
     checkpoints at its next step end and exits): training never goes on without the runner
     that bills it, even if the launcher in between missed its own parent-death notice.
     """
+
     def forward(signum, frame):
         try:
             os.kill(pid, signum)
@@ -183,10 +190,19 @@ def watch(pid: int, *, rank: int, limit_bytes: int, status_file: Path, owner: st
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
-    record = {"rank": rank, "pid": pid, "supervisor_pid": os.getpid(),
-              "memory_limit_bytes": limit_bytes, "peak_rss_bytes": 0, "rss_bytes": 0,
-              "started": time.time(), "ended": None, "exit_code": None, "signal": None,
-              "killed_for_memory": False}
+    record = {
+        "rank": rank,
+        "pid": pid,
+        "supervisor_pid": os.getpid(),
+        "memory_limit_bytes": limit_bytes,
+        "peak_rss_bytes": 0,
+        "rss_bytes": 0,
+        "started": time.time(),
+        "ended": None,
+        "exit_code": None,
+        "signal": None,
+        "killed_for_memory": False,
+    }
     _write(status_file, record)
     written = checked = time.monotonic()
     orphaned = False
@@ -218,8 +234,9 @@ def watch(pid: int, *, rank: int, limit_bytes: int, status_file: Path, owner: st
             written = time.monotonic()
         time.sleep(POLL_S)
     code = os.waitstatus_to_exitcode(status)
-    record.update(ended=time.time(), exit_code=code,
-                  signal=signal.Signals(-code).name if code < 0 else None)
+    record.update(
+        ended=time.time(), exit_code=code, signal=signal.Signals(-code).name if code < 0 else None
+    )
     _write(status_file, record)
     if code < 0:
         try:
@@ -230,8 +247,9 @@ def watch(pid: int, *, rank: int, limit_bytes: int, status_file: Path, owner: st
     os._exit(code)
 
 
-def signal_supervised_ranks(status_dir: Path, sig: int, *, since: float = 0.0,
-                            skip: set[int] = frozenset()) -> set[int]:
+def signal_supervised_ranks(
+    status_dir: Path, sig: int, *, since: float = 0.0, skip: set[int] = frozenset()
+) -> set[int]:
     """Send `sig` to every live rank supervisor of `status_dir` (each forwards it to its rank);
     return the supervisor pids signalled.
 

@@ -27,9 +27,9 @@ from gptplan.tomlconf import write_text_atomic
 from runner import budget as budget_guard
 from runner import checkpoint as ckpt
 from runner import signals
+from runner.batches import BatchSource, DeterministicSampler, TokenDataset
 from runner.billing import Billing
 from runner.console import say
-from runner.batches import BatchSource, DeterministicSampler, TokenDataset
 from runner.datacache import content_key, open_prepared
 from runner.metrics import MetricsWriter, RunMeter
 from runner.model import build_model
@@ -41,6 +41,7 @@ STOP_ORDER = (STOP_SIGNAL, "budget.max_cost", "budget.max_hours", STOP_DISK)  # 
 
 
 # ---- schedule --------------------------------------------------------------------------------
+
 
 def learning_rate_at(step: int, t: TrainingSection) -> float:
     """Linear warm-up, then cosine/linear decay to min_learning_rate; a function of step only,
@@ -65,11 +66,12 @@ def dropout_seed(seed: int, step: int, rank: int, world: int) -> int:
 
 # ---- distributed environment -----------------------------------------------------------------
 
+
 @dataclass
 class RankInfo:
     rank: int = 0
     world: int = 1
-    batch_rank: int = 0       # which slice of the global batch this rank trains on
+    batch_rank: int = 0  # which slice of the global batch this rank trains on
     data_parallel_rank: int = 0
     shard: ckpt.ShardId = ckpt.ShardId()
 
@@ -92,18 +94,24 @@ def init_distributed(plan: Plan) -> RankInfo:
     dp_rank = hcg.get_data_parallel_rank()
     sd_rank = hcg.get_sharding_parallel_rank()
     shard = ckpt.ShardId(hcg.get_model_parallel_rank(), hcg.get_stage_id(), sd_rank)
-    info = RankInfo(rank=paddle.distributed.get_rank(), world=paddle.distributed.get_world_size(),
-                    batch_rank=dp_rank * plan.parallel.sharding_parallel_degree + sd_rank,
-                    data_parallel_rank=dp_rank, shard=shard)
+    info = RankInfo(
+        rank=paddle.distributed.get_rank(),
+        world=paddle.distributed.get_world_size(),
+        batch_rank=dp_rank * plan.parallel.sharding_parallel_degree + sd_rank,
+        data_parallel_rank=dp_rank,
+        shard=shard,
+    )
     if plan.parallel.tensor_parallel_degree > 1:
         from paddlenlp.trainer.trainer_utils import set_hyrbid_parallel_seed
 
-        set_hyrbid_parallel_seed(plan.job.seed, info.batch_rank, shard.tensor_rank,
-                                 shard.pipeline_rank)
+        set_hyrbid_parallel_seed(
+            plan.job.seed, info.batch_rank, shard.tensor_rank, shard.pipeline_rank
+        )
     return info
 
 
 # ---- construction ----------------------------------------------------------------------------
+
 
 def build_optimizer(plan: Plan, model):
     import paddle
@@ -114,10 +122,15 @@ def build_optimizer(plan: Plan, model):
     no_decay = {p.name for n, p in model.named_parameters() if n.endswith("bias") or "norm" in n}
     clip = paddle.nn.ClipGradByGlobalNorm(t.max_grad_norm) if t.max_grad_norm > 0 else None
     return paddle.optimizer.AdamW(
-        learning_rate=t.learning_rate, parameters=model.parameters(), beta1=t.adam_beta1,
-        beta2=t.adam_beta2, weight_decay=t.weight_decay, grad_clip=clip,
+        learning_rate=t.learning_rate,
+        parameters=model.parameters(),
+        beta1=t.adam_beta1,
+        beta2=t.adam_beta2,
+        weight_decay=t.weight_decay,
+        grad_clip=clip,
         apply_decay_param_fun=lambda name: name not in no_decay,
-        multi_precision=t.fp16_opt_level == "O2")
+        multi_precision=t.fp16_opt_level == "O2",
+    )
 
 
 def build_scaler(plan: Plan):
@@ -134,8 +147,11 @@ def amp_context(plan: Plan):
     t = plan.training
     if t.precision == "fp32":
         return contextlib.nullcontext()
-    return paddle.amp.auto_cast(enable=True, level=t.fp16_opt_level,
-                                dtype="float16" if t.precision == "fp16" else "bfloat16")
+    return paddle.amp.auto_cast(
+        enable=True,
+        level=t.fp16_opt_level,
+        dtype="float16" if t.precision == "fp16" else "bfloat16",
+    )
 
 
 @dataclass
@@ -177,8 +193,9 @@ class Trainer:
             return self._pipeline_step(step)
         loss = 0.0
         for micro in range(t.gradient_accumulation_steps):
-            loss += self.forward_backward(step, micro,
-                                          sync=micro == t.gradient_accumulation_steps - 1)
+            loss += self.forward_backward(
+                step, micro, sync=micro == t.gradient_accumulation_steps - 1
+            )
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -197,8 +214,9 @@ class Trainer:
         inputs = paddle.to_tensor(np.concatenate([p.input_ids for p in parts]))
         labels = paddle.to_tensor(np.concatenate([p.labels for p in parts]))
         with amp_context(self.plan):
-            loss = self.model.train_batch([inputs, labels], optimizer=self.optimizer,
-                                          scaler=self.scaler)
+            loss = self.model.train_batch(
+                [inputs, labels], optimizer=self.optimizer, scaler=self.scaler
+            )
         return float(loss)
 
     def global_loss(self, loss: float) -> float:
@@ -221,11 +239,16 @@ class Trainer:
         barrier(self.rank)
         writer = self.rank.data_parallel_rank == 0
         scaler_state = self.scaler.state_dict() if self.scaler is not None else None
-        ckpt.write_shard(tmp, self.rank.shard, model_state=self.model.state_dict(),
-                         optimizer_state=self.optimizer.state_dict(), scaler_state=scaler_state,
-                         write_model=writer and (self.rank.shard.sharding_rank == 0 or
-                                                 self.plan.parallel.sharding == "stage3"),
-                         write_optimizer=writer)
+        ckpt.write_shard(
+            tmp,
+            self.rank.shard,
+            model_state=self.model.state_dict(),
+            optimizer_state=self.optimizer.state_dict(),
+            scaler_state=scaler_state,
+            write_model=writer
+            and (self.rank.shard.sharding_rank == 0 or self.plan.parallel.sharding == "stage3"),
+            write_optimizer=writer,
+        )
         barrier(self.rank)
         if self.rank.is_main:
             ckpt.commit(tmp, state, keep_last=self.plan.checkpoint.keep_last)
@@ -274,9 +297,11 @@ def agree_on_data(data_dir: Path, rank: RankInfo) -> None:
     dist.all_reduce(low, op=dist.ReduceOp.MIN)
     dist.all_reduce(high, op=dist.ReduceOp.MAX)
     if int(low.item()) != int(high.item()):
-        raise RuntimeError(f"rank {rank.rank} prepared other data ({data_dir}) than its peers "
-                           "(another corpus or tokenizer on this node); give every node the "
-                           "same corpus files and job.tokenizer")
+        raise RuntimeError(
+            f"rank {rank.rank} prepared other data ({data_dir}) than its peers "
+            "(another corpus or tokenizer on this node); give every node the "
+            "same corpus files and job.tokenizer"
+        )
 
 
 def agree_on_checkpoint(latest: Path | None, rank: RankInfo) -> Path | None:
@@ -299,7 +324,8 @@ def agree_on_checkpoint(latest: Path | None, rank: RankInfo) -> Path | None:
             f"rank {rank.rank} sees {seen} in {latest.parent if latest else 'its run dir'}, "
             f"other ranks see steps {int(low.item())}..{int(high.item())} (-1 = none): the run "
             "directory (job.output_dir / --output-dir) must be on storage shared by all nodes, "
-            "e.g. the bucket the SkyPilot task mounts")
+            "e.g. the bucket the SkyPilot task mounts"
+        )
     return latest
 
 
@@ -318,6 +344,7 @@ class StopSignal:
 @dataclass(frozen=True)
 class Stop:
     """What the stop rules decided after a step ('' = go on)."""
+
     reason: str = ""
 
     @property
@@ -332,6 +359,7 @@ class StopRules:
     runner.budget with measured costs), and the disk (room for the next checkpoint). Rank 0
     decides the budget and the disk, every rank its signals; all ranks agree on the result, so
     every rank stops after the same step."""
+
     plan: Plan
     rank: RankInfo
     meter: RunMeter
@@ -347,8 +375,12 @@ class StopRules:
         if self.rank.is_main and step < self.plan.training.max_steps:
             for limit in self._limits_crossed():
                 flags[limit] = 1
-        if self.rank.is_main and (checkpoint_due or any(flags.values())) and \
-                self.checkpoint_bytes and free_bytes(self.root) < self.checkpoint_bytes:
+        if (
+            self.rank.is_main
+            and (checkpoint_due or any(flags.values()))
+            and self.checkpoint_bytes
+            and free_bytes(self.root) < self.checkpoint_bytes
+        ):
             flags[STOP_DISK] = 1  # stop cleanly (last good checkpoint kept), never half-write
         agreed = agree_on_stop([flags[k] for k in STOP_ORDER], self.rank)
         if step >= self.plan.training.max_steps and not agreed[STOP_ORDER.index(STOP_DISK)]:
@@ -357,26 +389,31 @@ class StopRules:
 
     def _limits_crossed(self) -> list[str]:
         costs = budget_guard.stop_costs(
-            self.plan, self.previous_attempts,
+            self.plan,
+            self.previous_attempts,
             step_times=[r.step_time_s for r in self.meter.records],
-            checkpoint_times=self.meter.checkpoint_seconds)
-        crossed = budget_guard.over_limits(self.plan, billed_s=self.meter.billed_seconds(),
-                                           needed_s=costs.total_s)
+            checkpoint_times=self.meter.checkpoint_seconds,
+        )
+        crossed = budget_guard.over_limits(
+            self.plan, billed_s=self.meter.billed_seconds(), needed_s=costs.total_s
+        )
         self._alert()
         return crossed
 
     def _alert(self) -> None:
         budget = self.plan.budget
         spent = self.meter.cost_so_far()
-        if budget.max_cost > 0 and not self.alerted and \
-                spent >= budget.alert_at * budget.max_cost:
+        if budget.max_cost > 0 and not self.alerted and spent >= budget.alert_at * budget.max_cost:
             self.alerted = True
-            say(f"WARNING: spent {spent:.4f} {budget.currency} (measured), "
+            say(
+                f"WARNING: spent {spent:.4f} {budget.currency} (measured), "
                 f"{spent / budget.max_cost:.0%} of budget.max_cost "
-                f"{budget.max_cost} {budget.currency}")
+                f"{budget.max_cost} {budget.currency}"
+            )
 
 
 # ---- the run ---------------------------------------------------------------------------------
+
 
 def build_trainer(plan: Plan, data_dir: Path, rank: RankInfo) -> Trainer:
     data = open_prepared(data_dir)
@@ -384,12 +421,16 @@ def build_trainer(plan: Plan, data_dir: Path, rank: RankInfo) -> Trainer:
         raise RuntimeError("prepared data vocabulary exceeds model.vocab_size")
     dataset = TokenDataset(data, seq_len=plan.training.seq_len, packing=plan.training.packing)
     sampler = DeterministicSampler(
-        dataset.num_samples, seed=plan.job.seed, micro_batch=plan.training
-        .per_device_train_batch_size, accumulation=plan.training.gradient_accumulation_steps,
-        batch_ranks=plan.parallel.batch_ranks)
+        dataset.num_samples,
+        seed=plan.job.seed,
+        micro_batch=plan.training.per_device_train_batch_size,
+        accumulation=plan.training.gradient_accumulation_steps,
+        batch_ranks=plan.parallel.batch_ranks,
+    )
     model, optimizer, scaler = build_training_state(plan)
-    return Trainer(plan, rank, model, optimizer, scaler, BatchSource(dataset, sampler,
-                                                                     rank=rank.batch_rank))
+    return Trainer(
+        plan, rank, model, optimizer, scaler, BatchSource(dataset, sampler, rank=rank.batch_rank)
+    )
 
 
 def build_training_state(plan: Plan):
@@ -399,15 +440,20 @@ def build_training_state(plan: Plan):
 
     paddle.seed(plan.job.seed)
     with unique_name.guard():  # stable parameter names -> optimizer state keys match on resume
-        model = build_model(plan.model, plan.parallel, seq_len=plan.training.seq_len,
-                            use_flash_attention=plan.training.use_flash_attention,
-                            precision=plan.training.precision)
+        model = build_model(
+            plan.model,
+            plan.parallel,
+            seq_len=plan.training.seq_len,
+            use_flash_attention=plan.training.use_flash_attention,
+            precision=plan.training.precision,
+        )
         optimizer = build_optimizer(plan, model)
     scaler = build_scaler(plan)
     if plan.training.fp16_opt_level == "O2":
         dtype = "float16" if plan.training.precision == "fp16" else "bfloat16"
-        model, optimizer = paddle.amp.decorate(models=model, optimizers=optimizer, level="O2",
-                                               dtype=dtype, master_weight=True)
+        model, optimizer = paddle.amp.decorate(
+            models=model, optimizers=optimizer, level="O2", dtype=dtype, master_weight=True
+        )
     return model, optimizer, scaler
 
 
@@ -423,11 +469,11 @@ def distribute(trainer: Trainer) -> None:
 
         level = "os_g" if plan.parallel.sharding == "stage2" else "p_g_os"
         hcg = fleet.get_hybrid_communicate_group()
-        by_name = {"sharding": hcg.get_sharding_parallel_group,
-                   "data": hcg.get_data_parallel_group}
+        by_name = {"sharding": hcg.get_sharding_parallel_group, "data": hcg.get_data_parallel_group}
         groups = {k: by_name[v]() for k, v in sharding_groups(plan).items()}
         trainer.model, trainer.optimizer, trainer.scaler = group_sharded_parallel(
-            trainer.model, trainer.optimizer, level, scaler=trainer.scaler, **groups)
+            trainer.model, trainer.optimizer, level, scaler=trainer.scaler, **groups
+        )
         return
     trainer.model = fleet.distributed_model(trainer.model)
     trainer.optimizer = fleet.distributed_optimizer(trainer.optimizer)
@@ -438,16 +484,19 @@ def distribute(trainer: Trainer) -> None:
 def log_line(plan: Plan, rec) -> str:
     cur = plan.hardware.currency
     mfu = f"MFU {rec.mfu * 100:.2f}%" if plan.hardware.peak_tflops > 0 else "MFU peak unknown"
-    return (f"step {rec.step + 1}/{plan.training.max_steps} | loss {rec.loss:.4f} | "
-            f"lr {rec.learning_rate:.2e} | {rec.step_time_s * 1000:.0f} ms/step | "
-            f"{rec.tokens_per_second:,.0f} tok/s | {mfu} | "
-            f"mem {rec.peak_memory_gb:.2f} GB | cost {rec.cost:.4f} {cur} | "
-            f"projected {rec.projected_cost:.4f} {cur}   (all measured)")
+    return (
+        f"step {rec.step + 1}/{plan.training.max_steps} | loss {rec.loss:.4f} | "
+        f"lr {rec.learning_rate:.2e} | {rec.step_time_s * 1000:.0f} ms/step | "
+        f"{rec.tokens_per_second:,.0f} tok/s | {mfu} | "
+        f"mem {rec.peak_memory_gb:.2f} GB | cost {rec.cost:.4f} {cur} | "
+        f"projected {rec.projected_cost:.4f} {cur}   (all measured)"
+    )
 
 
 @dataclass
 class Attempt:
     """One rank's attempt at the plan: what the loop carries from step to step."""
+
     plan: Plan
     run_dir: Path
     trainer: Trainer
@@ -480,11 +529,14 @@ def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
             last_saved = step
         if stop.reason:
             if run.is_main:
-                say(f"stopping after step {step}: disk full, {free_bytes(run.rules.root):,} "
+                say(
+                    f"stopping after step {step}: disk full, {free_bytes(run.rules.root):,} "
                     f"bytes free in {run.rules.root}, a checkpoint needs about "
                     f"{run.rules.checkpoint_bytes:,}; the last good checkpoint (step "
-                    f"{last_saved}) is kept" if stop.out_of_disk else
-                    f"stopping after step {step}: {stop.reason}; checkpoint saved")
+                    f"{last_saved}) is kept"
+                    if stop.out_of_disk
+                    else f"stopping after step {step}: {stop.reason}; checkpoint saved"
+                )
             break
     return finish(run, step, stop, last_saved)
 
@@ -504,30 +556,48 @@ def start_attempt(plan: Plan, data_dir: Path, run_dir: Path) -> Attempt:
     if latest is not None:
         state = ckpt.read_state(latest)
         trainer.restore(latest)
-        start_step, tokens_before, padded_before = (state["step"], state["tokens_trained"],
-                                                    state["padded_tokens"])
+        start_step, tokens_before, padded_before = (
+            state["step"],
+            state["tokens_trained"],
+            state["padded_tokens"],
+        )
     distribute(trainer)
-    meter = RunMeter(plan, attempt_start=attempt_start,
-                     previous_seconds=billing.previous_seconds(), tokens_before=tokens_before,
-                     padded_before=padded_before, first_step=start_step)
+    meter = RunMeter(
+        plan,
+        attempt_start=attempt_start,
+        previous_seconds=billing.previous_seconds(),
+        tokens_before=tokens_before,
+        padded_before=padded_before,
+        first_step=start_step,
+    )
     # Room a checkpoint needs: the previous one's size (measured), before the first one the
     # modelled size (gptplan.money.checkpoint_bytes).
-    needed = ckpt.checkpoint_bytes(latest) if latest else \
-        budget_guard.checkpoint_prior_bytes(plan)
+    needed = ckpt.checkpoint_bytes(latest) if latest else budget_guard.checkpoint_prior_bytes(plan)
     rules = StopRules(plan, rank, meter, billing.attempts[:-1], root, needed, notice)
-    run = Attempt(plan, run_dir, trainer, meter,
-                  MetricsWriter(run_dir, enabled=rank.is_main, first_step=start_step),
-                  rules, billing, start_step, latest)
+    run = Attempt(
+        plan,
+        run_dir,
+        trainer,
+        meter,
+        MetricsWriter(run_dir, enabled=rank.is_main, first_step=start_step),
+        rules,
+        billing,
+        start_step,
+        latest,
+    )
     if rank.is_main:
         t = plan.training
         resumed = f", resumed from {latest.name}" if latest else ""
-        say(f"training {plan.name}: {t.max_steps} steps x {plan.tokens_per_step} tokens, "
-            f"world size {rank.world}{resumed}")
+        say(
+            f"training {plan.name}: {t.max_steps} steps x {plan.tokens_per_step} tokens, "
+            f"world size {rank.world}{resumed}"
+        )
         if sys.stdout.isatty():  # a person watches rank 0 (launched ranks log to files)
             from tqdm import tqdm
 
-            run.progress = tqdm(total=t.max_steps, initial=start_step, unit="step",
-                                dynamic_ncols=True)
+            run.progress = tqdm(
+                total=t.max_steps, initial=start_step, unit="step", dynamic_ncols=True
+            )
     return run
 
 
@@ -540,16 +610,26 @@ def run_step(run: Attempt, step: int) -> float:
     loss = trainer.global_loss(trainer.train_step(step))  # float() synchronised the device
     step_time = time.perf_counter() - began
     real, padded = trainer.batches.step_token_counts(step)
-    record = run.meter.record(step=step, loss=loss, lr=learning_rate_at(step, plan.training),
-                              step_time=step_time, tokens=real, padded=padded,
-                              epoch=trainer.batches.sampler.epoch_at(step + 1))
+    record = run.meter.record(
+        step=step,
+        loss=loss,
+        lr=learning_rate_at(step, plan.training),
+        step_time=step_time,
+        tokens=real,
+        padded=padded,
+        epoch=trainer.batches.sampler.epoch_at(step + 1),
+    )
     if not run.is_main:
         return loss
     done = step + 1
     if run.progress is not None:
         run.progress.update(1)
-        run.progress.set_postfix(loss=f"{loss:.3f}", tok_s=f"{record.tokens_per_second:,.0f}",
-                                 cost=f"{record.cost:.4f}", refresh=False)
+        run.progress.set_postfix(
+            loss=f"{loss:.3f}",
+            tok_s=f"{record.tokens_per_second:,.0f}",
+            cost=f"{record.cost:.4f}",
+            refresh=False,
+        )
     if done % plan.training.logging_steps == 0 or done == plan.training.max_steps:
         run.writer.write(record)
         (run.progress.write if run.progress is not None else say)(log_line(plan, record))
@@ -558,10 +638,16 @@ def run_step(run: Attempt, step: int) -> float:
 
 def save_checkpoint(run: Attempt, step: int, loss: float) -> None:
     plan, meter = run.plan, run.meter
-    state = {"step": step, "tokens_trained": meter.tokens_total,
-             "padded_tokens": meter.padded_total, "plan_fingerprint": plan.fingerprint(),
-             "trajectory": plan.trajectory(), "billed_seconds": meter.billed_seconds(),
-             "loss": loss, "saved_at": time.time()}
+    state = {
+        "step": step,
+        "tokens_trained": meter.tokens_total,
+        "padded_tokens": meter.padded_total,
+        "plan_fingerprint": plan.fingerprint(),
+        "trajectory": plan.trajectory(),
+        "billed_seconds": meter.billed_seconds(),
+        "loss": loss,
+        "saved_at": time.time(),
+    }
     seconds = run.trainer.save(run.rules.root, step, state)
     meter.checkpoint_seconds.append(seconds)
     if run.is_main:
@@ -576,13 +662,20 @@ def finish(run: Attempt, step: int, stop: Stop, last_saved: int) -> dict:
     if run.progress is not None:
         run.progress.close()
     finished = step >= plan.training.max_steps and not stop.out_of_disk
-    result = {"plan": plan.name, "completed_steps": step, "max_steps": plan.training.max_steps,
-              "finished": finished,
-              "stop_reason": stop.reason or ("finished" if finished else ""),
-              "last_checkpoint_step": last_saved, "resumed_from_step": run.start_step,
-              "world_size": rank.world, "loop_ended_at": time.time(),
-              "checkpoint_bytes": run.rules.checkpoint_bytes, "measured": meter.summary(),
-              "last_step": asdict(meter.records[-1]) if meter.records else None}
+    result = {
+        "plan": plan.name,
+        "completed_steps": step,
+        "max_steps": plan.training.max_steps,
+        "finished": finished,
+        "stop_reason": stop.reason or ("finished" if finished else ""),
+        "last_checkpoint_step": last_saved,
+        "resumed_from_step": run.start_step,
+        "world_size": rank.world,
+        "loop_ended_at": time.time(),
+        "checkpoint_bytes": run.rules.checkpoint_bytes,
+        "measured": meter.summary(),
+        "last_step": asdict(meter.records[-1]) if meter.records else None,
+    }
     if rank.is_main:
         steady = meter.steady()
         if steady:

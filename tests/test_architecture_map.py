@@ -1,5 +1,6 @@
 """The README's architecture map names every module of the three floors, and only modules
 that exist (issue 19: the map had left out 19 of them)."""
+
 import re
 from pathlib import Path
 
@@ -27,8 +28,12 @@ def _mapped_modules() -> set[str]:
 
 
 def _modules_on_disk() -> set[str]:
-    return {f"{floor}/{p.name}" for floor in FLOORS for p in (ROOT / floor).glob("*.py")
-            if p.name != "__init__.py"}
+    return {
+        f"{floor}/{p.name}"
+        for floor in FLOORS
+        for p in (ROOT / floor).glob("*.py")
+        if p.name != "__init__.py"
+    }
 
 
 def test_every_module_is_on_the_map():

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import BASE_PLAN, merge
+
+from gptplan.plan import plan_from_dict
 from planner.autotune import TuneSettings, implied_oom, tune
 from planner.calibration import fit
 from planner.hardware import load_profiles
 from planner.probes import LocalProbe, ProbeCache, ProbeResult, config_key
 from planner.search import allowed_offers, decide, evaluate_space
 from planner.spec import load_spec
-from gptplan.plan import plan_from_dict
 
 CPU_SPEC = Path(__file__).resolve().parents[1] / "planner" / "specs" / "cpu_demo.toml"
 
@@ -39,29 +39,28 @@ def test_probe_ok_measures(tiny_plan, tmp_path):
 
 def test_probe_oom_is_classified(tiny_plan, tmp_path):
     big = plan_from_dict(merge(BASE_PLAN, {"training": {"per_device_train_batch_size": 512}}))
-    result = LocalProbe(tmp_path, steps=2, warmup=1, memory_limit_gb=0.7,
-                        fingerprint="fp").run(big)
+    result = LocalProbe(tmp_path, steps=2, warmup=1, memory_limit_gb=0.7, fingerprint="fp").run(big)
     assert result.status == "oom", result.detail
     assert "MemoryError" in result.detail or "ResourceExhausted" in result.detail
 
 
 def test_probe_crash_is_classified(tiny_plan, tmp_path):
-    result = LocalProbe(tmp_path, steps=2, warmup=1, fault="crash",
-                        fingerprint="fp").run(tiny_plan)
+    result = LocalProbe(tmp_path, steps=2, warmup=1, fault="crash", fingerprint="fp").run(tiny_plan)
     assert result.status == "crash" and "injected crash" in result.detail
 
 
 def test_probe_hang_times_out_and_leaves_nothing_running(tiny_plan, tmp_path):
-    result = LocalProbe(tmp_path, steps=2, warmup=1, fault="hang", timeout_s=20,
-                        fingerprint="fp").run(tiny_plan)
+    result = LocalProbe(
+        tmp_path, steps=2, warmup=1, fault="hang", timeout_s=20, fingerprint="fp"
+    ).run(tiny_plan)
     assert result.status == "timeout"
     assert 20 <= result.wall_s < 40
 
 
-def test_served_worker_measures_like_a_fresh_process_and_survives_failures(tiny_plan,
-                                                                           tmp_path):
-    fresh = LocalProbe(tmp_path / "fresh", steps=3, warmup=1, fingerprint="fp",
-                       persistent=False).run(tiny_plan)
+def test_served_worker_measures_like_a_fresh_process_and_survives_failures(tiny_plan, tmp_path):
+    fresh = LocalProbe(
+        tmp_path / "fresh", steps=3, warmup=1, fingerprint="fp", persistent=False
+    ).run(tiny_plan)
     probe = LocalProbe(tmp_path / "served", steps=3, warmup=1, fingerprint="fp")
     try:
         first, second = probe.run(tiny_plan), probe.run(tiny_plan)
@@ -98,8 +97,9 @@ assert probe.run(plan_from_dict(BASE_PLAN)).ok
 print(next(iter(probe._workers.values())).proc.pid, flush=True)
 os.kill(os.getpid(), 9)
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
     worker_pid = int(done.stdout.split()[0])
     for _ in range(100):
         try:
@@ -127,13 +127,23 @@ class ScriptedProbe:
         key = config_key(plan)
         self.calls.append(key)
         t = plan.training
-        if t.per_device_train_batch_size > 24 and plan.parallel.recompute == "none" and \
-                t.precision == "fp32":
+        if (
+            t.per_device_train_batch_size > 24
+            and plan.parallel.recompute == "none"
+            and t.precision == "fp32"
+        ):
             return ProbeResult(key, "oom", fingerprint=self.fingerprint, wall_s=1.0)
         step = plan.estimate.step_time_s * 1.3
-        return ProbeResult(key, "ok", step_time_s=step, tokens_per_second=plan.tokens_per_step
-                           / step, peak_memory_gb=plan.estimate.peak_memory_gb,
-                           fingerprint=self.fingerprint, wall_s=1.0, measured_steps=steps or 5)
+        return ProbeResult(
+            key,
+            "ok",
+            step_time_s=step,
+            tokens_per_second=plan.tokens_per_step / step,
+            peak_memory_gb=plan.estimate.peak_memory_gb,
+            fingerprint=self.fingerprint,
+            wall_s=1.0,
+            measured_steps=steps or 5,
+        )
 
 
 def cpu_space():
@@ -150,8 +160,16 @@ def run_tune(tmp_path, probes, log, seed=0, storage=""):
     spec, table, _, rows, target = cpu_space()
     settings = TuneSettings(probes=probes, trials=300, seed=seed, storage=storage)
     cache = ProbeCache(tmp_path / f"cache-{seed}.jsonl")
-    return tune(spec, table, rows, target=target, work_dir=tmp_path, settings=settings,
-                backend=ScriptedProbe(log), cache=cache), table
+    return tune(
+        spec,
+        table,
+        rows,
+        target=target,
+        work_dir=tmp_path,
+        settings=settings,
+        backend=ScriptedProbe(log),
+        cache=cache,
+    ), table
 
 
 def test_study_probes_within_budget_and_resumes_without_repeats(tmp_path):
@@ -164,10 +182,13 @@ def test_study_probes_within_budget_and_resumes_without_repeats(tmp_path):
     assert len(second.probed) >= len(first.probed)
     assert second.best_row is not None
     # the best measured configuration is the cheapest measured one
-    costs = {i: table["cost"][i] * r.step_time_s / table["step_time_s"][i]
-             for i, r in second.probed.items()}
-    assert second.best_row == min(costs, key=costs.get) or \
-        abs(costs[second.best_row] - min(costs.values())) < 1e-3 * min(costs.values())
+    costs = {
+        i: table["cost"][i] * r.step_time_s / table["step_time_s"][i]
+        for i, r in second.probed.items()
+    }
+    assert second.best_row == min(costs, key=costs.get) or abs(
+        costs[second.best_row] - min(costs.values())
+    ) < 1e-3 * min(costs.values())
 
 
 class FittingProbe(ScriptedProbe):
@@ -177,17 +198,32 @@ class FittingProbe(ScriptedProbe):
         key = config_key(plan)
         self.calls.append(key)
         step = plan.estimate.step_time_s * 1.3
-        return ProbeResult(key, "ok", step_time_s=step, tokens_per_second=plan.tokens_per_step
-                           / step, peak_memory_gb=plan.estimate.peak_memory_gb,
-                           fingerprint=self.fingerprint, wall_s=1.0, measured_steps=steps or 5)
+        return ProbeResult(
+            key,
+            "ok",
+            step_time_s=step,
+            tokens_per_second=plan.tokens_per_step / step,
+            peak_memory_gb=plan.estimate.peak_memory_gb,
+            fingerprint=self.fingerprint,
+            wall_s=1.0,
+            measured_steps=steps or 5,
+        )
 
 
 def test_finalists_are_raced_and_pooled(tmp_path):
     spec, table, _, rows, target = cpu_space()
     calls: list = []
     settings = TuneSettings(probes=7, trials=300, seed=0)
-    outcome = tune(spec, table, rows, target=target, work_dir=tmp_path, settings=settings,
-                   backend=FittingProbe(calls), cache=ProbeCache(tmp_path / "c.jsonl"))
+    outcome = tune(
+        spec,
+        table,
+        rows,
+        target=target,
+        work_dir=tmp_path,
+        settings=settings,
+        backend=FittingProbe(calls),
+        cache=ProbeCache(tmp_path / "c.jsonl"),
+    )
     assert len(calls) == 7  # 5 exploring + 2 racing
     assert len(set(calls)) == 5  # the race re-measures two explored configurations
     assert calls[5] != calls[6]  # in turn: A, B
@@ -204,9 +240,16 @@ class SkewedProbe(ScriptedProbe):
         key = config_key(plan)
         self.calls.append(key)
         step = plan.estimate.step_time_s * (3.0 if plan.parallel.nproc_per_node == 2 else 0.8)
-        return ProbeResult(key, "ok", step_time_s=step, tokens_per_second=plan.tokens_per_step
-                           / step, peak_memory_gb=plan.estimate.peak_memory_gb,
-                           fingerprint=self.fingerprint, wall_s=1.0, measured_steps=steps or 5)
+        return ProbeResult(
+            key,
+            "ok",
+            step_time_s=step,
+            tokens_per_second=plan.tokens_per_step / step,
+            peak_memory_gb=plan.estimate.peak_memory_gb,
+            fingerprint=self.fingerprint,
+            wall_s=1.0,
+            measured_steps=steps or 5,
+        )
 
 
 def test_after_the_seeds_the_recalibrated_model_picks_the_next_probe(tmp_path):
@@ -216,10 +259,19 @@ def test_after_the_seeds_the_recalibrated_model_picks_the_next_probe(tmp_path):
     spec, table, _, rows, target = cpu_space()
     calls: list = []
     settings = TuneSettings(probes=4, trials=300, seed=0, enqueue=3)
-    outcome = tune(spec, table, rows, target=target, work_dir=tmp_path, settings=settings,
-                   backend=SkewedProbe(calls), cache=ProbeCache(tmp_path / "c.jsonl"))
-    key_to_row = {config_key(candidate_plan(spec, table.row(int(i)), target=target)): int(i)
-                  for i in rows}
+    outcome = tune(
+        spec,
+        table,
+        rows,
+        target=target,
+        work_dir=tmp_path,
+        settings=settings,
+        backend=SkewedProbe(calls),
+        cache=ProbeCache(tmp_path / "c.jsonl"),
+    )
+    key_to_row = {
+        config_key(candidate_plan(spec, table.row(int(i)), target=target)): int(i) for i in rows
+    }
     seeds = [key_to_row[k] for k in calls[:3]]
     assert seeds == seed_rows(table, rows, 3)
     probed = {i: outcome.probed[i] for i in seeds}
@@ -237,8 +289,9 @@ def test_oom_implication_is_monotone():
         same = [i for i in rows if all(table[x][i] == table[x][base] for x in dims)]
         bigger = [i for i in same if table["micro"][i] > 16 and table["recompute_code"][i] == 0]
         smaller = [i for i in same if table["micro"][i] < 16]
-        more_recompute = [i for i in same if table["micro"][i] == 16 and
-                          table["recompute_code"][i] > 0]
+        more_recompute = [
+            i for i in same if table["micro"][i] == 16 and table["recompute_code"][i] > 0
+        ]
         if bigger and smaller and more_recompute:
             break
     else:
@@ -250,8 +303,9 @@ def test_oom_implication_is_monotone():
 
 def _worker(path: str, seed: int, queue) -> None:
     try:
-        outcome, _ = run_tune(Path(path), 3, [], seed=seed,
-                              storage=f"sqlite:///{Path(path) / 'shared.db'}")
+        outcome, _ = run_tune(
+            Path(path), 3, [], seed=seed, storage=f"sqlite:///{Path(path) / 'shared.db'}"
+        )
         queue.put(("ok", len(outcome.probed)))
     except Exception as exc:  # report to the parent
         queue.put(("error", repr(exc)))
@@ -271,8 +325,9 @@ def test_two_planners_share_one_sqlite_study(tmp_path):
     assert all(status == "ok" for status, _ in results), results
     studies = optuna.get_all_study_summaries(storage=f"sqlite:///{tmp_path / 'shared.db'}")
     assert len(studies) == 1
-    study = optuna.load_study(study_name=studies[0].study_name,
-                              storage=f"sqlite:///{tmp_path / 'shared.db'}")
+    study = optuna.load_study(
+        study_name=studies[0].study_name, storage=f"sqlite:///{tmp_path / 'shared.db'}"
+    )
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(complete) == len(study.trials)  # nothing left half-done or corrupt
 
@@ -282,8 +337,10 @@ def test_calibration_recovers_a_uniform_slowdown():
     spec, table, _, rows, _ = cpu_space()
     profile = table.offers[0].profile
     chosen = [i for i in rows if table["precision_code"][i] == 0][:: max(1, len(rows) // 12)]
-    probed = {int(i): ProbeResult("k", "ok", step_time_s=float(table["step_time_s"][i]) * 1.3)
-              for i in chosen}
+    probed = {
+        int(i): ProbeResult("k", "ok", step_time_s=float(table["step_time_s"][i]) * 1.3)
+        for i in chosen
+    }
     calib = fit(table, probed, profile, fingerprint="fp")
     assert calib is not None and "fp32" in calib.by_precision
     assert calib.fit_error < 0.10
@@ -301,21 +358,27 @@ def test_calibration_learns_that_large_micro_batches_run_slower():
     profile = table.offers[0].profile
     fp32 = [int(i) for i in rows if table["precision_code"][i] == 0]
     truth = dataclasses.replace(profile.efficiency_for("fp32"), rolloff_tokens=1000.0)
-    probed = {i: ProbeResult("k", "ok", step_time_s=predicted_step(table, i, truth))
-              for i in fp32[::3]}
+    probed = {
+        i: ProbeResult("k", "ok", step_time_s=predicted_step(table, i, truth)) for i in fp32[::3]
+    }
     assert len({int(table["micro"][i] * table["seq"][i]) for i in probed}) >= 3
     calib = fit(table, probed, profile, fingerprint="fp")
     fitted = calib.by_precision["fp32"]
     assert 500 < fitted.rolloff_tokens < 2000 and calib.fit_error < 0.02
     held_out = [i for i in fp32 if i not in probed]
-    worst = max(abs(predicted_step(table, i, fitted) / predicted_step(table, i, truth) - 1)
-                for i in held_out)
+    worst = max(
+        abs(predicted_step(table, i, fitted) / predicted_step(table, i, truth) - 1)
+        for i in held_out
+    )
     assert worst < 0.03
     # and a machine without the fall keeps none
-    flat = {i: ProbeResult("k", "ok", step_time_s=float(table["step_time_s"][i]))
-            for i in fp32[::3]}
-    assert fit(table, flat, profile, fingerprint="fp").by_precision["fp32"].rolloff_tokens == 0 \
+    flat = {
+        i: ProbeResult("k", "ok", step_time_s=float(table["step_time_s"][i])) for i in fp32[::3]
+    }
+    assert (
+        fit(table, flat, profile, fingerprint="fp").by_precision["fp32"].rolloff_tokens == 0
         or fit(table, flat, profile, fingerprint="fp").by_precision["fp32"].rolloff_tokens > 1e5
+    )
 
 
 def test_seeds_span_work_sizes():
@@ -327,9 +390,8 @@ def test_seeds_span_work_sizes():
     # every layout (offer) of the machine is seeded: 1 and 2 CPU processes
     assert {int(table["offer"][i]) for i in seeds} == {int(o) for o in table["offer"][rows]}
     for o in {int(table["offer"][i]) for i in seeds}:  # within a layout, work sizes 2x apart
-        work = [float(table["micro"][i] * table["seq"][i]) for i in seeds
-                if table["offer"][i] == o]
-        assert all(abs(np.log2(a / b)) >= 1 for k, a in enumerate(work) for b in work[k + 1:])
+        work = [float(table["micro"][i] * table["seq"][i]) for i in seeds if table["offer"][i] == o]
+        assert all(abs(np.log2(a / b)) >= 1 for k, a in enumerate(work) for b in work[k + 1 :])
     best_per_offer = [table["cost"][i] for i in seeds[:2]]
     assert best_per_offer == sorted(best_per_offer)
 
@@ -340,6 +402,7 @@ def test_optimize_with_probes_end_to_end(tmp_path):
     import json
 
     from conftest import run_cli
+
     from gptplan.plan import load_plan
 
     env = {"GPTPLAN_CALIBRATION_DIR": str(tmp_path / "calib")}
@@ -351,16 +414,20 @@ def test_optimize_with_probes_end_to_end(tmp_path):
     assert plan.estimate.source == "probe" and "step_time_s" in plan.estimate.measured
     assert plan.provenance.probes >= 1
     assert (tmp_path / "calib" / "cpu.toml").exists()
-    again = run_cli(*args[:-4], "--probes", "1", "--seed", "1", cwd=tmp_path,
-                    env=env)  # resumes: the 3 known configurations are not probed again
+    again = run_cli(
+        *args[:-4], "--probes", "1", "--seed", "1", cwd=tmp_path, env=env
+    )  # resumes: the 3 known configurations are not probed again
     assert again.returncode == 0
     assert "configuration(s) measured" in again.stdout
-    hist = run_cli("planner", "history", "--spec", str(CPU_SPEC), "--plot", "h.png",
-                   cwd=tmp_path, env=env)
+    hist = run_cli(
+        "planner", "history", "--spec", str(CPU_SPEC), "--plot", "h.png", cwd=tmp_path, env=env
+    )
     assert hist.returncode == 0, hist.stderr[-2000:]
     assert "measured step s" in hist.stdout and (tmp_path / "h.png").exists()
-    cache = [json.loads(line) for line in
-             (tmp_path / ".cache" / "gptplan" / "probes.jsonl").read_text().splitlines()]
+    cache = [
+        json.loads(line)
+        for line in (tmp_path / ".cache" / "gptplan" / "probes.jsonl").read_text().splitlines()
+    ]
     keys = [c["key"] for c in cache]
     assert len(keys) == len(set(keys))  # nothing probed twice across the two runs
 
@@ -369,8 +436,16 @@ def test_multi_objective_study_runs(tmp_path):
     spec, table, _, rows, target = cpu_space()
     calls: list = []
     settings = TuneSettings(probes=5, trials=200, seed=3, multi_objective=True)
-    outcome = tune(spec, table, rows, target=target, work_dir=tmp_path, settings=settings,
-                   backend=ScriptedProbe(calls), cache=ProbeCache(tmp_path / "c.jsonl"))
+    outcome = tune(
+        spec,
+        table,
+        rows,
+        target=target,
+        work_dir=tmp_path,
+        settings=settings,
+        backend=ScriptedProbe(calls),
+        cache=ProbeCache(tmp_path / "c.jsonl"),
+    )
     # 3 exploring probes (+2 confirmations when two configurations fit); never a repeat
     assert 3 <= len(calls) <= 5 and len(set(calls)) == 3
     import optuna

@@ -19,19 +19,48 @@ from pathlib import Path
 import pytest
 import tomli
 import tomli_w
+from conftest import REPO
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from conftest import REPO
 
 PLAN_CASES = int(os.environ.get("GPTPLAN_PROPERTY_CASES", 30))
 SPEC_CASES = int(os.environ.get("GPTPLAN_PROPERTY_CASES", 20))
 PLANS = sorted((REPO / "plans").glob("*.toml"))
 SPECS = sorted((REPO / "planner" / "specs").glob("*.toml"))
 DELETE = object()
-VALUES = [0, -1, 1, 3, 2**62, 10**18, 1e18, -1e-9, 0.5, math.inf, -math.inf, math.nan, "",
-          "has space", "../x", "sub/dir", "a\x00b", "abc", "usd", "XYZ", True, False, [],
-          [100000], [0], [-1], ["x"], [math.inf], {}, {"k": 1}, DELETE]
+VALUES = [
+    0,
+    -1,
+    1,
+    3,
+    2**62,
+    10**18,
+    1e18,
+    -1e-9,
+    0.5,
+    math.inf,
+    -math.inf,
+    math.nan,
+    "",
+    "has space",
+    "../x",
+    "sub/dir",
+    "a\x00b",
+    "abc",
+    "usd",
+    "XYZ",
+    True,
+    False,
+    [],
+    [100000],
+    [0],
+    [-1],
+    ["x"],
+    [math.inf],
+    {},
+    {"k": 1},
+    DELETE,
+]
 
 
 def keys_of(path: Path) -> list[tuple[str, ...]]:
@@ -70,8 +99,11 @@ def call(main, argv: list[str]) -> tuple[int, str, str]:
 
 
 def error_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.strip() and "Warning" not in line
-            and not line.strip().startswith("warnings.warn")]
+    return [
+        line
+        for line in stderr.splitlines()
+        if line.strip() and "Warning" not in line and not line.strip().startswith("warnings.warn")
+    ]
 
 
 def check_outcome(rc, stdout: str, stderr: str, *, names: list[str]) -> None:
@@ -99,8 +131,12 @@ def spec_keys():
     return [(p, k) for p in SPECS for k in keys_of(p)]
 
 
-@settings(max_examples=PLAN_CASES, deadline=None, derandomize=True,
-          suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=PLAN_CASES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=list(HealthCheck),
+)
 @given(target=st.sampled_from(plan_keys()), value=st.sampled_from(VALUES))
 def test_mutated_plans_through_runner_dry_run(target, value, cache_dir):
     from runner.cli import main
@@ -123,10 +159,17 @@ def test_mutated_plans_through_runner_dry_run(target, value, cache_dir):
         shutil.rmtree(work, ignore_errors=True)
 
 
-@settings(max_examples=SPEC_CASES, deadline=None, derandomize=True,
-          suppress_health_check=list(HealthCheck))
-@given(target=st.sampled_from(spec_keys()), value=st.sampled_from(VALUES),
-       command=st.sampled_from(["estimate", "optimize"]))
+@settings(
+    max_examples=SPEC_CASES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=list(HealthCheck),
+)
+@given(
+    target=st.sampled_from(spec_keys()),
+    value=st.sampled_from(VALUES),
+    command=st.sampled_from(["estimate", "optimize"]),
+)
 def test_mutated_specs_through_planner(target, value, command, cache_dir):
     from planner.cli import main
 
@@ -139,8 +182,9 @@ def test_mutated_specs_through_planner(target, value, command, cache_dir):
         (work / "base.toml").write_text(tomli_w.dumps(base))
         spec = mutate(work / "base.toml", key, value, work / "")
         out = work / "out" / "plan.toml"
-        argv = [command, "--spec", str(spec)] + (["--out", str(out)] if command == "optimize"
-                                                 else [])
+        argv = [command, "--spec", str(spec)] + (
+            ["--out", str(out)] if command == "optimize" else []
+        )
         rc, stdout, stderr = call(main, argv)
         check_outcome(rc, stdout, stderr, names=[spec.name, "--"])
         if rc != 0:

@@ -31,6 +31,7 @@ DP2 = {"parallel": {"nproc_per_node": 2, "data_parallel_degree": 2}}
 
 # ---- the journal -----------------------------------------------------------------------------
 
+
 def two_attempts(run: Path) -> Billing:
     billing = Billing(run, repair=True)
     billing.open_attempt(1000.0, now=1000.0)
@@ -53,8 +54,9 @@ def test_journal_merges_lines_and_skips_a_torn_last_line(tmp_path):
 
 
 def test_old_single_object_format_still_reads_and_is_converted(tmp_path):
-    (tmp_path / JOURNAL).write_text(json.dumps(
-        {"attempts": [{"start": 10.0, "last_seen": 25.0, "step_s": 0.5}]}))
+    (tmp_path / JOURNAL).write_text(
+        json.dumps({"attempts": [{"start": 10.0, "last_seen": 25.0, "step_s": 0.5}]})
+    )
     billing = Billing(tmp_path, repair=True)
     assert billing.total_seconds() == 15.0 and billing.notice is None
     billing.open_attempt(100.0)
@@ -83,8 +85,9 @@ def test_a_damaged_copy_is_recovered_from_the_other(tmp_path, damage, which):
     assert billing.notice and "recovered from" in billing.notice, billing.notice
     # both copies are whole again; the damaged one is kept in damaged/
     for p in (tmp_path / JOURNAL, tmp_path / COPY):
-        assert sum(a["last_seen"] - a["start"] for a in parse(p.read_text())) == \
-            pytest.approx(billed)
+        assert sum(a["last_seen"] - a["start"] for a in parse(p.read_text())) == pytest.approx(
+            billed
+        )
     if damage != "delete":
         assert list((tmp_path / "damaged").iterdir())
 
@@ -145,10 +148,16 @@ def test_process_start_time_is_this_process_start():
 
 # ---- end to end ------------------------------------------------------------------------------
 
+
 def start(plan: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "runner", "execute", str(plan)],
-                            cwd=plan.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "runner", "execute", str(plan)],
+        cwd=plan.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def kill_group(proc: subprocess.Popen) -> float:
@@ -188,8 +197,10 @@ def test_attempts_killed_in_start_up_bill_their_wall_time(write_plan, tmp_path):
     attempts = Billing(run).attempts
     billed = [a["last_seen"] - a["start"] for a in attempts]
     pairs = list(zip(walls, billed, strict=True))
-    print(f"3 attempts killed in start-up: wall {sum(walls):.1f} s, billed "
-          f"{sum(billed):.1f} s ({', '.join(f'{w:.1f}/{b:.1f}' for w, b in pairs)})")
+    print(
+        f"3 attempts killed in start-up: wall {sum(walls):.1f} s, billed "
+        f"{sum(billed):.1f} s ({', '.join(f'{w:.1f}/{b:.1f}' for w, b in pairs)})"
+    )
     assert len(attempts) == 3
     for wall, bill in pairs:  # within the heartbeat (and a loaded machine's lag)
         assert wall - 2 * HEARTBEAT_S - 2.0 <= bill <= wall + 1.0
@@ -201,8 +212,13 @@ def test_sigkill_mid_attempt_is_billed(write_plan, tmp_path):
     run = tmp_path / "run"
     proc = start(plan)
     began = time.time()
-    wait_for(lambda: (run / "metrics.jsonl").exists() and
-             len((run / "metrics.jsonl").read_text().splitlines()) >= 3, proc)
+    wait_for(
+        lambda: (
+            (run / "metrics.jsonl").exists()
+            and len((run / "metrics.jsonl").read_text().splitlines()) >= 3
+        ),
+        proc,
+    )
     wall = kill_group(proc) - began
     billed = Billing(run).total_seconds()
     print(f"SIGKILL at {wall:.1f} s into the attempt: billed {billed:.1f} s")
@@ -210,12 +226,16 @@ def test_sigkill_mid_attempt_is_billed(write_plan, tmp_path):
 
 
 @pytest.mark.e2e
-def test_one_process_plan_that_cannot_buy_a_step_with_start_up_is_refused(write_plan,
-                                                                          tmp_path):
+def test_one_process_plan_that_cannot_buy_a_step_with_start_up_is_refused(write_plan, tmp_path):
     # 1 USD/h: 0.001 USD buys 3.6 s, less than the stated in-process start-up bound alone.
     plan = write_plan({"budget": {"max_cost": 0.001}, "training": {"max_steps": 4}})
-    proc = subprocess.run([sys.executable, "-m", "runner", "execute", str(plan)],
-                          cwd=plan.parent, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "runner", "execute", str(plan)],
+        cwd=plan.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr

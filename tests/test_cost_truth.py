@@ -33,8 +33,7 @@ def plan_for(spec):
 
 
 def test_currency_eur_without_a_rate_exits_2(tmp_path):
-    proc = run_cli("planner", "optimize", "--budget", "12000", "--currency", "EUR",
-                   cwd=tmp_path)
+    proc = run_cli("planner", "optimize", "--budget", "12000", "--currency", "EUR", cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout[-2000:]
     assert "rates.EUR" in proc.stderr and "CNY per EUR" in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
@@ -42,8 +41,7 @@ def test_currency_eur_without_a_rate_exits_2(tmp_path):
 
 
 def test_rates_are_quoted_in_one_currency_and_crossed_explicitly():
-    spec = spec_of(constraints={"currency": "EUR"},
-                   rates={"quote": "CNY", "USD": 7.2, "EUR": 8.0})
+    spec = spec_of(constraints={"currency": "EUR"}, rates={"quote": "CNY", "USD": 7.2, "EUR": 8.0})
     assert spec.rate("USD") == pytest.approx(7.2 / 8.0)
     assert spec.rate("CNY") == pytest.approx(1 / 8.0)
     no_eur = spec_of(constraints={"currency": "EUR"}, rates={"quote": "CNY", "USD": 7.2})
@@ -52,15 +50,17 @@ def test_rates_are_quoted_in_one_currency_and_crossed_explicitly():
 
 
 @settings(max_examples=8, deadline=None)
-@given(currency=st.sampled_from(["CNY", "EUR", "JPY", "GBP"]),
-       usd=st.floats(0.01, 200.0), budget_rate=st.floats(0.01, 200.0))
+@given(
+    currency=st.sampled_from(["CNY", "EUR", "JPY", "GBP"]),
+    usd=st.floats(0.01, 200.0),
+    budget_rate=st.floats(0.01, 200.0),
+)
 def test_every_cost_is_price_times_rate_times_hours(currency, usd, budget_rate):
     from planner.costreport import price_record
     from planner.report import candidate_record
 
     rates = {"quote": "CHF", "USD": usd, currency: budget_rate}
-    spec = spec_of(constraints={"currency": currency, "profiles": ["t4"], "budget": 0},
-                   rates=rates)
+    spec = spec_of(constraints={"currency": currency, "profiles": ["t4"], "budget": 0}, rates=rates)
     decision, table = plan_for(spec)
     rate = usd / budget_rate
     for i in [decision.chosen, *np.flatnonzero(table["fits"])[:20]]:
@@ -71,8 +71,9 @@ def test_every_cost_is_price_times_rate_times_hours(currency, usd, budget_rate):
         rec = candidate_record(table, int(i), currency, chosen=decision.chosen)
         assert rec[f"modelled_cost_{currency.lower()}"] == pytest.approx(expected, rel=1e-9)
         prices = price_record(table, int(i), currency)
-        assert prices["price_usd_per_node_hour"] * rate == \
-            pytest.approx(prices[f"price_{currency.lower()}_per_node_hour"])
+        assert prices["price_usd_per_node_hour"] * rate == pytest.approx(
+            prices[f"price_{currency.lower()}_per_node_hour"]
+        )
     # printed: the per-offer table shows each best plan's cost = price x rate x nodes x hours
     from planner.costreport import money, offer_summary, render_offers
 
@@ -80,8 +81,7 @@ def test_every_cost_is_price_times_rate_times_hours(currency, usd, budget_rate):
     for rec in offer_summary(decision, spec):
         cost = rec[f"modelled_cost_{currency.lower()}"]
         native = rec[f"price_usd_per_node_hour_{rec['capacity']}"]
-        assert cost == pytest.approx(native * rate * rec["nodes"] * rec["modelled_hours"],
-                                     rel=1e-9)
+        assert cost == pytest.approx(native * rate * rec["nodes"] * rec["modelled_hours"], rel=1e-9)
         assert f"{money(cost)} (" in text and f"cost {currency}" in text
 
 
@@ -89,14 +89,16 @@ def test_outlier_spot_price_is_flagged_and_kept_out_of_the_headline():
     spec = spec_of(constraints={"profiles": ["a100-40gb"]})
     decision, table = plan_for(spec)
     chosen = table.row(decision.chosen)
-    assert not (chosen["spot"] and chosen["offer_choice"].offer.key ==
-                "azure/Standard_ND96asr_v4")  # the old headline's row
+    assert not (
+        chosen["spot"] and chosen["offer_choice"].offer.key == "azure/Standard_ND96asr_v4"
+    )  # the old headline's row
     flagged = [c for c in table.offers if c.price.outlier]
     assert [c.offer.key for c in flagged] == ["azure/Standard_ND96asr_v4"]
     assert "median" in flagged[0].price.outlier_note
     assert not (chosen["spot"] and chosen["offer_choice"].price.outlier)
-    allowed, table2 = plan_for(spec_of(constraints={"profiles": ["a100-40gb"],
-                                                     "allow_outlier_prices": True}))
+    allowed, table2 = plan_for(
+        spec_of(constraints={"profiles": ["a100-40gb"], "allow_outlier_prices": True})
+    )
     row = table2.row(allowed.chosen)
     assert row["spot"] and row["offer_choice"].offer.key == "azure/Standard_ND96asr_v4"
     assert row["cost"] < chosen["cost"]
@@ -106,8 +108,12 @@ def _with_risk(spec, low, high):
     from planner.pricebook import SpotRisk
 
     offers = allowed_offers(spec, load_profiles())
-    return [dataclasses.replace(c, facts=dataclasses.replace(
-        c.price, risk=SpotRisk(0.05, low, high, 0.5, "test"))) for c in offers]
+    return [
+        dataclasses.replace(
+            c, facts=dataclasses.replace(c.price, risk=SpotRisk(0.05, low, high, 0.5, "test"))
+        )
+        for c in offers
+    ]
 
 
 def test_spot_cost_includes_preemptions_and_interval_widens_with_rate_uncertainty():
@@ -118,21 +124,28 @@ def test_spot_cost_includes_preemptions_and_interval_widens_with_rate_uncertaint
     assert spot.all() and (narrow["preemptions"] > 0).all()
     # preemptions cost lost work and restarts: more paid hours than training alone
     assert (narrow["hours"] > narrow["train_hours"] + narrow.fixed_hours).all()
-    assert np.allclose(narrow["preemptions"], narrow["nodes"] * 0.05 *
-                       (narrow["hours"] - narrow.fixed_hours))
+    assert np.allclose(
+        narrow["preemptions"], narrow["nodes"] * 0.05 * (narrow["hours"] - narrow.fixed_hours)
+    )
     a, b = narrow.intervals(), wide.intervals()
     assert np.allclose(narrow["cost"], wide["cost"])
     assert (b["cost_p90"] > a["cost_p90"]).all() and (b["cost_p10"] < a["cost_p10"]).all()
 
 
 def test_minimum_budget_of_a_deadline_bound_job_meets_the_deadline():
-    probe, table = plan_for(spec_of(constraints={"profiles": ["t4", "a100-80gb"],
-                                                 "budget": 0, "deadline_hours": 0}))
+    probe, table = plan_for(
+        spec_of(constraints={"profiles": ["t4", "a100-80gb"], "budget": 0, "deadline_hours": 0})
+    )
     fits = table["fits"]
     cheapest = int(np.flatnonzero(fits)[np.argmin(table["cost"][fits])])
-    deadline = table["hours"][cheapest] / 2   # the cheapest plan misses it
-    spec = spec_of(constraints={"profiles": ["t4", "a100-80gb"], "budget": 1.0,
-                                "deadline_hours": float(deadline)})
+    deadline = table["hours"][cheapest] / 2  # the cheapest plan misses it
+    spec = spec_of(
+        constraints={
+            "profiles": ["t4", "a100-80gb"],
+            "budget": 1.0,
+            "deadline_hours": float(deadline),
+        }
+    )
     decision, table = plan_for(spec)
     assert decision.chosen is None
     expected = table["cost"][fits & (table["hours"] <= deadline)].min()  # no outlier here
@@ -151,9 +164,13 @@ def test_explain_works_on_a_usd_plan_without_the_articles_claims(tmp_path):
 
     data = copy.deepcopy(BANK)
     del data["rates"]
-    data = merge(data, {"job": {"name": "usd_job"},
-                        "constraints": {"currency": "USD", "budget": 5000,
-                                        "profiles": ["t4"]}})
+    data = merge(
+        data,
+        {
+            "job": {"name": "usd_job"},
+            "constraints": {"currency": "USD", "budget": 5000, "profiles": ["t4"]},
+        },
+    )
     spec_file = tmp_path / "usd.toml"
     import tomli_w
 
@@ -164,8 +181,9 @@ def test_explain_works_on_a_usd_plan_without_the_articles_claims(tmp_path):
     write_plan(plan, tmp_path / "usd_job.toml")
     out = explain_plan(tmp_path / "usd_job.toml", spec_path=str(spec_file))
     assert out["currency"] == "USD" and out["claims"] == []
-    proc = run_cli("planner", "explain", str(tmp_path / "usd_job.toml"), "--spec",
-                   str(spec_file), cwd=tmp_path)
+    proc = run_cli(
+        "planner", "explain", str(tmp_path / "usd_job.toml"), "--spec", str(spec_file), cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "about 7 days on 8 cards" not in proc.stdout and "190k steps" not in proc.stdout
 
@@ -174,17 +192,18 @@ def test_explain_works_on_a_usd_plan_without_the_articles_claims(tmp_path):
 def console(tmp_path_factory):
     work = tmp_path_factory.mktemp("cost_console")
     text = run_cli("planner", "optimize", "--budget", "12000", cwd=work)
-    data = run_cli("planner", "optimize", "--budget", "12000", "--json", "--out", "j.toml",
-                   cwd=work)
+    data = run_cli(
+        "planner", "optimize", "--budget", "12000", "--json", "--out", "j.toml", cwd=work
+    )
     return text, data
 
 
 def test_console_fits_120_columns_and_shows_spot_risk(console):
     proc, _ = console
     assert proc.returncode == 0, proc.stderr[-2000:]
-    out = proc.stdout[proc.stdout.index("Best plan per offer"):]
+    out = proc.stdout[proc.stdout.index("Best plan per offer") :]
     assert max(len(line) for line in out.splitlines()) <= 120
-    chosen = " ".join(out[out.index("chosen:"):].split())
+    chosen = " ".join(out[out.index("chosen:") :].split())
     assert "expected preemptions" in chosen and "on-demand costs" in chosen
     assert "price as of" in chosen and ("days old" in chosen or "undated" in chosen)
     assert "sensitivity: the cost moves most with" in chosen
@@ -196,9 +215,16 @@ def test_json_carries_cost_facts_under_unit_keys(console):
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(proc.stdout)
     chosen = data["chosen"]
-    for key in ("price_usd_per_node_hour", "price_cny_per_node_hour", "price_age_days",
-                "expected_preemptions", "preemptions_per_node_hour",
-                "modelled_cost_on_demand_cny", "price_as_of", "spot_price_outlier"):
+    for key in (
+        "price_usd_per_node_hour",
+        "price_cny_per_node_hour",
+        "price_age_days",
+        "expected_preemptions",
+        "preemptions_per_node_hour",
+        "modelled_cost_on_demand_cny",
+        "price_as_of",
+        "spot_price_outlier",
+    ):
         assert key in chosen, key
     assert chosen["spot_price_outlier"] is False
     assert chosen["modelled_cost_on_demand_cny"] > chosen["modelled_cost_cny"]

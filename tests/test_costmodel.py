@@ -8,22 +8,25 @@ import numpy as np
 import pytest
 
 from gptplan import steptime as st
-from planner import costmodel as cm
 from gptplan.modelfacts import MODEL_SIZES
 from gptplan.plan import ModelSection
+from planner import costmodel as cm
 
 BASE = ModelSection(**vars(MODEL_SIZES["gpt-base-110m"]))
 SHAPE = cm.ModelShape.from_section(BASE)
 
 
-@pytest.mark.parametrize("mixed,stage,degree,expected", [
-    (True, 0, 8, 16.0),           # ZeRO: 2 + 2 + 12
-    (True, 1, 8, 4 + 12 / 8),     # stage 1: 4 + 12/d
-    (True, 2, 8, 2 + 14 / 8),     # stage 2: 2 + 14/d
-    (True, 3, 8, 16 / 8),         # stage 3: 16/d
-    (False, 0, 4, 16.0),          # fp32: 4 + 4 + 8
-    (False, 1, 4, 8 + 8 / 4),
-])
+@pytest.mark.parametrize(
+    "mixed,stage,degree,expected",
+    [
+        (True, 0, 8, 16.0),  # ZeRO: 2 + 2 + 12
+        (True, 1, 8, 4 + 12 / 8),  # stage 1: 4 + 12/d
+        (True, 2, 8, 2 + 14 / 8),  # stage 2: 2 + 14/d
+        (True, 3, 8, 16 / 8),  # stage 3: 16/d
+        (False, 0, 4, 16.0),  # fp32: 4 + 4 + 8
+        (False, 1, 4, 8 + 8 / 4),
+    ],
+)
 def test_zero_bytes_per_param(mixed, stage, degree, expected):
     assert cm.model_state_bytes_per_param(mixed, stage, degree) == pytest.approx(expected)
 
@@ -33,16 +36,16 @@ def test_korthikanti_activation_table():
     sbh = s * b * h
     args = dict(seq_len=s, micro_batch=b, act_bytes=2.0)
     none = cm.activation_bytes_per_layer(SHAPE, tp=1, seq_parallel=False, recompute_code=0, **args)
-    assert none == pytest.approx(sbh * (34 + 5 * a * s / h))          # 114 sbh
+    assert none == pytest.approx(sbh * (34 + 5 * a * s / h))  # 114 sbh
     tp2 = cm.activation_bytes_per_layer(SHAPE, tp=2, seq_parallel=False, recompute_code=0, **args)
     assert tp2 == pytest.approx(sbh * (10 + 24 / 2 + 5 * a * s / (h * 2)))
     tpsp = cm.activation_bytes_per_layer(SHAPE, tp=2, seq_parallel=True, recompute_code=0, **args)
     assert tpsp == pytest.approx(sbh * (34 + 5 * a * s / h) / 2)
-    selective = cm.activation_bytes_per_layer(SHAPE, tp=1, seq_parallel=False,
-                                              recompute_code=1, **args)
+    selective = cm.activation_bytes_per_layer(
+        SHAPE, tp=1, seq_parallel=False, recompute_code=1, **args
+    )
     assert selective == pytest.approx(sbh * 34)
-    full = cm.activation_bytes_per_layer(SHAPE, tp=1, seq_parallel=False, recompute_code=3,
-                                         **args)
+    full = cm.activation_bytes_per_layer(SHAPE, tp=1, seq_parallel=False, recompute_code=3, **args)
     assert full == pytest.approx(2 * sbh)
 
 
@@ -56,7 +59,7 @@ def test_recompute_flops_match_narayanan_ratio():
 
 def test_young_daly_and_useful_fraction():
     tau = cm.young_daly_interval_hours(0.1, 0.05)
-    assert tau == pytest.approx(2.0)          # sqrt(2 * 0.1 / 0.05)
+    assert tau == pytest.approx(2.0)  # sqrt(2 * 0.1 / 0.05)
     u = cm.useful_fraction(0.1, tau, 0.05, 1 / 6)
     assert u == pytest.approx(1 - 0.1 / 2 - 0.05 * (1 + 1 / 6))
     assert cm.young_daly_interval_hours(0.1, 0.0) == np.inf
@@ -71,29 +74,62 @@ def test_bubble_and_ring():
 
 
 def test_efficiency_grows_with_work_and_saturates():
-    small = st.curve_efficiency(micro_batch=1, seq_len=128, hidden_per_tp=256, eff_max=0.5,
-                                  half_tokens=2048, half_hidden=384)
-    big = st.curve_efficiency(micro_batch=64, seq_len=2048, hidden_per_tp=8192, eff_max=0.5,
-                                half_tokens=2048, half_hidden=384)
+    small = st.curve_efficiency(
+        micro_batch=1,
+        seq_len=128,
+        hidden_per_tp=256,
+        eff_max=0.5,
+        half_tokens=2048,
+        half_hidden=384,
+    )
+    big = st.curve_efficiency(
+        micro_batch=64,
+        seq_len=2048,
+        hidden_per_tp=8192,
+        eff_max=0.5,
+        half_tokens=2048,
+        half_hidden=384,
+    )
     assert small < 0.05 < 0.45 < big <= 0.5
 
 
 def memory(**kw):
-    args = dict(seq_len=1024, micro_batch=8, accumulation=4, tp=1, pp=1, stage_code=0,
-                shard_degree=8, recompute_code=0, seq_parallel=False, mixed_precision=True,
-                overhead_gb=1.0, fragmentation=1.1) | kw
+    args = (
+        dict(
+            seq_len=1024,
+            micro_batch=8,
+            accumulation=4,
+            tp=1,
+            pp=1,
+            stage_code=0,
+            shard_degree=8,
+            recompute_code=0,
+            seq_parallel=False,
+            mixed_precision=True,
+            overhead_gb=1.0,
+            fragmentation=1.1,
+        )
+        | kw
+    )
     return float(cm.memory_per_device_bytes(SHAPE, **args))
 
 
-GRID = list(itertools.product([1, 2, 4], [1, 2], [0, 1, 2, 3], [0, 1, 2, 3], [False, True],
-                              [1, 8, 32]))
+GRID = list(
+    itertools.product([1, 2, 4], [1, 2], [0, 1, 2, 3], [0, 1, 2, 3], [False, True], [1, 8, 32])
+)
 
 
 @pytest.mark.parametrize("tp,pp,stage,recompute,mixed,micro", GRID[::7])
 def test_memory_is_monotone(tp, pp, stage, recompute, mixed, micro):
     """More sharding, more recompute or more tensor parallel never increases memory."""
-    base = dict(tp=tp, pp=pp, stage_code=stage, recompute_code=recompute,
-                mixed_precision=mixed, micro_batch=micro)
+    base = dict(
+        tp=tp,
+        pp=pp,
+        stage_code=stage,
+        recompute_code=recompute,
+        mixed_precision=mixed,
+        micro_batch=micro,
+    )
     here = memory(**base)
     if stage < 3:
         assert memory(**(base | {"stage_code": stage + 1})) <= here
@@ -107,27 +143,57 @@ def test_memory_is_monotone(tp, pp, stage, recompute, mixed, micro):
 
 # ---- issue 17: step time from the work, per device ----------------------------------------------
 
+
 def _layouts(model: ModelSection, profile: str, **g):
     """evaluate_layouts on one H100/A100 node layout (one row per value)."""
     from planner.hardware import Offer, load_profiles
     from planner.search import evaluate_layouts
 
-    base = {"nodes": 1, "precision_code": 2, "seq": 4096, "micro": 1, "acc": 1, "tp": 1,
-            "pp": 1, "vpp": 1, "stage_code": 0, "shard_degree": 1, "dp": 8,
-            "recompute_code": 0, "sp": 0, "flash": 1} | g
+    base = {
+        "nodes": 1,
+        "precision_code": 2,
+        "seq": 4096,
+        "micro": 1,
+        "acc": 1,
+        "tp": 1,
+        "pp": 1,
+        "vpp": 1,
+        "stage_code": 0,
+        "shard_degree": 1,
+        "dp": 8,
+        "recompute_code": 0,
+        "sp": 0,
+        "flash": 1,
+    } | g
     offer = Offer(gpus_per_node=8, inter_node_gbits_per_s=3200.0)
-    return evaluate_layouts(model, load_profiles()[profile], offer,
-                            {k: np.atleast_1d(v) for k, v in base.items()},
-                            memory_headroom=g.pop("memory_headroom", 0.9))
+    return evaluate_layouts(
+        model,
+        load_profiles()[profile],
+        offer,
+        {k: np.atleast_1d(v) for k, v in base.items()},
+        memory_headroom=g.pop("memory_headroom", 0.9),
+    )
 
 
-LLAMA_70B = ModelSection(family="llama", hidden_size=8192, num_hidden_layers=80,
-                         num_attention_heads=64, num_key_value_heads=8,
-                         intermediate_size=28672, vocab_size=128256,
-                         max_position_embeddings=4096)
-LLAMA_7B = ModelSection(family="llama", hidden_size=4096, num_hidden_layers=32,
-                        num_attention_heads=32, intermediate_size=11008, vocab_size=32000,
-                        max_position_embeddings=4096)
+LLAMA_70B = ModelSection(
+    family="llama",
+    hidden_size=8192,
+    num_hidden_layers=80,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    intermediate_size=28672,
+    vocab_size=128256,
+    max_position_embeddings=4096,
+)
+LLAMA_7B = ModelSection(
+    family="llama",
+    hidden_size=4096,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    intermediate_size=11008,
+    vocab_size=32000,
+    max_position_embeddings=4096,
+)
 
 
 def test_tp8_shard_of_70b_is_not_half_as_efficient_per_flop_as_tp1_7b_on_h100():
@@ -141,8 +207,9 @@ def test_tp8_shard_of_70b_is_not_half_as_efficient_per_flop_as_tp1_7b_on_h100():
         per_device = cm.model_flops_per_token(m, 4096) * 4096 / tp
         return float(per_device / out["compute_s"][0])
 
-    ratio = flops_per_compute_second(LLAMA_70B, big, 8) / \
-        flops_per_compute_second(LLAMA_7B, small, 1)
+    ratio = flops_per_compute_second(LLAMA_70B, big, 8) / flops_per_compute_second(
+        LLAMA_7B, small, 1
+    )
     assert ratio > 0.85
 
 
@@ -185,25 +252,62 @@ def test_uneven_pipeline_stages_plan_126_layers_on_16_stages():
     from planner.spec import EMBEDDED_SPEC, spec_from_dict
 
     bank = tomli.loads(EMBEDDED_SPEC.read_text())
-    model = {"size": "gpt-13b", "hidden_size": 16384, "num_hidden_layers": 126,
-             "num_attention_heads": 128, "intermediate_size": 65536, "vocab_size": 128000,
-             "max_position_embeddings": 4096}
-    s = spec_from_dict(merge(bank, {
-        "model": model,
-        "constraints": {"profiles": ["h100-80gb"], "seq_lens": [4096], "precisions": ["bf16"],
-                        "max_nodes": 128, "budget": 0.0, "deadline_hours": 0.0,
-                        "global_batch_tokens_min": 4096 * 128,
-                        "global_batch_tokens_max": 4096 * 128},
-        "search": {"micro_batch_sizes": [1], "accumulation_steps": [128],
-                   "tensor_parallel": [8], "pipeline_parallel": [16], "virtual_pp": [1],
-                   "sharding": [""], "recompute": ["full"], "sequence_parallel": [True],
-                   "node_counts": [16]}}), file="spec.toml")
+    model = {
+        "size": "gpt-13b",
+        "hidden_size": 16384,
+        "num_hidden_layers": 126,
+        "num_attention_heads": 128,
+        "intermediate_size": 65536,
+        "vocab_size": 128000,
+        "max_position_embeddings": 4096,
+    }
+    s = spec_from_dict(
+        merge(
+            bank,
+            {
+                "model": model,
+                "constraints": {
+                    "profiles": ["h100-80gb"],
+                    "seq_lens": [4096],
+                    "precisions": ["bf16"],
+                    "max_nodes": 128,
+                    "budget": 0.0,
+                    "deadline_hours": 0.0,
+                    "global_batch_tokens_min": 4096 * 128,
+                    "global_batch_tokens_max": 4096 * 128,
+                },
+                "search": {
+                    "micro_batch_sizes": [1],
+                    "accumulation_steps": [128],
+                    "tensor_parallel": [8],
+                    "pipeline_parallel": [16],
+                    "virtual_pp": [1],
+                    "sharding": [""],
+                    "recompute": ["full"],
+                    "sequence_parallel": [True],
+                    "node_counts": [16],
+                },
+            },
+        ),
+        file="spec.toml",
+    )
     table = evaluate_space(s, allowed_offers(s, load_profiles()), s.job.target_tokens)
     assert len(table) and (table["pp"] == 16).all() and table["fits"].any()
     m = s.model_section()
-    args = dict(seq_len=4096, micro_batch=1, accumulation=128, tp=8, pp=16, stage_code=0,
-                shard_degree=1, recompute_code=3, seq_parallel=True, mixed_precision=True,
-                overhead_gb=1.0, fragmentation=1.0)
+    args = dict(
+        seq_len=4096,
+        micro_batch=1,
+        accumulation=128,
+        tp=8,
+        pp=16,
+        stage_code=0,
+        shard_degree=1,
+        recompute_code=3,
+        seq_parallel=True,
+        mixed_precision=True,
+        overhead_gb=1.0,
+        fragmentation=1.0,
+    )
     uneven = cm.memory_per_device_bytes(cm.ModelShape.from_section(m), **args)
     m128 = ModelSection(**(vars(m) | {"num_hidden_layers": 128}))
     even = cm.memory_per_device_bytes(cm.ModelShape.from_section(m128), **args)

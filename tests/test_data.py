@@ -6,13 +6,13 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import BASE_PLAN, merge
+
 from gptplan.corpus import read_corpus
-from runner.batches import IGNORE_INDEX, BatchSource, DeterministicSampler, TokenDataset
-from runner.prepare import prepare_data
 from gptplan.errors import DataError
 from gptplan.plan import plan_from_dict
+from runner.batches import IGNORE_INDEX, BatchSource, DeterministicSampler, TokenDataset
+from runner.prepare import prepare_data
 
 
 def test_invalid_utf8_and_empty_lines_are_counted_not_fatal(tmp_path):
@@ -69,9 +69,12 @@ def test_sampler_depends_only_on_seed_and_position():
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     cache = tmp_path_factory.mktemp("data-cache")
-    plan = plan_from_dict(merge(BASE_PLAN, {"job": {"cache_dir": str(cache),
-                                                    "max_documents": 400},
-                                            "model": {"vocab_size": 3000}}))
+    plan = plan_from_dict(
+        merge(
+            BASE_PLAN,
+            {"job": {"cache_dir": str(cache), "max_documents": 400}, "model": {"vocab_size": 3000}},
+        )
+    )
     return plan, prepare_data(plan, workers=2, log=lambda *_: None)
 
 
@@ -92,8 +95,9 @@ def test_prepared_data_layout_and_cache(prepared):
 
 
 def test_tokenizer_round_trips_text(prepared):
-    from gptplan.tokenizer import load_tokenizer
     from pathlib import Path
+
+    from gptplan.tokenizer import load_tokenizer
 
     _, data = prepared
     tok = load_tokenizer("sentencepiece", model_file=Path(data.meta["tokenizer_model"]))
@@ -109,13 +113,15 @@ def test_packing_has_no_padding_and_padding_counts_it(prepared):
     _, data = prepared
     packed = TokenDataset(data, seq_len=32, packing=True)
     padded = TokenDataset(data, seq_len=32, packing=False)
-    sampler = DeterministicSampler(packed.num_samples, seed=1, micro_batch=4, accumulation=1,
-                                   batch_ranks=1)
+    sampler = DeterministicSampler(
+        packed.num_samples, seed=1, micro_batch=4, accumulation=1, batch_ranks=1
+    )
     batch = BatchSource(packed, sampler, rank=0).micro_batch(0, 0)
     assert batch.padded_tokens == 0 and batch.real_tokens == 4 * 32
     assert np.array_equal(batch.input_ids[:, 1:], batch.labels[:, :-1])  # shifted labels
-    sampler2 = DeterministicSampler(padded.num_samples, seed=1, micro_batch=4, accumulation=1,
-                                    batch_ranks=1)
+    sampler2 = DeterministicSampler(
+        padded.num_samples, seed=1, micro_batch=4, accumulation=1, batch_ranks=1
+    )
     source = BatchSource(padded, sampler2, rank=0)
     batch2 = source.micro_batch(0, 0)
     assert batch2.real_tokens + batch2.padded_tokens == 4 * 32

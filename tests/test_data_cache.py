@@ -63,7 +63,7 @@ def _truncate_half(path: Path) -> None:
 def _garble(path: Path) -> None:
     raw = bytearray(path.read_bytes())
     middle = len(raw) // 2
-    raw[middle:middle + 8] = b"\x00garble\xff"
+    raw[middle : middle + 8] = b"\x00garble\xff"
     path.write_bytes(bytes(raw))
 
 
@@ -72,15 +72,20 @@ DAMAGE = {
     "docs.npy deleted": (_entry, "docs.npy", Path.unlink, "prepared data"),
     "meta.json garbled": (_entry, "meta.json", _garble, "prepared data"),
     "manifest.json garbled": (_entry, "manifest.json", _garble, "prepared data"),
-    "sentencepiece.model truncated": (_tokenizer_dir, "sentencepiece.model", _truncate_half,
-                                      "tokenizer"),
+    "sentencepiece.model truncated": (
+        _tokenizer_dir,
+        "sentencepiece.model",
+        _truncate_half,
+        "tokenizer",
+    ),
     "tokenizer.json garbled": (_tokenizer_dir, "tokenizer.json", _garble, "tokenizer"),
 }
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
-def test_damaged_cache_file_is_detected_and_rebuilt_to_the_same_tokens(base_cache, tmp_path,
-                                                                       damage):
+def test_damaged_cache_file_is_detected_and_rebuilt_to_the_same_tokens(
+    base_cache, tmp_path, damage
+):
     folder_of, name, harm, what = DAMAGE[damage]
     original = _entry(base_cache)
     cache = _copy(base_cache, tmp_path)
@@ -106,8 +111,10 @@ def test_verify_names_the_damaged_chunk(base_cache, tmp_path, monkeypatch):
     raw = bytearray((entry / "tokens.bin").read_bytes())
     raw[3 * 4096 + 10] ^= 0xFF  # one flipped byte in the fourth chunk, size unchanged
     (entry / "tokens.bin").write_bytes(bytes(raw))
-    assert datacache.verify(entry) == \
-        f"tokens.bin bytes {3 * 4096:,}..{min(size, 4 * 4096):,} differ from the manifest's hash"
+    assert (
+        datacache.verify(entry)
+        == f"tokens.bin bytes {3 * 4096:,}..{min(size, 4 * 4096):,} differ from the manifest's hash"
+    )
     assert CHUNK_BYTES == 64 << 20
 
 
@@ -139,13 +146,16 @@ prep.prepare_data(plan, workers=1, progress=False, log=lambda *_: None)
 """
 
 
-def test_sigkill_during_preparation_leaves_tmp_that_next_preparation_removes(base_cache,
-                                                                             tmp_path):
+def test_sigkill_during_preparation_leaves_tmp_that_next_preparation_removes(base_cache, tmp_path):
     cache = _copy(base_cache, tmp_path)
     shutil.rmtree(cache / "data")  # the tokenizer stays; the data must be prepared
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_PREPARATION, str(cache)],
-                            cwd=REPO / "tests", stdout=subprocess.PIPE, text=True,
-                            env=os.environ | {"PYTHONPATH": str(REPO / "tests")})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_PREPARATION, str(cache)],
+        cwd=REPO / "tests",
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"PYTHONPATH": str(REPO / "tests")},
+    )
     try:
         assert proc.stdout.readline().strip() == "preparing"
     finally:
@@ -160,8 +170,10 @@ def test_sigkill_during_preparation_leaves_tmp_that_next_preparation_removes(bas
     os.utime(orphan, (old, old))
     data, lines = _prepare(cache)
     assert not list((cache / "data").glob("*.tmp")) and not orphan.exists()
-    assert any(line.startswith("removed 1 temporary folder(s)") and leftovers[0].name in line
-               for line in lines), lines
+    assert any(
+        line.startswith("removed 1 temporary folder(s)") and leftovers[0].name in line
+        for line in lines
+    ), lines
     assert verify(data.path) is None
 
 
@@ -189,7 +201,8 @@ def _losses(run_dir: Path) -> dict[int, float]:
 
 @pytest.mark.e2e
 def test_half_truncated_tokens_bin_is_rebuilt_and_losses_equal_an_undisturbed_run(
-        write_plan, tmp_path):
+    write_plan, tmp_path
+):
     """Before the manifest, this run exited 0 on half the tokens with other losses."""
     own = {"cache_dir": str(tmp_path / "cache")}  # its own cache: one data entry to damage
     first = write_plan({"training": {"max_steps": 5}, "job": own})
@@ -197,12 +210,16 @@ def test_half_truncated_tokens_bin_is_rebuilt_and_losses_equal_an_undisturbed_ru
     assert proc.returncode == 0, proc.stderr[-3000:]
     undisturbed = _losses(tmp_path / "run")
     plan = load_plan(first)
-    (entry,) = [p for p in (Path(plan.job.cache_dir) / "data").iterdir()
-                if p.is_dir() and not p.name.endswith(".tmp")]
+    (entry,) = [
+        p
+        for p in (Path(plan.job.cache_dir) / "data").iterdir()
+        if p.is_dir() and not p.name.endswith(".tmp")
+    ]
     _truncate_half(entry / "tokens.bin")
-    second = write_plan({"training": {"max_steps": 5},
-                         "job": {**own, "output_dir": str(tmp_path / "again")}},
-                        name="again.toml")
+    second = write_plan(
+        {"training": {"max_steps": 5}, "job": {**own, "output_dir": str(tmp_path / "again")}},
+        name="again.toml",
+    )
     proc = run_cli("runner", "execute", str(second), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     damaged = [line for line in proc.stdout.splitlines() if "is damaged" in line]

@@ -7,25 +7,35 @@ import math
 
 import pytest
 
+from gptplan.sample_corpora import peoples_daily_1998, write_corpus
 from planner import corpus_stats as cs
 from planner import dataprep
-from gptplan.sample_corpora import peoples_daily_1998, write_corpus
 
 
 def _stats(tmp_path, **kw):
     corpus = write_corpus(peoples_daily_1998(), tmp_path / "zh.txt", limit=400)
-    args = dict(corpus=[str(corpus)], tokenizer="sentencepiece", vocab_size=3000,
-                cache_dir=str(tmp_path / "cache"), sample_documents=100, declared_bytes=0.0,
-                seq_lens=[64, 1024], log=lambda *_: None)
+    args = dict(
+        corpus=[str(corpus)],
+        tokenizer="sentencepiece",
+        vocab_size=3000,
+        cache_dir=str(tmp_path / "cache"),
+        sample_documents=100,
+        declared_bytes=0.0,
+        seq_lens=[64, 1024],
+        log=lambda *_: None,
+    )
     return corpus, args | kw
 
 
 def test_statistics_are_cached_by_file_identity_and_declared_tpc_skips_tokenizing(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     corpus, args = _stats(tmp_path, tokens_per_char=0.8)
     # declared tokens/char: no tokenizer is trained or loaded
-    monkeypatch.setattr("gptplan.tokenizer.ensure_tokenizer",
-                        lambda **_: pytest.fail("trained a tokenizer despite tokens_per_char"))
+    monkeypatch.setattr(
+        "gptplan.tokenizer.ensure_tokenizer",
+        lambda **_: pytest.fail("trained a tokenizer despite tokens_per_char"),
+    )
     first = cs.corpus_statistics(**args)
     assert first.tokens_per_character == 0.8
     assert first.tokens_per_character_source == first.total_tokens_source == "declared"
@@ -49,14 +59,19 @@ def test_damaged_statistics_cache_is_measured_again_with_one_line(tmp_path, dama
     first = cs.corpus_statistics(**args)
     (cached,) = (Path(args["cache_dir"]) / "stats").iterdir()
     text = cached.read_text()
-    cached.write_text({"garbled": text[:20] + "\x00%%" + text[25:],
-                       "truncated": text[:len(text) // 2],
-                       "other fields": '{"tokens_per_character": 0.8}'}[damage])
+    cached.write_text(
+        {
+            "garbled": text[:20] + "\x00%%" + text[25:],
+            "truncated": text[: len(text) // 2],
+            "other fields": '{"tokens_per_character": 0.8}',
+        }[damage]
+    )
     said = []
     again = cs.corpus_statistics(**(args | {"log": said.append}))
     assert again == first
     assert [s for s in said if "damaged" in s] == [
-        s for s in said if s.startswith(f"corpus statistics cache {cached} is damaged")]
+        s for s in said if s.startswith(f"corpus statistics cache {cached} is damaged")
+    ]
     assert len([s for s in said if "damaged" in s]) == 1
     assert cs.corpus_statistics(**args) == first  # rewritten: reused next time
 
@@ -82,16 +97,32 @@ def test_fresh_equivalent_tokens_follow_muennighoff():
     assert four == pytest.approx(u * (1 + 15.4 * (1 - math.exp(-3 / 15.4))))
     assert 0.9 * 4 * u < four < 4 * u  # ~4 epochs: nearly as good as fresh data
     assert cs.fresh_equivalent_tokens(u, 40) < 0.5 * 40 * u  # far beyond: worth much less
-    assert cs.fresh_equivalent_tokens(u, 1e6) < 16.5 * u      # bounded by 1 + R*
+    assert cs.fresh_equivalent_tokens(u, 1e6) < 16.5 * u  # bounded by 1 + R*
 
 
 def _fake_stats(total_tokens: float, **kw):
-    base = dict(local_files=1, local_bytes=1000, local_characters=1000, local_documents=10,
-                invalid_utf8_lines=0, empty_lines=0, duplicate_documents=0,
-                length_histogram={}, tokenizer="t", tokenizer_vocab=10, sample_documents=10,
-                tokens_per_character=1.0, tokens_per_document_median=1.0, declared_bytes=0.0,
-                bytes_per_character=1.0, total_characters=1000.0, total_tokens=total_tokens,
-                extrapolated=False, padding_waste={}, truncation_loss={})
+    base = dict(
+        local_files=1,
+        local_bytes=1000,
+        local_characters=1000,
+        local_documents=10,
+        invalid_utf8_lines=0,
+        empty_lines=0,
+        duplicate_documents=0,
+        length_histogram={},
+        tokenizer="t",
+        tokenizer_vocab=10,
+        sample_documents=10,
+        tokens_per_character=1.0,
+        tokens_per_document_median=1.0,
+        declared_bytes=0.0,
+        bytes_per_character=1.0,
+        total_characters=1000.0,
+        total_tokens=total_tokens,
+        extrapolated=False,
+        padding_waste={},
+        truncation_loss={},
+    )
     return cs.CorpusStatistics(**(base | kw))
 
 
@@ -104,22 +135,44 @@ def test_epochs_warning_only_beyond_about_four_epochs():
 
 def test_data_preparation_hours_from_measured_throughput(tmp_path):
     (tmp_path / "prep_throughput.json").write_text(
-        '{"cpm": {"bytes_per_second_per_core": 2e6, "measured_at": "2026-12-03T08:00:00Z"}}')
-    est = dataprep.estimate(corpus_bytes=10e9, scheme="cpm", cache_dir=str(tmp_path),
-                            provider="aws", instance="p4de.24xlarge", nodes=2,
-                            price_node_hour=100.0, currency="CNY")
+        '{"cpm": {"bytes_per_second_per_core": 2e6, "measured_at": "2026-12-03T08:00:00Z"}}'
+    )
+    est = dataprep.estimate(
+        corpus_bytes=10e9,
+        scheme="cpm",
+        cache_dir=str(tmp_path),
+        provider="aws",
+        instance="p4de.24xlarge",
+        nodes=2,
+        price_node_hour=100.0,
+        currency="CNY",
+    )
     assert est.node_cpus == 96
     assert est.hours == pytest.approx(10e9 / (2e6 * 96) / 3600)
     assert est.cost == pytest.approx(est.hours * 2 * 100.0)
     assert "measured on this machine" in est.describe() and "modelled" in est.describe()
-    unknown = dataprep.estimate(corpus_bytes=10e9, scheme="cpm", cache_dir=str(tmp_path),
-                                provider="owned", instance="rack", nodes=1,
-                                price_node_hour=1.0, currency="CNY")
+    unknown = dataprep.estimate(
+        corpus_bytes=10e9,
+        scheme="cpm",
+        cache_dir=str(tmp_path),
+        provider="owned",
+        instance="rack",
+        nodes=1,
+        price_node_hour=1.0,
+        currency="CNY",
+    )
     assert unknown.hours is None and "core-hours" in unknown.describe()
     # without a local measurement, the benchmark's (dated) number is used
-    shipped = dataprep.estimate(corpus_bytes=1e9, scheme="cpm", cache_dir=str(tmp_path / "x"),
-                                provider="local", instance="this machine", nodes=1,
-                                price_node_hour=None, currency="USD")
+    shipped = dataprep.estimate(
+        corpus_bytes=1e9,
+        scheme="cpm",
+        cache_dir=str(tmp_path / "x"),
+        provider="local",
+        instance="this machine",
+        nodes=1,
+        price_node_hour=None,
+        currency="USD",
+    )
     assert "bench/data_prep.py" in shipped.throughput_source and shipped.cost is None
 
 
@@ -127,12 +180,21 @@ def test_training_line_says_peak_unknown_instead_of_zero_mfu():
     from types import SimpleNamespace
 
     from conftest import BASE_PLAN, merge
+
     from gptplan.plan import plan_from_dict
     from runner.train import log_line
 
-    rec = SimpleNamespace(step=0, loss=1.0, learning_rate=1e-3, step_time_s=0.1,
-                          tokens_per_second=100.0, mfu=0.0, peak_memory_gb=0.1, cost=0.0,
-                          projected_cost=0.0)
+    rec = SimpleNamespace(
+        step=0,
+        loss=1.0,
+        learning_rate=1e-3,
+        step_time_s=0.1,
+        tokens_per_second=100.0,
+        mfu=0.0,
+        peak_memory_gb=0.1,
+        cost=0.0,
+        projected_cost=0.0,
+    )
     unknown = plan_from_dict(merge(BASE_PLAN, {"hardware": {"peak_tflops": 0.0}}))
     assert "MFU peak unknown" in log_line(unknown, rec) and "0.00%" not in log_line(unknown, rec)
     known = plan_from_dict(BASE_PLAN)

@@ -8,31 +8,42 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import BASE_PLAN, merge
+
 from gptplan import corpus as corpus_mod
-from runner import prepare as data_mod
 from gptplan.corpus import read_corpus
-from runner.prepare import prepare_data
 from gptplan.errors import DataError
 from gptplan.plan import plan_from_dict
 from gptplan.sample_corpora import peoples_daily_1998, python_docs_english, write_corpus
-from gptplan.tokenizer import (FastEncoder, load_tokenizer, read_manifest, script_mix,
-                              train_tokenizer)
+from gptplan.tokenizer import (
+    FastEncoder,
+    load_tokenizer,
+    read_manifest,
+    script_mix,
+    train_tokenizer,
+)
+from runner import prepare as data_mod
+from runner.prepare import prepare_data
 
 QUIET = {"log": lambda *_: None}
 
 
 def _plan(cache: Path, corpus: list[str], vocab: int, **job) -> object:
-    return plan_from_dict(merge(BASE_PLAN, {"job": {"cache_dir": str(cache), "corpus": corpus,
-                                                    "max_documents": 0, **job},
-                                            "model": {"vocab_size": vocab}}))
+    return plan_from_dict(
+        merge(
+            BASE_PLAN,
+            {
+                "job": {"cache_dir": str(cache), "corpus": corpus, "max_documents": 0, **job},
+                "model": {"vocab_size": vocab},
+            },
+        )
+    )
 
 
 def _documents(data) -> list[np.ndarray]:
     tokens = np.fromfile(data.path / "tokens.bin", dtype=data.meta["dtype"])
     offsets = np.load(data.path / "docs.npy")
-    return [tokens[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+    return [tokens[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +79,8 @@ def test_chinese_held_out_documents_round_trip_exactly(zh):
     ids = fast.encode_batch(held)
     unk = tok.tokenizer.sp.unk_id()
     for text, arr in zip(held, ids):
-        assert tok.decode(arr) == text          # full-width digits stay full-width
-        assert unk not in arr.tolist()          # byte fallback, never <unk>
+        assert tok.decode(arr) == text  # full-width digits stay full-width
+        assert unk not in arr.tolist()  # byte fallback, never <unk>
     # the fast encoder gives exactly the PaddleNLP tokenizer's ids
     for text, arr in zip(held[:100], ids):
         assert tok.encode(text) == arr.tolist()
@@ -90,8 +101,9 @@ def test_english_held_out_documents_round_trip_exactly(en):
         assert tok.decode(arr) == text
     for text, arr in zip(held[:60], ids):
         assert tok.encode(text) == arr.tolist()
-    assert tok.decode(tok.encode("  two  spaces, $5 + 7% = X?\n")) == \
-        "  two  spaces, $5 + 7% = X?\n"
+    assert (
+        tok.decode(tok.encode("  two  spaces, $5 + 7% = X?\n")) == "  two  spaces, $5 + 7% = X?\n"
+    )
     chars = sum(map(len, held))
     assert sum(a.size for a in ids) / chars < 0.5  # not a token per character + space
 
@@ -105,8 +117,7 @@ def test_tokenizer_identity_ignores_where_it_was_trained(tmp_path):
     assert str(tmp_path).encode() not in (a / "sentencepiece.model").read_bytes()
 
 
-def test_streaming_preparation_round_trips_and_splits_a_huge_line(tmp_path, monkeypatch,
-                                                                   capfd):
+def test_streaming_preparation_round_trips_and_splits_a_huge_line(tmp_path, monkeypatch, capfd):
     docs = list(peoples_daily_1998())[:400]
     huge = "".join(docs[:40]) * 3  # one line far longer than a chunk
     monkeypatch.setattr(data_mod, "CHUNK_CHARS", 4000)  # many chunks, pieces of the huge line
@@ -129,8 +140,9 @@ def test_streaming_preparation_round_trips_and_splits_a_huge_line(tmp_path, monk
     assert data.meta["preparation"]["bytes_per_cpu_second"] > 0
     assert any("script mix" in m for m in messages)
     # A cache hit neither re-reads nor re-hashes the corpus, and says it reused
-    monkeypatch.setattr(data_mod, "iter_documents",
-                        lambda *a, **k: pytest.fail("re-read the corpus on a cache hit"))
+    monkeypatch.setattr(
+        data_mod, "iter_documents", lambda *a, **k: pytest.fail("re-read the corpus on a cache hit")
+    )
     messages.clear()
     again = prepare_data(plan, log=messages.append)
     assert again.path == data.path
@@ -140,8 +152,9 @@ def test_streaming_preparation_round_trips_and_splits_a_huge_line(tmp_path, monk
 
 def test_english_corpus_prepares_with_bpe(tmp_path):
     path = write_corpus(python_docs_english(), tmp_path / "en.txt", limit=800)
-    data = prepare_data(_plan(tmp_path / "cache", [str(path)], 1500), workers=1, **QUIET,
-                        progress=False)
+    data = prepare_data(
+        _plan(tmp_path / "cache", [str(path)], 1500), workers=1, **QUIET, progress=False
+    )
     assert data.meta["tokenizer_scheme"] == "bpe"
     tok = load_tokenizer("sentencepiece", model_file=Path(data.meta["tokenizer_model"]))
     for text, arr in zip(read_corpus([str(path)]).documents, _documents(data)):
@@ -153,12 +166,17 @@ def test_bad_file_mid_stream_leaves_nothing_half_written(tmp_path, monkeypatch):
     (tmp_path / "b.txt").write_bytes("你好世界\n再见\n".encode("gbk") * 50)
     plan = _plan(tmp_path / "cache", [str(good), str(tmp_path / "b.txt")], 2000)
     # the tokenizer's sample comes from the good file, so the failure is in the workers' stream
-    monkeypatch.setattr("gptplan.tokenizer.sample_documents",
-                        lambda paths, **k: corpus_mod.sample_documents(paths[:1], **k))
+    monkeypatch.setattr(
+        "gptplan.tokenizer.sample_documents",
+        lambda paths, **k: corpus_mod.sample_documents(paths[:1], **k),
+    )
     with pytest.raises(DataError, match="not UTF-8"):
         prepare_data(plan, workers=2, **QUIET, progress=False)
-    leftovers = list((tmp_path / "cache" / "data").glob("*")) \
-        if (tmp_path / "cache" / "data").exists() else []
+    leftovers = (
+        list((tmp_path / "cache" / "data").glob("*"))
+        if (tmp_path / "cache" / "data").exists()
+        else []
+    )
     assert leftovers == []
 
 
@@ -178,8 +196,10 @@ def test_json_array_is_parsed_and_other_json_refused(tmp_path):
 
 def test_jsonl_without_text_field_names_the_fields(tmp_path):
     f = tmp_path / "faq.jsonl"
-    f.write_text("".join(json.dumps({"question": f"q{i}", "answer": "a"}) + "\n"
-                         for i in range(300)), encoding="utf-8")
+    f.write_text(
+        "".join(json.dumps({"question": f"q{i}", "answer": "a"}) + "\n" for i in range(300)),
+        encoding="utf-8",
+    )
     with pytest.raises(DataError) as err:
         read_corpus([str(f)])
     assert '"text"' in str(err.value) and "answer, question" in str(err.value)
@@ -187,8 +207,9 @@ def test_jsonl_without_text_field_names_the_fields(tmp_path):
 
 
 def test_random_sample_of_a_big_corpus_is_bounded(tmp_path):
-    path = write_corpus((f"{d} #{i}" for i, d in enumerate(peoples_daily_1998())),
-                        tmp_path / "zh.txt")
+    path = write_corpus(
+        (f"{d} #{i}" for i, d in enumerate(peoples_daily_1998())), tmp_path / "zh.txt"
+    )
     sample = corpus_mod.sample_documents([path], max_chars=20_000)
     assert 20_000 <= sum(map(len, sample)) < 20_000 + 5_000
     lines = set(path.read_text(encoding="utf-8").splitlines())
@@ -205,8 +226,9 @@ def test_truncation_loss_of_a_non_packed_run(tmp_path):
     from runner.prepare import truncation_loss
 
     path = write_corpus(list(peoples_daily_1998())[:300], tmp_path / "zh.txt")
-    data = prepare_data(_plan(tmp_path / "cache", [str(path)], 3000), workers=1, **QUIET,
-                        progress=False)
+    data = prepare_data(
+        _plan(tmp_path / "cache", [str(path)], 3000), workers=1, **QUIET, progress=False
+    )
     lengths = np.diff(np.load(data.path / "docs.npy"))
     assert truncation_loss(data, int(lengths.max())) == 0.0
     short = truncation_loss(data, 16)
@@ -224,8 +246,12 @@ def test_one_huge_line_trains_and_says_so(tmp_path, monkeypatch):
     assert len(text.encode()) > 3 * 65536
     path = tmp_path / "one_line.txt"
     path.write_text(text + "\n", encoding="utf-8")
-    directory = tok_mod.ensure_tokenizer(tokenizer="sentencepiece", vocab_size=3000,
-                                         cache_dir=tmp_path / "cache", patterns=[str(path)])
+    directory = tok_mod.ensure_tokenizer(
+        tokenizer="sentencepiece",
+        vocab_size=3000,
+        cache_dir=tmp_path / "cache",
+        patterns=[str(path)],
+    )
     manifest = read_manifest(directory)
     assert manifest["sample_characters"] <= 150_000
     assert tok_mod.TRAIN_PIECE_CHARS * 3 < 65536  # pieces stay under the sentence limit
@@ -241,8 +267,10 @@ def test_workers_end_after_a_failure_even_when_the_caller_blocks_sigterm(tmp_pat
     good = write_corpus(list(peoples_daily_1998())[:200], tmp_path / "a.txt")
     (tmp_path / "b.txt").write_bytes("你好世界\n再见\n".encode("gbk") * 50)
     plan = _plan(tmp_path / "cache", [str(good), str(tmp_path / "b.txt")], 2000)
-    monkeypatch.setattr("gptplan.tokenizer.sample_documents",
-                        lambda paths, **k: corpus_mod.sample_documents(paths[:1], **k))
+    monkeypatch.setattr(
+        "gptplan.tokenizer.sample_documents",
+        lambda paths, **k: corpus_mod.sample_documents(paths[:1], **k),
+    )
     sigs = (signal.SIGTERM, signal.SIGINT)
     old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
     faulthandler.dump_traceback_later(300, exit=True)

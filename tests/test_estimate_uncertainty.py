@@ -8,8 +8,8 @@ import csv
 import numpy as np
 import pytest
 import tomli
-
 from conftest import merge
+
 from planner import costmodel as cm
 from planner import published as pb
 from planner.hardware import load_profiles
@@ -49,8 +49,9 @@ def test_shipped_priors_fit_the_published_runs(rows):
         e = profiles[name].efficiency
         assert e.fit_rows > 0 and "published_runs.csv" in e.source
         sub = pb._subset(cols, gens == gen)
-        err = pb.relative_errors(sub, pb.Fit(e.max, e.kernel_overhead_us, e.comm_overlap,
-                                             e.attention_relative, 0))
+        err = pb.relative_errors(
+            sub, pb.Fit(e.max, e.kernel_overhead_us, e.comm_overlap, e.attention_relative, 0)
+        )
         assert np.median(err) <= 0.10, gen
         assert e.throughput_p10 < 1 < e.throughput_p90
 
@@ -68,8 +69,14 @@ def test_leave_one_out_never_uses_the_row_itself(rows):
 
 
 def test_interval_math_by_hand():
-    out = cm.interval_from_throughput(tokens_per_s=1000.0, hours=10.25, fixed_hours=0.25,
-                                      cost=102.5, p10_ratio=0.8, p90_ratio=1.25)
+    out = cm.interval_from_throughput(
+        tokens_per_s=1000.0,
+        hours=10.25,
+        fixed_hours=0.25,
+        cost=102.5,
+        p10_ratio=0.8,
+        p90_ratio=1.25,
+    )
     assert out["tokens_per_s_p10"] == pytest.approx(800)
     assert out["tokens_per_s_p90"] == pytest.approx(1250)
     assert out["hours_p10"] == pytest.approx(10 / 1.25 + 0.25)
@@ -78,13 +85,16 @@ def test_interval_math_by_hand():
 
 
 def test_every_candidate_carries_an_interval_around_its_estimate():
-    spec = spec_from_dict(merge(BANK, {"constraints": {"profiles": ["a100-80gb", "t4"]}}),
-                          file="spec.toml")
+    spec = spec_from_dict(
+        merge(BANK, {"constraints": {"profiles": ["a100-80gb", "t4"]}}), file="spec.toml"
+    )
     table = evaluate_space(spec, allowed_offers(spec, load_profiles()), spec.job.target_tokens)
     iv = table.intervals()
-    for point, lo, hi in (("tokens_per_s", "tokens_per_s_p10", "tokens_per_s_p90"),
-                          ("hours", "hours_p10", "hours_p90"),
-                          ("cost", "cost_p10", "cost_p90")):
+    for point, lo, hi in (
+        ("tokens_per_s", "tokens_per_s_p10", "tokens_per_s_p90"),
+        ("hours", "hours_p10", "hours_p90"),
+        ("cost", "cost_p10", "cost_p90"),
+    ):
         assert (iv[lo] <= table[point] + 1e-9).all() and (table[point] <= iv[hi] + 1e-9).all()
         assert (iv[hi] > iv[lo]).all()
     d = decide(spec, table, spec.job.target_tokens)
@@ -100,8 +110,7 @@ def test_every_candidate_carries_an_interval_around_its_estimate():
     assert rec["modelled_cost_cny_p10"] < rec["modelled_cost_cny"] < rec["modelled_cost_cny_p90"]
     from planner.pipeline import OptimizeResult
 
-    result = OptimizeResult(spec, None, spec.job.target_tokens, d, {}, chosen=d.chosen,
-                            plan=plan)
+    result = OptimizeResult(spec, None, spec.job.target_tokens, d, {}, chosen=d.chosen, plan=plan)
     assert "80% interval" in render_choice(result)
 
 
@@ -109,8 +118,7 @@ def test_explain_names_the_dominant_uncertainty_term():
     from planner.explain import uncertainty_terms
 
     profile = load_profiles()["a100-80gb"]
-    row = {"compute_s": 1.0, "bubble": 1.0, "tp_s": 0.1, "pp_s": 0.0, "comm_s": 0.3,
-           "opt_s": 0.05}
+    row = {"compute_s": 1.0, "bubble": 1.0, "tp_s": 0.1, "pp_s": 0.0, "comm_s": 0.3, "opt_s": 0.05}
     u = uncertainty_terms(row, profile, "bf16")
     assert u["dominant_term"].startswith("compute")
     assert u["shares"]["gradient sync (not hidden)"] == pytest.approx(0.2 / 1.35)
@@ -120,8 +128,9 @@ def test_explain_names_the_dominant_uncertainty_term():
 def test_large_models_get_the_wider_interval():
     from planner.hardware import Efficiency
 
-    e = Efficiency(throughput_p10=0.9, throughput_p90=1.1, throughput_p10_large=0.8,
-                   throughput_p90_large=1.2)
+    e = Efficiency(
+        throughput_p10=0.9, throughput_p90=1.1, throughput_p10_large=0.8, throughput_p90_large=1.2
+    )
     assert e.interval_ratios(1e9) == (0.9, 1.1)
     assert e.interval_ratios(20e9) == (0.8, 1.2)
     assert Efficiency().interval_ratios(20e9) == (0.6, 1.7)  # no large interval: the default

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
 from test_train_e2e import execute
 
@@ -21,13 +20,17 @@ def finish_run(family: str, tmp_path_factory, shared_cache):
     if family in _RUNS:
         return _RUNS[family]
     import tomli_w
-
     from conftest import BASE_PLAN, FAMILIES, merge
 
     root = tmp_path_factory.mktemp(f"export-{family}")
-    data = merge(merge(BASE_PLAN, FAMILIES[family]),
-                 {"job": {"cache_dir": str(shared_cache), "output_dir": str(root / "run")},
-                  "training": {"max_steps": 6}, "checkpoint": {"interval_steps": 3}})
+    data = merge(
+        merge(BASE_PLAN, FAMILIES[family]),
+        {
+            "job": {"cache_dir": str(shared_cache), "output_dir": str(root / "run")},
+            "training": {"max_steps": 6},
+            "checkpoint": {"interval_steps": 3},
+        },
+    )
     plan = root / "plan.toml"
     plan.write_text(tomli_w.dumps(data))
     proc = execute(plan)
@@ -51,8 +54,8 @@ def test_end_of_run_export_reloads_with_paddlenlp_auto_classes(family_run):
     import paddle
     from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from runner.export import load_trained_model, resolve_checkpoint
     from gptplan.plan import load_plan
+    from runner.export import load_trained_model, resolve_checkpoint
 
     export = family_run / "export" / "paddlenlp"
     assert (export / "gptplan_checkpoint.txt").read_text().strip() == "step_00000006"
@@ -64,8 +67,10 @@ def test_end_of_run_export_reloads_with_paddlenlp_auto_classes(family_run):
     assert tokenizer.convert_ids_to_string(ids).replace(" ", "") == "这个手机很好用"
     assert model.config.eos_token_id == tokenizer.convert_tokens_to_ids("<eod>")
     plan = load_plan(family_run / "plan.toml")
-    assert type(model).__name__ == {"gpt": "GPTForCausalLM",
-                                    "llama": "LlamaForCausalLM"}[plan.model.family]
+    assert (
+        type(model).__name__
+        == {"gpt": "GPTForCausalLM", "llama": "LlamaForCausalLM"}[plan.model.family]
+    )
     # the same weights as the run's last checkpoint
     reference = load_trained_model(plan, resolve_checkpoint(family_run))
     x = paddle.to_tensor([ids], dtype="int64")

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_train_e2e import DP2, execute, start_background, wait_for_step
 
 pytestmark = pytest.mark.e2e
@@ -47,14 +46,17 @@ def _alive(pid: int) -> bool:
 
 
 def test_rank_over_its_memory_limit_is_ended_and_reported_then_local_fits(write_plan, tmp_path):
-    plan = write_plan(DP2 | {"training": {"max_steps": 1, "warmup_steps": 1,
-                                             "gradient_accumulation_steps": 1}})
+    plan = write_plan(
+        DP2 | {"training": {"max_steps": 1, "warmup_steps": 1, "gradient_accumulation_steps": 1}}
+    )
     proc = execute(plan, "--memory-limit-gb", "1.2", *BIG_MICRO)
     assert proc.returncode == 1
-    pattern = (rf"out of memory: rank [01] reached {GB_NUMBER} GB of its 1\.20 GB limit "
-               rf"\({GB_NUMBER} GB machine; peak RSS, measured\), so the runner ended it "
-               r"\(signal SIGKILL, exit -9\); try --local with a smaller micro-batch or --set "
-               r"training\.per_device_train_batch_size=(\d+)")
+    pattern = (
+        rf"out of memory: rank [01] reached {GB_NUMBER} GB of its 1\.20 GB limit "
+        rf"\({GB_NUMBER} GB machine; peak RSS, measured\), so the runner ended it "
+        r"\(signal SIGKILL, exit -9\); try --local with a smaller micro-batch or --set "
+        r"training\.per_device_train_batch_size=(\d+)"
+    )
     lines = [line for line in proc.stderr.splitlines() if re.fullmatch(pattern, line)]
     assert len(lines) == 1, proc.stderr[-3000:]
     assert int(re.fullmatch(pattern, lines[0]).group(1)) < 512
@@ -67,11 +69,15 @@ def test_rank_over_its_memory_limit_is_ended_and_reported_then_local_fits(write_
     # The same oversized settings rehearsed locally: shrunk to fit the limit, then trained.
     local = execute(plan, "--local", "--memory-limit-gb", "1.2", *BIG_MICRO)
     assert local.returncode == 0, local.stderr[-3000:]
-    change = re.search(r"training\.per_device_train_batch_size: 512 -> (\d+) \(memory: ",
-                       local.stdout)
+    change = re.search(
+        r"training\.per_device_train_batch_size: 512 -> (\d+) \(memory: ", local.stdout
+    )
     assert change and int(change.group(1)) < 512, local.stdout
-    assert re.search(r"training\.gradient_accumulation_steps: 1 -> \d+ \(memory: raised to "
-                     r"\d+ to keep 16,384 tokens", local.stdout), local.stdout
+    assert re.search(
+        r"training\.gradient_accumulation_steps: 1 -> \d+ \(memory: raised to "
+        r"\d+ to keep 16,384 tokens",
+        local.stdout,
+    ), local.stdout
     assert "step time here:" in local.stdout and "modelled" in local.stdout
     assert "planned (model)" in local.stdout  # planned-vs-actual of the rehearsal
     local_run = tmp_path / "run.local"  # the rehearsal keeps out of the real run's folder
@@ -92,8 +98,10 @@ def test_sigkill_of_one_rank_names_it(write_plan, tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 1, out[-3000:]
-    pattern = (rf"rank 1 was killed by SIGKILL \(exit -9\) at {GB_NUMBER} GB \(peak RSS, "
-               rf"measured\) of {GB_NUMBER} GB, not by this runner nor the kernel's OOM killer; "
-               r"rerun the same command to resume from the last checkpoint")
+    pattern = (
+        rf"rank 1 was killed by SIGKILL \(exit -9\) at {GB_NUMBER} GB \(peak RSS, "
+        rf"measured\) of {GB_NUMBER} GB, not by this runner nor the kernel's OOM killer; "
+        r"rerun the same command to resume from the last checkpoint"
+    )
     assert any(re.fullmatch(pattern, line) for line in out.splitlines()), out[-3000:]
     assert_no_orphans(run)

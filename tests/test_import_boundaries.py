@@ -27,8 +27,11 @@ def imported_modules(path: Path) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.append((node.lineno, node.module))
             # `from runner import probe` names the module runner.probe
-            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names
-                      if node.module in ALLOWED]
+            found += [
+                (node.lineno, f"{node.module}.{alias.name}")
+                for alias in node.names
+                if node.module in ALLOWED
+            ]
     return found
 
 

@@ -9,7 +9,6 @@ import math
 
 import pytest
 import tomli_w
-
 from conftest import BASE_PLAN, merge
 
 
@@ -20,30 +19,46 @@ def call(main, argv):
             rc = main(argv)
         except SystemExit as exc:
             rc = exc.code
-    lines = [l for l in err.getvalue().splitlines() if l.strip() and "Warning" not in l
-             and not l.strip().startswith("warnings.warn")]
+    lines = [
+        line
+        for line in err.getvalue().splitlines()
+        if line.strip() and "Warning" not in line and not line.strip().startswith("warnings.warn")
+    ]
     return rc, out.getvalue(), lines
 
 
-@pytest.mark.parametrize("overrides, key", [
-    ({"budget": {"max_cost": math.inf}}, "budget.max_cost"),
-    ({"budget": {"max_hours": math.inf}}, "budget.max_hours"),
-    ({"hardware": {"price_per_node_hour": math.inf}}, "hardware.price_per_node_hour"),
-    ({"training": {"learning_rate": math.inf}}, "training.learning_rate"),
-    ({"model": {"num_hidden_layers": 10**18}}, "model.num_hidden_layers"),
-    ({"model": {"max_position_embeddings": 10**18}}, "model.max_position_embeddings"),
-    ({"model": {"hidden_size": 65536, "num_attention_heads": 64, "intermediate_size": 262144,
-                "num_hidden_layers": 9000}}, "model"),
-    ({"job": {"cache_dir": "a\x00b"}}, "job.cache_dir"),
-    ({"name": "has space"}, "name"),
-    ({"name": "../x"}, "name"),
-    ({"hardware": {"currency": "dollars"}}, "hardware.currency"),
-])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        ({"budget": {"max_cost": math.inf}}, "budget.max_cost"),
+        ({"budget": {"max_hours": math.inf}}, "budget.max_hours"),
+        ({"hardware": {"price_per_node_hour": math.inf}}, "hardware.price_per_node_hour"),
+        ({"training": {"learning_rate": math.inf}}, "training.learning_rate"),
+        ({"model": {"num_hidden_layers": 10**18}}, "model.num_hidden_layers"),
+        ({"model": {"max_position_embeddings": 10**18}}, "model.max_position_embeddings"),
+        (
+            {
+                "model": {
+                    "hidden_size": 65536,
+                    "num_attention_heads": 64,
+                    "intermediate_size": 262144,
+                    "num_hidden_layers": 9000,
+                }
+            },
+            "model",
+        ),
+        ({"job": {"cache_dir": "a\x00b"}}, "job.cache_dir"),
+        ({"name": "has space"}, "name"),
+        ({"name": "../x"}, "name"),
+        ({"hardware": {"currency": "dollars"}}, "hardware.currency"),
+    ],
+)
 def test_bad_plan_values_are_one_line_exit_2(tmp_path, shared_cache, overrides, key):
     from runner.cli import main
 
-    data = merge(BASE_PLAN, {"job": {"cache_dir": str(shared_cache),
-                                     "output_dir": str(tmp_path / "run")}})
+    data = merge(
+        BASE_PLAN, {"job": {"cache_dir": str(shared_cache), "output_dir": str(tmp_path / "run")}}
+    )
     plan = tmp_path / "plan.toml"
     plan.write_text(tomli_w.dumps(merge(data, overrides)))
     rc, _, lines = call(main, ["execute", str(plan), "--dry-run"])
@@ -57,16 +72,30 @@ def test_output_dir_that_is_a_file_is_refused_in_dry_run_too(tmp_path, shared_ca
 
     (tmp_path / "afile").write_text("x")
     plan = tmp_path / "plan.toml"
-    plan.write_text(tomli_w.dumps(merge(BASE_PLAN, {"job": {
-        "cache_dir": str(shared_cache), "output_dir": str(tmp_path / "afile" / "run")}})))
+    plan.write_text(
+        tomli_w.dumps(
+            merge(
+                BASE_PLAN,
+                {
+                    "job": {
+                        "cache_dir": str(shared_cache),
+                        "output_dir": str(tmp_path / "afile" / "run"),
+                    }
+                },
+            )
+        )
+    )
     rc, _, lines = call(main, ["execute", str(plan), "--dry-run"])
     assert rc == 2 and "job.output_dir" in lines[0] and "existing file" in lines[0]
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["execute", "plans/cpu_tiny_dp2.toml", "--max-steps", "abc"], "--max-steps"),
-    (["execute", "plans/cpu_tiny_dp2.toml", "--node-rank", "5"], "--node-rank"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["execute", "plans/cpu_tiny_dp2.toml", "--max-steps", "abc"], "--max-steps"),
+        (["execute", "plans/cpu_tiny_dp2.toml", "--node-rank", "5"], "--node-rank"),
+    ],
+)
 def test_runner_flags_one_line(argv, needle):
     from runner.cli import main
 
@@ -74,19 +103,26 @@ def test_runner_flags_one_line(argv, needle):
     assert rc == 2 and len(lines) == 1 and needle in lines[0], lines
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["estimate", "--budget", "abc"], "--budget"),
-    (["estimate", "--budget", "-1"], "--budget"),
-    (["estimate", "--budget", "inf"], "--budget"),
-    (["estimate", "--hardware", ","], "--hardware"),
-    (["optimize", "--out", "."], "--out"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["estimate", "--budget", "abc"], "--budget"),
+        (["estimate", "--budget", "-1"], "--budget"),
+        (["estimate", "--budget", "inf"], "--budget"),
+        (["estimate", "--hardware", ","], "--hardware"),
+        (["optimize", "--out", "."], "--out"),
+    ],
+)
 def test_planner_flags_one_line(argv, needle):
     from planner.cli import main
 
     rc, _, lines = call(main, argv)
-    assert rc == 2 and len(lines) == 1 and lines[0].startswith(f"error: {needle}") or \
-        needle in lines[0], lines
+    assert (
+        rc == 2
+        and len(lines) == 1
+        and lines[0].startswith(f"error: {needle}")
+        or needle in lines[0]
+    ), lines
 
 
 def test_duplicate_key_is_named(tmp_path):
@@ -106,10 +142,12 @@ def test_price_import_validates_rows_and_names(tmp_path):
     from planner.prices import import_catalog
 
     csv = tmp_path / "aws.csv"
-    csv.write_text(CSV_HEAD + "p4d,A100,8,32.7,-1,us\n"      # negative spot: row skipped
-                   "g5,A10G,0,1.0,0.5,us\n"                   # zero accelerators
-                   "p5,H100,8,nan,inf,us\n"                   # NaN / inf
-                   "p3,V100,4,12.2,3.7,us\n")                 # the one good row
+    csv.write_text(
+        CSV_HEAD + "p4d,A100,8,32.7,-1,us\n"  # negative spot: row skipped
+        "g5,A10G,0,1.0,0.5,us\n"  # zero accelerators
+        "p5,H100,8,nan,inf,us\n"  # NaN / inf
+        "p3,V100,4,12.2,3.7,us\n"
+    )  # the one good row
     out, count, skipped = import_catalog(csv, directory=tmp_path)
     assert count == 1 and len(skipped) == 3
     assert "nan" not in out.read_text() and "inf" not in out.read_text()
@@ -125,14 +163,25 @@ def test_planner_corpus_errors_name_the_spec_and_tiny_corpus_is_refused(tmp_path
     from planner.cli import main
 
     (tmp_path / "tiny.txt").write_text("abcd\n")
-    for corpus, needle in (("missing*.txt", "matches no file"),
-                           ("tiny.txt", "fewer than one training sample")):
+    for corpus, needle in (
+        ("missing*.txt", "matches no file"),
+        ("tiny.txt", "fewer than one training sample"),
+    ):
         spec = tmp_path / "spec.toml"
-        spec.write_text(tomli_w.dumps({
-            "job": {"name": "tiny", "corpus": [str(tmp_path / corpus)], "epochs": 1.0,
-                    "cache_dir": str(tmp_path / "cache")},
-            "model": {"size": "gpt-tiny"},
-            "constraints": {"profiles": ["cpu"], "seq_lens": [64]}}))
+        spec.write_text(
+            tomli_w.dumps(
+                {
+                    "job": {
+                        "name": "tiny",
+                        "corpus": [str(tmp_path / corpus)],
+                        "epochs": 1.0,
+                        "cache_dir": str(tmp_path / "cache"),
+                    },
+                    "model": {"size": "gpt-tiny"},
+                    "constraints": {"profiles": ["cpu"], "seq_lens": [64]},
+                }
+            )
+        )
         rc, _, lines = call(main, ["estimate", "--spec", str(spec)])
         assert rc == 2 and len(lines) == 1, lines
         assert "spec.toml: job.corpus" in lines[0] and needle in lines[0], lines[0]

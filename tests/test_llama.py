@@ -33,38 +33,66 @@ def section(name: str) -> ModelSection:
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMETERS))
 def test_named_sizes_match_published_parameter_counts(name):
-    assert parameter_count(section(name)) == pytest.approx(PUBLISHED_PARAMETERS[name],
-                                                           rel=0.005)
+    assert parameter_count(section(name)) == pytest.approx(PUBLISHED_PARAMETERS[name], rel=0.005)
 
 
 def test_every_llama_size_is_a_valid_plan_model():
     names = [n for n, s in MODEL_SIZES.items() if s.family == "llama"]
-    assert {"llama-tiny", "llama-125m", "llama-350m", "llama-1b", "llama-7b", "llama-13b",
-            "llama-70b", "llama3-8b", "llama3-70b"} <= set(names)
+    assert {
+        "llama-tiny",
+        "llama-125m",
+        "llama-350m",
+        "llama-1b",
+        "llama-7b",
+        "llama-13b",
+        "llama-70b",
+        "llama3-8b",
+        "llama3-70b",
+    } <= set(names)
     for name in names:
         model = section(name)
-        plan = plan_from_dict(merge(BASE_PLAN, {"model": {
-            k: v for k, v in vars(model).items()}}))
+        plan = plan_from_dict(merge(BASE_PLAN, {"model": {k: v for k, v in vars(model).items()}}))
         assert plan.model.family == "llama" and kv_heads(plan.model) >= 1
     assert "num_key_value_heads" not in size_fields("gpt-tiny")  # GPT sizes stay GPT-only
 
 
 BAD_PLANS = [
-    ("kv-not-dividing-heads", {"model": {"num_key_value_heads": 3}},
-     "model.num_key_value_heads", "does not divide num_attention_heads = 4; allowed: 0"),
-    ("kv-above-heads", {"model": {"num_key_value_heads": 8}},
-     "model.num_key_value_heads", "allowed: 0 (= all heads), 1, 2, 4"),
-    ("tied-head", {"model": {"tie_word_embeddings": True}}, "model.tie_word_embeddings",
-     "never ties"),
-    ("tp-not-dividing-kv", merge(GPU, {"model": {"num_key_value_heads": 2},
-                                       "parallel": {"nproc_per_node": 4,
-                                                    "tensor_parallel_degree": 4}}),
-     "parallel.tensor_parallel_degree", "does not divide the 2 key/value heads"),
+    (
+        "kv-not-dividing-heads",
+        {"model": {"num_key_value_heads": 3}},
+        "model.num_key_value_heads",
+        "does not divide num_attention_heads = 4; allowed: 0",
+    ),
+    (
+        "kv-above-heads",
+        {"model": {"num_key_value_heads": 8}},
+        "model.num_key_value_heads",
+        "allowed: 0 (= all heads), 1, 2, 4",
+    ),
+    (
+        "tied-head",
+        {"model": {"tie_word_embeddings": True}},
+        "model.tie_word_embeddings",
+        "never ties",
+    ),
+    (
+        "tp-not-dividing-kv",
+        merge(
+            GPU,
+            {
+                "model": {"num_key_value_heads": 2},
+                "parallel": {"nproc_per_node": 4, "tensor_parallel_degree": 4},
+            },
+        ),
+        "parallel.tensor_parallel_degree",
+        "does not divide the 2 key/value heads",
+    ),
 ]
 
 
-@pytest.mark.parametrize("overrides,key,words", [b[1:] for b in BAD_PLANS],
-                         ids=[b[0] for b in BAD_PLANS])
+@pytest.mark.parametrize(
+    "overrides,key,words", [b[1:] for b in BAD_PLANS], ids=[b[0] for b in BAD_PLANS]
+)
 def test_bad_llama_plan_is_one_line_naming_the_key(overrides, key, words):
     with pytest.raises(PlanError) as info:
         plan_from_dict(merge(LLAMA_PLAN, overrides), file="plan.toml")
@@ -80,8 +108,11 @@ def test_gpt_refuses_llama_only_fields():
 
 
 def test_tp_dividing_the_kv_heads_is_accepted():
-    plan = plan_from_dict(merge(LLAMA_PLAN, merge(GPU, {
-        "parallel": {"nproc_per_node": 2, "tensor_parallel_degree": 2}})))
+    plan = plan_from_dict(
+        merge(
+            LLAMA_PLAN, merge(GPU, {"parallel": {"nproc_per_node": 2, "tensor_parallel_degree": 2}})
+        )
+    )
     assert plan.parallel.tensor_parallel_degree == 2
 
 
@@ -124,6 +155,7 @@ def test_activation_memory_follows_the_family():
 
 # ---- the model the runner builds -------------------------------------------------------------
 
+
 def test_runner_builds_llama_with_gqa_and_exact_parameter_count():
     from runner.model import build_model
 
@@ -142,8 +174,9 @@ def test_llama_config_for_tensor_sequence_parallel_and_recompute():
     from runner.model import build_llama_config
 
     model = section("llama-1b")
-    parallel = ParallelSection(nproc_per_node=4, tensor_parallel_degree=4,
-                               sequence_parallel=True, recompute="full_attn")
+    parallel = ParallelSection(
+        nproc_per_node=4, tensor_parallel_degree=4, sequence_parallel=True, recompute="full_attn"
+    )
     config = build_llama_config(model, parallel, seq_len=2048)
     assert (config.tensor_parallel_degree, config.num_key_value_heads) == (4, 4)
     assert config.sequence_parallel and config.use_recompute
@@ -159,11 +192,15 @@ def test_kernels_on_this_cpu_fall_back_to_the_standard_ones():
 
     model = section("llama-tiny")
     assert kernel_choice(model, use_flash_attention=True, precision="bf16") == {
-        "flash_attention": False, "fused_rms_norm": False, "fused_rope": False}
+        "flash_attention": False,
+        "fused_rms_norm": False,
+        "fused_rope": False,
+    }
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        net = build_model(model, ParallelSection(), seq_len=32, use_flash_attention=True,
-                          precision="bf16")
+        net = build_model(
+            model, ParallelSection(), seq_len=32, use_flash_attention=True, precision="bf16"
+        )
     assert any("cannot run it" in str(w.message) for w in caught)
     assert not net.config.use_flash_attention and not net.config.use_fused_rms_norm
 
@@ -192,12 +229,22 @@ def test_one_training_step_through_the_runner_lowers_the_loss():
 def test_fleet_strategy_for_llama_tp_pp_layout_is_gpts():
     from runner.parallel import strategy_settings
 
-    layout = merge(GPU, {"model": {"num_hidden_layers": 4, "num_key_value_heads": 2},
-                         "parallel": {"nnodes": 2, "nproc_per_node": 8,
-                                      "data_parallel_degree": 4, "tensor_parallel_degree": 2,
-                                      "pipeline_parallel_degree": 2, "sequence_parallel": True,
-                                      "recompute": "full"},
-                         "training": {"gradient_accumulation_steps": 4}})
+    layout = merge(
+        GPU,
+        {
+            "model": {"num_hidden_layers": 4, "num_key_value_heads": 2},
+            "parallel": {
+                "nnodes": 2,
+                "nproc_per_node": 8,
+                "data_parallel_degree": 4,
+                "tensor_parallel_degree": 2,
+                "pipeline_parallel_degree": 2,
+                "sequence_parallel": True,
+                "recompute": "full",
+            },
+            "training": {"gradient_accumulation_steps": 4},
+        },
+    )
     llama = strategy_settings(plan_from_dict(merge(LLAMA_PLAN, layout)))
     gpt_layout = merge(layout, {"model": {"num_key_value_heads": 0}})
     gpt = strategy_settings(plan_from_dict(merge(BASE_PLAN, gpt_layout)))
@@ -207,6 +254,7 @@ def test_fleet_strategy_for_llama_tp_pp_layout_is_gpts():
 
 # ---- the planner ----------------------------------------------------------------------------
 
+
 def test_planner_search_keeps_tp_within_the_kv_heads():
     import tomli
 
@@ -214,9 +262,14 @@ def test_planner_search_keeps_tp_within_the_kv_heads():
     from planner.spec import spec_from_dict
 
     data = tomli.loads((REPO / "planner" / "specs" / "llama_zh.toml").read_text())
-    data = merge(data, {"model": {"size": "llama-1b", "num_key_value_heads": 2},
-                        "constraints": {"profiles": ["a100-80gb"], "seq_lens": [2048]},
-                        "search": {"tensor_parallel": [1, 2, 4, 8]}})
+    data = merge(
+        data,
+        {
+            "model": {"size": "llama-1b", "num_key_value_heads": 2},
+            "constraints": {"profiles": ["a100-80gb"], "seq_lens": [2048]},
+            "search": {"tensor_parallel": [1, 2, 4, 8]},
+        },
+    )
     result = optimize(spec_from_dict(data, file="s.toml"))
     assert len(result.table) and set(result.table["tp"]) <= {1, 2}
 
@@ -225,9 +278,11 @@ def test_estimate_json_names_the_family_parameters_and_flops(tmp_path):
     """The plan's own model is estimated, also an unnamed one whose spec is gone (it used to
     fall back to the embedded bank-FAQ spec's GPT)."""
     text = (REPO / "plans" / "llama_zh.toml").read_text()
-    for old, new in (('spec = "planner/specs/llama_zh.toml"', 'spec = "gone.toml"'),
-                     ('name = "llama-125m"', 'name = "my-llama"'),
-                     ("num_key_value_heads = 0", "num_key_value_heads = 4")):
+    for old, new in (
+        ('spec = "planner/specs/llama_zh.toml"', 'spec = "gone.toml"'),
+        ('name = "llama-125m"', 'name = "my-llama"'),
+        ("num_key_value_heads = 0", "num_key_value_heads = 4"),
+    ):
         assert old in text
         text = text.replace(old, new)
     plan = tmp_path / "llama_zh.toml"
@@ -241,4 +296,5 @@ def test_estimate_json_names_the_family_parameters_and_flops(tmp_path):
     from gptplan.modelfacts import training_flops_per_token
 
     assert data["model_flops_per_token"] == pytest.approx(
-        training_flops_per_token(model, data["model_flops_per_token_seq_len"]))
+        training_flops_per_token(model, data["model_flops_per_token_seq_len"])
+    )

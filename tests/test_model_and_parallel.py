@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import BASE_PLAN, merge
+
 from gptplan.modelfacts import MODEL_SIZES, parameter_count, training_flops_per_token
-from runner.parallel import launch_commands, strategy_settings
 from gptplan.plan import ModelSection, plan_from_dict
+from runner.parallel import launch_commands, strategy_settings
 from runner.train import learning_rate_at
 
 
@@ -27,12 +27,18 @@ def test_parameter_count_matches_narayanan_eq2_for_gpt_base():
 def test_parameter_count_matches_built_paddlenlp_model():
     import paddle
 
-    from runner.model import build_model
     from gptplan.plan import ParallelSection
+    from runner.model import build_model
 
     paddle.set_device("cpu")
-    m = ModelSection(vocab_size=500, hidden_size=32, num_hidden_layers=3,
-                     num_attention_heads=4, intermediate_size=96, max_position_embeddings=40)
+    m = ModelSection(
+        vocab_size=500,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=96,
+        max_position_embeddings=40,
+    )
     net = build_model(m, ParallelSection(), seq_len=16)
     assert sum(int(p.numel()) for p in net.parameters()) == parameter_count(m)
 
@@ -50,9 +56,19 @@ def test_flops_per_token_palm_formula():
 
 
 def test_learning_rate_schedule():
-    t = plan_from_dict(merge(BASE_PLAN, {"training": {"max_steps": 100, "warmup_steps": 10,
-                                                      "learning_rate": 1.0,
-                                                      "min_learning_rate": 0.1}})).training
+    t = plan_from_dict(
+        merge(
+            BASE_PLAN,
+            {
+                "training": {
+                    "max_steps": 100,
+                    "warmup_steps": 10,
+                    "learning_rate": 1.0,
+                    "min_learning_rate": 0.1,
+                }
+            },
+        )
+    ).training
     assert learning_rate_at(0, t) == pytest.approx(0.1)
     assert learning_rate_at(9, t) == pytest.approx(1.0)
     assert learning_rate_at(10, t) == pytest.approx(1.0)
@@ -64,19 +80,42 @@ GPU = {"hardware": {"device": "gpu", "precisions": ["fp32", "fp16", "bf16"]}}
 
 
 def test_hybrid_strategy_for_tp_pp_sharding():
-    plan = plan_from_dict(merge(BASE_PLAN, merge(GPU, {
-        "model": {"num_hidden_layers": 4},
-        "parallel": {"nnodes": 2, "nproc_per_node": 8, "data_parallel_degree": 2,
-                     "tensor_parallel_degree": 2, "pipeline_parallel_degree": 2,
-                     "sharding": "stage1", "sharding_parallel_degree": 2,
-                     "sequence_parallel": True, "recompute": "core_attn"},
-        "training": {"gradient_accumulation_steps": 4, "precision": "fp16",
-                     "fp16_opt_level": "O2"}})))
+    plan = plan_from_dict(
+        merge(
+            BASE_PLAN,
+            merge(
+                GPU,
+                {
+                    "model": {"num_hidden_layers": 4},
+                    "parallel": {
+                        "nnodes": 2,
+                        "nproc_per_node": 8,
+                        "data_parallel_degree": 2,
+                        "tensor_parallel_degree": 2,
+                        "pipeline_parallel_degree": 2,
+                        "sharding": "stage1",
+                        "sharding_parallel_degree": 2,
+                        "sequence_parallel": True,
+                        "recompute": "core_attn",
+                    },
+                    "training": {
+                        "gradient_accumulation_steps": 4,
+                        "precision": "fp16",
+                        "fp16_opt_level": "O2",
+                    },
+                },
+            ),
+        )
+    )
     s = strategy_settings(plan)
-    assert s["hybrid_configs"] == {"dp_degree": 2, "mp_degree": 2, "pp_degree": 2,
-                                   "sharding_degree": 2, "pp_configs": {"delay_scale_loss": False},
-                                   "mp_configs": {"sync_param": True, "sync_grad": False,
-                                                  "sync_moment": False}}
+    assert s["hybrid_configs"] == {
+        "dp_degree": 2,
+        "mp_degree": 2,
+        "pp_degree": 2,
+        "sharding_degree": 2,
+        "pp_configs": {"delay_scale_loss": False},
+        "mp_configs": {"sync_param": True, "sync_grad": False, "sync_moment": False},
+    }
     assert s["pipeline_configs"] == {"accumulate_steps": 4, "micro_batch_size": 4}
     assert s["sharding_stage"] == 1
     assert s["amp"]["dtype"] == "float16" and s["amp"]["use_dynamic_loss_scaling"]
@@ -86,9 +125,21 @@ def test_hybrid_strategy_for_tp_pp_sharding():
 
 
 def test_real_fleet_strategy_object():
-    plan = plan_from_dict(merge(BASE_PLAN, merge(GPU, {
-        "parallel": {"nproc_per_node": 4, "data_parallel_degree": 2,
-                     "tensor_parallel_degree": 2}})))
+    plan = plan_from_dict(
+        merge(
+            BASE_PLAN,
+            merge(
+                GPU,
+                {
+                    "parallel": {
+                        "nproc_per_node": 4,
+                        "data_parallel_degree": 2,
+                        "tensor_parallel_degree": 2,
+                    }
+                },
+            ),
+        )
+    )
     from runner.parallel import build_strategy
 
     strategy = build_strategy(plan)
@@ -97,11 +148,23 @@ def test_real_fleet_strategy_object():
 
 
 def test_multinode_gpu_launch_commands():
-    plan = plan_from_dict(merge(BASE_PLAN, merge(GPU, {
-        "parallel": {"nnodes": 2, "nproc_per_node": 8, "data_parallel_degree": 16}})))
-    cmds = launch_commands(plan, plan_path=Path("run/plan.toml"), data_dir=Path("d"),
-                           run_dir=Path("run"), log_dir=Path("run/logs"), master="10.0.0.1:8090",
-                           python="python")
+    plan = plan_from_dict(
+        merge(
+            BASE_PLAN,
+            merge(
+                GPU, {"parallel": {"nnodes": 2, "nproc_per_node": 8, "data_parallel_degree": 16}}
+            ),
+        )
+    )
+    cmds = launch_commands(
+        plan,
+        plan_path=Path("run/plan.toml"),
+        data_dir=Path("d"),
+        run_dir=Path("run"),
+        log_dir=Path("run/logs"),
+        master="10.0.0.1:8090",
+        python="python",
+    )
     assert len(cmds) == 2
     argv = cmds[1].argv
     assert argv[:3] == ["python", "-m", "runner.paddle_launch"]
@@ -115,9 +178,16 @@ def test_multinode_gpu_launch_commands():
 
 
 def test_cpu_launch_splits_threads():
-    plan = plan_from_dict(merge(BASE_PLAN, {"parallel": {"nproc_per_node": 2,
-                                                         "data_parallel_degree": 2}}))
-    (cmd,) = launch_commands(plan, plan_path=Path("p"), data_dir=Path("d"), run_dir=Path("r"),
-                             log_dir=Path("l"), python="python")
+    plan = plan_from_dict(
+        merge(BASE_PLAN, {"parallel": {"nproc_per_node": 2, "data_parallel_degree": 2}})
+    )
+    (cmd,) = launch_commands(
+        plan,
+        plan_path=Path("p"),
+        data_dir=Path("d"),
+        run_dir=Path("r"),
+        log_dir=Path("l"),
+        python="python",
+    )
     assert "--devices" not in cmd.argv and "--master" not in cmd.argv
     assert int(cmd.env["OMP_NUM_THREADS"]) >= 1

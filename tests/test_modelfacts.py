@@ -10,9 +10,16 @@ from gptplan.plan import ModelSection
 
 
 def llama(h, L, a, f, V, kv=0):
-    return ModelSection(family="llama", hidden_size=h, num_hidden_layers=L,
-                        num_attention_heads=a, num_key_value_heads=kv, intermediate_size=f,
-                        vocab_size=V, max_position_embeddings=4096)
+    return ModelSection(
+        family="llama",
+        hidden_size=h,
+        num_hidden_layers=L,
+        num_attention_heads=a,
+        num_key_value_heads=kv,
+        intermediate_size=f,
+        vocab_size=V,
+        max_position_embeddings=4096,
+    )
 
 
 PUBLISHED = {
@@ -42,9 +49,15 @@ def test_gqa_shrinks_kv_projections_not_attention_scores():
 
 
 def test_swiglu_has_three_matrices_and_untied_head_counts_twice():
-    tied = ModelSection(family="llama", hidden_size=64, num_hidden_layers=1,
-                        num_attention_heads=4, intermediate_size=96, vocab_size=100,
-                        tie_word_embeddings=True)
+    tied = ModelSection(
+        family="llama",
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=96,
+        vocab_size=100,
+        tie_word_embeddings=True,
+    )
     untied = ModelSection(**{**vars(tied), "tie_word_embeddings": False})
     # 2 h^2 (Q, O) + 2 h^2 (K, V, MHA) + 3 h f + 2 h (norms) + final norm h + embeddings V h
     assert parameter_count(tied) == 4 * 64 * 64 + 3 * 64 * 96 + 2 * 64 + 64 + 100 * 64

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_train_e2e import execute, metrics
+
 from runner.billing import Billing
 
 pytestmark = pytest.mark.e2e
@@ -34,10 +34,25 @@ def free_port() -> int:
 
 
 def start_node(plan: Path, rank: int, port: int, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "runner", "execute", str(plan),
-                             "--node-rank", str(rank), "--master", f"127.0.0.1:{port}", *extra],
-                            cwd=plan.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "runner",
+            "execute",
+            str(plan),
+            "--node-rank",
+            str(rank),
+            "--master",
+            f"127.0.0.1:{port}",
+            *extra,
+        ],
+        cwd=plan.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def start_cluster(plan: Path, *node1_extra: str) -> list[subprocess.Popen]:
@@ -65,13 +80,23 @@ def wait_for_step(run: Path, step: int, nodes: list[subprocess.Popen], timeout: 
 
 
 def test_two_nodes_kill9_sigterm_resume_match_one_node(write_plan, tmp_path):
-    reference = write_plan(BASE | {"job": {"output_dir": str(tmp_path / "ref")},
-                                   "parallel": {"nproc_per_node": 2,
-                                                "data_parallel_degree": 2}}, "ref.toml")
+    reference = write_plan(
+        BASE
+        | {
+            "job": {"output_dir": str(tmp_path / "ref")},
+            "parallel": {"nproc_per_node": 2, "data_parallel_degree": 2},
+        },
+        "ref.toml",
+    )
     assert execute(reference).returncode == 0
-    plan = write_plan(BASE | {"job": {"output_dir": str(tmp_path / "run")},
-                              "parallel": {"nnodes": 2, "nproc_per_node": 1,
-                                           "data_parallel_degree": 2}}, "two.toml")
+    plan = write_plan(
+        BASE
+        | {
+            "job": {"output_dir": str(tmp_path / "run")},
+            "parallel": {"nnodes": 2, "nproc_per_node": 1, "data_parallel_degree": 2},
+        },
+        "two.toml",
+    )
     run = tmp_path / "run"
 
     # 1. kill -9 of node 1 (its runner and its launcher's group): node 0's rank fails too.
@@ -97,8 +122,10 @@ def test_two_nodes_kill9_sigterm_resume_match_one_node(write_plan, tmp_path):
     assert result["stop_reason"].startswith("signal") and not result["finished"]
     stopped = result["completed_steps"]
     assert stopped < STEPS
-    assert json.loads((run / "checkpoints" / f"step_{stopped:08d}" / "state.json").read_text()
-                      )["step"] == stopped
+    assert (
+        json.loads((run / "checkpoints" / f"step_{stopped:08d}" / "state.json").read_text())["step"]
+        == stopped
+    )
     assert "node 1: stopped: signal" in out1
 
     # 3. per-node run dirs (node 1 sees no checkpoint): the ranks refuse to start from
@@ -113,8 +140,9 @@ def test_two_nodes_kill9_sigterm_resume_match_one_node(write_plan, tmp_path):
     assert (rc0, rc1) == (0, 0), (out0[-2000:], out1[-2000:])
     ref_steps, run_steps = metrics(tmp_path / "ref"), metrics(run)
     assert sorted(run_steps) == sorted(ref_steps) == list(range(STEPS))
-    assert [run_steps[s]["loss"] for s in range(STEPS)] == \
-        [ref_steps[s]["loss"] for s in range(STEPS)]
+    assert [run_steps[s]["loss"] for s in range(STEPS)] == [
+        ref_steps[s]["loss"] for s in range(STEPS)
+    ]
     ref_result = json.loads((tmp_path / "ref" / "result.json").read_text())
     result = json.loads((run / "result.json").read_text())
     assert result["measured"]["tokens_trained"] == ref_result["measured"]["tokens_trained"]
@@ -124,8 +152,10 @@ def test_two_nodes_kill9_sigterm_resume_match_one_node(write_plan, tmp_path):
     assert len(Billing(run).attempts) == 4
     assert "LAUNCH INFO" not in out0 + out1 and "step 12/12" in out0
     assert "node 1: finished" in out1 and "tokens trained" not in out1
-    logs = {node: len(list((run / "logs" / node).glob("attempt_*/workerlog.0")))
-            for node in ("node_00", "node_01")}
+    logs = {
+        node: len(list((run / "logs" / node).glob("attempt_*/workerlog.0")))
+        for node in ("node_00", "node_01")
+    }
     assert logs == {"node_00": 4, "node_01": 3}  # node 1's refused start logged on its disk
 
 
@@ -133,15 +163,18 @@ def test_loopback_nodes_share_this_machines_cores(monkeypatch):
     """Two "nodes" on one machine split its cores like 1 node x 2 processes does (the same
     thread count gives the same float reductions); real nodes each use all of theirs."""
     from conftest import BASE_PLAN, merge
-    from runner.parallel import launch_commands
+
     from gptplan.plan import plan_from_dict
+    from runner.parallel import launch_commands
 
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
-    plan = plan_from_dict(merge(BASE_PLAN, {"parallel": {"nnodes": 2, "nproc_per_node": 1,
-                                                         "data_parallel_degree": 2}}))
+    plan = plan_from_dict(
+        merge(
+            BASE_PLAN, {"parallel": {"nnodes": 2, "nproc_per_node": 1, "data_parallel_degree": 2}}
+        )
+    )
     paths = dict(plan_path=Path("p"), data_dir=Path("d"), run_dir=Path("r"), log_dir=Path("l"))
-    for master, threads in (("127.0.0.1:8090", "4"), ("localhost:1", "4"),
-                            ("10.0.0.1:8090", "8")):
+    for master, threads in (("127.0.0.1:8090", "4"), ("localhost:1", "4"), ("10.0.0.1:8090", "8")):
         commands = launch_commands(plan, master=master, python="python", **paths)
         assert [c.env["OMP_NUM_THREADS"] for c in commands] == [threads, threads], master
         assert commands[1].argv[commands[1].argv.index("--rank") + 1] == "1"

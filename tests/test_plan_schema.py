@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 import tomli_w
-
 from conftest import BASE_PLAN, REPO, merge, run_cli
+
 from gptplan.errors import PlanError
 from gptplan.plan import Plan, load_plan, plan_from_dict, write_plan
 
@@ -18,57 +18,122 @@ BAD_PLANS = [
     ("wrong-schema", {"schema": 2}, "schema", "supported"),
     ("bad-name", {"name": "my plan!"}, "name", "letters"),
     ("string-for-int", {"training": {"seq_len": "64"}}, "training.seq_len", "integer"),
-    ("bool-for-int", {"parallel": {"nproc_per_node": True}}, "parallel.nproc_per_node",
-     "integer"),
+    ("bool-for-int", {"parallel": {"nproc_per_node": True}}, "parallel.nproc_per_node", "integer"),
     ("negative", {"training": {"max_steps": -1}}, "training.max_steps", ">= 1"),
     ("bad-choice", {"training": {"precision": "fp8"}}, "training.precision", "'bf16'"),
-    ("bad-recompute", {"parallel": {"recompute": "selective"}}, "parallel.recompute",
-     "'core_attn'"),
-    ("heads-not-dividing-hidden", {"model": {"num_attention_heads": 5}},
-     "model.num_attention_heads", "does not divide"),
-    ("tp-not-dividing-heads", {"model": {"num_attention_heads": 4},
-                               "parallel": {"nproc_per_node": 3, "tensor_parallel_degree": 3},
-                               "hardware": {"device": "gpu"}},
-     "parallel.tensor_parallel_degree", "does not divide"),
-    ("pp-more-stages-than-layers", {"model": {"num_hidden_layers": 1},
-                                    "parallel": {"nproc_per_node": 2,
-                                                 "pipeline_parallel_degree": 2},
-                                    "hardware": {"device": "gpu"}},
-     "parallel.pipeline_parallel_degree", "every stage needs a layer"),
-    ("world-size-mismatch", {"parallel": {"nproc_per_node": 2, "data_parallel_degree": 1}},
-     "parallel.data_parallel_degree", "must equal"),
-    ("bf16-unsupported", {"training": {"precision": "bf16"},
-                          "hardware": {"precisions": ["fp32", "fp16"]}},
-     "training.precision", "not supported"),
-    ("sp-without-tp", {"parallel": {"sequence_parallel": True}},
-     "parallel.sequence_parallel", "tensor_parallel_degree > 1"),
-    ("pp-with-stage2", {"parallel": {"nproc_per_node": 4, "pipeline_parallel_degree": 2,
-                                     "sharding": "stage2", "sharding_parallel_degree": 2},
-                        "training": {"gradient_accumulation_steps": 2},
-                        "hardware": {"device": "gpu"}},
-     "parallel.sharding", "pipeline"),
-    ("sharding-degree-without-stage", {"parallel": {"nproc_per_node": 2,
-                                                    "sharding_parallel_degree": 2},
-                                       "hardware": {"device": "gpu"}},
-     "parallel.sharding_parallel_degree", "stage"),
-    ("tp-on-cpu", {"parallel": {"nproc_per_node": 2, "tensor_parallel_degree": 2}},
-     "hardware.device", "data parallel only"),
-    ("seq-longer-than-positions", {"training": {"seq_len": 128}}, "training.seq_len",
-     "max_position_embeddings"),
-    ("currency-mix", {"budget": {"max_cost": 10.0, "currency": "CNY"}}, "budget.currency",
-     "never mix"),
+    (
+        "bad-recompute",
+        {"parallel": {"recompute": "selective"}},
+        "parallel.recompute",
+        "'core_attn'",
+    ),
+    (
+        "heads-not-dividing-hidden",
+        {"model": {"num_attention_heads": 5}},
+        "model.num_attention_heads",
+        "does not divide",
+    ),
+    (
+        "tp-not-dividing-heads",
+        {
+            "model": {"num_attention_heads": 4},
+            "parallel": {"nproc_per_node": 3, "tensor_parallel_degree": 3},
+            "hardware": {"device": "gpu"},
+        },
+        "parallel.tensor_parallel_degree",
+        "does not divide",
+    ),
+    (
+        "pp-more-stages-than-layers",
+        {
+            "model": {"num_hidden_layers": 1},
+            "parallel": {"nproc_per_node": 2, "pipeline_parallel_degree": 2},
+            "hardware": {"device": "gpu"},
+        },
+        "parallel.pipeline_parallel_degree",
+        "every stage needs a layer",
+    ),
+    (
+        "world-size-mismatch",
+        {"parallel": {"nproc_per_node": 2, "data_parallel_degree": 1}},
+        "parallel.data_parallel_degree",
+        "must equal",
+    ),
+    (
+        "bf16-unsupported",
+        {"training": {"precision": "bf16"}, "hardware": {"precisions": ["fp32", "fp16"]}},
+        "training.precision",
+        "not supported",
+    ),
+    (
+        "sp-without-tp",
+        {"parallel": {"sequence_parallel": True}},
+        "parallel.sequence_parallel",
+        "tensor_parallel_degree > 1",
+    ),
+    (
+        "pp-with-stage2",
+        {
+            "parallel": {
+                "nproc_per_node": 4,
+                "pipeline_parallel_degree": 2,
+                "sharding": "stage2",
+                "sharding_parallel_degree": 2,
+            },
+            "training": {"gradient_accumulation_steps": 2},
+            "hardware": {"device": "gpu"},
+        },
+        "parallel.sharding",
+        "pipeline",
+    ),
+    (
+        "sharding-degree-without-stage",
+        {
+            "parallel": {"nproc_per_node": 2, "sharding_parallel_degree": 2},
+            "hardware": {"device": "gpu"},
+        },
+        "parallel.sharding_parallel_degree",
+        "stage",
+    ),
+    (
+        "tp-on-cpu",
+        {"parallel": {"nproc_per_node": 2, "tensor_parallel_degree": 2}},
+        "hardware.device",
+        "data parallel only",
+    ),
+    (
+        "seq-longer-than-positions",
+        {"training": {"seq_len": 128}},
+        "training.seq_len",
+        "max_position_embeddings",
+    ),
+    (
+        "currency-mix",
+        {"budget": {"max_cost": 10.0, "currency": "CNY"}},
+        "budget.currency",
+        "never mix",
+    ),
     ("o2-with-fp32", {"training": {"fp16_opt_level": "O2"}}, "training.fp16_opt_level", "O1"),
-    ("too-few-steps-for-target", {"job": {"target_tokens": 10**9}}, "training.max_steps",
-     "max_steps >="),
+    (
+        "too-few-steps-for-target",
+        {"job": {"target_tokens": 10**9}},
+        "training.max_steps",
+        "max_steps >=",
+    ),
     ("alert-out-of-range", {"budget": {"alert_at": 1.5}}, "budget.alert_at", "<= 1"),
     ("section-not-table", {"training": 3}, "training", "table"),
-    ("warmup-longer-than-run", {"training": {"warmup_steps": 100}}, "training.warmup_steps",
-     "max_steps"),
+    (
+        "warmup-longer-than-run",
+        {"training": {"warmup_steps": 100}},
+        "training.warmup_steps",
+        "max_steps",
+    ),
 ]
 
 
-@pytest.mark.parametrize("overrides,key,word", [b[1:] for b in BAD_PLANS],
-                         ids=[b[0] for b in BAD_PLANS])
+@pytest.mark.parametrize(
+    "overrides,key,word", [b[1:] for b in BAD_PLANS], ids=[b[0] for b in BAD_PLANS]
+)
 def test_bad_plan_is_rejected_naming_the_key(overrides, key, word):
     with pytest.raises(PlanError) as info:
         plan_from_dict(merge(BASE_PLAN, overrides), file="bad.toml")
@@ -114,8 +179,9 @@ def test_fingerprint_ignores_budget_but_not_batch():
     assert plan.fingerprint() != bigger.fingerprint()
 
 
-SHIPPED_PLANS = sorted(p for p in (REPO / "plans").glob("*.toml")
-                       if not p.name.endswith(".spec.toml"))
+SHIPPED_PLANS = sorted(
+    p for p in (REPO / "plans").glob("*.toml") if not p.name.endswith(".spec.toml")
+)
 
 
 @pytest.mark.parametrize("path", SHIPPED_PLANS, ids=lambda p: p.name)
@@ -123,10 +189,14 @@ def test_shipped_plans_load(path):
     assert isinstance(load_plan(path), Plan)
 
 
-@pytest.mark.parametrize("content,word", [
-    ("schema = 1\nname = 'x'\n[training\n", "malformed TOML"),
-    (b"schema = 1\nname = '\xff\xfe'\n", "UTF-8"),
-], ids=["malformed-toml", "not-utf8"])
+@pytest.mark.parametrize(
+    "content,word",
+    [
+        ("schema = 1\nname = 'x'\n[training\n", "malformed TOML"),
+        (b"schema = 1\nname = '\xff\xfe'\n", "UTF-8"),
+    ],
+    ids=["malformed-toml", "not-utf8"],
+)
 def test_cli_rejects_bad_file_with_one_line_and_status_2(tmp_path, content, word):
     path = tmp_path / "bad.toml"
     if isinstance(content, bytes):
@@ -135,7 +205,7 @@ def test_cli_rejects_bad_file_with_one_line_and_status_2(tmp_path, content, word
         path.write_text(content)
     proc = run_cli("runner", "execute", str(path), "--dry-run", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
-    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert str(path) in lines[0] and word in lines[0]
     assert not (tmp_path / "runs").exists()  # nothing half-written

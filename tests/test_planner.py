@@ -9,13 +9,13 @@ import json
 import numpy as np
 import pytest
 import tomli
-
 from conftest import REPO, merge, run_cli
+
+from gptplan.plan import load_plan
 from planner.hardware import load_profiles
 from planner.prices import import_catalog
 from planner.search import allowed_offers, decide, evaluate_space
 from planner.spec import EMBEDDED_SPEC, SpecError, spec_from_dict
-from gptplan.plan import load_plan
 
 BANK = tomli.loads(EMBEDDED_SPEC.read_text())
 
@@ -27,32 +27,60 @@ BAD_SPECS = [
     ("bad-currency", {"constraints": {"currency": "yuan"}}, "constraints.currency", "ISO"),
     ("unknown-size", {"model": {"size": "gpt-huge"}}, "model.size", "allowed"),
     ("no-target", {"job": {"target_tokens": 0, "epochs": 0}}, "job.target_tokens", "epochs"),
-    ("seq-too-long", {"constraints": {"seq_lens": [4096]}}, "constraints.seq_lens",
-     "max_position_embeddings"),
+    (
+        "seq-too-long",
+        {"constraints": {"seq_lens": [4096]}},
+        "constraints.seq_lens",
+        "max_position_embeddings",
+    ),
     ("empty-seq", {"constraints": {"seq_lens": []}}, "constraints.seq_lens", "at least one"),
-    ("bad-precision", {"constraints": {"precisions": ["int8"]}}, "constraints.precisions",
-     "allowed"),
-    ("batch-range-inverted", {"constraints": {"global_batch_tokens_min": 10,
-                                              "global_batch_tokens_max": 5}},
-     "constraints.global_batch_tokens_max", "below"),
-    ("bad-micro", {"search": {"micro_batch_sizes": [0, 2]}}, "search.micro_batch_sizes",
-     "positive"),
+    (
+        "bad-precision",
+        {"constraints": {"precisions": ["int8"]}},
+        "constraints.precisions",
+        "allowed",
+    ),
+    (
+        "batch-range-inverted",
+        {"constraints": {"global_batch_tokens_min": 10, "global_batch_tokens_max": 5}},
+        "constraints.global_batch_tokens_max",
+        "below",
+    ),
+    (
+        "bad-micro",
+        {"search": {"micro_batch_sizes": [0, 2]}},
+        "search.micro_batch_sizes",
+        "positive",
+    ),
     ("bad-stage", {"search": {"sharding": ["stage4"]}}, "search.sharding", "allowed"),
     ("bad-recompute", {"search": {"recompute": ["selective"]}}, "search.recompute", "allowed"),
-    ("nothing-rentable", {"constraints": {"spot": False, "on_demand": False}},
-     "constraints.spot", "nothing"),
+    (
+        "nothing-rentable",
+        {"constraints": {"spot": False, "on_demand": False}},
+        "constraints.spot",
+        "nothing",
+    ),
     ("bad-rate", {"rates": {"USD": -7}}, "rates.USD", "positive"),
     ("bad-rate-code", {"rates": {"dollar": 7}}, "rates.dollar", "ISO code"),
-    ("headroom-range", {"constraints": {"memory_headroom": 1.5}},
-     "constraints.memory_headroom", "<= 1.0"),
-    ("heads-vs-hidden", {"model": {"num_attention_heads": 7}}, "model.num_attention_heads",
-     "does not divide"),
+    (
+        "headroom-range",
+        {"constraints": {"memory_headroom": 1.5}},
+        "constraints.memory_headroom",
+        "<= 1.0",
+    ),
+    (
+        "heads-vs-hidden",
+        {"model": {"num_attention_heads": 7}},
+        "model.num_attention_heads",
+        "does not divide",
+    ),
     ("list-type", {"constraints": {"seq_lens": 1024}}, "constraints.seq_lens", "a list"),
 ]
 
 
-@pytest.mark.parametrize("overrides,key,word", [b[1:] for b in BAD_SPECS],
-                         ids=[b[0] for b in BAD_SPECS])
+@pytest.mark.parametrize(
+    "overrides,key,word", [b[1:] for b in BAD_SPECS], ids=[b[0] for b in BAD_SPECS]
+)
 def test_bad_spec_is_rejected(overrides, key, word):
     with pytest.raises(SpecError) as info:
         spec_from_dict(merge(BANK, overrides), file="spec.toml")
@@ -63,8 +91,10 @@ def test_bad_spec_is_rejected(overrides, key, word):
 
 def small_spec(**overrides):
     """The bank-FAQ spec restricted to two cloud offers (fast to evaluate)."""
-    return spec_from_dict(merge(BANK, merge({"constraints": {"profiles": ["a100-80gb", "t4"]}},
-                                            overrides)), file="spec.toml")
+    return spec_from_dict(
+        merge(BANK, merge({"constraints": {"profiles": ["a100-80gb", "t4"]}}, overrides)),
+        file="spec.toml",
+    )
 
 
 def plan_for(spec):
@@ -93,8 +123,10 @@ def test_chosen_is_cheapest_feasible_and_on_the_pareto_front():
     feasible = decision.feasible
     assert table["cost"][decision.chosen] == table["cost"][feasible].min()
     assert table["fits"][decision.chosen]
-    assert decision.chosen in set(decision.pareto.tolist()) or \
-        table["cost"][decision.pareto[0]] == table["cost"][decision.chosen]
+    assert (
+        decision.chosen in set(decision.pareto.tolist())
+        or table["cost"][decision.pareto[0]] == table["cost"][decision.chosen]
+    )
     # the front is sorted by cost and strictly faster along it
     hours = table["hours"][decision.pareto]
     assert np.all(np.diff(hours) < 0)
@@ -116,11 +148,18 @@ def test_deadline_too_short_gives_fastest_plan():
 
 
 def test_model_too_big_for_any_device():
-    decision, _ = plan_for(small_spec(model={"size": "gpt-13b"},
-                                      constraints={"profiles": ["t4"], "max_nodes": 1,
-                                                   "seq_lens": [1024],
-                                                   "global_batch_tokens_min": 0,
-                                                   "global_batch_tokens_max": 0}))
+    decision, _ = plan_for(
+        small_spec(
+            model={"size": "gpt-13b"},
+            constraints={
+                "profiles": ["t4"],
+                "max_nodes": 1,
+                "seq_lens": [1024],
+                "global_batch_tokens_min": 0,
+                "global_batch_tokens_max": 0,
+            },
+        )
+    )
     assert decision.chosen is None
     assert "nothing fits in device memory" in decision.problems[0]
 
@@ -134,13 +173,16 @@ def test_memory_rules_hold_in_the_chosen_plan():
     assert 131072 <= row["tokens_per_step"] <= 524288
 
 
-CSV = """InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,AvailabilityZone
-p4de.24xlarge,A100-80GB,8.0,96.0,1152.0,x,40.97,7.1,us-east-1,us-east-1a
+CSV = (
+    "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,"
+    "AvailabilityZone\n"
+    """p4de.24xlarge,A100-80GB,8.0,96.0,1152.0,x,40.97,7.1,us-east-1,us-east-1a
 p4de.24xlarge,A100-80GB,8.0,96.0,1152.0,x,41.50,6.2,us-west-2,us-west-2b
 g4dn.xlarge,T4,1.0,4.0,16.0,x,0.526,,us-east-1,us-east-1a
 m5.large,,,2.0,8.0,,0.096,0.04,us-east-1,us-east-1a
 weird.1x,TPU-v9,1.0,4.0,16.0,x,9.0,1.0,us-east-1,us-east-1a
 """
+)
 
 
 def test_prices_import(tmp_path):
@@ -164,8 +206,7 @@ def test_prices_import(tmp_path):
 def optimized(tmp_path_factory):
     """`planner optimize --budget 12000` from a fresh directory: the README's first command."""
     work = tmp_path_factory.mktemp("optimize")
-    proc = run_cli("planner", "optimize", "--budget", "12000", "--plot", "pareto.png",
-                   cwd=work)
+    proc = run_cli("planner", "optimize", "--budget", "12000", "--plot", "pareto.png", cwd=work)
     return work, proc
 
 
@@ -207,7 +248,8 @@ def test_explain_accepts_the_plan_and_dry_run_refuses_its_sample_corpus(optimize
     plan = load_plan(work / "plans" / "bank_faq.toml")
     assert plan.job.corpus_bytes == 10e9 and plan.job.corpus_tokens_source == "extrapolated"
     assert plan.job.planned_epochs == pytest.approx(
-        plan.training.max_steps * plan.tokens_per_step / plan.job.corpus_tokens, rel=1e-4)
+        plan.training.max_steps * plan.tokens_per_step / plan.job.corpus_tokens, rel=1e-4
+    )
     dry = run_cli("runner", "execute", "plans/bank_faq.toml", "--dry-run", cwd=work)
     assert dry.returncode == 2, dry.stderr[-2000:]
     assert "dry run OK" not in dry.stdout and "runner.paddle_launch" in dry.stdout
@@ -225,9 +267,10 @@ def test_optimize_bad_spec_file_exit_2(tmp_path):
     (tmp_path / "planner.toml").write_text("[job]\nname = 'x'\n[constraints]\nbudjet = 3\n")
     proc = run_cli("planner", "optimize", cwd=tmp_path)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("error: planner.toml: constraints.budjet: unknown key "
-                                   "(did you mean 'budget'?); allowed: " +
-                                   proc.stderr.split("allowed: ")[1].strip())
+    assert proc.stderr.strip() == (
+        "error: planner.toml: constraints.budjet: unknown key "
+        "(did you mean 'budget'?); allowed: " + proc.stderr.split("allowed: ")[1].strip()
+    )
     assert "Traceback" not in proc.stderr
 
 
@@ -238,12 +281,15 @@ def test_spec_lookup_order(tmp_path):
     (tmp_path / "pyproject.toml").write_text(
         '[project]\nname = "x"\n[tool.planner.job]\nname = "from_pyproject"\n'
         'target_tokens = 1e9\n[tool.planner.model]\nsize = "gpt-tiny"\n'
-        '[tool.planner.constraints]\nseq_lens = [128]\n')
+        "[tool.planner.constraints]\nseq_lens = [128]\n"
+    )
     spec = load_spec(cwd=tmp_path)
     assert spec.job.name == "from_pyproject" and spec.path.endswith("[tool.planner]")
-    (tmp_path / "planner.toml").write_text('[job]\nname = "from_file"\ntarget_tokens = 1e9\n'
-                                           '[model]\nsize = "gpt-tiny"\n'
-                                           '[constraints]\nseq_lens = [128]\n')
+    (tmp_path / "planner.toml").write_text(
+        '[job]\nname = "from_file"\ntarget_tokens = 1e9\n'
+        '[model]\nsize = "gpt-tiny"\n'
+        "[constraints]\nseq_lens = [128]\n"
+    )
     assert load_spec(cwd=tmp_path).job.name == "from_file"
     overridden = load_spec(cwd=tmp_path, overrides={"constraints.budget": 5.0})
     assert overridden.constraints.budget == 5.0
@@ -253,8 +299,9 @@ def test_optimize_json_has_snake_case_unit_keys_and_raw_numbers(optimized):
     import re
 
     work, _ = optimized
-    proc = run_cli("planner", "optimize", "--budget", "12000", "--json", "--out", "j.toml",
-                   cwd=work)
+    proc = run_cli(
+        "planner", "optimize", "--budget", "12000", "--json", "--out", "j.toml", cwd=work
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(proc.stdout)
     records = data["candidates"] + data["per_offer"] + data["pareto"] + [data["chosen"]]
@@ -275,11 +322,11 @@ def test_optimize_json_has_snake_case_unit_keys_and_raw_numbers(optimized):
 def test_candidate_table_shows_one_row_per_distinct_decision(optimized):
     _, proc = optimized
     out = proc.stdout
-    table = out[out.index("Top "):out.index("chosen:")]
+    table = out[out.index("Top ") : out.index("chosen:")]
     rows = [line.split() for line in table.splitlines() if "@" in line]
     assert rows and "fp16/bf16" in table  # precisions the model cannot tell apart share a row
     shown = [tuple(r[-8:-4]) for r in rows]  # offer, capacity, nodes, precision, layout
-    decisions = [tuple(r[1 if r[0] == "*" else 0:][:5]) for r in rows]
+    decisions = [tuple(r[1 if r[0] == "*" else 0 :][:5]) for r in rows]
     assert len(set(decisions)) == len(decisions) and shown
 
 
@@ -293,7 +340,9 @@ def test_statistics_come_before_the_search_and_one_chosen_line(optimized):
 def test_cpu_offers_no_bf16_candidate():
     from planner.spec import load_spec
 
-    spec = load_spec(None, overrides={"constraints.profiles": ["cpu"],
-                                      "constraints.precisions": ["fp32", "bf16"]})
+    spec = load_spec(
+        None,
+        overrides={"constraints.profiles": ["cpu"], "constraints.precisions": ["fp32", "bf16"]},
+    )
     offers = allowed_offers(spec, load_profiles())
     assert offers and all(o.profile.precisions == ["fp32"] for o in offers)

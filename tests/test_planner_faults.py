@@ -26,11 +26,25 @@ from planner.probes import ProbeCache, ProbeResult
 def run_tune(work: Path, probes: int, calls: list, cache: Path, events: list | None = None):
     spec, table, _, rows, target = cpu_space()
     settings = TuneSettings(probes=probes, trials=300, seed=0)
-    extra = {} if events is None else {
-        "log": lambda line: events.append(("log", line)),
-        "progress": lambda result, *_: events.append(("probe", result.key))}
-    return tune(spec, table, rows, target=target, work_dir=work, settings=settings,
-                backend=ScriptedProbe(calls), cache=ProbeCache(cache), **extra)
+    extra = (
+        {}
+        if events is None
+        else {
+            "log": lambda line: events.append(("log", line)),
+            "progress": lambda result, *_: events.append(("probe", result.key)),
+        }
+    )
+    return tune(
+        spec,
+        table,
+        rows,
+        target=target,
+        work_dir=work,
+        settings=settings,
+        backend=ScriptedProbe(calls),
+        cache=ProbeCache(cache),
+        **extra,
+    )
 
 
 def study_states(url: str) -> list[str]:
@@ -42,6 +56,7 @@ def study_states(url: str) -> list[str]:
 
 
 # ---- a damaged study or probe cache --------------------------------------------------------
+
 
 @pytest.mark.parametrize("damage", ["truncate", "garble", "folder"])
 def test_damaged_study_is_moved_aside_and_rebuilt_from_the_probe_cache(tmp_path, damage):
@@ -103,8 +118,9 @@ def test_torn_probe_line_is_skipped_and_reported_and_later_runs_work(tmp_path):
 def test_garbled_probe_cache_lines_are_skipped(tmp_path):
     path = tmp_path / "probes.jsonl"
     good = ProbeResult("k1", "ok", step_time_s=0.5, fingerprint="fp")
-    path.write_bytes(b"\xff\xfe\x00garbage\n[1, 2]\n{\"key\": 5}\n" +
-                     json.dumps(good.__dict__).encode() + b"\n")
+    path.write_bytes(
+        b'\xff\xfe\x00garbage\n[1, 2]\n{"key": 5}\n' + json.dumps(good.__dict__).encode() + b"\n"
+    )
     cache = ProbeCache(path)
     assert cache.get("fp", "k1").step_time_s == 0.5
     assert "skipped 3 damaged line" in cache.notes[0]
@@ -117,16 +133,24 @@ def test_a_tuning_run_reports_a_torn_probe_cache_and_goes_on(tmp_path):
         handle.write('{"key": "torn')
     logged: list = []
     spec, table, _, rows, target = cpu_space()
-    outcome = tune(spec, table, rows, target=target, work_dir=tmp_path,
-                   settings=TuneSettings(probes=1, trials=300, seed=0),
-                   backend=ScriptedProbe(calls), cache=ProbeCache(tmp_path / "probes.jsonl"),
-                   log=logged.append)
+    outcome = tune(
+        spec,
+        table,
+        rows,
+        target=target,
+        work_dir=tmp_path,
+        settings=TuneSettings(probes=1, trials=300, seed=0),
+        backend=ScriptedProbe(calls),
+        cache=ProbeCache(tmp_path / "probes.jsonl"),
+        log=logged.append,
+    )
     assert any("skipped 1 damaged line" in line for line in logged)
     assert any("skipped 1 damaged line" in note for note in outcome.notes)
     assert len(calls) == 3
 
 
 # ---- stale trials ---------------------------------------------------------------------------
+
 
 def test_trial_of_a_dead_planner_on_this_host_is_failed_at_once(tmp_path):
     """SIGKILL leaves no chance to clean up: the next open sees its process is gone."""
@@ -147,8 +171,10 @@ def test_trial_of_a_dead_planner_on_this_host_is_failed_at_once(tmp_path):
     resumed, failed = studies.open_study("s", studies.open_storage(url))
     assert failed == [theirs.number]
     states = {t.number: t.state for t in resumed.get_trials()}
-    assert states == {mine.number: optuna.trial.TrialState.RUNNING,
-                      theirs.number: optuna.trial.TrialState.FAIL}
+    assert states == {
+        mine.number: optuna.trial.TrialState.RUNNING,
+        theirs.number: optuna.trial.TrialState.FAIL,
+    }
 
 
 def test_no_optuna_warning_while_tuning(tmp_path):
@@ -157,8 +183,13 @@ def test_no_optuna_warning_while_tuning(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run_tune(tmp_path, 2, [], tmp_path / "probes.jsonl")
-    messages = [str(w.message) for w in caught if "optuna" in (w.filename or "") or
-                "Heartbeat" in str(w.message) or "experimental" in str(w.message).lower()]
+    messages = [
+        str(w.message)
+        for w in caught
+        if "optuna" in (w.filename or "")
+        or "Heartbeat" in str(w.message)
+        or "experimental" in str(w.message).lower()
+    ]
     assert messages == []
 
 
@@ -221,14 +252,27 @@ def test_stopped_planner_leaves_no_running_trial(planner_dir, signum):
     work = planner_dir / "runs" / "autotune" / "cpu_demo"
     (work / "probe.pid").unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-c", HANGING_PLANNER, "optimize", "--spec",
-                             str(CPU_SPEC), "--probes", "3"], cwd=planner_dir, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            HANGING_PLANNER,
+            "optimize",
+            "--spec",
+            str(CPU_SPEC),
+            "--probes",
+            "3",
+        ],
+        cwd=planner_dir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 300
-        while not (work / "probe.pid").exists() and proc.poll() is None and \
-                time.time() < deadline:
+        while not (work / "probe.pid").exists() and proc.poll() is None and time.time() < deadline:
             time.sleep(0.2)
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         probe_pid = int((work / "probe.pid").read_text())
@@ -246,7 +290,8 @@ def test_stopped_planner_leaves_no_running_trial(planner_dir, signum):
         assert proc.returncode == 128 + signum, err[-3000:]
         lines = [line for line in err.splitlines() if line.strip()]
         assert len(lines) == 1 and lines[0].startswith(
-            f"planner stopped by {signal.Signals(signum).name}"), err[-3000:]
+            f"planner stopped by {signal.Signals(signum).name}"
+        ), err[-3000:]
         assert re.search(r"marked failed: \d+;", lines[0])
         assert "1 probe worker(s) ended" in lines[0]
         assert "Traceback" not in out + err and "FatalError" not in err

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import tomli_w
-
 from conftest import BASE_PLAN, REPO, merge
 
 PLANNER_SCRIPT = """
@@ -62,18 +61,26 @@ def alive(pids: list[int]) -> list[int]:
 @pytest.mark.e2e
 def test_probe_ranks_die_within_seconds_of_a_killed_planner(tmp_path):
     plan = tmp_path / "probe.toml"
-    plan.write_text(tomli_w.dumps(merge(BASE_PLAN, {
-        "parallel": {"nproc_per_node": 2, "data_parallel_degree": 2}})))
-    planner = subprocess.Popen([sys.executable, "-c", PLANNER_SCRIPT, str(plan),
-                                str(tmp_path / "work")], cwd=REPO, stdout=subprocess.PIPE,
-                               text=True, start_new_session=True)
+    plan.write_text(
+        tomli_w.dumps(
+            merge(BASE_PLAN, {"parallel": {"nproc_per_node": 2, "data_parallel_degree": 2}})
+        )
+    )
+    planner = subprocess.Popen(
+        [sys.executable, "-c", PLANNER_SCRIPT, str(plan), str(tmp_path / "work")],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         launcher = int(planner.stdout.readline())
         deadline = time.time() + 300
         while time.time() < deadline:  # both ranks have joined the group: the probe runs
             logs = list((tmp_path / "work").glob("workers/*/logs/workerlog.*"))
-            if len(logs) == 2 and all("HybridParallelInfo" in p.read_text(errors="replace")
-                                      for p in logs):
+            if len(logs) == 2 and all(
+                "HybridParallelInfo" in p.read_text(errors="replace") for p in logs
+            ):
                 break
             time.sleep(0.5)
         time.sleep(3)  # mid-probe

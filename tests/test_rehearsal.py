@@ -8,17 +8,25 @@ import math
 
 import numpy as np
 import pytest
-
 from conftest import REPO
+
 from gptplan.errors import PlanError
-from runner.failure import _culprit, clean_tail, suggested_micro_batch
 from gptplan.memory import GB
-from runner.overrides import load_plan_with
 from gptplan.plan import load_plan, plan_from_dict
 from gptplan.profile import read_performance
-from runner.rehearsal import (DEFAULT_STEPS, HEADROOM, LIMIT_MARGIN, STEP_TARGET_S,
-                              localize, modelled_memory_bytes, rank_memory_limit_bytes, rehearse)
 from gptplan.steptime import data_parallel_step_time_s
+from runner.failure import _culprit, clean_tail, suggested_micro_batch
+from runner.overrides import load_plan_with
+from runner.rehearsal import (
+    DEFAULT_STEPS,
+    HEADROOM,
+    LIMIT_MARGIN,
+    STEP_TARGET_S,
+    localize,
+    modelled_memory_bytes,
+    rank_memory_limit_bytes,
+    rehearse,
+)
 
 BANK = REPO / "plans" / "bank_faq.toml"
 
@@ -31,19 +39,28 @@ def bank_local():
 
 def test_bank_faq_rehearsal_fits_memory_and_keeps_tokens_per_rank(bank_local):
     limit_gb = 6.0
-    r = rehearse(bank_local, max_steps_given=False, limit_gb=limit_gb,
-                 pinned=frozenset({"training.gradient_accumulation_steps",
-                                   "training.per_device_train_batch_size"}))
+    r = rehearse(
+        bank_local,
+        max_steps_given=False,
+        limit_gb=limit_gb,
+        pinned=frozenset(
+            {"training.gradient_accumulation_steps", "training.per_device_train_batch_size"}
+        ),
+    )
     t, before = r.plan.training, bank_local.training
     assert r.memory_bytes <= HEADROOM * limit_gb * GB
     assert t.per_device_train_batch_size < before.per_device_train_batch_size
     # the global batch is kept through accumulation (time fitting was pinned off)
-    assert t.per_device_train_batch_size * t.gradient_accumulation_steps * t.seq_len == \
-        before.per_device_train_batch_size * before.gradient_accumulation_steps * before.seq_len
+    assert (
+        t.per_device_train_batch_size * t.gradient_accumulation_steps * t.seq_len
+        == before.per_device_train_batch_size * before.gradient_accumulation_steps * before.seq_len
+    )
     assert t.max_steps == DEFAULT_STEPS
     assert r.memory_limit_bytes == int(limit_gb * GB)
-    assert any(c.startswith("training.per_device_train_batch_size: 64 -> ") and "memory:" in c
-               for c in r.changes)
+    assert any(
+        c.startswith("training.per_device_train_batch_size: 64 -> ") and "memory:" in c
+        for c in r.changes
+    )
     # the estimate is the local model's, so the report is planned-vs-actual for the rehearsal
     assert r.plan.estimate.source == "model"
     assert r.plan.estimate.step_time_s == pytest.approx(r.step_time_s)
@@ -72,8 +89,14 @@ def test_fitting_plan_is_unchanged_except_steps(write_plan):
     plan, _ = localize(load_plan(write_plan()))
     r = rehearse(plan, max_steps_given=False)
     assert [c.split(":")[0] for c in r.changes] == ["training.max_steps"]
-    assert dataclasses.replace(r.plan.training, max_steps=plan.training.max_steps,
-                               warmup_steps=plan.training.warmup_steps) == plan.training
+    assert (
+        dataclasses.replace(
+            r.plan.training,
+            max_steps=plan.training.max_steps,
+            warmup_steps=plan.training.warmup_steps,
+        )
+        == plan.training
+    )
 
 
 def test_runner_step_time_and_memory_agree_with_the_planner():
@@ -88,19 +111,30 @@ def test_runner_step_time_and_memory_agree_with_the_planner():
     rows = evaluate_offer(spec, choice, 0, 1e6)
     pick = np.flatnonzero((rows["precision_code"] == 0) & (rows["recompute_code"] == 0))[0]
     model = dataclasses.asdict(spec.model_section())
-    plan = plan_from_dict({
-        "schema": 1, "name": "agree", "model": model,
-        "training": {"seq_len": int(rows["seq"][pick]),
-                     "per_device_train_batch_size": int(rows["micro"][pick]),
-                     "gradient_accumulation_steps": int(rows["acc"][pick]),
-                     "max_steps": 10, "warmup_steps": 1, "precision": "fp32"},
-        "parallel": {"nproc_per_node": 2, "data_parallel_degree": 2},
-        "hardware": {"profile": "cpu", "device": "cpu", "precisions": ["fp32"]}})
+    plan = plan_from_dict(
+        {
+            "schema": 1,
+            "name": "agree",
+            "model": model,
+            "training": {
+                "seq_len": int(rows["seq"][pick]),
+                "per_device_train_batch_size": int(rows["micro"][pick]),
+                "gradient_accumulation_steps": int(rows["acc"][pick]),
+                "max_steps": 10,
+                "warmup_steps": 1,
+                "precision": "fp32",
+            },
+            "parallel": {"nproc_per_node": 2, "data_parallel_degree": 2},
+            "hardware": {"profile": "cpu", "device": "cpu", "precisions": ["fp32"]},
+        }
+    )
     perf = read_performance("cpu")
-    assert data_parallel_step_time_s(plan, perf) == pytest.approx(rows["step_time_s"][pick],
-                                                                  rel=1e-9)
-    assert modelled_memory_bytes(plan, perf) == pytest.approx(rows["memory_gb"][pick] * GB,
-                                                              rel=1e-9)
+    assert data_parallel_step_time_s(plan, perf) == pytest.approx(
+        rows["step_time_s"][pick], rel=1e-9
+    )
+    assert modelled_memory_bytes(plan, perf) == pytest.approx(
+        rows["memory_gb"][pick] * GB, rel=1e-9
+    )
 
 
 def test_rank_limit_follows_the_plan_within_the_machine(write_plan):
@@ -113,18 +147,22 @@ def test_rank_limit_follows_the_plan_within_the_machine(write_plan):
 
 # ---- --set -------------------------------------------------------------------------------------
 
+
 def test_set_overrides_are_validated_like_the_file(write_plan):
     path = write_plan()
-    plan, pinned = load_plan_with(path, ["training.per_device_train_batch_size=16",
-                                         "training.precision=bf16", "job.seed=3"])
+    plan, pinned = load_plan_with(
+        path, ["training.per_device_train_batch_size=16", "training.precision=bf16", "job.seed=3"]
+    )
     assert plan.training.per_device_train_batch_size == 16
     assert plan.training.precision == "bf16" and plan.job.seed == 3
     assert pinned == {"training.per_device_train_batch_size", "training.precision", "job.seed"}
-    for bad, says in [("training.per_device_batch=4", "training.per_device_batch"),
-                      ("training.seq_len=abc", "training.seq_len"),
-                      ("training.seq_len=100000", "training.seq_len"),
-                      ("nosuch.key=1", "not a plan section"),
-                      ("seq_len=4", "SECTION.KEY=VALUE")]:
+    for bad, says in [
+        ("training.per_device_batch=4", "training.per_device_batch"),
+        ("training.seq_len=abc", "training.seq_len"),
+        ("training.seq_len=100000", "training.seq_len"),
+        ("nosuch.key=1", "not a plan section"),
+        ("seq_len=4", "SECTION.KEY=VALUE"),
+    ]:
         with pytest.raises(PlanError) as info:
             load_plan_with(path, [bad])
         assert says in str(info.value) and "\n" not in str(info.value)
@@ -147,24 +185,31 @@ MemoryError: std::bad_alloc
 
 
 def test_log_tail_leaves_out_banners_and_warnings():
-    assert clean_tail(LOG) == ["training t: 40 steps x 512 tokens, world size 2",
-                               "step 1/40 | loss 8.3111", "Traceback (most recent call last):",
-                               "MemoryError: std::bad_alloc"]
+    assert clean_tail(LOG) == [
+        "training t: 40 steps x 512 tokens, world size 2",
+        "step 1/40 | loss 8.3111",
+        "Traceback (most recent call last):",
+        "MemoryError: std::bad_alloc",
+    ]
 
 
 def test_first_rank_that_died_on_its_own_is_the_cause(tmp_path):
-    (tmp_path / "workerlog.0").write_text("terminate called after throwing an instance of "
-                                          "'gloo::IoException'\n")
+    (tmp_path / "workerlog.0").write_text(
+        "terminate called after throwing an instance of 'gloo::IoException'\n"
+    )
     (tmp_path / "workerlog.1").write_text("step 3\n")
-    records = [{"rank": 0, "exit_code": -6, "signal": "SIGABRT", "ended": 10.0},
-               {"rank": 1, "exit_code": -9, "signal": "SIGKILL", "ended": 10.2}]
+    records = [
+        {"rank": 0, "exit_code": -6, "signal": "SIGABRT", "ended": 10.0},
+        {"rank": 1, "exit_code": -9, "signal": "SIGKILL", "ended": 10.2},
+    ]
     assert _culprit(records, tmp_path)["rank"] == 1
     records[0]["signal"], records[0]["exit_code"] = None, 1
     assert _culprit(records, tmp_path)["rank"] == 1  # gloo text marks rank 0 as a consequence
     (tmp_path / "workerlog.0").write_text("ValueError: boom\n")
     assert _culprit(records, tmp_path)["rank"] == 0
-    records.append({"rank": 2, "exit_code": -9, "signal": "SIGKILL", "ended": 11.0,
-                    "killed_for_memory": True})
+    records.append(
+        {"rank": 2, "exit_code": -9, "signal": "SIGKILL", "ended": 11.0, "killed_for_memory": True}
+    )
     assert _culprit(records, tmp_path)["rank"] == 2
 
 

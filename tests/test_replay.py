@@ -23,7 +23,7 @@ SEEDS = range(20)
 # 5.6% (median), single steps by 1.3%). A search that does not search
 # (test_a_bad_search_fails_the_bound) is far above them.
 MEDIAN_BOUND, P90_BOUND = 0.01, 0.03
-SMALL = {"acc": 2}   # the accumulation-2 part of the recording: 42 configurations
+SMALL = {"acc": 2}  # the accumulation-2 part of the recording: 42 configurations
 
 
 @pytest.fixture(scope="module")
@@ -37,16 +37,34 @@ def full_space():
 def small_space():
     """A part of the shipped recording (SMALL)."""
     recording = Recording.load(RECORDING)
-    return replay_space(recording, REPO / recording.space["spec"],
-                        keep=lambda d: all(d[k] == v for k, v in SMALL.items()))
+    return replay_space(
+        recording,
+        REPO / recording.space["spec"],
+        keep=lambda d: all(d[k] == v for k, v in SMALL.items()),
+    )
 
 
 def planner_pick(space, seed, **overrides):
-    settings = TuneSettings(probes=8, trials=600, seed=seed, storage=":memory:",
-                            probe_time_s=1e9, steps=3, warmup=1, **overrides)
-    outcome = tune(space.spec, space.table, space.rows, target=space.target,
-                   work_dir=Path("."), settings=settings, backend=space.backend(seed),
-                   cache=ProbeCache(None))
+    settings = TuneSettings(
+        probes=8,
+        trials=600,
+        seed=seed,
+        storage=":memory:",
+        probe_time_s=1e9,
+        steps=3,
+        warmup=1,
+        **overrides,
+    )
+    outcome = tune(
+        space.spec,
+        space.table,
+        space.rows,
+        target=space.target,
+        work_dir=Path("."),
+        settings=settings,
+        backend=space.backend(seed),
+        cache=ProbeCache(None),
+    )
     return outcome
 
 
@@ -60,15 +78,18 @@ def median_and_p90(values: list[float]) -> tuple[float, float]:
 
 def test_planner_regret_on_the_recorded_space_meets_the_targets(full_space):
     assert len(full_space.rows) >= 100
-    median, p90 = median_and_p90(regrets(full_space,
-                                         lambda s, seed: planner_pick(s, seed).best_row))
-    assert median <= MEDIAN_BOUND and p90 <= P90_BOUND, \
+    median, p90 = median_and_p90(
+        regrets(full_space, lambda s, seed: planner_pick(s, seed).best_row)
+    )
+    assert median <= MEDIAN_BOUND and p90 <= P90_BOUND, (
         f"regret median {median:.1%} (<= {MEDIAN_BOUND:.0%}), p90 {p90:.1%} (<= {P90_BOUND:.0%})"
+    )
 
 
 def test_a_bad_search_fails_the_bound(full_space):
     """The check has teeth: a search that probes the model's most expensive candidates and
     keeps the best of them (a model read upside down) is far above the bound."""
+
     def bad(space, seed):
         backend = space.backend(seed)
         worst = space.rows[np.argsort(-space.table["cost"][space.rows])][:8]
@@ -85,8 +106,10 @@ def test_replay_is_deterministic_and_charges_recorded_wall_cost(small_space):
     a, b = small_space.backend(3), small_space.backend(3)
     first = [a.run(plan) for _ in range(3)]
     assert [r.step_times_s for r in first] == [b.run(plan).step_times_s for _ in range(3)]
-    assert small_space.backend(4).run(plan).step_times_s != first[0].step_times_s or \
-        small_space.backend(5).run(plan).step_times_s != first[0].step_times_s
+    assert (
+        small_space.backend(4).run(plan).step_times_s != first[0].step_times_s
+        or small_space.backend(5).run(plan).step_times_s != first[0].step_times_s
+    )
     config = small_space.recording.configs[first[0].key]
     recorded = set(config.steps)
     assert all(len(r.step_times_s) == 3 and set(r.step_times_s) <= recorded for r in first)
@@ -128,11 +151,18 @@ class TwoSpeeds:
         base = plan.estimate.step_time_s * (0.9 if key == self.fast else 1.0)
         n = steps or 3
         times = tuple(base * (1 + 0.05 * self.rng.standard_normal(n)))
-        return ProbeResult(key, "ok", step_time_s=float(np.median(times)),
-                           mean_step_time_s=float(np.mean(times)), step_times_s=times,
-                           tokens_per_second=plan.tokens_per_step / float(np.median(times)),
-                           peak_memory_gb=0.5, wall_s=sum(times), fingerprint="scripted",
-                           measured_steps=n)
+        return ProbeResult(
+            key,
+            "ok",
+            step_time_s=float(np.median(times)),
+            mean_step_time_s=float(np.mean(times)),
+            step_times_s=times,
+            tokens_per_second=plan.tokens_per_step / float(np.median(times)),
+            peak_memory_gb=0.5,
+            wall_s=sum(times),
+            fingerprint="scripted",
+            measured_steps=n,
+        )
 
 
 def test_finalists_are_raced_alternately_until_separated(small_space, tmp_path):
@@ -140,18 +170,28 @@ def test_finalists_are_raced_alternately_until_separated(small_space, tmp_path):
     from planner.probes import config_key
 
     space = small_space
-    keys = {int(i): config_key(candidate_plan(space.spec, space.table.row(int(i)),
-                                              target=space.target)) for i in space.rows}
+    keys = {
+        int(i): config_key(candidate_plan(space.spec, space.table.row(int(i)), target=space.target))
+        for i in space.rows
+    }
     fast = keys[int(space.rows[np.argmin(space.table["cost"][space.rows])])]  # seeded first
     backend = TwoSpeeds(keys, fast)
-    settings = TuneSettings(probes=12, trials=600, seed=0, storage=":memory:", race=5,
-                            finalists=2, steps=3, warmup=1)
-    outcome = tune(space.spec, space.table, space.rows, target=space.target,
-                   work_dir=tmp_path, settings=settings, backend=backend,
-                   cache=ProbeCache(None))
+    settings = TuneSettings(
+        probes=12, trials=600, seed=0, storage=":memory:", race=5, finalists=2, steps=3, warmup=1
+    )
+    outcome = tune(
+        space.spec,
+        space.table,
+        space.rows,
+        target=space.target,
+        work_dir=tmp_path,
+        settings=settings,
+        backend=backend,
+        cache=ProbeCache(None),
+    )
     race = outcome.race
     assert race is not None and race.probes >= 2
-    raced = backend.calls[len(backend.calls) - race.probes:]
+    raced = backend.calls[len(backend.calls) - race.probes :]
     assert len(set(raced)) == 2 and all(a != b for a, b in zip(raced, raced[1:]))  # A,B,A,B
     assert outcome.best_row == race.finalists[0] and keys[outcome.best_row] == fast
     # 10% apart with 5% noise: separated before the racing budget is spent, by about 10%

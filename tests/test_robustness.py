@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
-from runner.billing import Billing
+
 from runner import checkpoint as ckpt
+from runner.billing import Billing
 
 pytestmark = pytest.mark.e2e
 DP2 = {"parallel": {"nproc_per_node": 2, "data_parallel_degree": 2}}
@@ -27,9 +27,14 @@ def execute(plan: Path, *extra: str, timeout: float = 600) -> subprocess.Complet
 
 
 def start(plan: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "runner", "execute", str(plan), *extra],
-                            cwd=plan.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "runner", "execute", str(plan), *extra],
+        cwd=plan.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def records(run: Path) -> list[dict]:
@@ -49,25 +54,33 @@ def wait_for(predicate, proc: subprocess.Popen, timeout: float = 300) -> None:
 
 def one_line(stderr: str) -> str:
     """The single line a failure prints (third-party import warnings aside)."""
-    lines = [line for line in stderr.splitlines() if line.strip() and "Warning" not in line
-             and not line.strip().startswith("warnings.warn")]
+    lines = [
+        line
+        for line in stderr.splitlines()
+        if line.strip() and "Warning" not in line and not line.strip().startswith("warnings.warn")
+    ]
     assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
     return lines[0]
 
 
 # ---- checkpoints: manifest, verification, damaged newest moved aside ----------------------
 
+
 def test_damaged_newest_checkpoint_is_moved_aside_and_run_resumes(write_plan, tmp_path):
-    plan = write_plan({"training": {"max_steps": 6},
-                       "checkpoint": {"interval_steps": 2, "keep_last": 3}})
+    plan = write_plan(
+        {"training": {"max_steps": 6}, "checkpoint": {"interval_steps": 2, "keep_last": 3}}
+    )
     run = tmp_path / "run"
     assert execute(plan).returncode == 0
     before = {r["step"]: r["loss"] for r in records(run)}
     root = run / "checkpoints"
     newest = ckpt.step_dir(root, 6)
     manifest = json.loads((newest / "manifest.json").read_text())["files"]
-    assert set(manifest) >= {"state.json", "model.tp00_pp00.pdparams",
-                             "optimizer.tp00_pp00_sd00.pdopt"}
+    assert set(manifest) >= {
+        "state.json",
+        "model.tp00_pp00.pdparams",
+        "optimizer.tp00_pp00_sd00.pdopt",
+    }
     # The tied lm_head weight is stored once (as an alias of the word embedding).
     import paddle
 
@@ -81,12 +94,16 @@ def test_damaged_newest_checkpoint_is_moved_aside_and_run_resumes(write_plan, tm
     os.truncate(ckpt.step_dir(root, 4) / "state.json", 5)  # and a torn state.json below it
     proc = execute(plan)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "checkpoint step_00000006 is damaged (model.tp00_pp00.pdparams does not match " \
+    assert (
+        "checkpoint step_00000006 is damaged (model.tp00_pp00.pdparams does not match "
         "its checksum)" in proc.stdout
+    )
     assert "checkpoint step_00000004 is damaged" in proc.stdout
     assert "resuming from" in proc.stdout and "step_00000002 (step 2)" in proc.stdout
-    assert sorted(p.name.split(".")[0] for p in (root / "damaged").iterdir()) == \
-        ["step_00000004", "step_00000006"]  # kept for inspection, never deleted
+    assert sorted(p.name.split(".")[0] for p in (root / "damaged").iterdir()) == [
+        "step_00000004",
+        "step_00000006",
+    ]  # kept for inspection, never deleted
     after = records(run)
     assert [r["step"] for r in after] == list(range(6))  # one record per step
     assert {r["step"]: r["loss"] for r in after} == before  # same trajectory
@@ -98,9 +115,11 @@ def test_damaged_newest_checkpoint_is_moved_aside_and_run_resumes(write_plan, tm
 
 # ---- one runner per run directory -----------------------------------------------------------
 
+
 def test_second_runner_on_same_run_dir_exits_2_naming_holder(write_plan, tmp_path):
-    plan = write_plan(DP2 | {"training": {"max_steps": 400},
-                             "checkpoint": {"interval_steps": 1000}})
+    plan = write_plan(
+        DP2 | {"training": {"max_steps": 400}, "checkpoint": {"interval_steps": 1000}}
+    )
     run = tmp_path / "run"
     first = start(plan)
     try:
@@ -118,10 +137,12 @@ def test_second_runner_on_same_run_dir_exits_2_naming_holder(write_plan, tmp_pat
 
 # ---- SIGTERM at any moment -----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("moment", ["runner start-up", "rank start-up"])
 def test_sigterm_during_start_up_exits_143(write_plan, tmp_path, moment):
-    plan = write_plan(DP2 | {"training": {"max_steps": 400},
-                             "checkpoint": {"interval_steps": 1000}})
+    plan = write_plan(
+        DP2 | {"training": {"max_steps": 400}, "checkpoint": {"interval_steps": 1000}}
+    )
     run = tmp_path / "run"
     proc = start(plan)
     if moment == "runner start-up":
@@ -138,9 +159,11 @@ def test_sigterm_during_start_up_exits_143(write_plan, tmp_path, moment):
 
 # ---- resume fingerprint, rehearsals -------------------------------------------------------
 
+
 def test_rehearsal_uses_own_run_dir_and_changed_schedule_is_refused(write_plan, tmp_path):
-    plan = write_plan({"training": {"max_steps": 8, "warmup_steps": 4},
-                       "checkpoint": {"interval_steps": 2}})
+    plan = write_plan(
+        {"training": {"max_steps": 8, "warmup_steps": 4}, "checkpoint": {"interval_steps": 2}}
+    )
     run = tmp_path / "run"
     proc = execute(plan, "--max-steps", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -151,9 +174,14 @@ def test_rehearsal_uses_own_run_dir_and_changed_schedule_is_refused(write_plan, 
     dry = execute(plan, "--dry-run")
     assert dry.returncode == 0, dry.stderr[-3000:]
     # Resuming a checkpoint under a different schedule (max_steps) is refused, naming it.
-    other = write_plan({"job": {"output_dir": str(rehearsal)},
-                        "training": {"max_steps": 3, "warmup_steps": 2},
-                        "checkpoint": {"interval_steps": 2}}, "other.toml")
+    other = write_plan(
+        {
+            "job": {"output_dir": str(rehearsal)},
+            "training": {"max_steps": 3, "warmup_steps": 2},
+            "checkpoint": {"interval_steps": 2},
+        },
+        "other.toml",
+    )
     proc = execute(other)
     assert proc.returncode == 2
     line = one_line(proc.stderr)
@@ -161,6 +189,7 @@ def test_rehearsal_uses_own_run_dir_and_changed_schedule_is_refused(write_plan, 
 
 
 # ---- a full disk ---------------------------------------------------------------------------
+
 
 @pytest.fixture
 def small_disk(tmp_path):
@@ -177,8 +206,13 @@ def small_disk(tmp_path):
 
 def test_full_disk_stops_cleanly_reports_one_line_and_recovers(write_plan, small_disk):
     run = small_disk / "run"
-    plan = write_plan({"job": {"output_dir": str(run)}, "training": {"max_steps": 8},
-                       "checkpoint": {"interval_steps": 2, "keep_last": 2}})
+    plan = write_plan(
+        {
+            "job": {"output_dir": str(run)},
+            "training": {"max_steps": 8},
+            "checkpoint": {"interval_steps": 2, "keep_last": 2},
+        }
+    )
     proc = execute(plan)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     line = one_line(proc.stderr)
@@ -210,6 +244,7 @@ def test_full_disk_stops_cleanly_reports_one_line_and_recovers(write_plan, small
 
 # ---- the budget is a hard ceiling, reruns included -------------------------------------------
 
+
 def billed_seconds(run: Path) -> float:
     return Billing(run).total_seconds()
 
@@ -219,11 +254,13 @@ def test_budget_is_a_hard_ceiling_including_reruns(write_plan, tmp_path, limit):
     # 36 USD/hour = 0.01 USD per second; both limits allow 40 s of billed time (the runner's
     # own start-up is billed from its process start, and a new run must fit the stated
     # start-up bound, runner.budget.STARTUP_BOUND_S, before it launches).
-    budget = {"max_cost": 0.4, "alert_at": 0.5} if limit == "max_cost" else \
-        {"max_hours": 40 / 3600}
-    overrides = {"training": {"max_steps": 100000},
-                 "hardware": {"price_per_node_hour": 36.0},
-                 "checkpoint": {"interval_steps": 100000}, "budget": budget}
+    budget = {"max_cost": 0.4, "alert_at": 0.5} if limit == "max_cost" else {"max_hours": 40 / 3600}
+    overrides = {
+        "training": {"max_steps": 100000},
+        "hardware": {"price_per_node_hour": 36.0},
+        "checkpoint": {"interval_steps": 100000},
+        "budget": budget,
+    }
     plan = write_plan(overrides)
     run = tmp_path / "run"
     proc = execute(plan)
@@ -246,16 +283,17 @@ def test_budget_is_a_hard_ceiling_including_reruns(write_plan, tmp_path, limit):
     assert execute(plan).returncode == 0
     billed = billed_seconds(run)
     assert billed == reruns[-1]  # nothing more billed
-    print(f"budget.{limit}: billed {billed:.2f} s = {billed * 0.01:.4f} USD against "
-          f"{'0.4 USD' if limit == 'max_cost' else '40 s'} after {len(reruns) + 1} reruns")
+    print(
+        f"budget.{limit}: billed {billed:.2f} s = {billed * 0.01:.4f} USD against "
+        f"{'0.4 USD' if limit == 'max_cost' else '40 s'} after {len(reruns) + 1} reruns"
+    )
     assert billed * 36.0 / 3600 <= 0.4 and billed <= 40.0
 
 
 def test_budget_that_cannot_buy_one_step_is_refused_without_estimate(write_plan, tmp_path):
     # peak 0.1 TFLOPS: one step of the test model takes >= 0.08 s (modelled lower bound),
     # which costs more than 1e-5 USD at 36 USD/h.
-    plan = write_plan({"hardware": {"price_per_node_hour": 36.0},
-                       "budget": {"max_cost": 0.00001}})
+    plan = write_plan({"hardware": {"price_per_node_hour": 36.0}, "budget": {"max_cost": 0.00001}})
     proc = execute(plan)
     assert proc.returncode == 2
     line = one_line(proc.stderr)

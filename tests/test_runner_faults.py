@@ -27,8 +27,9 @@ RUN = {"training": {"max_steps": 40}, "checkpoint": {"interval_steps": 4, "keep_
 
 
 def make_plan(folder: Path, cache: Path, output: Path, name: str = "plan.toml") -> Path:
-    data = merge(merge(BASE_PLAN, RUN), {"job": {"cache_dir": str(cache),
-                                                 "output_dir": str(output)}})
+    data = merge(
+        merge(BASE_PLAN, RUN), {"job": {"cache_dir": str(cache), "output_dir": str(output)}}
+    )
     path = folder / name
     path.write_text(tomli_w.dumps(data))
     return path
@@ -68,9 +69,13 @@ def reference(tmp_path_factory, shared_cache):
 
 def stopped_mid_run(plan: Path, run: Path) -> None:
     """A run stopped by SIGTERM after its checkpoint at step 4 (it checkpoints and exits 143)."""
-    proc = subprocess.Popen([sys.executable, "-m", "runner", "execute", str(plan)],
-                            cwd=plan.parent, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner", "execute", str(plan)],
+        cwd=plan.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.time() + 300
     while not (run / "checkpoints" / "step_00000004").is_dir():
         assert proc.poll() is None and time.time() < deadline
@@ -82,7 +87,7 @@ def stopped_mid_run(plan: Path, run: Path) -> None:
 def garble(path: Path) -> None:
     data = bytearray(path.read_bytes())
     middle = len(data) // 2
-    data[middle:middle + 12] = b"\x00\xff#garbled#\n"
+    data[middle : middle + 12] = b"\x00\xff#garbled#\n"
     path.write_bytes(bytes(data))
 
 
@@ -99,17 +104,20 @@ CASES = {
     "report.json garbled": (True, lambda run: garble(run / "report.json")),
     "metrics.jsonl garbled": (False, lambda run: garble(run / "metrics.jsonl")),
     "metrics.jsonl a folder": (False, lambda run: as_folder(run / "metrics.jsonl")),
-    "checkpoints a file": (False, lambda run: (shutil.rmtree(run / "checkpoints"),
-                                               (run / "checkpoints").write_text("x"))),
-    "both billing copies lost": (False, lambda run: ((run / JOURNAL).write_text("{oops"),
-                                                     (run / COPY).unlink())),
+    "checkpoints a file": (
+        False,
+        lambda run: (shutil.rmtree(run / "checkpoints"), (run / "checkpoints").write_text("x")),
+    ),
+    "both billing copies lost": (
+        False,
+        lambda run: ((run / JOURNAL).write_text("{oops"), (run / COPY).unlink()),
+    ),
     "export did not happen": (True, lambda run: shutil.rmtree(run / "export")),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_damaged_run_file_ends_in_one_line_or_recovery(case, reference, tmp_path,
-                                                       shared_cache):
+def test_damaged_run_file_ends_in_one_line_or_recovery(case, reference, tmp_path, shared_cache):
     ref_run, ref_losses = reference
     finished, damage = CASES[case]
     run = tmp_path / "run"
@@ -131,8 +139,9 @@ def test_damaged_run_file_ends_in_one_line_or_recovery(case, reference, tmp_path
     assert json.loads((run / "report.json").read_text())["finished"]
     got = losses(run)
     assert 39 in got and all(got[s] == ref_losses[s] for s in got), case
-    assert (run / "export" / "paddlenlp" / "gptplan_checkpoint.txt").read_text().strip() == \
-        "step_00000040"
+    assert (
+        run / "export" / "paddlenlp" / "gptplan_checkpoint.txt"
+    ).read_text().strip() == "step_00000040"
     if case.startswith("result.json"):
         assert "rebuilt from step_00000040" in proc.stdout
         assert result["measured"]["final_loss"] == ref_losses[39]
@@ -157,19 +166,26 @@ def checkpoints_mount(tmp_path):
     subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
-def test_run_directory_turning_read_only_mid_run_is_one_line(reference, checkpoints_mount,
-                                                             tmp_path, shared_cache):
+def test_run_directory_turning_read_only_mid_run_is_one_line(
+    reference, checkpoints_mount, tmp_path, shared_cache
+):
     run = tmp_path / "run"
     plan = make_plan(tmp_path, shared_cache, run)
-    proc = subprocess.Popen([sys.executable, "-m", "runner", "execute", str(plan)],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner", "execute", str(plan)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.time() + 300
     while not (checkpoints_mount / "step_00000004").is_dir():
         assert proc.poll() is None and time.time() < deadline
         time.sleep(0.02)
-    while subprocess.run(["mount", "-o", "remount,bind,ro", str(checkpoints_mount)],
-                         capture_output=True).returncode:  # busy while a checkpoint is written
+    while subprocess.run(
+        ["mount", "-o", "remount,bind,ro", str(checkpoints_mount)], capture_output=True
+    ).returncode:  # busy while a checkpoint is written
         assert proc.poll() is None
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, out[-2000:] + err[-3000:]
@@ -189,9 +205,13 @@ def test_sigterm_at_the_very_start_exits_143(tmp_path, shared_cache):
     """The notice lands while Python is still importing the runner's modules (right after
     gptplan.errors, which the runner's CLI needs first): the runner exits 143, no traceback."""
     plan = make_plan(tmp_path, shared_cache, tmp_path / "run")
-    proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "runner", "execute",
-                             str(plan)], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", "runner", "execute", str(plan)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for line in proc.stderr:
         if line.split("|")[-1].strip() == "gptplan.errors":
             proc.send_signal(signal.SIGTERM)
@@ -204,8 +224,16 @@ def test_sigterm_at_the_very_start_exits_143(tmp_path, shared_cache):
 
 # ---- a property: any run file, any damage -----------------------------------------------------
 
-FILES = ["result.json", "report.json", "metrics.jsonl", JOURNAL, COPY, "plan.toml",
-         "checkpoints/step_00000040/state.json", "tokenizer/tokenizer_config.json"]
+FILES = [
+    "result.json",
+    "report.json",
+    "metrics.jsonl",
+    JOURNAL,
+    COPY,
+    "plan.toml",
+    "checkpoints/step_00000040/state.json",
+    "tokenizer/tokenizer_config.json",
+]
 
 
 def damage_file(path: Path, how: str, data: bytes) -> None:
@@ -214,7 +242,7 @@ def damage_file(path: Path, how: str, data: bytes) -> None:
     elif how == "garble":
         raw = bytearray(path.read_bytes())
         at = len(raw) // 2
-        raw[at:at + len(data)] = data
+        raw[at : at + len(data)] = data
         path.write_bytes(bytes(raw))
     elif how == "delete":
         path.unlink()
@@ -222,13 +250,20 @@ def damage_file(path: Path, how: str, data: bytes) -> None:
         as_folder(path)
 
 
-@settings(max_examples=3, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(name=st.sampled_from(FILES), how=st.sampled_from(["truncate", "garble", "delete",
-                                                         "folder"]),
-       data=st.binary(min_size=1, max_size=16))
-def test_any_damaged_run_file_never_ends_in_a_traceback(reference, tmp_path_factory,
-                                                        shared_cache, name, how, data):
+@settings(
+    max_examples=3,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    name=st.sampled_from(FILES),
+    how=st.sampled_from(["truncate", "garble", "delete", "folder"]),
+    data=st.binary(min_size=1, max_size=16),
+)
+def test_any_damaged_run_file_never_ends_in_a_traceback(
+    reference, tmp_path_factory, shared_cache, name, how, data
+):
     folder = tmp_path_factory.mktemp("damaged")
     run = folder / "run"
     shutil.copytree(reference[0], run)
@@ -236,8 +271,11 @@ def test_any_damaged_run_file_never_ends_in_a_traceback(reference, tmp_path_fact
     plan = make_plan(folder, shared_cache, run)
     proc = execute(plan)
     lines = at_most_one_line(proc)
-    assert proc.returncode == 0 or (proc.returncode in (1, 2) and len(lines) == 1), \
-        (name, how, proc.stderr[-2000:])
+    assert proc.returncode == 0 or (proc.returncode in (1, 2) and len(lines) == 1), (
+        name,
+        how,
+        proc.stderr[-2000:],
+    )
     if proc.returncode != 0:
         proc = execute(plan)
     assert proc.returncode == 0, (name, how, proc.stderr[-2000:])

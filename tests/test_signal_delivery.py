@@ -62,8 +62,7 @@ DRIVER = textwrap.dedent("""
 
 def scripts(tmp_path: Path) -> dict[str, Path]:
     out = {}
-    for name, text in {"launcher.py": DEAF_LAUNCHER, "rank.py": RANK,
-                       "driver.py": DRIVER}.items():
+    for name, text in {"launcher.py": DEAF_LAUNCHER, "rank.py": RANK, "driver.py": DRIVER}.items():
         out[name] = tmp_path / name
         out[name].write_text(text)
     return out
@@ -77,10 +76,20 @@ def environment(tmp_path: Path) -> dict[str, str]:
 def test_notice_reaches_ranks_the_launcher_does_not_tell(tmp_path, rank_starts):
     s = scripts(tmp_path)
     delay = "0" if rank_starts == "before the notice" else "1.5"
-    driver = subprocess.Popen([sys.executable, str(s["driver.py"]), str(s["launcher.py"]),
-                               str(s["rank.py"]), delay, str(tmp_path / "ranks")],
-                              env=environment(tmp_path), stdout=subprocess.PIPE, text=True,
-                              start_new_session=True)
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            str(s["driver.py"]),
+            str(s["launcher.py"]),
+            str(s["rank.py"]),
+            delay,
+            str(tmp_path / "ranks"),
+        ],
+        env=environment(tmp_path),
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         if rank_starts == "before the notice":
             deadline = time.time() + 30
@@ -107,15 +116,23 @@ def test_rank_stops_when_its_runner_is_gone(tmp_path):
     """The runner SIGKILLed while the launcher ignores its parent-death signal: the rank's
     supervisor notices the runner is gone and tells the rank (no training goes on unbilled)."""
     s = scripts(tmp_path)
-    driver = subprocess.Popen([sys.executable, str(s["driver.py"]), str(s["launcher.py"]),
-                               str(s["rank.py"]), "0", str(tmp_path / "ranks")],
-                              env=environment(tmp_path), stdout=subprocess.DEVNULL,
-                              start_new_session=True)
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            str(s["driver.py"]),
+            str(s["launcher.py"]),
+            str(s["rank.py"]),
+            "0",
+            str(tmp_path / "ranks"),
+        ],
+        env=environment(tmp_path),
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     status = tmp_path / "ranks" / "rank_0.json"
     try:
         deadline = time.time() + 30
-        while not ((tmp_path / "ready").exists() and status.exists()) and \
-                time.time() < deadline:
+        while not ((tmp_path / "ready").exists() and status.exists()) and time.time() < deadline:
             time.sleep(0.05)
         assert (tmp_path / "ready").exists() and status.exists()
         # Not reaped until the rank has ended: a dead runner whose parent is slow to reap it is
@@ -153,11 +170,25 @@ def test_launcher_signalled_while_importing_paddle_exits_cleanly(tmp_path):
 
     script = tmp_path / "rank.py"
     script.write_text("import time\ntime.sleep(60)\n")
-    proc = subprocess.Popen([sys.executable, "-m", LAUNCH_MODULE, "--nnodes", "1",
-                             "--nproc_per_node", "1", "--log_dir", str(tmp_path / "logs"),
-                             str(script)], env=dict(os.environ, PYTHONPATH=str(REPO)),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            LAUNCH_MODULE,
+            "--nnodes",
+            "1",
+            "--nproc_per_node",
+            "1",
+            "--log_dir",
+            str(tmp_path / "logs"),
+            str(script),
+        ],
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 60
         while time.time() < deadline and proc.poll() is None:

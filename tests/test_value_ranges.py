@@ -22,8 +22,9 @@ from gptplan.plan import load_plan, plan_from_dict
 SEED_MAX = 2**32 - 1
 
 CPU_SPEC = REPO / "planner" / "specs" / "cpu_demo.toml"
-FAST = settings(max_examples=40, deadline=None, derandomize=True,
-                suppress_health_check=list(HealthCheck))
+FAST = settings(
+    max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
 
 
 def refused(path, section: str, key: str, value) -> str:
@@ -38,10 +39,12 @@ def refused(path, section: str, key: str, value) -> str:
 
 
 @FAST
-@given(mfu=st.one_of(st.floats(min_value=1.0, exclude_min=True, allow_infinity=False,
-                               allow_nan=False),
-                     st.floats(max_value=0.0, exclude_max=True, allow_infinity=False,
-                               allow_nan=False)))
+@given(
+    mfu=st.one_of(
+        st.floats(min_value=1.0, exclude_min=True, allow_infinity=False, allow_nan=False),
+        st.floats(max_value=0.0, exclude_max=True, allow_infinity=False, allow_nan=False),
+    )
+)
 def test_mfu_outside_0_to_1_is_refused(mfu, tmp_path_factory):
     path = tmp_path_factory.mktemp("mfu") / "plan.toml"
     message = refused(path, "estimate", "mfu", mfu)
@@ -52,8 +55,9 @@ def test_mfu_zero_means_not_estimated_and_loads(tmp_path):
     """estimate.* is what the planner expected, informational; 0 = not given (a plan by hand
     with a step time only), so it loads whatever the source; only > 1 or < 0 are refused."""
     plan_from_dict(merge(BASE_PLAN, {"estimate": {"source": "none", "mfu": 0.0}}))
-    plan_from_dict(merge(BASE_PLAN, {"estimate": {"source": "model", "mfu": 0.0,
-                                                  "step_time_s": 10.0}}))
+    plan_from_dict(
+        merge(BASE_PLAN, {"estimate": {"source": "model", "mfu": 0.0, "step_time_s": 10.0}})
+    )
 
 
 @FAST
@@ -64,10 +68,12 @@ def test_mfu_in_range_loads(mfu):
 
 
 @FAST
-@given(decay=st.one_of(st.floats(min_value=1.0, exclude_min=True, allow_infinity=False,
-                                 allow_nan=False),
-                       st.floats(max_value=0.0, exclude_max=True, allow_infinity=False,
-                                 allow_nan=False)))
+@given(
+    decay=st.one_of(
+        st.floats(min_value=1.0, exclude_min=True, allow_infinity=False, allow_nan=False),
+        st.floats(max_value=0.0, exclude_max=True, allow_infinity=False, allow_nan=False),
+    )
+)
 def test_weight_decay_outside_0_to_1_is_refused(decay, tmp_path_factory):
     path = tmp_path_factory.mktemp("wd") / "plan.toml"
     message = refused(path, "training", "weight_decay", decay)
@@ -75,8 +81,12 @@ def test_weight_decay_outside_0_to_1_is_refused(decay, tmp_path_factory):
 
 
 @FAST
-@given(seed=st.one_of(st.integers(min_value=SEED_MAX + 1, max_value=2**63 - 1),
-                      st.integers(min_value=-(2**63), max_value=-1)))
+@given(
+    seed=st.one_of(
+        st.integers(min_value=SEED_MAX + 1, max_value=2**63 - 1),
+        st.integers(min_value=-(2**63), max_value=-1),
+    )
+)
 def test_seed_outside_32_bits_is_refused(seed, tmp_path_factory):
     path = tmp_path_factory.mktemp("seed") / "plan.toml"
     message = refused(path, "job", "seed", seed)
@@ -108,8 +118,10 @@ def planner(*argv: str) -> tuple[int, str]:
     return rc, err.getvalue()
 
 
-@pytest.mark.parametrize("section,key,value", [
-    ("job", "seed", 10**18), ("training", "weight_decay", 7.0), ("job", "seed", -1)])
+@pytest.mark.parametrize(
+    "section,key,value",
+    [("job", "seed", 10**18), ("training", "weight_decay", 7.0), ("job", "seed", -1)],
+)
 def test_spec_values_out_of_range_are_one_line(tmp_path, section, key, value):
     import tomli
 
@@ -124,9 +136,12 @@ def test_spec_values_out_of_range_are_one_line(tmp_path, section, key, value):
 
 
 @FAST
-@given(flag=st.sampled_from(["--top", "--probes", "--trials", "--seed", "--probe-timeout",
-                             "--probe-time"]),
-       value=st.integers(min_value=-10**6, max_value=-1))
+@given(
+    flag=st.sampled_from(
+        ["--top", "--probes", "--trials", "--seed", "--probe-timeout", "--probe-time"]
+    ),
+    value=st.integers(min_value=-(10**6), max_value=-1),
+)
 def test_negative_counts_on_the_command_line_are_refused(flag, value):
     rc, err = planner("optimize", "--spec", str(CPU_SPEC), flag, str(value))
     lines = [line for line in err.splitlines() if line.strip()]

@@ -41,26 +41,66 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "hardware_profiles" / "published_runs.csv"
 
-COLUMNS = ["id", "source", "gpu_profile", "nodes", "gpus_per_node", "model", "hidden",
-           "layers", "heads", "ffn", "vocab", "seq", "micro", "acc", "dp", "tp", "pp", "vpp",
-           "sharding", "sharding_degree", "recompute", "sequence_parallel", "flash_attention",
-           "precision", "inter_node_gbits_per_s", "measured", "measured_unit", "notes",
-           "family", "kv_heads", "device_peak_tflops", "device_hbm_gbytes_per_s"]
+COLUMNS = [
+    "id",
+    "source",
+    "gpu_profile",
+    "nodes",
+    "gpus_per_node",
+    "model",
+    "hidden",
+    "layers",
+    "heads",
+    "ffn",
+    "vocab",
+    "seq",
+    "micro",
+    "acc",
+    "dp",
+    "tp",
+    "pp",
+    "vpp",
+    "sharding",
+    "sharding_degree",
+    "recompute",
+    "sequence_parallel",
+    "flash_attention",
+    "precision",
+    "inter_node_gbits_per_s",
+    "measured",
+    "measured_unit",
+    "notes",
+    "family",
+    "kv_heads",
+    "device_peak_tflops",
+    "device_hbm_gbytes_per_s",
+]
 # family/kv_heads: the model family (gpt, llama) and grouped-query key/value heads (0 = all);
 # device_peak_tflops/device_hbm_gbytes_per_s: the run's device where it differs from the
 # profile's datasheet figures (blank = the profile's)
 
-LLMF = ("MosaicML llm-foundry scripts/train/benchmarking/README.md @4952183 (2024-04-22), "
-        "table '{table}'")
+LLMF = (
+    "MosaicML llm-foundry scripts/train/benchmarking/README.md @4952183 (2024-04-22), "
+    "table '{table}'"
+)
 MPT = {  # scripts/train/yamls/pretrain/mpt-*.yaml: d_model, n_heads, n_layers; ffn 4h
-    "125m": (768, 12, 12), "350m": (1024, 16, 24), "760m": (1536, 12, 24),
-    "1b": (2048, 16, 24), "3b": (2560, 20, 32), "7b": (4096, 32, 32), "13b": (5120, 40, 40),
-    "30b": (7168, 56, 48), "70b": (8192, 64, 80)}
+    "125m": (768, 12, 12),
+    "350m": (1024, 16, 24),
+    "760m": (1536, 12, 24),
+    "1b": (2048, 16, 24),
+    "3b": (2560, 20, 32),
+    "7b": (4096, 32, 32),
+    "13b": (5120, 40, 40),
+    "30b": (7168, 56, 48),
+    "70b": (8192, 64, 80),
+}
 TABLES = {  # table heading -> (profile, inter-node Gbit/s, note on the network)
     "H100 80GB BF16 (Large Scale, >= 128 GPUs)": (
-        "h100-80gb", 3200, "network not stated in the source; 3200 Gbps assumed"),
-    "H100 80GB BF16": ("h100-80gb", 3200, "network not stated in the source; 3200 Gbps "
-                                          "assumed"),
+        "h100-80gb",
+        3200,
+        "network not stated in the source; 3200 Gbps assumed",
+    ),
+    "H100 80GB BF16": ("h100-80gb", 3200, "network not stated in the source; 3200 Gbps assumed"),
     "A100 80GB with 1600 Gbps node-node interconnect (RoCE)": ("a100-80gb", 1600, ""),
     "A100 40GB with 1600 Gbps node-node interconnect (RoCE)": ("a100-40gb", 1600, ""),
 }
@@ -72,37 +112,87 @@ def llm_foundry_rows(readme: Path) -> list[dict]:
         if line.startswith("## "):
             table = line[3:].strip()
             continue
-        if table not in TABLES or not line.startswith("|  ") or "---" in line or \
-                "Model |" in line:
+        if table not in TABLES or not line.startswith("|  ") or "---" in line or "Model |" in line:
             continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        (model, seq, gpus, _gpu, _mfu, _hfu, _tflop, micro, acc, _gbs, _sps, _tps, tps_gpu,
-         _gbt, precision, _mp, shard, ckpt, _offload, _params) = cells[:20]
+        (
+            model,
+            seq,
+            gpus,
+            _gpu,
+            _mfu,
+            _hfu,
+            _tflop,
+            micro,
+            acc,
+            _gbs,
+            _sps,
+            _tps,
+            tps_gpu,
+            _gbt,
+            precision,
+            _mp,
+            shard,
+            ckpt,
+            _offload,
+            _params,
+        ) = cells[:20]
         if "fp8" in precision:
             continue
         profile, gbps, note = TABLES[table]
         h, a, L = MPT[model]
         gpus = int(gpus)
-        rows.append({
-            "source": LLMF.format(table=table), "gpu_profile": profile,
-            "nodes": gpus // 8, "gpus_per_node": 8, "model": f"mpt-{model}", "hidden": h,
-            "layers": L, "heads": a, "ffn": 4 * h, "vocab": 50368, "seq": int(seq),
-            "micro": int(micro), "acc": int(acc), "dp": 1, "tp": 1, "pp": 1, "vpp": 1,
-            "sharding": {"FULL_SHARD": "stage3", "SHARD_GRAD_OP": "stage2"}[shard],
-            "sharding_degree": gpus, "recompute": "full" if ckpt == "True" else "none",
-            "sequence_parallel": 0, "flash_attention": 1, "precision": "bf16",
-            "inter_node_gbits_per_s": gbps, "measured": float(tps_gpu),
-            "measured_unit": "tokens_per_s_per_device",
-            "notes": "; ".join(x for x in (note, "PyTorch FSDP (Composer), MPT with flash "
-                                           "attention, ALiBi (no position embeddings)") if x)})
+        rows.append(
+            {
+                "source": LLMF.format(table=table),
+                "gpu_profile": profile,
+                "nodes": gpus // 8,
+                "gpus_per_node": 8,
+                "model": f"mpt-{model}",
+                "hidden": h,
+                "layers": L,
+                "heads": a,
+                "ffn": 4 * h,
+                "vocab": 50368,
+                "seq": int(seq),
+                "micro": int(micro),
+                "acc": int(acc),
+                "dp": 1,
+                "tp": 1,
+                "pp": 1,
+                "vpp": 1,
+                "sharding": {"FULL_SHARD": "stage3", "SHARD_GRAD_OP": "stage2"}[shard],
+                "sharding_degree": gpus,
+                "recompute": "full" if ckpt == "True" else "none",
+                "sequence_parallel": 0,
+                "flash_attention": 1,
+                "precision": "bf16",
+                "inter_node_gbits_per_s": gbps,
+                "measured": float(tps_gpu),
+                "measured_unit": "tokens_per_s_per_device",
+                "notes": "; ".join(
+                    x
+                    for x in (
+                        note,
+                        "PyTorch FSDP (Composer), MPT with flash "
+                        "attention, ALiBi (no position embeddings)",
+                    )
+                    if x
+                ),
+            }
+        )
     return rows
 
 
-MEGATRON = "Narayanan et al. 2021, Efficient Large-Scale Language Model Training on GPU " \
+MEGATRON = (
+    "Narayanan et al. 2021, Efficient Large-Scale Language Model Training on GPU "
     "Clusters Using Megatron-LM (SC'21), table 1, row {name}"
-MEGATRON_NOTE = ("Selene: 8 x A100 80GB per node, 8 x 200 Gbps HDR InfiniBand; fp16, full "
-                 "activation recompute; measured = achieved TFLOP/s per GPU counted with the "
-                 "paper's eq. 3 (recompute included); micro-batch not in table 1: 1 assumed")
+)
+MEGATRON_NOTE = (
+    "Selene: 8 x A100 80GB per node, 8 x 200 Gbps HDR InfiniBand; fp16, full "
+    "activation recompute; measured = achieved TFLOP/s per GPU counted with the "
+    "paper's eq. 3 (recompute included); micro-batch not in table 1: 1 assumed"
+)
 # name, params label, heads, hidden, layers, tp, pp, gpus, global batch, TFLOP/s per GPU
 MEGATRON_ROWS = [
     ("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138),
@@ -119,120 +209,274 @@ def paper_rows() -> list[dict]:
     rows = []
     for name, a, h, L, tp, pp, gpus, batch, tflops in MEGATRON_ROWS:
         dp = gpus // (tp * pp)
-        rows.append({
-            "source": MEGATRON.format(name=name), "gpu_profile": "a100-80gb",
-            "nodes": gpus // 8, "gpus_per_node": 8, "model": f"gpt-{name}", "hidden": h,
-            "layers": L, "heads": a, "ffn": 4 * h, "vocab": 51200, "seq": 2048, "micro": 1,
-            "acc": batch // dp, "dp": dp, "tp": tp, "pp": pp, "vpp": 1, "sharding": "",
-            "sharding_degree": 1, "recompute": "full", "sequence_parallel": 0,
-            "flash_attention": 0, "precision": "fp16", "inter_node_gbits_per_s": 1600,
-            "measured": float(tflops), "measured_unit": "tflops_per_device_megatron_eq3",
-            "notes": MEGATRON_NOTE})
-    rows.append({
-        "source": "Zhang et al. 2022, OPT: Open Pre-trained Transformer Language Models, "
-                  "section 2.4 (and the OPT-175B logbook): 147 TFLOP/s per GPU",
-        "gpu_profile": "a100-80gb", "nodes": 124, "gpus_per_node": 8, "model": "opt-175b",
-        "hidden": 12288, "layers": 96, "heads": 96, "ffn": 49152, "vocab": 50272, "seq": 2048,
-        "micro": 8, "acc": 1, "dp": 1, "tp": 8, "pp": 1, "vpp": 1, "sharding": "stage3",
-        "sharding_degree": 124, "recompute": "full", "sequence_parallel": 0,
-        "flash_attention": 0, "precision": "fp16", "inter_node_gbits_per_s": 1600,
-        "measured": 147.0, "measured_unit": "tflops_per_device_megatron_eq3",
-        "family": "gpt", "kv_heads": 0,
-        "notes": "992 A100 80GB, Megatron tensor parallel 8 + FSDP, ~2M-token batch (micro 8 "
-                 "x 124 data ranks assumed); network: Azure NDm A100 v4 class (8 x 200 Gbps) "
-                 "assumed; the FLOP count convention of 147 is taken as Megatron's eq. 3"})
-    rows.append({
-        "source": "BigScience BLOOM-176B model card, training section (about 150 TFLOP/s per "
-                  "GPU) with the layout of its Megatron-DeepSpeed config",
-        "gpu_profile": "a100-80gb", "nodes": 48, "gpus_per_node": 8, "model": "bloom-176b",
-        "hidden": 14336, "layers": 70, "heads": 112, "ffn": 57344, "vocab": 250880,
-        "seq": 2048, "micro": 2, "acc": 128, "dp": 8, "tp": 4, "pp": 12, "vpp": 1,
-        "sharding": "", "sharding_degree": 1, "recompute": "full", "sequence_parallel": 0,
-        "flash_attention": 0, "precision": "bf16", "inter_node_gbits_per_s": 400,
-        "measured": 150.0, "measured_unit": "tflops_per_device_megatron_eq3",
-        "family": "gpt", "kv_heads": 0,
-        "notes": "384 A100 80GB on 48 nodes (Jean Zay), tp 4 pp 12 dp 8, ZeRO stage 1 "
-                 "(optimizer states over dp 8; modelled as plain dp), global batch 2048 x 2048; "
-                 "4 x 100 Gbps Omni-Path per node"})
-    titan = ("torchtitan benchmarks/llama3_h100_202412_torchtitan.md (2024-12), table {t}, "
-             "row FSDP (no torch.compile, no Float8)")
+        rows.append(
+            {
+                "source": MEGATRON.format(name=name),
+                "gpu_profile": "a100-80gb",
+                "nodes": gpus // 8,
+                "gpus_per_node": 8,
+                "model": f"gpt-{name}",
+                "hidden": h,
+                "layers": L,
+                "heads": a,
+                "ffn": 4 * h,
+                "vocab": 51200,
+                "seq": 2048,
+                "micro": 1,
+                "acc": batch // dp,
+                "dp": dp,
+                "tp": tp,
+                "pp": pp,
+                "vpp": 1,
+                "sharding": "",
+                "sharding_degree": 1,
+                "recompute": "full",
+                "sequence_parallel": 0,
+                "flash_attention": 0,
+                "precision": "fp16",
+                "inter_node_gbits_per_s": 1600,
+                "measured": float(tflops),
+                "measured_unit": "tflops_per_device_megatron_eq3",
+                "notes": MEGATRON_NOTE,
+            }
+        )
+    rows.append(
+        {
+            "source": "Zhang et al. 2022, OPT: Open Pre-trained Transformer Language Models, "
+            "section 2.4 (and the OPT-175B logbook): 147 TFLOP/s per GPU",
+            "gpu_profile": "a100-80gb",
+            "nodes": 124,
+            "gpus_per_node": 8,
+            "model": "opt-175b",
+            "hidden": 12288,
+            "layers": 96,
+            "heads": 96,
+            "ffn": 49152,
+            "vocab": 50272,
+            "seq": 2048,
+            "micro": 8,
+            "acc": 1,
+            "dp": 1,
+            "tp": 8,
+            "pp": 1,
+            "vpp": 1,
+            "sharding": "stage3",
+            "sharding_degree": 124,
+            "recompute": "full",
+            "sequence_parallel": 0,
+            "flash_attention": 0,
+            "precision": "fp16",
+            "inter_node_gbits_per_s": 1600,
+            "measured": 147.0,
+            "measured_unit": "tflops_per_device_megatron_eq3",
+            "family": "gpt",
+            "kv_heads": 0,
+            "notes": "992 A100 80GB, Megatron tensor parallel 8 + FSDP, ~2M-token batch (micro 8 "
+            "x 124 data ranks assumed); network: Azure NDm A100 v4 class (8 x 200 Gbps) "
+            "assumed; the FLOP count convention of 147 is taken as Megatron's eq. 3",
+        }
+    )
+    rows.append(
+        {
+            "source": "BigScience BLOOM-176B model card, training section (about 150 TFLOP/s per "
+            "GPU) with the layout of its Megatron-DeepSpeed config",
+            "gpu_profile": "a100-80gb",
+            "nodes": 48,
+            "gpus_per_node": 8,
+            "model": "bloom-176b",
+            "hidden": 14336,
+            "layers": 70,
+            "heads": 112,
+            "ffn": 57344,
+            "vocab": 250880,
+            "seq": 2048,
+            "micro": 2,
+            "acc": 128,
+            "dp": 8,
+            "tp": 4,
+            "pp": 12,
+            "vpp": 1,
+            "sharding": "",
+            "sharding_degree": 1,
+            "recompute": "full",
+            "sequence_parallel": 0,
+            "flash_attention": 0,
+            "precision": "bf16",
+            "inter_node_gbits_per_s": 400,
+            "measured": 150.0,
+            "measured_unit": "tflops_per_device_megatron_eq3",
+            "family": "gpt",
+            "kv_heads": 0,
+            "notes": "384 A100 80GB on 48 nodes (Jean Zay), tp 4 pp 12 dp 8, ZeRO stage 1 "
+            "(optimizer states over dp 8; modelled as plain dp), global batch 2048 x 2048; "
+            "4 x 100 Gbps Omni-Path per node",
+        }
+    )
+    titan = (
+        "torchtitan benchmarks/llama3_h100_202412_torchtitan.md (2024-12), table {t}, "
+        "row FSDP (no torch.compile, no Float8)"
+    )
     for t, gpus, tps in ((1, 8, 5762.0), (3, 128, 5605.0)):
-        rows.append({
-            "source": titan.format(t=t), "gpu_profile": "h100-80gb", "nodes": gpus // 8,
-            "gpus_per_node": 8, "model": "llama3.1-8b", "hidden": 4096, "layers": 32,
-            "heads": 32, "ffn": 14336, "vocab": 128256, "seq": 8192, "micro": 2, "acc": 1,
-            "dp": 1, "tp": 1, "pp": 1, "vpp": 1, "sharding": "stage3", "sharding_degree": gpus,
-            "recompute": "core_attn", "sequence_parallel": 0, "flash_attention": 1,
-            "precision": "bf16", "inter_node_gbits_per_s": 3200, "measured": tps,
-            "measured_unit": "tokens_per_s_per_device",
-            "family": "llama", "kv_heads": 8, "device_peak_tflops": 912.0,
-            "device_hbm_gbytes_per_s": 2400.0,
-            "notes": "Grand Teton H100 96GB HBM2e (2.4 TB/s) at a 500 W power limit; peak "
-                     "between SXM (989) and NVL (835) per the source, midpoint taken; 400 Gb/s "
-                     "RDMA per GPU; selective activation checkpointing modelled as core_attn"})
+        rows.append(
+            {
+                "source": titan.format(t=t),
+                "gpu_profile": "h100-80gb",
+                "nodes": gpus // 8,
+                "gpus_per_node": 8,
+                "model": "llama3.1-8b",
+                "hidden": 4096,
+                "layers": 32,
+                "heads": 32,
+                "ffn": 14336,
+                "vocab": 128256,
+                "seq": 8192,
+                "micro": 2,
+                "acc": 1,
+                "dp": 1,
+                "tp": 1,
+                "pp": 1,
+                "vpp": 1,
+                "sharding": "stage3",
+                "sharding_degree": gpus,
+                "recompute": "core_attn",
+                "sequence_parallel": 0,
+                "flash_attention": 1,
+                "precision": "bf16",
+                "inter_node_gbits_per_s": 3200,
+                "measured": tps,
+                "measured_unit": "tokens_per_s_per_device",
+                "family": "llama",
+                "kv_heads": 8,
+                "device_peak_tflops": 912.0,
+                "device_hbm_gbytes_per_s": 2400.0,
+                "notes": "Grand Teton H100 96GB HBM2e (2.4 TB/s) at a 500 W power limit; peak "
+                "between SXM (989) and NVL (835) per the source, midpoint taken; 400 Gb/s "
+                "RDMA per GPU; selective activation checkpointing modelled as core_attn",
+            }
+        )
     return rows + korthikanti_rows() + mtnlg_rows()
 
 
-KORTHIKANTI = ("Korthikanti et al. 2022, Reducing Activation Recomputation in Large Transformer "
-               "Models, table 4 ({mode}), model {name} of table 3")
+KORTHIKANTI = (
+    "Korthikanti et al. 2022, Reducing Activation Recomputation in Large Transformer "
+    "Models, table 4 ({mode}), model {name} of table 3"
+)
 # name, heads, hidden, layers, tp, pp, GPUs, global batch, seconds per iteration: full
 # recompute, selective recompute + sequence parallel (table 4)
-KORTHIKANTI_ROWS = [("22B", 64, 6144, 48, 8, 1, 8, 4, 1.42, 1.10),
-                    ("175B", 96, 12288, 96, 8, 8, 64, 64, 18.13, 13.75),
-                    ("530B", 128, 20480, 105, 8, 35, 280, 280, 49.05, 37.83),
-                    ("1T", 160, 25600, 128, 8, 64, 512, 512, 94.42, 71.49)]
+KORTHIKANTI_ROWS = [
+    ("22B", 64, 6144, 48, 8, 1, 8, 4, 1.42, 1.10),
+    ("175B", 96, 12288, 96, 8, 8, 64, 64, 18.13, 13.75),
+    ("530B", 128, 20480, 105, 8, 35, 280, 280, 49.05, 37.83),
+    ("1T", 160, 25600, 128, 8, 64, 512, 512, 94.42, 71.49),
+]
 
 
 def korthikanti_rows() -> list[dict]:
     rows = []
     for name, a, h, L, tp, pp, gpus, batch, full_s, selective_s in KORTHIKANTI_ROWS:
-        for mode, seconds, recompute, sp in (("full recompute", full_s, "full", 0),
-                                             ("present work", selective_s, "core_attn", 1)):
-            rows.append({
-                "source": KORTHIKANTI.format(mode=mode, name=name), "gpu_profile": "a100-80gb",
-                "nodes": max(gpus // 8, 1), "gpus_per_node": 8, "model": f"gpt-{name}",
-                "hidden": h, "layers": L, "heads": a, "ffn": 4 * h, "vocab": 51200,
-                "seq": 2048, "micro": 1, "acc": batch // (gpus // (tp * pp)),
-                "dp": gpus // (tp * pp), "tp": tp, "pp": pp, "vpp": 1, "sharding": "",
-                "sharding_degree": 1, "recompute": recompute, "sequence_parallel": sp,
-                "flash_attention": 0, "precision": "fp16", "inter_node_gbits_per_s": 1600,
-                "measured": round(batch * 2048 / seconds / gpus, 2),
-                "measured_unit": "tokens_per_s_per_device", "family": "gpt", "kv_heads": 0,
-                "notes": f"Selene DGX A100 80GB, 8 x 200 Gbps HDR InfiniBand; measured = global "
-                         f"batch {batch} x 2048 tokens / {seconds} s / {gpus} GPUs; micro-batch 1 "
-                         "assumed; selective recompute modelled as core_attn"})
+        for mode, seconds, recompute, sp in (
+            ("full recompute", full_s, "full", 0),
+            ("present work", selective_s, "core_attn", 1),
+        ):
+            rows.append(
+                {
+                    "source": KORTHIKANTI.format(mode=mode, name=name),
+                    "gpu_profile": "a100-80gb",
+                    "nodes": max(gpus // 8, 1),
+                    "gpus_per_node": 8,
+                    "model": f"gpt-{name}",
+                    "hidden": h,
+                    "layers": L,
+                    "heads": a,
+                    "ffn": 4 * h,
+                    "vocab": 51200,
+                    "seq": 2048,
+                    "micro": 1,
+                    "acc": batch // (gpus // (tp * pp)),
+                    "dp": gpus // (tp * pp),
+                    "tp": tp,
+                    "pp": pp,
+                    "vpp": 1,
+                    "sharding": "",
+                    "sharding_degree": 1,
+                    "recompute": recompute,
+                    "sequence_parallel": sp,
+                    "flash_attention": 0,
+                    "precision": "fp16",
+                    "inter_node_gbits_per_s": 1600,
+                    "measured": round(batch * 2048 / seconds / gpus, 2),
+                    "measured_unit": "tokens_per_s_per_device",
+                    "family": "gpt",
+                    "kv_heads": 0,
+                    "notes": "Selene DGX A100 80GB, 8 x 200 Gbps HDR InfiniBand; "
+                    f"measured = global "
+                    f"batch {batch} x 2048 tokens / {seconds} s / {gpus} GPUs; micro-batch 1 "
+                    "assumed; selective recompute modelled as core_attn",
+                }
+            )
     return rows
 
 
-MTNLG = ("Smith et al. 2022, Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B, "
-         "system performance table, {nodes} nodes: {tflops} TFLOP/s per GPU")
+MTNLG = (
+    "Smith et al. 2022, Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B, "
+    "system performance table, {nodes} nodes: {tflops} TFLOP/s per GPU"
+)
 
 
 def mtnlg_rows() -> list[dict]:
     rows = []
     for nodes, tflops in ((280, 126.0), (350, 121.0), (420, 113.0)):
         dp = nodes * 8 // (8 * 35)
-        rows.append({
-            "source": MTNLG.format(nodes=nodes, tflops=int(tflops)), "gpu_profile": "a100-80gb",
-            "nodes": nodes, "gpus_per_node": 8, "model": "mt-nlg-530b", "hidden": 20480,
-            "layers": 105, "heads": 128, "ffn": 81920, "vocab": 51200, "seq": 2048,
-            "micro": 1, "acc": 1920 // dp, "dp": dp, "tp": 8, "pp": 35, "vpp": 1,
-            "sharding": "", "sharding_degree": 1, "recompute": "full", "sequence_parallel": 0,
-            "flash_attention": 0, "precision": "fp16", "inter_node_gbits_per_s": 1600,
-            "measured": tflops, "measured_unit": "tflops_per_device_megatron_eq3",
-            "family": "gpt", "kv_heads": 0,
-            "notes": "Selene DGX A100 80GB, 8 x 200 Gbps HDR InfiniBand; tp 8 x pp 35 x dp; "
-                     "global batch 1920 x 2048; micro-batch 1; full activation checkpointing; "
-                     "DeepSpeed ZeRO-1 modelled as plain data parallel"})
+        rows.append(
+            {
+                "source": MTNLG.format(nodes=nodes, tflops=int(tflops)),
+                "gpu_profile": "a100-80gb",
+                "nodes": nodes,
+                "gpus_per_node": 8,
+                "model": "mt-nlg-530b",
+                "hidden": 20480,
+                "layers": 105,
+                "heads": 128,
+                "ffn": 81920,
+                "vocab": 51200,
+                "seq": 2048,
+                "micro": 1,
+                "acc": 1920 // dp,
+                "dp": dp,
+                "tp": 8,
+                "pp": 35,
+                "vpp": 1,
+                "sharding": "",
+                "sharding_degree": 1,
+                "recompute": "full",
+                "sequence_parallel": 0,
+                "flash_attention": 0,
+                "precision": "fp16",
+                "inter_node_gbits_per_s": 1600,
+                "measured": tflops,
+                "measured_unit": "tflops_per_device_megatron_eq3",
+                "family": "gpt",
+                "kv_heads": 0,
+                "notes": "Selene DGX A100 80GB, 8 x 200 Gbps HDR InfiniBand; tp 8 x pp 35 x dp; "
+                "global batch 1920 x 2048; micro-batch 1; full activation checkpointing; "
+                "DeepSpeed ZeRO-1 modelled as plain data parallel",
+            }
+        )
     return rows
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--llm-foundry-readme", type=Path,
-                        help="scripts/train/benchmarking/README.md of an llm-foundry checkout")
-    parser.add_argument("--keep-llm-foundry", action="store_true",
-                        help="take the llm-foundry rows from the current CSV")
+    parser.add_argument(
+        "--llm-foundry-readme",
+        type=Path,
+        help="scripts/train/benchmarking/README.md of an llm-foundry checkout",
+    )
+    parser.add_argument(
+        "--keep-llm-foundry",
+        action="store_true",
+        help="take the llm-foundry rows from the current CSV",
+    )
     args = parser.parse_args()
     if args.keep_llm_foundry:
         with OUT.open() as f:

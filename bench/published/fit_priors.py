@@ -31,36 +31,58 @@ from planner import published as pb  # noqa: E402
 from planner.hardware import PROFILE_DIR  # noqa: E402
 
 
-def efficiency_block(fit: pb.Fit, *, rows: list, loso_err: np.ndarray, p10: float,
-                     p90: float, date: str, basis: str,
-                     large: tuple[float, float] | None = None) -> str:
+def efficiency_block(
+    fit: pb.Fit,
+    *,
+    rows: list,
+    loso_err: np.ndarray,
+    p10: float,
+    p90: float,
+    date: str,
+    basis: str,
+    large: tuple[float, float] | None = None,
+) -> str:
     ids = f"{rows[0].id}..{rows[-1].id}" if rows else ""
-    source = (f"fitted to {len(rows)} published runs ({ids}) of "
-              f"hardware_profiles/published_runs.csv by bench/published/fit_priors.py on "
-              f"{date}; leave-one-source-out error median {np.median(loso_err):.1%}, worst "
-              f"{loso_err.max():.1%}")
-    return "\n".join([
-        "[efficiency]  # written by bench/published/fit_priors.py; do not edit by hand",
-        f"max = {fit.gemm_max:.4f}  # attainable fraction of peak of large GEMMs",
-        f"kernel_overhead_us = {fit.kernel_overhead_us:.2f}",
-        f"comm_overlap = {fit.overlap:.3f}",
-        f"attention_relative = {fit.attention_fraction:.3f}",
-        f"throughput_p10 = {p10:.4f}",
-        f"throughput_p90 = {p90:.4f}",
-        *([f"throughput_p10_large = {large[0]:.4f}", f"throughput_p90_large = {large[1]:.4f}"]
-          if large else []),
-        f"fit_error = {float(np.median(loso_err)):.4f}",
-        f"fit_rows = {len(rows)}",
-        f'calibrated_at = "{date}"',
-        f'interval_basis = "{basis}"',
-        f'source = "{source}"',
-    ]) + "\n"
+    source = (
+        f"fitted to {len(rows)} published runs ({ids}) of "
+        f"hardware_profiles/published_runs.csv by bench/published/fit_priors.py on "
+        f"{date}; leave-one-source-out error median {np.median(loso_err):.1%}, worst "
+        f"{loso_err.max():.1%}"
+    )
+    return (
+        "\n".join(
+            [
+                "[efficiency]  # written by bench/published/fit_priors.py; do not edit by hand",
+                f"max = {fit.gemm_max:.4f}  # attainable fraction of peak of large GEMMs",
+                f"kernel_overhead_us = {fit.kernel_overhead_us:.2f}",
+                f"comm_overlap = {fit.overlap:.3f}",
+                f"attention_relative = {fit.attention_fraction:.3f}",
+                f"throughput_p10 = {p10:.4f}",
+                f"throughput_p90 = {p90:.4f}",
+                *(
+                    [
+                        f"throughput_p10_large = {large[0]:.4f}",
+                        f"throughput_p90_large = {large[1]:.4f}",
+                    ]
+                    if large
+                    else []
+                ),
+                f"fit_error = {float(np.median(loso_err)):.4f}",
+                f"fit_rows = {len(rows)}",
+                f'calibrated_at = "{date}"',
+                f'interval_basis = "{basis}"',
+                f'source = "{source}"',
+            ]
+        )
+        + "\n"
+    )
 
 
 def replace_efficiency(path: Path, block: str) -> None:
     text = path.read_text()
-    new, n = re.subn(r"\[efficiency\][^\n]*\n(?:(?!\[)[^\n]*\n)*?(?=\n*\[\[offers\]\]|\Z)",
-                     block, text, count=1)
+    new, n = re.subn(
+        r"\[efficiency\][^\n]*\n(?:(?!\[)[^\n]*\n)*?(?=\n*\[\[offers\]\]|\Z)", block, text, count=1
+    )
     if n != 1:
         raise SystemExit(f"{path}: no [efficiency] table found")
     path.write_text(new)
@@ -78,8 +100,10 @@ def generation_interval(rows: list, ratio: np.ndarray, mask: np.ndarray):
     if n_src >= pb.MIN_SOURCES:
         how = f"widened x{pb.small_sample_widening(n_src):.2f} for {n_src} sources"
     else:
-        how = (f"at least x{pb.UNMEASURED_INTERVAL[0]}..x{pb.UNMEASURED_INTERVAL[1]}: "
-               f"{n_src} sources cannot measure the spread between sources")
+        how = (
+            f"at least x{pb.UNMEASURED_INTERVAL[0]}..x{pb.UNMEASURED_INTERVAL[1]}: "
+            f"{n_src} sources cannot measure the spread between sources"
+        )
     basis = f"leave-one-source-out over {n_src} sources, {int(mask.sum())} runs, {how}"
     return p10, p90, large_interval, basis
 
@@ -100,13 +124,21 @@ def main() -> int:
         fit = pb.fit(cols, mask)
         err = np.abs(loso["predicted"][mask] - loso["measured"][mask]) / loso["measured"][mask]
         p10, p90, large_interval, basis = generation_interval(rows, loso["ratio"], mask)
-        block = efficiency_block(fit, rows=[r for r, m in zip(rows, mask, strict=True) if m],
-                                 loso_err=err,
-                                 p10=p10, p90=p90, date=date, basis=basis,
-                                 large=large_interval)
-        print(f"{gen}: {fit}\n  leave-one-source-out median {np.median(err):.1%} worst "
-              f"{err.max():.1%}; interval x{p10:.3f}..x{p90:.3f}; large models "
-              f"{large_interval}; {basis}")
+        block = efficiency_block(
+            fit,
+            rows=[r for r, m in zip(rows, mask, strict=True) if m],
+            loso_err=err,
+            p10=p10,
+            p90=p90,
+            date=date,
+            basis=basis,
+            large=large_interval,
+        )
+        print(
+            f"{gen}: {fit}\n  leave-one-source-out median {np.median(err):.1%} worst "
+            f"{err.max():.1%}; interval x{p10:.3f}..x{p90:.3f}; large models "
+            f"{large_interval}; {basis}"
+        )
         if not args.dry_run:
             for name in members:
                 replace_efficiency(PROFILE_DIR / f"{name}.toml", block)

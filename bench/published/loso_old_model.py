@@ -33,8 +33,9 @@ def main() -> int:
     rows = pb.load_rows()
     cols = pb._columns(rows)
     gens = np.array([r.generation for r in rows])
-    srcs = np.array([re.split(r",| table| scripts/| benchmarks/| section", r.source)[0].strip()
-                     for r in rows])
+    srcs = np.array(
+        [re.split(r",| table| scripts/| benchmarks/| section", r.source)[0].strip() for r in rows]
+    )
     loo = pb.leave_one_out(rows)
     loso = np.full(len(rows), np.nan)
     for gen in sorted(set(gens) - {""}):
@@ -48,11 +49,19 @@ def main() -> int:
     out = []
     for i, r in enumerate(rows):
         lo, hi = profiles[r.profile].efficiency.interval_ratios(r.params_billion * 1e9)
-        out.append({"id": r.id, "loo_predicted": float(loo["predicted"][i]),
-                    "loso_predicted": float(loso[i]), "measured": float(cols["measured"][i]),
-                    "interval_p10": lo, "interval_p90": hi})
-    args.out.write_text(json.dumps({"model": "fitted efficiency curve (before issue 17)",
-                                    "rows": out}, indent=1))
+        out.append(
+            {
+                "id": r.id,
+                "loo_predicted": float(loo["predicted"][i]),
+                "loso_predicted": float(loso[i]),
+                "measured": float(cols["measured"][i]),
+                "interval_p10": lo,
+                "interval_p90": hi,
+            }
+        )
+    args.out.write_text(
+        json.dumps({"model": "fitted efficiency curve (before issue 17)", "rows": out}, indent=1)
+    )
     print(f"wrote {args.out}")
     return 0
 
