@@ -428,7 +428,6 @@ def optimize_json(result, out) -> dict:
         candidate_record,
         candidate_records,
         model_facts,
-        per_offer_records,
         result_rows,
     )
 
@@ -487,9 +486,6 @@ def optimize_json(result, out) -> dict:
         "binding": decision.binding,
         "candidates": [record(i, others) for i, others in shown],
         "candidates_folded_as_identical_under_the_model": folded,
-        "per_offer": per_offer_records(
-            decision, spec.constraints.budget, spec.constraints.deadline_hours, cur
-        ),
         "pareto": candidate_records(table, decision.pareto, cur, result.chosen),
         "tuning": tuning,
         "notes": result.notes,

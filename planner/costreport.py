@@ -408,7 +408,7 @@ def cost_json(result) -> dict:
                 for k, v in spec.rates.items()
             },
         },
-        "offers": offer_summary(decision, spec),
+        "per_offer": offer_summary(decision, spec),
     }
     if result.chosen is not None:
         out["sensitivity_cost_p90_over_p10"] = {
