@@ -22,8 +22,14 @@ Rows come from:
   parallel) with the configurations of its table 3 (22B, 175B, 530B, 1T on Selene).
 - Smith et al. 2022, "Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B",
   system-performance table: 113-126 TFLOP/s per GPU at 280, 350 and 420 DGX A100 nodes.
-MLPerf Training GPT-3 175B results are allowed by issue 17 but not included: their layouts
-were not available here to read exactly.
+MLPerf Training GPT-3 175B results (allowed by issue 17) are read but not included: every GPU
+submission of the benchmark is an FP8 run, and the planner has no FP8 (the H100 profile's
+peak_tflops has no fp8 entry). In mlcommons/training_results_v3.0, v3.1, v4.0 and v4.1 every
+config_*H100*.sh under <submitter>/benchmarks/gpt3/ (NVIDIA, NVIDIA_CoreWeave, Azure+NVIDIA,
+smc, smc-ac-power, smc-dc-power, Oracle: 71 files) sources config_fp8.sh (FP8=True,
+FP8_HYBRID=True, Transformer Engine); the other systems are Gaudi2, TPU and one B200 preview.
+GPT-3 entered MLPerf Training in v3.0, so v2.0/v2.1 have no GPT-3 (A100) results. The result
+logs do give step times (MLLOG tracked_stats train_step_timing), should FP8 ever be modelled.
 PaddleNLP/Paddle: no published GPT pretraining throughput with a full layout was found in the
 sources available here; none is included.
 
