@@ -338,8 +338,27 @@ def probe_logger(log):
     return progress
 
 
-def cmd_optimize(args) -> int:
+def write_spec_plan(plan, out: Path, spec) -> None:
+    """Write the chosen plan; a rule of the plan schema that the spec's values break is the
+    spec's error (its file and key), not the output file's."""
+    from gptplan.errors import PlanError
     from gptplan.plan import write_plan
+    from planner.spec import SpecError
+
+    try:
+        write_plan(
+            plan,
+            out,
+            header=f"# Written by planner {__version__} from {spec.path}. Numbers in "
+            "[estimate] are modelled unless listed in estimate.measured.\n",
+        )
+    except PlanError as err:
+        raise SpecError(
+            f"{err.detail} (in the plan this spec gives)", file=spec.path, key=err.key
+        ) from None
+
+
+def cmd_optimize(args) -> int:
     from planner.costreport import fit_lines, render_decisions, render_offers
     from planner.pipeline import optimize
     from planner.report import (
@@ -376,13 +395,7 @@ def cmd_optimize(args) -> int:
         plot_pareto(result.decision, str(args.plot), cur, spec=spec, chosen=result.chosen)
     out = args.out or Path("plans") / f"{spec.job.name}.toml"
     if result.plan is not None:
-        write_plan(
-            result.plan,
-            out,
-            header=f"# Written by planner {__version__} from "
-            f"{spec.path}. Numbers in [estimate] are modelled "
-            "unless listed in estimate.measured.\n",
-        )
+        write_spec_plan(result.plan, out, spec)
     if quiet:
         print(json.dumps(optimize_json(result, out if result.plan else None), indent=1))
         return 0 if result.plan is not None else 1

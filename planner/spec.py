@@ -400,6 +400,12 @@ def validate_spec(spec: Spec) -> None:
             fail("search.recompute", f"{mode!r}; allowed: {allowed(RECOMPUTE_MODES)}")
     if not (c.spot or c.on_demand):
         fail("constraints.spot", "spot and on_demand are both false: nothing can be rented")
+    t = spec.training
+    if t.min_learning_rate > t.learning_rate:  # the plan's rule (gptplan.plan.validate)
+        fail(
+            "training.min_learning_rate",
+            f"{t.min_learning_rate} is above learning_rate = {t.learning_rate}",
+        )
 
 
 def display_path(path: Path) -> str:

@@ -6,9 +6,11 @@ schema (gptplan.plan, planner.spec, planner.autotune.TuneSettings), so every loa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 import tomli_w
@@ -133,6 +135,36 @@ def test_spec_values_out_of_range_are_one_line(tmp_path, section, key, value):
     lines = [line for line in err.splitlines() if line.strip()]
     assert rc == 2 and len(lines) == 1, err
     assert str(spec) in lines[0] and f"{section}.{key}" in lines[0] and "<=" in lines[0]
+
+
+def test_spec_breaking_a_plan_rule_is_the_specs_error_not_the_output_plans(tmp_path):
+    """Found by the mutated-spec property test: min_learning_rate 1 > learning_rate loaded as a
+    spec and then failed at plan write, naming the output plan instead of the spec."""
+    import tomli
+
+    from planner.cli import write_spec_plan
+    from planner.spec import SpecError, load_spec
+
+    data = tomli.loads(CPU_SPEC.read_text())
+    data.setdefault("training", {})["min_learning_rate"] = 1.0
+    spec = tmp_path / "spec.toml"
+    spec.write_text(tomli_w.dumps(data))
+    out = tmp_path / "out" / "plan.toml"
+    rc, err = planner("optimize", "--spec", str(spec), "--out", str(out))
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 2 and len(lines) == 1, err
+    assert str(spec) in lines[0] and "training.min_learning_rate" in lines[0]
+    assert not out.exists()
+    # any other plan rule the spec's values break is still reported against the spec
+    data["training"]["min_learning_rate"] = 1e-5
+    spec.write_text(tomli_w.dumps(data))
+    plan = load_plan(Path(__file__).resolve().parent.parent / "plans" / "cpu_tiny_dp2.toml")
+    bad = dataclasses.replace(plan, training=dataclasses.replace(plan.training, warmup_steps=10**6))
+    loaded = load_spec(spec)
+    with pytest.raises(SpecError, match="in the plan this spec gives") as info:
+        write_spec_plan(bad, out, loaded)
+    assert info.value.file == loaded.path and info.value.key == "training.warmup_steps"
+    assert not out.exists()
 
 
 @FAST
