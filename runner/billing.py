@@ -258,6 +258,9 @@ def upper_bound_attempts(run_dir: Path) -> list[dict]:
     """With both copies lost: one attempt spanning the run directory's file times, plus a
     margin per attempt seen in logs/ ([] for a run directory with nothing in it yet)."""
     times, attempts_seen = [], 0
+    # on several nodes every node writes the effective plan.toml when it starts: only node 0's
+    # own files (logs/node_00, checkpoints, metrics, reports) prove that node 0 billed
+    shared = {"plan.toml"} if any(Path(run_dir).glob("runner.node*.lock")) else set()
     for root, dirs, files in os.walk(run_dir):
         here = Path(root)
         # node 0 bills; other nodes of a run sharing this directory write their locks and
@@ -273,6 +276,8 @@ def upper_bound_attempts(run_dir: Path) -> list[dict]:
         attempts_seen += sum(1 for d in dirs if d.startswith("attempt_"))
         for name in files:
             if name in (JOURNAL, COPY) or (name.startswith("runner") and name.endswith(".lock")):
+                continue
+            if here == Path(run_dir) and name in shared:
                 continue
             try:
                 times.append(os.stat(os.path.join(root, name)).st_mtime)

@@ -117,6 +117,7 @@ def test_other_nodes_files_in_a_shared_run_dir_do_not_make_a_new_run_look_lost(t
     (tmp_path / "runner.lock").write_text("")
     (tmp_path / "logs" / "node_01" / "attempt_001").mkdir(parents=True)
     (tmp_path / "logs" / "node_01" / "attempt_001" / "workerlog.0").write_text("x")
+    (tmp_path / "plan.toml").write_text("x")  # every node writes the effective plan
     billing = Billing(tmp_path, repair=True)
     assert billing.attempts == [] and billing.notice is None
     (tmp_path / "logs" / "node_00" / "attempt_001").mkdir(parents=True)
