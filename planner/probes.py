@@ -127,6 +127,19 @@ class _Worker:
     next_request: int = 0
 
 
+def _spawn(command, log_handle) -> subprocess.Popen:
+    """A probe or worker process in its own process group (ended only through that group),
+    dying with this planner, its output into `log_handle`."""
+    return subprocess.Popen(
+        command.argv,
+        env=dict(os.environ) | command.env,
+        stdout=log_handle,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=die_with_parent(),
+    )
+
+
 def _end_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # the probe's own group, nothing else
@@ -201,14 +214,7 @@ class LocalProbe:
         started = time.time()
         log = folder / "probe.log"
         with open(log, "wb") as handle:
-            proc = subprocess.Popen(
-                command.argv,
-                env=dict(os.environ) | command.env,
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=die_with_parent(),
-            )  # never outlive us
+            proc = _spawn(command, handle)
             try:
                 rc, timed_out = proc.wait(timeout=self.timeout_s), False
             except subprocess.TimeoutExpired:
@@ -236,14 +242,7 @@ class LocalProbe:
         )
         log = folder / "worker.log"
         with open(log, "wb") as handle:
-            proc = subprocess.Popen(
-                command.argv,
-                env=dict(os.environ) | command.env,
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=die_with_parent(),
-            )  # never outlive us
+            proc = _spawn(command, handle)
         self._workers[layout] = worker = _Worker(proc, queue, log)
         return worker
 
