@@ -27,8 +27,8 @@ import numpy as np
 
 from gptplan.memory import ModelShape
 from gptplan.modelfacts import parameter_count
-from gptplan.plan import ModelSection
-from gptplan.steptime import Device, Rates, step_time_parts
+from gptplan.plan import PRECISIONS, ModelSection
+from gptplan.steptime import FP8_PRECISION_CODE, Device, Rates, step_time_parts
 from planner.hardware import PROFILE_DIR, Profile, load_profiles
 
 RUNS_CSV = PROFILE_DIR / "published_runs.csv"
@@ -36,7 +36,9 @@ RUNS_CSV = PROFILE_DIR / "published_runs.csv"
 # Which profiles share fitted constants: one GPU generation each (A100 40 and 80 GB are the same
 # chip; H200 is an H100 with more memory).
 GENERATIONS = {"ampere": ("a100-40gb", "a100-80gb"), "hopper": ("h100-80gb", "h200-141gb")}
-PRECISION_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}
+# The planner's precisions, plus "fp8" for published Transformer Engine runs (GEMMs in FP8, the
+# rest bf16; gptplan.steptime.FP8_PRECISION_CODE): rows only, never a plan's choice.
+PRECISION_CODES = {**{p: i for i, p in enumerate(PRECISIONS)}, "fp8": FP8_PRECISION_CODE}
 RECOMPUTE = ("none", "core_attn", "full_attn", "full")
 SHARDING = ("", "stage1", "stage2", "stage3")
 # The prior each constant is pulled towards (weakly: PRIOR_SIGMA in log space), and bounds.
@@ -116,6 +118,8 @@ def load_rows(path: Path = RUNS_CSV, profiles: dict[str, Profile] | None = None)
     rows = []
     with Path(path).open() as f:
         for rec in csv.DictReader(f):
+            if rec["precision"] == "fp8" and not profiles[rec["gpu_profile"]].peak_for("fp8"):
+                raise ValueError(f"{rec['id']}: fp8 run on {rec['gpu_profile']}, no fp8 peak")
             m = _model(rec)
             params = parameter_count(m)
             row = Row(
@@ -166,10 +170,14 @@ def _columns(rows: list[Row]) -> dict:
         "recompute_code": col("recompute", RECOMPUTE.index),
     }
     profs = [p for _, _, p in recs]
+
+    def non_gemm_precision(rec) -> str:  # an FP8 run does all but its GEMMs in bf16
+        return "bf16" if rec["precision"] == "fp8" else rec["precision"]
+
     dev = Device(
         np.array(
             [
-                float(rec.get("device_peak_tflops") or p.peak_for(rec["precision"])) * 1e12
+                float(rec.get("device_peak_tflops") or p.peak_for(non_gemm_precision(rec))) * 1e12
                 for rec, _, p in recs
             ]
         ),
@@ -183,6 +191,7 @@ def _columns(rows: list[Row]) -> dict:
         np.array([p.intra_node_gbytes_per_s * 1e9 for p in profs]),
         col("inter_node_gbits_per_s", float) / 8 * 1e9,
         col("gpus_per_node"),
+        np.array([p.peak_for("fp8") * 1e12 for p in profs]),
     )
     return {
         "shape": shape,
