@@ -314,6 +314,61 @@ def leave_one_source_out(rows: list[Row]) -> dict[str, np.ndarray]:
     return _held_out(rows, np.array([r.source_key for r in rows]))
 
 
+# Regimes held out one at a time (issue 17): each is predicted by a fit to the rows of its
+# generation outside it, which measures extrapolation along one axis (planner.coverage checks
+# the same axes of a query).
+REGIMES = {
+    "tp > 1": lambda r: r.tp > 1,
+    "pp > 1": lambda r: r.pp > 1,
+    "> 256 GPUs": lambda r: r.world > 256,
+    ">= 30B": lambda r: r.params_billion >= 30,
+    "ZeRO-3": lambda r: r.record.get("sharding") == "stage3",
+    "full recompute": lambda r: r.record.get("recompute") == "full",
+    "llama family": lambda r: r.record.get("family") == "llama",
+    "seq > 2048": lambda r: int(r.record.get("seq") or 0) > 2048,
+}
+MIN_REGIMES = 2  # fewer measurable regimes: DEFAULT_EXTRAPOLATION_LOG_ERROR (stated)
+DEFAULT_EXTRAPOLATION_LOG_ERROR = 0.4  # about x1.5 either way, not measured
+
+
+def leave_one_regime_out(rows: list[Row]) -> dict[str, dict[str, np.ndarray]]:
+    """Per regime: its rows' predictions from a fit to the rows of their generation OUTSIDE
+    the regime ("mask" marks the regime's rows; elsewhere the values are a fit to the regime,
+    not used)."""
+    out = {}
+    for name, test in REGIMES.items():
+        mask = np.array([test(r) for r in rows])
+        out[name] = {"mask": mask, **_held_out(rows, mask.astype(int))}
+    return out
+
+
+def extrapolation_log_error(
+    rows: list[Row], loo_ratio: np.ndarray, regime_out: dict, generation: str
+) -> tuple[float, dict[str, float]]:
+    """The generation's extra error per axis a query lies outside the rows on (planner.coverage):
+    per regime with >= 3 rows and rows outside it, e = sqrt(max(q_regime² - q_loo², 0)), q the
+    80th percentile of |log(published/modelled)| of the regime's rows with the regime held out
+    and with only the row held out (both fits keep the rows' sources, so the difference is what
+    leaving the regime's range costs; sources weighted equally; independent errors add in
+    quadrature). The largest over the regimes; with fewer than MIN_REGIMES measurable regimes
+    DEFAULT_EXTRAPOLATION_LOG_ERROR. Returns (e, per-regime e)."""
+    gens = np.array([r.generation for r in rows])
+    srcs = np.array([r.source_key for r in rows])
+    per = {}
+    for name, reg in regime_out.items():
+        m = reg["mask"] & (gens == generation) & np.isfinite(reg["ratio"]) & np.isfinite(loo_ratio)
+        if m.sum() < 3 or not ((gens == generation) & ~reg["mask"]).any():
+            continue
+        _, inv, cnt = np.unique(srcs[m], return_inverse=True, return_counts=True)
+        w = 1.0 / cnt[inv]
+        held = weighted_quantile(np.abs(np.log(reg["ratio"][m])), w, 0.8)
+        base = weighted_quantile(np.abs(np.log(loo_ratio[m])), w, 0.8)
+        per[name] = math.sqrt(max(held**2 - base**2, 0.0))
+    if len(per) < MIN_REGIMES:
+        return DEFAULT_EXTRAPOLATION_LOG_ERROR, per
+    return max(per.values()), per
+
+
 def is_large(row: Row) -> bool:
     from planner.hardware import LARGE_MODEL_PARAMS
 
