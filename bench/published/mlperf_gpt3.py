@@ -45,6 +45,7 @@ SEQ = 2048
 SPM_VOCAB = 50257
 CACHE_COLUMNS = [
     "round",
+    "commit",
     "submitter",
     "system",
     "config",
@@ -86,6 +87,7 @@ class Mirror:
         self.path = path
         out = self._git("ls-tree", "-r", "--name-only", "HEAD")
         self.files = out.splitlines()
+        self.commit = self._git("rev-parse", "HEAD").strip()
 
     def _git(self, *args: str) -> str:
         proc = subprocess.run(
@@ -320,7 +322,7 @@ def extract_round(mirror: Mirror, rnd: str, skipped: list[str]) -> list[dict]:
         if picked is None:
             skipped.append(f"{rnd} {submitter}/{system}: no config_*.sh for {nodes} nodes")
             continue
-        rows.append(_record(rnd, submitter, system, sysjson, picked, infos))
+        rows.append({"commit": mirror.commit, **_record(rnd, submitter, system, sysjson, picked, infos)})
     return rows
 
 
@@ -402,3 +404,152 @@ def write_cache(rows: list[dict], path: Path = CACHE) -> None:
         writer.writeheader()
         writer.writerows(rows)
     tmp.replace(path)
+
+
+# ---------------------------------------------------------------- published_runs rows
+
+
+ASSUMED_GBITS = 3200  # 8 x 400 Gb/s per node, where the system description does not say
+
+
+def padded_vocab(tp: int, divisible_by: int = 128) -> int:
+    """NeMo/Megatron pad the vocabulary to a multiple of make_vocab_size_divisible_by x tp."""
+    multiple = divisible_by * tp
+    return -(-SPM_VOCAB // multiple) * multiple
+
+
+def source_of(rec: dict) -> str:
+    """`MLPerf Training vX.Y (mlcommons/training_results_vX.Y)` is the source key (one source
+    per round, planner.published.source_key); the config and the results directory follow."""
+    rnd = rec["round"]
+    return (
+        f"MLPerf Training {rnd} (mlcommons/training_results_{rnd}), {rec['config']} and "
+        f"{rec['submitter']}/results/{rec['system']}/gpt3 (commit {rec['commit'][:7]})"
+    )
+
+
+def _row_notes(rec: dict, dp: int, step_s: float, gbits_assumed: bool) -> str:
+    notes = [
+        f"round {rec['round']}, submitter {rec['submitter']}, system {rec['system']} "
+        f"({rec['nodes']} x {rec['gpus_per_node']} {rec['accelerator']}; network: "
+        f"{rec['host_networking'] or 'not stated'})",
+        "NeMo Megatron GPT with Transformer Engine FP8 hybrid (config_fp8.sh: FP8=True, "
+        "FP8_HYBRID=True): GEMMs in FP8, the rest bf16",
+        f"tp {rec['tp']} pp {rec['pp']} interleaved {rec['vpp']} virtual stages per device, "
+        f"sequence parallel, distributed optimizer (ZeRO-1-like: stage1 over {dp} data ranks), "
+        "no activation checkpointing (ACT_CKPT_* null), TE fused/flash attention",
+        f"global batch {rec['gbs']} x {SEQ} tokens, micro {rec['micro']}, acc {rec['acc']}",
+        f"step {step_s:g} s: median over {rec['result_files']} result files of "
+        + (
+            "each run's median MLLOG train_step_timing"
+            if rec["step_method"] == "train_step_timing"
+            else "each run's median block time per step (block_stop - block_start over its "
+            "steps; the logs have no train_step_timing; where both exist on NVIDIA's runs the "
+            "block estimate is 0.2-2.4% longer, 1.3-2.4% at 512-1344 nodes)"
+        ),
+        f"vocab {SPM_VOCAB} (SentencePiece c4_en_301_5Mexp2_spm) padded by NeMo to a multiple "
+        f"of 128 x tp",
+    ]
+    if int(rec["config_minibs"]) * dp != int(rec["gbs"]):
+        notes.append(
+            f"the config's default MINIBS {rec['config_minibs']} gives global batch "
+            f"{int(rec['config_minibs']) * dp}; the logs record {rec['gbs']} (run with an "
+            "override), used here"
+        )
+    if int(rec["cuda_graph"]):
+        notes.append("per-layer CUDA graphs (LAYER_CUDA_GRAPH=1)")
+    if int(rec["config_copies"]) > 1:
+        notes.append(f"the same config is published in {rec['config_copies']} directories")
+    if not rec["config"].startswith(rec["defaults_from"]):
+        notes.append(
+            "the submitter published no conf/custom.yaml; its defaults (SEQ_PARALLEL True, "
+            f"ACT_CKPT null, ...) taken from {rec['defaults_from']} (same container)"
+        )
+    if gbits_assumed:
+        notes.append(f"per-node network bandwidth not stated: {ASSUMED_GBITS} Gb/s assumed")
+    return "; ".join(notes)
+
+
+def rows_from_cache(path: Path = CACHE) -> list[dict]:
+    """published_runs.csv rows (without id) from the cached extraction; copies skipped."""
+    with path.open() as f:
+        recs = [r for r in csv.DictReader(f) if not r["duplicate_of"]]
+    rows = []
+    for rec in recs:
+        nodes, gpn = int(rec["nodes"]), int(rec["gpus_per_node"])
+        tp, pp, micro, gbs = int(rec["tp"]), int(rec["pp"]), int(rec["micro"]), int(rec["gbs"])
+        dp = nodes * gpn // (tp * pp)
+        if gbs % (dp * micro) or gbs // (dp * micro) != int(rec["acc"]):
+            raise ValueError(f"{path}: {rec['system']}: gbs {gbs} != dp {dp} x micro x acc")
+        if rec["act_ckpt_granularity"] not in ("", "null") or rec["sequence_parallel"] != "True":
+            raise ValueError(f"{path}: {rec['system']}: layout outside what this reader maps")
+        step_s = float(rec["step_s"])
+        gbits = int(rec["inter_node_gbits_per_s"] or 0)
+        rows.append(
+            {
+                "source": source_of(rec),
+                "gpu_profile": "h100-80gb",
+                "nodes": nodes,
+                "gpus_per_node": gpn,
+                "model": "gpt3-175b",
+                "hidden": 12288,
+                "layers": 96,
+                "heads": 96,
+                "ffn": 49152,
+                "vocab": padded_vocab(tp),
+                "seq": SEQ,
+                "micro": micro,
+                "acc": int(rec["acc"]),
+                "dp": 1,
+                "tp": tp,
+                "pp": pp,
+                "vpp": int(rec["vpp"]),
+                "sharding": "stage1",
+                "sharding_degree": dp,
+                "recompute": "none",
+                "sequence_parallel": 1,
+                "flash_attention": 1,
+                "precision": "fp8",
+                "inter_node_gbits_per_s": gbits or ASSUMED_GBITS,
+                "measured": round(gbs * SEQ / step_s / (nodes * gpn), 2),
+                "measured_unit": "tokens_per_s_per_device",
+                "family": "gpt",
+                "kv_heads": 0,
+                "notes": _row_notes(rec, dp, step_s, not gbits),
+            }
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--mirror",
+        action="append",
+        required=True,
+        metavar="ROUND=DIR",
+        help="a git directory of mlcommons/training_results_ROUND, e.g. v4.1=path (repeat)",
+    )
+    parser.add_argument("--out", type=Path, default=CACHE, help="the cache CSV to write")
+    args = parser.parse_args(argv)
+    mirrors = {}
+    for item in args.mirror:
+        rnd, sep, d = item.partition("=")
+        if not sep or not re.fullmatch(r"v\d+\.\d+", rnd) or not Path(d).is_dir():
+            parser.error(f"--mirror {item}: expected ROUND=DIR, ROUND like v4.1, DIR a directory")
+        mirrors[rnd] = Path(d)
+    try:
+        rows, skipped = extract(mirrors)
+    except (OSError, ValueError) as exc:
+        print(f"mlperf_gpt3: {exc}", file=sys.stderr)
+        return 2
+    write_cache(rows, args.out)
+    for line in skipped:
+        print(f"skipped: {line}")
+    dup = sum(1 for r in rows if r["duplicate_of"])
+    print(f"wrote {len(rows)} result directories ({dup} copies of others) to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
