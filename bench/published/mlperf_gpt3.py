@@ -136,8 +136,7 @@ def run_config(mirror: Mirror, path: str, env: dict[str, str] | None = None) -> 
             continue
         if line.startswith("if "):
             depth += 1
-            in_version_if = "MLPERF_VERSION" in line
-            taking = not in_version_if
+            in_version_if, taking = "MLPERF_VERSION" in line, False
             continue
         if line.startswith(("elif", "else")) and depth == 1:
             taking = in_version_if and line.startswith("else")
@@ -322,7 +321,8 @@ def extract_round(mirror: Mirror, rnd: str, skipped: list[str]) -> list[dict]:
         if picked is None:
             skipped.append(f"{rnd} {submitter}/{system}: no config_*.sh for {nodes} nodes")
             continue
-        rows.append({"commit": mirror.commit, **_record(rnd, submitter, system, sysjson, picked, infos)})
+        record = _record(rnd, submitter, system, sysjson, picked, infos)
+        rows.append({"commit": mirror.commit, **record})
     return rows
 
 
