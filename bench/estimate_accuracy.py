@@ -6,7 +6,9 @@ the held-out rows, planner.published):
 - leave-one-ROW-out: each row predicted by a fit to all other rows (interpolation inside the
   sources the model was fitted to);
 - leave-one-SOURCE-out: each paper or repository predicted by a fit to the OTHER sources (the
-  error on a new source). Also per regime: tp > 1, pp > 1, > 256 GPUs, model >= 30B.
+  error on a new source). Also per regime: tp > 1, pp > 1, > 256 GPUs, model >= 30B;
+- leave-one-REGIME-out: each regime (those four, ZeRO-3, full recompute, Llama, seq > 2048)
+  predicted by a fit to the rows outside it: extrapolation along one axis.
 The 80% interval's coverage under leave-one-source-out: row i's interval comes from the held-out
 ratios of the other sources only (planner.published.row_interval), so neither the row nor its
 source sets it. "Before" is the fitted-curve model of issue 9 on the same rows
@@ -56,6 +58,63 @@ def _before(rows) -> dict[str, np.ndarray]:
 def _summary(err, mask):
     e = err[mask & np.isfinite(err)]
     return (float(np.median(e)), float(e.max())) if len(e) else (float("nan"), float("nan"))
+
+
+def regime_table(rows, loo) -> list[dict]:
+    """Leave-one-REGIME-out: each regime (planner.published.REGIMES) predicted by a fit to the
+    rows of its generation outside it, next to the same rows' leave-one-row-out error and the
+    extra log-error that extrapolating into the regime costs (planner.coverage applies it)."""
+    from planner import published as pb
+
+    measured = np.array([r.measured_tokens_per_s_per_device for r in rows])
+    regime_out = pb.leave_one_regime_out(rows)
+    gens = np.array([r.generation for r in rows])
+    out = []
+    for gen in sorted(set(gens) - {""}):
+        _, per = pb.extrapolation_log_error(rows, loo["ratio"], regime_out, gen)
+        for name, reg in regime_out.items():
+            m = reg["mask"] & (gens == gen) & np.isfinite(reg["predicted"])
+            if not m.any():
+                continue
+            held = np.abs(reg["predicted"] - measured) / measured
+            row_out = np.abs(loo["predicted"] - measured) / measured
+            out.append(
+                {
+                    "generation": gen,
+                    "regime": name,
+                    "rows": int(m.sum()),
+                    "regime_out_median_error": float(np.median(held[m])),
+                    "regime_out_worst_error": float(held[m].max()),
+                    "loo_median_error": float(np.median(row_out[m])),
+                    "extra_log_error": per.get(name),
+                }
+            )
+    print("\nleave-one-REGIME-out (the regime's rows predicted by a fit without the regime):")
+    print(
+        tabulate(
+            [
+                [
+                    r["generation"],
+                    r["regime"],
+                    r["rows"],
+                    f"{r['regime_out_median_error']:.1%} / {r['regime_out_worst_error']:.0%}",
+                    f"{r['loo_median_error']:.1%}",
+                    "-" if r["extra_log_error"] is None else f"{r['extra_log_error']:.3f}",
+                ]
+                for r in out
+            ],
+            headers=[
+                "generation",
+                "regime held out",
+                "rows",
+                "regime-out (median/worst)",
+                "LOO-row median",
+                "extra log-error",
+            ],
+            tablefmt="github",
+        )
+    )
+    return out
 
 
 def main() -> int:
@@ -137,6 +196,7 @@ def main() -> int:
             tablefmt="github",
         )
     )
+    regimes = regime_table(rows, loo)
     worst = [int(i) for i in np.argsort(-np.nan_to_num(err["loso"]))[:6]]
     print("\nworst rows (leave-one-source-out):")
     for i in worst:
@@ -160,6 +220,7 @@ def main() -> int:
                     "coverage_max": 0.90,
                 },
                 "groups": table,
+                "leave_one_regime_out": regimes,
                 "rows": [
                     {
                         "id": r.id,

@@ -118,6 +118,14 @@ class Efficiency:
         0.0, "Like throughput_p90 for large models (0 = use throughput_p90).", min=0
     )
     fit_rows: int = setting(0, "Published runs the fit used (0 = not fitted).", min=0)
+    extrapolation_log_error: float = setting(
+        0.4,
+        "Extra 80% error, in |log(measured/modelled)|, per axis on which a query lies outside "
+        "the published runs (planner.coverage), added in quadrature to the interval's log "
+        "half-widths: leave-one-regime-out against leave-one-row-out error "
+        "(bench/published/fit_priors.py; 0.4, about x1.5, where not measured).",
+        min=0,
+    )
     interval_basis: str = setting(
         "",
         "What the 80% interval rests on, in a few words (e.g. "

@@ -24,7 +24,9 @@ Sources: [N21] Narayanan et al. 2021 (eq. 3, pipeline bubble), [K22] Korthikanti
 [FA] Dao et al. 2022 (FlashAttention recomputes the scores in backward), [MM] NVIDIA "Matrix
 Multiplication Background User's Guide" (tile and wave quantisation), [RL] Williams et al.
 2009, "Roofline", [NC] NVIDIA nccl-tests PERFORMANCE.md (ring/tree algorithm bandwidth and
-latency; small-message latency of a few microseconds per ring step).
+latency; small-message latency of a few microseconds per ring step), [TE] NVIDIA Transformer
+Engine documentation, "Using FP8 with Transformer Engine" (delayed scaling, FP8 GEMMs inside
+the transformer layers, fused cast-transpose).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from gptplan.memory import ModelShape, activation_bytes_per_layer
-from gptplan.plan import RECOMPUTE_MODES, Plan
+from gptplan.plan import PRECISIONS, RECOMPUTE_MODES, Plan
 from gptplan.profile import PerformanceData
 
 RECOMPUTE_CODES = {mode: code for code, mode in enumerate(RECOMPUTE_MODES)}
@@ -93,6 +95,16 @@ BUCKET_BYTES = 32 * 2**20  # gradient buckets (PaddleNLP/PyTorch DDP default 25-
 ALPHA_LAUNCH_S = 10e-6  # [NC] per collective: launch and synchronisation
 ALPHA_NVLINK_S = 1e-6  # [NC] per ring step inside a node (LL protocol over NVLink)
 ALPHA_NETWORK_S = 5e-6  # [NC] per ring step across nodes (InfiniBand/RoCE RDMA round trip)
+# FP8 (published runs only: PaddleNLP 2.8.1 cannot train in FP8, so no plan chooses it). The
+# precision code after PRECISIONS' marks a Transformer Engine "hybrid" run [TE]: the linear
+# layers' GEMMs at the FP8 peak with 1-byte operands, everything else (attention, the LM head,
+# norms, communication) in bf16. TE casts each GEMM input to FP8 with a transposed copy for the
+# backward pass (fused cast-transpose: read 2 bytes, write 2 x 1 byte per element) and does
+# the same for the output gradient in the backward pass; its amax/scale bookkeeping adds
+# about one kernel per cast.
+FP8_PRECISION_CODE = len(PRECISIONS)
+FP8_CAST_BYTES_PER_ELEMENT = 4.0
+FP8_KERNELS_PER_GEMM = 3.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,7 @@ class Device:
     intra_bytes_per_s: Any  # device-to-device in a node
     inter_bytes_per_s: Any  # the node's network link
     gpus_per_node: Any
+    fp8_peak_flops: Any = 0.0  # dense FP8 FLOP/s (Hopper and later); 0 = none
 
 
 @dataclass(frozen=True)
@@ -145,14 +158,15 @@ def curve_efficiency(
     return eff_max * tokens / (tokens + half_tokens) * hid / (hid + half_hidden) * falloff
 
 
-def gemm_seconds(m, n, k, dev: Device, gemm_max, elem_bytes):
+def gemm_seconds(m, n, k, dev: Device, gemm_max, elem_bytes, peak_flops=None):
     """One GEMM (m x k)·(k x n) on a device with a tile model [MM], [RL].
 
     Tiles of TILE_M x TILE_N outputs are spread over the SMs in waves: a partial tile or a
     partial last wave costs as much as a full one (tile and wave quantisation). When there are
     fewer tiles than SMs, the reduction is split (split-K) over the idle SMs. The time is the
     larger of the quantised FLOPs at gemm_max of peak and the operands' bytes over HBM
-    bandwidth (the roofline: skinny GEMMs are memory-bound).
+    bandwidth (the roofline: skinny GEMMs are memory-bound). `peak_flops` overrides the
+    device's peak (the FP8 peak for an FP8 GEMM).
     """
     m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
     sm = np.maximum(np.asarray(dev.sm_count, dtype=float), 1.0)
@@ -160,7 +174,8 @@ def gemm_seconds(m, n, k, dev: Device, gemm_max, elem_bytes):
     splits = np.clip(np.floor(sm / tiles), 1.0, np.maximum(np.floor(k / MIN_SPLIT_K), 1.0))
     waves = np.ceil(tiles * splits / sm)
     padded_flops = waves * sm * TILE_M * TILE_N * np.ceil(k / splits) * 2.0
-    t_flops = padded_flops / (np.asarray(dev.peak_flops, dtype=float) * gemm_max)
+    peak = dev.peak_flops if peak_flops is None else peak_flops
+    t_flops = padded_flops / (np.asarray(peak, dtype=float) * gemm_max)
     t_bytes = elem_bytes * (m * k + k * n + m * n) / np.asarray(dev.hbm_bytes_per_s, dtype=float)
     return np.maximum(t_flops, t_bytes)
 
@@ -175,12 +190,12 @@ def _layer_gemms(shape: ModelShape, tp):
     return [(h * (1.0 + 2.0 * shape.kv_fraction) / t, h), (h, h / t), (up / t, h), (h, f / t)]
 
 
-def _gemm_pass_seconds(m, n, k, dev, gemm_max, elem_bytes):
+def _gemm_pass_seconds(m, n, k, dev, gemm_max, elem_bytes, peak_flops=None):
     """Forward, data-gradient and weight-gradient GEMMs of one linear layer."""
     return (
-        gemm_seconds(m, n, k, dev, gemm_max, elem_bytes),
-        gemm_seconds(m, k, n, dev, gemm_max, elem_bytes)
-        + gemm_seconds(n, k, m, dev, gemm_max, elem_bytes),
+        gemm_seconds(m, n, k, dev, gemm_max, elem_bytes, peak_flops),
+        gemm_seconds(m, k, n, dev, gemm_max, elem_bytes, peak_flops)
+        + gemm_seconds(n, k, m, dev, gemm_max, elem_bytes, peak_flops),
     )
 
 
@@ -190,9 +205,11 @@ def layer_compute_seconds(shape: ModelShape, g: dict, dev: Device, rates: Rates)
     T = np.asarray(g["micro"], dtype=float) * np.asarray(g["seq"], dtype=float)
     code = np.asarray(g["recompute_code"])
     mixed = np.asarray(g["precision_code"]) > 0
+    fp8 = np.asarray(g["precision_code"]) == FP8_PRECISION_CODE
     elem = np.where(mixed, 2.0, 4.0)
     tiled = np.asarray(dev.sm_count, dtype=float) > 0
     h = np.asarray(shape.hidden, dtype=float)
+    gemm_peak = np.where(fp8, dev.fp8_peak_flops, dev.peak_flops)
     curve = curve_efficiency(
         micro_batch=g["micro"],
         seq_len=g["seq"],
@@ -204,11 +221,17 @@ def layer_compute_seconds(shape: ModelShape, g: dict, dev: Device, rates: Rates)
     )
     gemm = 0.0
     curve_gemm = 0.0
+    cast_bytes = 0.0  # FP8 only: cast-transpose of the GEMM inputs and output gradients [TE]
     for i, (n, k) in enumerate(_layer_gemms(shape, g["tp"])):
-        fwd, bwd = _gemm_pass_seconds(T, n, k, dev, rates.gemm_max, elem)
+        fwd, bwd = _gemm_pass_seconds(
+            T, n, k, dev, rates.gemm_max, np.where(fp8, 1.0, elem), gemm_peak
+        )
         redo = (code == 3) | ((code == 2) & (i < 2))  # full: all; full_attn: QKV and output
         gemm = gemm + fwd * np.where(redo, 2.0, 1.0) + bwd
         curve_gemm = curve_gemm + 2.0 * T * n * k * np.where(redo, 4.0, 3.0)
+        cast_bytes = cast_bytes + FP8_CAST_BYTES_PER_ELEMENT * T * (
+            k * np.where(redo, 2.0, 1.0) + n
+        )
     L = np.asarray(shape.layers, dtype=float)
     attn_flops = (
         attention_flops_per_token(shape, g["seq"], code, g["flash"])
@@ -225,15 +248,13 @@ def layer_compute_seconds(shape: ModelShape, g: dict, dev: Device, rates: Rates)
         shape, g["seq"], g["micro"], g["tp"], g["sp"], 0, elem, g["flash"]
     )
     redo_share = np.where(code == 3, 4.0 / 3.0, 1.0)
+    moved = ELEMENTWISE_PASSES * act * redo_share + np.where(fp8, cast_bytes, 0.0)
+    kernels = KERNELS_PER_LAYER * redo_share + np.where(fp8, 4 * 2 * FP8_KERNELS_PER_GEMM, 0.0)
     return {
         "gemm": np.where(tiled, gemm, curve_gemm / (peak * curve)),
         "attention": attn_flops / attn_rate,
-        "memory": np.where(
-            tiled,
-            ELEMENTWISE_PASSES * act * redo_share / np.asarray(dev.hbm_bytes_per_s, dtype=float),
-            0.0,
-        ),
-        "kernels": np.where(tiled, KERNELS_PER_LAYER * redo_share * rates.kernel_overhead_s, 0.0),
+        "memory": np.where(tiled, moved / np.asarray(dev.hbm_bytes_per_s, dtype=float), 0.0),
+        "kernels": np.where(tiled, kernels * rates.kernel_overhead_s, 0.0),
     }
 
 

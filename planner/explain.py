@@ -15,6 +15,7 @@ import numpy as np
 from gptplan.plan import Plan, load_plan
 from gptplan.tomlconf import read_toml
 from planner import costmodel as cm
+from planner import coverage
 from planner.hardware import load_profiles
 from planner.search import OfferChoice, evaluate_offer
 from planner.spec import SpecError, load_spec
@@ -60,7 +61,9 @@ def _pins_from_plan(plan: Plan) -> dict:
     )
 
 
-def uncertainty_terms(row: dict, profile, precision: str, params_total: float = 0.0) -> dict:
+def uncertainty_terms(
+    row: dict, profile, precision: str, params_total: float = 0.0, family: str = "gpt"
+) -> dict:
     """Which term of the modelled step time dominates, and so the interval.
 
     The interval comes from the leave-one-out residuals of the efficiency fit (published runs);
@@ -78,9 +81,12 @@ def uncertainty_terms(row: dict, profile, precision: str, params_total: float = 
     dominant = max(shares, key=shares.get)
     eff = profile.efficiency_for(precision)
     lo, hi = eff.interval_ratios(params_total)
+    outside = coverage.row_reasons(profile, precision, params_total, family, row)
+    n = min(len(outside), coverage.MAX_OUTSIDE_AXES)
+    lo, hi = (float(x) for x in coverage.widen(lo, hi, n, eff.extrapolation_log_error))
     basis = (
-        f"{eff.interval_basis or 'leave-one-out residuals'} of the published runs on "
-        f"this GPU generation (x{lo:g}..x{hi:g} on tokens/s)"
+        f"{coverage.basis_words(eff, outside)}, of the published runs on "
+        f"this GPU generation (x{lo:.3g}..x{hi:.3g} on tokens/s)"
         if eff.fit_rows
         else "no published runs for this hardware: the wide default "
         f"spread x{lo:g}..x{hi:g} of an uncalibrated prior"
@@ -151,6 +157,7 @@ def explain_plan(plan_path, *, spec_path: str | None = None, claims: bool | None
             choice.profile,
             plan.training.precision,
             float(cm.ModelShape.from_section(plan.model).params_total),
+            plan.model.family,
         )
     stats = _corpus_stats(spec)
     from planner.corpus_stats import epochs_warning

@@ -27,6 +27,10 @@ from gptplan.profile import (  # noqa: F401
 )
 from gptplan.tomlconf import from_table, read_toml, setting
 
+# Keys of a profile's [peak_tflops]. fp8 serves only the fit to published FP8 runs
+# (planner.published): `precisions`, what a plan may choose, never lists it.
+PEAK_KEYS = ("fp32", "tf32", "fp16", "bf16", "fp8")
+
 
 @dataclass(frozen=True)
 class Offer:
@@ -161,13 +165,13 @@ def load_profile(path: Path) -> Profile:
     offers = tuple(_load_offer(o, file=file, index=i) for i, o in enumerate(data.pop("offers", [])))
     for key, value in peaks.items():
         if (
-            key not in ("fp32", "tf32", "fp16", "bf16")
+            key not in PEAK_KEYS
             or isinstance(value, bool)
             or not isinstance(value, (int, float))
             or value <= 0
         ):
             raise ProfileError(
-                f"{value!r}: allowed keys fp32, tf32, fp16, bf16 with positive numbers",
+                f"{value!r}: allowed keys {', '.join(PEAK_KEYS)} with positive numbers",
                 file=file,
                 key=f"peak_tflops.{key}",
             )

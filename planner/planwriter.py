@@ -16,7 +16,7 @@ from gptplan.plan import (
     ProvenanceSection,
     TrainingSection,
 )
-from planner import __version__
+from planner import __version__, coverage
 from planner.search import Decision
 from planner.spec import Spec
 
@@ -26,20 +26,17 @@ def _sig(x: float, digits: int = 6) -> float:
     return float(f"{x:.{digits}g}")
 
 
-def _params(spec: Spec) -> float:
-    from planner.costmodel import ModelShape
-
-    return float(ModelShape.from_section(spec.model_section()).params_total)
-
-
-def _interval_source(prof, precision: str, params: float) -> str:
+def _interval_source(prof, precision: str, row: dict) -> str:
+    """The plan's interval in words: its ratios around the estimate and their basis (widened
+    where the layout lies outside the published runs, planner.coverage)."""
     eff = prof.efficiency_for(precision)
-    lo, hi = eff.interval_ratios(params)
+    lo = row["tokens_per_s_p10"] / row["tokens_per_s"]
+    hi = row["tokens_per_s_p90"] / row["tokens_per_s"]
     if eff.calibrated_on:
         where = f"measured spread of the probes around the calibration ({eff.source})"
     elif eff.fit_rows:
         where = (
-            f"{eff.interval_basis or 'leave-one-out residuals'} "
+            f"{coverage.basis_words(eff, row.get('interval_outside_runs', []))} "
             f"(hardware_profiles/published_runs.csv, fitted {eff.calibrated_at})"
         )
     else:
@@ -190,7 +187,7 @@ def candidate_plan(
             hours_p90=_sig(row["hours_p90"]),
             cost_p10=_sig(row["cost_p10"]),
             cost_p90=_sig(row["cost_p90"]),
-            interval=row.get("interval_source") or _interval_source(prof, precision, _params(spec)),
+            interval=row.get("interval_source") or _interval_source(prof, precision, row),
             measured=measured or [],
         ),
         provenance=ProvenanceSection(

@@ -27,8 +27,8 @@ import numpy as np
 
 from gptplan.memory import ModelShape
 from gptplan.modelfacts import parameter_count
-from gptplan.plan import ModelSection
-from gptplan.steptime import Device, Rates, step_time_parts
+from gptplan.plan import PRECISIONS, ModelSection
+from gptplan.steptime import FP8_PRECISION_CODE, Device, Rates, step_time_parts
 from planner.hardware import PROFILE_DIR, Profile, load_profiles
 
 RUNS_CSV = PROFILE_DIR / "published_runs.csv"
@@ -36,7 +36,9 @@ RUNS_CSV = PROFILE_DIR / "published_runs.csv"
 # Which profiles share fitted constants: one GPU generation each (A100 40 and 80 GB are the same
 # chip; H200 is an H100 with more memory).
 GENERATIONS = {"ampere": ("a100-40gb", "a100-80gb"), "hopper": ("h100-80gb", "h200-141gb")}
-PRECISION_CODES = {"fp32": 0, "fp16": 1, "bf16": 2}
+# The planner's precisions, plus "fp8" for published Transformer Engine runs (GEMMs in FP8, the
+# rest bf16; gptplan.steptime.FP8_PRECISION_CODE): rows only, never a plan's choice.
+PRECISION_CODES = {**{p: i for i, p in enumerate(PRECISIONS)}, "fp8": FP8_PRECISION_CODE}
 RECOMPUTE = ("none", "core_attn", "full_attn", "full")
 SHARDING = ("", "stage1", "stage2", "stage3")
 # The prior each constant is pulled towards (weakly: PRIOR_SIGMA in log space), and bounds.
@@ -116,6 +118,8 @@ def load_rows(path: Path = RUNS_CSV, profiles: dict[str, Profile] | None = None)
     rows = []
     with Path(path).open() as f:
         for rec in csv.DictReader(f):
+            if rec["precision"] == "fp8" and not profiles[rec["gpu_profile"]].peak_for("fp8"):
+                raise ValueError(f"{rec['id']}: fp8 run on {rec['gpu_profile']}, no fp8 peak")
             m = _model(rec)
             params = parameter_count(m)
             row = Row(
@@ -166,10 +170,14 @@ def _columns(rows: list[Row]) -> dict:
         "recompute_code": col("recompute", RECOMPUTE.index),
     }
     profs = [p for _, _, p in recs]
+
+    def non_gemm_precision(rec) -> str:  # an FP8 run does all but its GEMMs in bf16
+        return "bf16" if rec["precision"] == "fp8" else rec["precision"]
+
     dev = Device(
         np.array(
             [
-                float(rec.get("device_peak_tflops") or p.peak_for(rec["precision"])) * 1e12
+                float(rec.get("device_peak_tflops") or p.peak_for(non_gemm_precision(rec))) * 1e12
                 for rec, _, p in recs
             ]
         ),
@@ -183,6 +191,7 @@ def _columns(rows: list[Row]) -> dict:
         np.array([p.intra_node_gbytes_per_s * 1e9 for p in profs]),
         col("inter_node_gbits_per_s", float) / 8 * 1e9,
         col("gpus_per_node"),
+        np.array([p.peak_for("fp8") * 1e12 for p in profs]),
     )
     return {
         "shape": shape,
@@ -303,6 +312,61 @@ def leave_one_source_out(rows: list[Row]) -> dict[str, np.ndarray]:
     """Leave-one-SOURCE-out: each row predicted by a fit to the OTHER sources of its
     generation (never its own paper or repository), the error a user meets on a new source."""
     return _held_out(rows, np.array([r.source_key for r in rows]))
+
+
+# Regimes held out one at a time (issue 17): each is predicted by a fit to the rows of its
+# generation outside it, which measures extrapolation along one axis (planner.coverage checks
+# the same axes of a query).
+REGIMES = {
+    "tp > 1": lambda r: r.tp > 1,
+    "pp > 1": lambda r: r.pp > 1,
+    "> 256 GPUs": lambda r: r.world > 256,
+    ">= 30B": lambda r: r.params_billion >= 30,
+    "ZeRO-3": lambda r: r.record.get("sharding") == "stage3",
+    "full recompute": lambda r: r.record.get("recompute") == "full",
+    "llama family": lambda r: r.record.get("family") == "llama",
+    "seq > 2048": lambda r: int(r.record.get("seq") or 0) > 2048,
+}
+MIN_REGIMES = 2  # fewer measurable regimes: DEFAULT_EXTRAPOLATION_LOG_ERROR (stated)
+DEFAULT_EXTRAPOLATION_LOG_ERROR = 0.4  # about x1.5 either way, not measured
+
+
+def leave_one_regime_out(rows: list[Row]) -> dict[str, dict[str, np.ndarray]]:
+    """Per regime: its rows' predictions from a fit to the rows of their generation OUTSIDE
+    the regime ("mask" marks the regime's rows; elsewhere the values are a fit to the regime,
+    not used)."""
+    out = {}
+    for name, test in REGIMES.items():
+        mask = np.array([test(r) for r in rows])
+        out[name] = {"mask": mask, **_held_out(rows, mask.astype(int))}
+    return out
+
+
+def extrapolation_log_error(
+    rows: list[Row], loo_ratio: np.ndarray, regime_out: dict, generation: str
+) -> tuple[float, dict[str, float]]:
+    """The generation's extra error per axis a query lies outside the rows on (planner.coverage):
+    per regime with >= 3 rows and rows outside it, e = sqrt(max(q_regime² - q_loo², 0)), q the
+    80th percentile of |log(published/modelled)| of the regime's rows with the regime held out
+    and with only the row held out (both fits keep the rows' sources, so the difference is what
+    leaving the regime's range costs; sources weighted equally; independent errors add in
+    quadrature). The largest over the regimes; with fewer than MIN_REGIMES measurable regimes
+    DEFAULT_EXTRAPOLATION_LOG_ERROR. Returns (e, per-regime e)."""
+    gens = np.array([r.generation for r in rows])
+    srcs = np.array([r.source_key for r in rows])
+    per = {}
+    for name, reg in regime_out.items():
+        m = reg["mask"] & (gens == generation) & np.isfinite(reg["ratio"]) & np.isfinite(loo_ratio)
+        if m.sum() < 3 or not ((gens == generation) & ~reg["mask"]).any():
+            continue
+        _, inv, cnt = np.unique(srcs[m], return_inverse=True, return_counts=True)
+        w = 1.0 / cnt[inv]
+        held = weighted_quantile(np.abs(np.log(reg["ratio"][m])), w, 0.8)
+        base = weighted_quantile(np.abs(np.log(loo_ratio[m])), w, 0.8)
+        per[name] = math.sqrt(max(held**2 - base**2, 0.0))
+    if len(per) < MIN_REGIMES:
+        return DEFAULT_EXTRAPOLATION_LOG_ERROR, per
+    return max(per.values()), per
 
 
 def is_large(row: Row) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from tabulate import tabulate
 
+from planner import coverage
 from planner.corpus_stats import CorpusStatistics
 from planner.search import CandidateTable, Decision, ranked
 
@@ -158,8 +159,11 @@ def candidate_record(
         "modelled_hours_p90": r["hours_p90"],
         f"modelled_cost_{cur}_p10": r["cost_p10"],
         f"modelled_cost_{cur}_p90": r["cost_p90"],
-        "interval_basis": r["offer_choice"].profile.efficiency_for(r["precision"]).interval_basis
-        or "uncalibrated default spread",
+        "interval_basis": coverage.basis_words(
+            r["offer_choice"].profile.efficiency_for(r["precision"]),
+            r.get("interval_outside_runs", []),
+        ),
+        "interval_outside_published_runs": list(r.get("interval_outside_runs", [])),
         "may_fit": bool(r.get("may_fit", False)),
     }
     from planner.costreport import price_record
@@ -417,7 +421,7 @@ def render_choice(result) -> str:
         basis = est.interval.split(": ", 1)[-1].split(" (hardware_profiles")[0]
         lines.append(
             f"        80% interval (p10-p90; throughput, price and preemptions; "
-            f"throughput from {basis[:90]}): "
+            f"throughput from {basis}): "
             f"{est.tokens_per_second_p10:,.0f}-{est.tokens_per_second_p90:,.0f} "
             f"tokens/s, {est.hours_p10:,.3g}-{est.hours_p90:,.3g} h, "
             f"{money(est.cost_p10)}-{money(est.cost_p90)} {cur}"

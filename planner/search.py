@@ -24,7 +24,7 @@ from gptplan.money import checkpoint_bytes
 from gptplan.plan import PRECISIONS, RECOMPUTE_MODES, SHARDING_STAGES
 from gptplan.steptime import Device, Rates, step_time_parts
 from planner import costmodel as cm
-from planner import spotrisk
+from planner import coverage, spotrisk
 from planner.corpus_stats import CorpusStatistics
 from planner.hardware import Offer, Profile
 from planner.pricebook import PriceFacts, price_facts
@@ -60,6 +60,7 @@ class CandidateTable:
     fixed_hours: float = 0.0  # paid hours that do not scale with throughput (start-up)
     params_total: float = 0.0  # the model's parameters (the interval depends on its size)
     restart_hours: float = 0.0  # from a preemption to training again
+    family: str = "gpt"  # the model's family (the interval checks the published runs have it)
 
     def __len__(self) -> int:
         return len(next(iter(self.columns.values()))) if self.columns else 0
@@ -77,7 +78,45 @@ class CandidateTable:
         out["sharding"] = SHARDING_STAGES[out["stage_code"]]
         out["recompute"] = RECOMPUTE_MODES[out["recompute_code"]]
         out.update({k: v[0].item() for k, v in self.intervals(np.array([i])).items()})
+        out["interval_outside_runs"] = self.outside_reasons(i)
         return out
+
+    def _coverage_query(self, idx: np.ndarray) -> dict:
+        return dict(
+            params_billion=self.params_total / 1e9,
+            family=self.family,
+            world=self["world"][idx],
+            tp=self["tp"][idx],
+            pp=self["pp"][idx],
+            seq=self["seq"][idx],
+            stage=self["stage_code"][idx],
+            recompute=self["recompute_code"][idx],
+        )
+
+    def outside_count(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per row: axes on which it lies outside its generation's published runs
+        (planner.coverage) and the extra log-error per such axis."""
+        n = np.zeros(len(idx), dtype=int)
+        extra = np.zeros(len(idx))
+        offer, prec = self["offer"][idx], self["precision_code"][idx]
+        for o, p in {(int(a), int(b)) for a, b in zip(offer, prec, strict=True)}:
+            cov = coverage.for_profile(self.offers[o].profile, PRECISIONS[p])
+            sel = (offer == o) & (prec == p)
+            if cov is None:
+                continue
+            axes = coverage.outside_axes(cov, **self._coverage_query(idx[sel]))
+            n[sel] = coverage.outside_count(axes)
+            eff = self.offers[o].profile.efficiency_for(PRECISIONS[p])
+            extra[sel] = eff.extrapolation_log_error
+        return n, extra
+
+    def outside_reasons(self, i: int) -> list[str]:
+        """Why row i's interval is wider than its generation's, in words ([] if it is not)."""
+        row = {k: self[k][i].item() for k in ("world", "tp", "pp", "seq")}
+        row |= {k: self[k][i].item() for k in ("stage_code", "recompute_code")}
+        prof = self.offers[int(self["offer"][i])].profile
+        precision = PRECISIONS[int(self["precision_code"][i])]
+        return coverage.row_reasons(prof, precision, self.params_total, self.family, row)
 
     def intervals(self, idx: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """The 80% interval (tokens_per_s/hours/cost _p10/_p90) of rows `idx` (all if None).
@@ -94,13 +133,14 @@ class CandidateTable:
         )
         lo, hi = ratios[..., 0], ratios[..., 1]
         offer, prec = self["offer"][idx], self["precision_code"][idx]
+        p10, p90 = coverage.widen(lo[offer, prec], hi[offer, prec], *self.outside_count(idx))
         out = cm.interval_from_throughput(
             tokens_per_s=self["tokens_per_s"][idx],
             hours=self["hours"][idx],
             fixed_hours=self.fixed_hours,
             cost=self["cost"][idx],
-            p10_ratio=lo[offer, prec],
-            p90_ratio=hi[offer, prec],
+            p10_ratio=p10,
+            p90_ratio=p90,
         )
         return out | self._risk_interval(idx, out)
 
@@ -161,6 +201,7 @@ class CandidateTable:
             self.fixed_hours,
             self.params_total,
             self.restart_hours,
+            self.family,
         )
 
 
@@ -559,14 +600,25 @@ def evaluate_space(spec: Spec, offers: list[OfferChoice], target: float) -> Cand
     # the big table: concatenating a million rows is memory-bound
     tables = [{k: v for k, v in t.items() if k not in DIAGNOSTIC_COLUMNS} for t in tables if t]
     params = float(cm.ModelShape.from_section(spec.model_section()).params_total)
+    family = spec.model_section().family
     if not tables:
         return CandidateTable(
-            offers, {}, spec.spot.startup_minutes / 60, params, spec.spot.restart_minutes / 60
+            offers,
+            {},
+            spec.spot.startup_minutes / 60,
+            params,
+            spec.spot.restart_minutes / 60,
+            family,
         )
     columns = {k: np.concatenate([t[k] for t in tables]) for k in tables[0]}
     columns["cost_per_million_tokens"] = columns["cost"] / target * 1e6
     return CandidateTable(
-        offers, columns, spec.spot.startup_minutes / 60, params, spec.spot.restart_minutes / 60
+        offers,
+        columns,
+        spec.spot.startup_minutes / 60,
+        params,
+        spec.spot.restart_minutes / 60,
+        family,
     )
 
 

@@ -365,3 +365,54 @@ def test_llama_layer_gemms_are_its_real_shapes():
     assert not gpt.gated
     weights = sum(float(n * k) for n, k in st._layer_gemms(gpt, 1))
     assert weights == pytest.approx(4 * 768 * 768 + 2 * 768 * 3072)
+
+
+GPT3_175B = ModelSection(
+    hidden_size=12288,
+    num_hidden_layers=96,
+    num_attention_heads=96,
+    intermediate_size=49152,
+    vocab_size=51200,
+    max_position_embeddings=2048,
+)
+
+
+def _fp8_parts(precision_code):
+    """One 175B layout (tp 4, pp 8, mbs 1, sp) on an H100 with bf16 and fp8 peaks."""
+    dev = st.Device(989e12, 132, 3.35e12, 900e9, 400e9 / 8 * 8, 8, fp8_peak_flops=1978.9e12)
+    g = {
+        "nodes": 64, "precision_code": precision_code, "seq": 2048, "micro": 1, "acc": 64,
+        "tp": 4, "pp": 8, "vpp": 12, "dp": 16, "shard_degree": 1, "stage_code": 0,
+        "recompute_code": 0, "sp": 1, "flash": 1,
+    }  # fmt: skip
+    shape = cm.ModelShape.from_section(GPT3_175B)
+    return st.step_time_parts(shape, g, dev, st.Rates(0.6, 5e-6, 0.7, 0.5))
+
+
+def test_fp8_runs_put_only_the_linear_gemms_at_the_fp8_peak_and_pay_the_casts():
+    """A Transformer Engine FP8 run [TE]: the layers' GEMMs at twice the bf16 peak (a little
+    more than half the bf16 time: quantisation and roofline do not halve), attention and the
+    LM head unchanged, and the cast-transpose traffic and kernels added to the memory-bound
+    and kernel terms. The FP8 code is for published rows only: no plan can choose fp8."""
+    from gptplan.plan import PRECISIONS
+
+    bf16, fp8 = _fp8_parts(2), _fp8_parts(st.FP8_PRECISION_CODE)
+    assert "fp8" not in PRECISIONS and st.FP8_PRECISION_CODE == len(PRECISIONS)
+    head = bf16["gemm_s"] - fp8["gemm_s"]  # the layers' share saved
+    assert 0.3 * bf16["gemm_s"] < head < 0.5 * bf16["gemm_s"]
+    assert fp8["attention_s"] == pytest.approx(bf16["attention_s"])
+    assert fp8["memory_bound_s"] > 1.2 * bf16["memory_bound_s"]
+    assert fp8["kernel_overhead_s"] > bf16["kernel_overhead_s"]
+    assert 1.2 < bf16["step_time_s"] / fp8["step_time_s"] < 1.8
+
+
+def test_profile_peaks_accept_fp8_for_fitting_but_plans_never_offer_it(tmp_path):
+    from planner.hardware import ProfileError, load_profile, load_profiles
+
+    h100 = load_profiles()["h100-80gb"]
+    assert h100.peak_for("fp8") == pytest.approx(2 * h100.peak_for("bf16"), rel=0.01)
+    assert "fp8" not in h100.precisions
+    bad = tmp_path / "x.toml"
+    bad.write_text('name = "x"\n[peak_tflops]\nint4 = 10.0\n')
+    with pytest.raises(ProfileError, match="fp8"):
+        load_profile(bad)

@@ -119,7 +119,8 @@ def test_explain_names_the_dominant_uncertainty_term():
 
     profile = load_profiles()["a100-80gb"]
     row = {"compute_s": 1.0, "bubble": 1.0, "tp_s": 0.1, "pp_s": 0.0, "comm_s": 0.3, "opt_s": 0.05}
-    u = uncertainty_terms(row, profile, "bf16")
+    row |= {"world": 8, "tp": 1, "pp": 1, "seq": 1024, "stage_code": 0, "recompute_code": 0}
+    u = uncertainty_terms(row, profile, "bf16", 1.3e9)
     assert u["dominant_term"].startswith("compute")
     assert u["shares"]["gradient sync (not hidden)"] == pytest.approx(0.2 / 1.35)
     assert "published runs" in u["interval_basis"]

@@ -10,6 +10,8 @@ the others) whose published/modelled ratios, each source weighted equally and wi
 sources (planner.published.interval_from_sources), give the interval (p10/p90) and the fit
 error (median absolute relative leave-one-source-out error); models >= 15e9 parameters get the
 wider of that and their own rows' interval. The basis is written in words (interval_basis).
+Leave-one-REGIME-out against leave-one-row-out gives the extra log-error per axis a query lies
+outside the rows on (extrapolation_log_error; planner.coverage applies it).
 
 Run: python bench/published/fit_priors.py [--dry-run]
 """
@@ -41,6 +43,7 @@ def efficiency_block(
     date: str,
     basis: str,
     large: tuple[float, float] | None = None,
+    extrapolation_log_error: float = 0.4,
 ) -> str:
     ids = f"{rows[0].id}..{rows[-1].id}" if rows else ""
     source = (
@@ -68,6 +71,8 @@ def efficiency_block(
                     else []
                 ),
                 f"fit_error = {float(np.median(loso_err)):.4f}",
+                f"extrapolation_log_error = {extrapolation_log_error:.3f}  # per axis outside"
+                " the runs (planner.coverage)",
                 f"fit_rows = {len(rows)}",
                 f'calibrated_at = "{date}"',
                 f'interval_basis = "{basis}"',
@@ -116,6 +121,8 @@ def main() -> int:
     rows = pb.load_rows()
     cols = pb._columns(rows)
     loso = pb.leave_one_source_out(rows)
+    loo = pb.leave_one_out(rows)
+    regime_out = pb.leave_one_regime_out(rows)
     gens = np.array([r.generation for r in rows])
     for gen, members in pb.GENERATIONS.items():
         mask = gens == gen
@@ -124,6 +131,7 @@ def main() -> int:
         fit = pb.fit(cols, mask)
         err = np.abs(loso["predicted"][mask] - loso["measured"][mask]) / loso["measured"][mask]
         p10, p90, large_interval, basis = generation_interval(rows, loso["ratio"], mask)
+        extra, per_regime = pb.extrapolation_log_error(rows, loo["ratio"], regime_out, gen)
         block = efficiency_block(
             fit,
             rows=[r for r, m in zip(rows, mask, strict=True) if m],
@@ -133,11 +141,15 @@ def main() -> int:
             date=date,
             basis=basis,
             large=large_interval,
+            extrapolation_log_error=extra,
         )
         print(
             f"{gen}: {fit}\n  leave-one-source-out median {np.median(err):.1%} worst "
             f"{err.max():.1%}; interval x{p10:.3f}..x{p90:.3f}; large models "
-            f"{large_interval}; {basis}"
+            f"{large_interval}; {basis}\n  extra log-error per axis outside the runs "
+            f"{extra:.3f} (leave-one-regime-out: "
+            + ", ".join(f"{k} {v:.3f}" for k, v in per_regime.items())
+            + ")"
         )
         if not args.dry_run:
             for name in members:
