@@ -435,7 +435,8 @@ def _row_notes(rec: dict, dp: int, step_s: float, gbits_assumed: bool) -> str:
         f"{rec['host_networking'] or 'not stated'})",
         "NeMo Megatron GPT with Transformer Engine FP8 hybrid (config_fp8.sh: FP8=True, "
         "FP8_HYBRID=True): GEMMs in FP8, the rest bf16",
-        f"tp {rec['tp']} pp {rec['pp']} interleaved {rec['vpp']} virtual stages per device, "
+        f"tp {rec['tp']} pp {rec['pp']}, interleaved schedule with {rec['vpp']} model chunks "
+        "per stage, "
         f"sequence parallel, distributed optimizer (ZeRO-1-like: stage1 over {dp} data ranks), "
         "no activation checkpointing (ACT_CKPT_* null), TE fused/flash attention",
         f"global batch {rec['gbs']} x {SEQ} tokens, micro {rec['micro']}, acc {rec['acc']}",
