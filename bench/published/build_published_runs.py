@@ -22,19 +22,21 @@ Rows come from:
   parallel) with the configurations of its table 3 (22B, 175B, 530B, 1T on Selene).
 - Smith et al. 2022, "Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B",
   system-performance table: 113-126 TFLOP/s per GPU at 280, 350 and 420 DGX A100 nodes.
-MLPerf Training GPT-3 175B results (allowed by issue 17) are read but not included: every GPU
-submission of the benchmark is an FP8 run, and the planner has no FP8 (the H100 profile's
-peak_tflops has no fp8 entry). In mlcommons/training_results_v3.0, v3.1, v4.0 and v4.1 every
-config_*H100*.sh under <submitter>/benchmarks/gpt3/ (NVIDIA, NVIDIA_CoreWeave, Azure+NVIDIA,
-smc, smc-ac-power, smc-dc-power, Oracle: 71 files) sources config_fp8.sh (FP8=True,
-FP8_HYBRID=True, Transformer Engine); the other systems are Gaudi2, TPU and one B200 preview.
-GPT-3 entered MLPerf Training in v3.0, so v2.0/v2.1 have no GPT-3 (A100) results. The result
-logs do give step times (MLLOG tracked_stats train_step_timing), should FP8 ever be modelled.
+- MLPerf Training GPT-3 175B, rounds v3.0, v3.1, v4.0 and v4.1 (issue 17), every H100 result
+  directory (NVIDIA, NVIDIA_CoreWeave, Azure+NVIDIA, smc, Oracle): rows appended from the
+  cached extraction bench/published/mlperf_gpt3_h100.csv (bench/published/mlperf_gpt3.py,
+  which reads git snapshots of mlcommons/training_results_vX.Y: the layout from each system's
+  config_*.sh and what it sources, global batch and step time from the MLLOG result files).
+  Every H100 submission sources config_fp8.sh (FP8=True, FP8_HYBRID=True: Transformer Engine
+  FP8 GEMMs, bf16 elsewhere), so these rows have precision `fp8`. Left out: Gaudi2, TPU and
+  the B200 preview; smc-ac-power and smc-dc-power (the same logs as smc) and v4.1's 1452-node
+  NVIDIA directory (the v4.0 runs again). GPT-3 entered MLPerf Training in v3.0.
 PaddleNLP/Paddle: no published GPT pretraining throughput with a full layout was found in the
 sources available here; none is included.
 
 Run: python bench/published/build_published_runs.py --llm-foundry-readme README.md
-     (or --keep-llm-foundry: keep the llm-foundry rows already in the CSV, rebuild the rest)
+     (or --keep-llm-foundry: keep the llm-foundry rows already in the CSV, rebuild the rest;
+     the MLPerf rows come from the cache: refresh it with bench/published/mlperf_gpt3.py)
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ import argparse
 import csv
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mlperf_gpt3 import rows_from_cache as mlperf_rows  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "hardware_profiles" / "published_runs.csv"
@@ -495,7 +500,7 @@ def main() -> int:
         row.setdefault("family", "gpt")
         row["family"] = row.get("family") or "gpt"
         row["kv_heads"] = row.get("kv_heads") or 0
-    rows = foundry + paper_rows()
+    rows = foundry + paper_rows() + mlperf_rows()
     for i, row in enumerate(rows):
         row["id"] = f"r{i:03d}"
     with OUT.open("w", newline="") as f:
