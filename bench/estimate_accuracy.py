@@ -162,7 +162,8 @@ def main() -> int:
             rec["coverage"] = float(np.nanmean(inside[m]))
             rec["median_width"] = float(np.nanmedian(width[m]))
             rec["before_coverage"] = float(np.mean(b_inside[m]))
-            rec["before_median_width"] = float(np.nanmedian(b_width[m]))
+            bw = b_width[m][np.isfinite(b_width[m])]  # FP8 rows have no "before" (no FP8 then)
+            rec["before_median_width"] = float(np.median(bw)) if len(bw) else float("nan")
             table.append(rec)
     print(
         tabulate(

@@ -92,6 +92,7 @@ ELEMENTWISE_PASSES = 3.0  # each stored activation [K22] is written (forward), r
 #                           and its gradient written once: memory-bound bytes per layer
 CAUSAL_FLASH_WORK = 0.5  # causal flash attention: blocks above the diagonal are skipped
 BUCKET_BYTES = 32 * 2**20  # gradient buckets (PaddleNLP/PyTorch DDP default 25-32 MB)
+BUCKET_BYTES_PER_RANK = 2e6  # Megatron-LM: 1M parameters (bf16) per data-parallel rank
 ALPHA_LAUNCH_S = 10e-6  # [NC] per collective: launch and synchronisation
 ALPHA_NVLINK_S = 1e-6  # [NC] per ring step inside a node (LL protocol over NVLink)
 ALPHA_NETWORK_S = 5e-6  # [NC] per ring step across nodes (InfiniBand/RoCE RDMA round trip)
@@ -347,7 +348,10 @@ def gradient_sync_seconds(
     stage = np.asarray(stage_code)
     acc = np.asarray(accumulation, dtype=float)
     shard_bytes = params / (tp * pp) * np.asarray(grad_bytes, dtype=float)
-    buckets = np.maximum(np.ceil(shard_bytes / BUCKET_BYTES), 1.0)
+    # buckets grow with the group (Megatron-LM: max(40M, 1M x dp) parameters per bucket), so a
+    # large group pays the ring latency on few messages
+    bucket = np.maximum(BUCKET_BYTES, BUCKET_BYTES_PER_RANK * dp * sd)
+    buckets = np.maximum(np.ceil(shard_bytes / bucket), 1.0)
     in_node = np.maximum(1.0, gpus_per_node // (tp * pp))
     links = dict(
         gpus_per_node=gpus_per_node,
