@@ -257,16 +257,67 @@ def _accumulations(lo: np.ndarray, hi: np.ndarray, pp: np.ndarray) -> tuple[np.n
     return pairs[0], pairs[1]
 
 
-def evaluate_offer(
-    spec: Spec, choice: OfferChoice, index: int, target: float
-) -> dict[str, np.ndarray]:
-    """All valid candidates on one offer, evaluated. Cheap integer rules filter first."""
+def tensor_parallel_divides(m, tp):
+    """tp splits the heads, KV heads, hidden width, FFN width and vocabulary evenly."""
     from gptplan.modelfacts import kv_heads
+
+    tp = np.asarray(tp)
+    dims = (m.num_attention_heads, kv_heads(m), m.hidden_size, m.intermediate_size, m.vocab_size)
+    return np.logical_and.reduce([x % tp == 0 for x in dims])
+
+
+def layout_rules(m, gpus_per_node: int, g: dict) -> dict[str, np.ndarray]:
+    """Every rule that rejects a layout (True = allowed), by name, each checked against Paddle
+    3.3.1's auto_tuner (paddle/distributed/auto_tuner/prune.py) and runtime; a rule Paddle does
+    not have says why (tests/test_paddle_rules.py compares the two on random layouts).
+    prune.py's other rules are search heuristics, not limits (pp <= nodes when the user gave
+    no candidates; pruning by the history of runs that succeeded): the planner prices those
+    layouts instead. With g["acc"] absent, the accumulation rules are checked at the smallest
+    accumulation that could pass (2 x pp) and applied in full once accumulation is known."""
     from gptplan.plan import (
         sequence_parallel_fits,
         tensor_parallel_fits_node,
         virtual_pipeline_fits,
     )
+
+    tp, pp, stage = g["tp"], g["pp"], g["stage_code"]
+    world = g["nodes"] * gpus_per_node
+    ranks_fit = world % (tp * pp) == 0
+    batch_ranks = np.where(ranks_fit, world // np.maximum(tp * pp, 1), 0)
+    acc = g.get("acc", 2 * pp)
+    return {
+        # prune_by_num_gpus: dp x mp x pp x sharding = devices
+        "ranks fill the devices": ranks_fit,
+        # prune_by_mp: hidden, vocabulary and heads; also FFN width (PaddleNLP's
+        # ColumnParallelLinear/RowParallelLinear split it and assert divisibility) and GQA's KV
+        # heads (each rank holds whole KV heads)
+        "tp divides the model": tensor_parallel_divides(m, tp),
+        # not in prune.py: tensor parallel all-reduces on every layer stay on NVLink (Paddle
+        # allows mp across nodes; over the network it never wins, so it is not planned)
+        "tp inside a node": tensor_parallel_fits_node(tp, gpus_per_node),
+        # prune_by_mp checks seq % tp with sequence parallel; PaddleNLP scatters the flattened
+        # b x s tokens (ScatterOp on [b*s, h]), so b*s % tp is the runtime's own condition
+        "sequence parallel splits b*s": sequence_parallel_fits(g["micro"], g["seq"], tp, g["sp"]),
+        # prune_by_pp prunes layers % pp != 0, a search choice: PipelineLayer's
+        # SegmentLayers.uniform places uneven stages, so only pp <= layers is required
+        "pp at most the layers": pp <= m.num_hidden_layers,
+        # prune_by_sharding rule 5: a sharding stage over one rank is no sharding
+        "sharding over more than one rank": ~((stage > 0) & (batch_ranks <= 1)),
+        # prune_by_sharding rule 3: with pp > 1 only sharding stage 1
+        "pp with sharding stage 1 only": ~((pp > 1) & (stage >= 2)),
+        # prune_by_mbs: accumulation >= pp (fill the pipeline)
+        "pipeline filled": ~((pp > 1) & (acc < pp)),
+        # prune_by_vpp (pp > 2, layers % (pp x vpp), acc % pp) and the runtime's
+        # PipelineParallelWithInterleave assert acc >= 2 x pp
+        "interleave": virtual_pipeline_fits(m.num_hidden_layers, pp, g["vpp"], acc),
+    }
+
+
+def evaluate_offer(
+    spec: Spec, choice: OfferChoice, index: int, target: float
+) -> dict[str, np.ndarray]:
+    """All valid candidates on one offer, evaluated. Cheap integer rules filter first."""
+    from gptplan.plan import tensor_parallel_fits_node
 
     m = spec.model_section()
     prof, offer = choice.profile, choice.offer
@@ -276,17 +327,7 @@ def evaluate_offer(
     tps = [
         t
         for t in s.tensor_parallel
-        if tensor_parallel_fits_node(t, gpn)
-        and all(
-            x % t == 0
-            for x in (
-                m.num_attention_heads,
-                kv_heads(m),
-                m.hidden_size,
-                m.intermediate_size,
-                m.vocab_size,
-            )
-        )
+        if tensor_parallel_fits_node(t, gpn) and tensor_parallel_divides(m, t)
     ]
     if prof.device == "cpu":
         tps = [1]
@@ -318,19 +359,9 @@ def evaluate_offer(
         recompute_code=[RECOMPUTE_MODES.index(r) for r in s.recompute],
         sp=[int(v) for v in s.sequence_parallel],
     )
-    world = g["nodes"] * gpn
-    model_ranks = g["tp"] * g["pp"]
-    ok = world % model_ranks == 0
-    batch_ranks = np.where(ok, world // np.maximum(model_ranks, 1), 0)
-    ok &= ~((g["stage_code"] > 0) & (batch_ranks <= 1))  # sharding over 1 rank
-    ok &= ~((g["pp"] > 1) & (g["stage_code"] >= 2))  # PaddleNLP: pp + stage2/3
-    ok &= sequence_parallel_fits(g["micro"], g["seq"], g["tp"], g["sp"])
-    ok &= tensor_parallel_fits_node(g["tp"], gpn)
-    # the accumulation-free part of gptplan.plan.virtual_pipeline_fits, applied again in full
-    # once accumulation is known (it prunes before the accumulation expansion)
-    ok &= virtual_pipeline_fits(m.num_hidden_layers, g["pp"], g["vpp"], 2 * g["pp"])
+    ok = np.logical_and.reduce(list(layout_rules(m, gpn, g).values()))
     g = {k: v[ok] for k, v in g.items()}
-    batch_ranks = batch_ranks[ok]
+    batch_ranks = g["nodes"] * gpn // (g["tp"] * g["pp"])
     # accumulation: every value meeting the global-batch range (see _accumulations)
     per_acc = g["micro"] * g["seq"] * batch_ranks
     if s.accumulation_steps:
@@ -353,8 +384,7 @@ def evaluate_offer(
     ok = tokens_per_step >= c.global_batch_tokens_min
     if c.global_batch_tokens_max:
         ok &= tokens_per_step <= c.global_batch_tokens_max
-    ok &= ~((g["pp"] > 1) & (g["acc"] < g["pp"]))  # fill the pipeline
-    ok &= virtual_pipeline_fits(m.num_hidden_layers, g["pp"], g["vpp"], g["acc"])
+    ok &= np.logical_and.reduce(list(layout_rules(m, gpn, g).values()))
     g = {k: v[ok] for k, v in g.items()}
     batch_ranks = batch_ranks[ok]
     if not len(g["nodes"]):
