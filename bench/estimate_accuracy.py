@@ -117,6 +117,53 @@ def regime_table(rows, loo) -> list[dict]:
     return out
 
 
+def memory_table(rows) -> list[dict]:
+    """Every published run ran on its device: the memory model's peak over the device memory,
+    per source, and how many runs the planner's own rule (usable = 90% headroom, kept up to
+    the model's error MEMORY_MODEL_ERROR above it) would have cut."""
+    from gptplan.memory import MEMORY_MODEL_ERROR
+    from planner import published as pb
+
+    ratio = pb.modelled_memory_over_device(rows)
+    cut_line = 0.9 * (1.0 + MEMORY_MODEL_ERROR)
+    srcs = np.array([r.source_key for r in rows])
+    out = []
+    for src in dict.fromkeys(srcs):
+        m = srcs == src
+        out.append(
+            {
+                "source": src,
+                "rows": int(m.sum()),
+                "median_modelled_over_device": float(np.median(ratio[m])),
+                "max_modelled_over_device": float(ratio[m].max()),
+                "over_device": int((ratio[m] > 1.0).sum()),
+                "cut_by_planner": int((ratio[m] > cut_line).sum()),
+            }
+        )
+    print(
+        f"\nmemory: modelled peak / device memory of runs that ran (cut above {cut_line:.3f}: "
+        f"90% headroom x (1 + {MEMORY_MODEL_ERROR:.0%} model error))"
+    )
+    print(
+        tabulate(
+            [
+                [
+                    r["source"][:40],
+                    r["rows"],
+                    f"{r['median_modelled_over_device']:.2f}",
+                    f"{r['max_modelled_over_device']:.2f}",
+                    r["over_device"],
+                    r["cut_by_planner"],
+                ]
+                for r in out
+            ],
+            headers=["source", "rows", "median", "max", "> device", "cut by the planner"],
+            tablefmt="github",
+        )
+    )
+    return out
+
+
 def main() -> int:
     from planner import published as pb
 
@@ -198,6 +245,7 @@ def main() -> int:
         )
     )
     regimes = regime_table(rows, loo)
+    memory = memory_table(rows)
     worst = [int(i) for i in np.argsort(-np.nan_to_num(err["loso"]))[:6]]
     print("\nworst rows (leave-one-source-out):")
     for i in worst:
@@ -222,6 +270,7 @@ def main() -> int:
                 },
                 "groups": table,
                 "leave_one_regime_out": regimes,
+                "memory_of_runs_that_ran": memory,
                 "rows": [
                     {
                         "id": r.id,

@@ -109,6 +109,9 @@ def _model(rec: dict) -> ModelSection:
         intermediate_size=i["ffn"],
         max_position_embeddings=i["seq"],
         num_key_value_heads=int(rec.get("kv_heads") or 0),
+        # dropout as the source states it ("" = not stated: GPT-3's 0.1)
+        hidden_dropout_prob=float(rec.get("dropout") or 0.1),
+        attention_probs_dropout_prob=float(rec.get("dropout") or 0.1),
     )
 
 
@@ -231,6 +234,35 @@ def predict(cols: dict, gemm_max, kernel_overhead_us, overlap, attention_fractio
         Rates(gemm_max, kernel_overhead_us * 1e-6, overlap, attention_fraction),
     )
     return cols["tokens_per_step"] / parts["step_time_s"] / cols["world"]
+
+
+def modelled_memory_over_device(rows: list[Row]) -> np.ndarray:
+    """Per row: the memory model's peak per device (gptplan.memory, the planner's own rule)
+    over the device's memory. Every published run ran, so a ratio above 1 is an overestimate
+    of at least that much."""
+    from gptplan.memory import GIB, memory_per_device_bytes
+
+    cols = _columns(rows)
+    g = cols["g"]
+    effs = [r.prof.efficiency for r in rows]
+    mem = memory_per_device_bytes(
+        cols["shape"],
+        seq_len=g["seq"],
+        micro_batch=g["micro"],
+        accumulation=g["acc"],
+        tp=g["tp"],
+        pp=g["pp"],
+        stage_code=g["stage_code"],
+        shard_degree=g["shard_degree"],
+        recompute_code=g["recompute_code"],
+        seq_parallel=g["sp"],
+        mixed_precision=g["precision_code"] > 0,
+        overhead_gb=np.array([e.memory_overhead_gb for e in effs]),
+        fragmentation=np.array([e.fragmentation for e in effs]),
+        flash_attention=g["flash"],
+        virtual_pp=g["vpp"],
+    )
+    return mem / (np.array([r.prof.memory_gb for r in rows]) * GIB)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gptplan.memory import MEMORY_MODEL_ERROR
+from gptplan.memory import GIB, MEMORY_MODEL_ERROR
 from gptplan.money import checkpoint_bytes
 from gptplan.plan import PRECISIONS, RECOMPUTE_MODES, SHARDING_STAGES
 from gptplan.steptime import Device, Rates, step_time_parts
@@ -476,7 +476,7 @@ def evaluate_layouts(
         flash_attention=g["flash"],
         virtual_pp=g["vpp"],
     )
-    limit = prof.memory_gb * cm.GB * memory_headroom
+    limit = prof.memory_gb * GIB * memory_headroom
     may_fit = (mem > limit) & (mem <= limit * (1.0 + MEMORY_MODEL_ERROR))
 
     peak = np.array([prof.peak_for(p) for p in PRECISIONS])[g["precision_code"]] * 1e12
@@ -563,7 +563,7 @@ def may_fit_note(memory_gb: float, prof: Profile, memory_headroom: float) -> str
     """The flag a user sees on a row kept inside the memory model's own error."""
     return (
         f"may fit (modelled {memory_gb * cm.GB / 2**30:.1f} GiB of "
-        f"{prof.memory_gb * memory_headroom * cm.GB / 2**30:.1f} GiB usable, "
+        f"{prof.memory_gb * memory_headroom * GIB / 2**30:.1f} GiB usable, "
         f"+-{MEMORY_MODEL_ERROR:.0%} model error): probe it before a long run"
     )
 

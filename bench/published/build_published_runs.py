@@ -85,6 +85,7 @@ COLUMNS = [
     "kv_heads",
     "device_peak_tflops",
     "device_hbm_gbytes_per_s",
+    "dropout",
 ]
 # family/kv_heads: the model family (gpt, llama) and grouped-query key/value heads (0 = all);
 # device_peak_tflops/device_hbm_gbytes_per_s: the run's device where it differs from the
@@ -500,6 +501,7 @@ def main() -> int:
         row.setdefault("family", "gpt")
         row["family"] = row.get("family") or "gpt"
         row["kv_heads"] = row.get("kv_heads") or 0
+        row["dropout"] = 0.0  # MPT's attn_pdrop, resid_pdrop and emb_pdrop default to 0
     rows = foundry + paper_rows() + mlperf_rows()
     for i, row in enumerate(rows):
         row["id"] = f"r{i:03d}"
