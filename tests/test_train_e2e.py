@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FAMILIES, LLAMA, merge, run_cli
+from conftest import FAMILIES, SHARED_RUNS, merge, run_cli
 
 from runner.billing import Billing
 from runner.launch import local_precisions
@@ -61,11 +61,8 @@ def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: flo
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_single_process_trains_checkpoints_reports_and_exports(write_plan, tmp_path, family):
-    plan = write_plan(FAMILIES[family])
-    proc = execute(plan, "--export")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    run = tmp_path / "run"
+def test_single_process_trains_checkpoints_reports_and_exports(finished_run, family):
+    run, proc = finished_run(family)  # BASE_PLAN's run of `family`, with --export
     steps = metrics(run)
     assert sorted(steps) == list(range(12))
     assert all(math.isfinite(r["loss"]) for r in steps.values())
@@ -90,30 +87,35 @@ def test_single_process_trains_checkpoints_reports_and_exports(write_plan, tmp_p
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_two_process_data_parallel(write_plan, tmp_path, family):
-    plan = write_plan(merge(FAMILIES[family], DP2 | {"training": {"max_steps": 6}}))
-    proc = execute(plan)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    run = tmp_path / "run"
+def test_two_process_data_parallel(write_plan, tmp_path, family, finished_run):
+    if family == "gpt":  # the shared 12-step run (also the reference of kill -9 and multinode)
+        run, steps = finished_run("gpt-dp2")[0], 12
+    else:
+        steps = 6
+        plan = write_plan(merge(FAMILIES[family], DP2 | {"training": {"max_steps": steps}}))
+        proc = execute(plan)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        run = tmp_path / "run"
     result = json.loads((run / "result.json").read_text())
     assert result["world_size"] == 2 and result["finished"]
-    assert result["measured"]["tokens_trained"] == 6 * (4 * 2 * 2) * 32  # micro x acc x dp
+    assert result["measured"]["tokens_trained"] == steps * (4 * 2 * 2) * 32  # micro x acc x dp
     logs = sorted(p.name for p in (run / "logs" / "attempt_001").glob("workerlog.*"))
     assert logs == ["workerlog.0", "workerlog.1"]
     assert json.loads((run / "launcher.json").read_text())["process_group"] > 0
 
 
-@pytest.mark.parametrize("overrides", [{}, DP2, LLAMA], ids=["1proc", "2proc-dp", "1proc-llama"])
-def test_kill9_then_resume_matches_uninterrupted_run(write_plan, tmp_path, overrides):
+@pytest.mark.parametrize(
+    "shared", ["gpt", "gpt-dp2", "llama"], ids=["1proc", "2proc-dp", "1proc-llama"]
+)
+def test_kill9_then_resume_matches_uninterrupted_run(write_plan, tmp_path, shared, finished_run):
     """SIGKILL every process of a run mid-way; the resumed run ends with the same tokens and
-    the same per-step losses as a run that was never interrupted."""
-    base = merge(overrides, {"training": {"max_steps": 10}, "checkpoint": {"interval_steps": 3}})
-    reference = write_plan(base | {"job": {"output_dir": str(tmp_path / "ref")}}, "ref.toml")
-    assert execute(reference).returncode == 0
-    plan = write_plan(base | {"job": {"output_dir": str(tmp_path / "killed")}}, "killed.toml")
+    the same per-step losses as a run that was never interrupted (the shared run of the same
+    plan: 12 steps, checkpoints every 4)."""
+    ref = finished_run(shared)[0]
+    plan = write_plan(SHARED_RUNS[shared] | {"job": {"output_dir": str(tmp_path / "killed")}})
     run = tmp_path / "killed"
     proc = start_background(plan)
-    wait_for_step(run, 4, proc)  # past the checkpoint at step 3
+    wait_for_step(run, 4, proc)  # past the checkpoint at step 4
     groups = [os.getpgid(proc.pid)]
     if (run / "launcher.json").exists():
         groups.append(json.loads((run / "launcher.json").read_text())["process_group"])
@@ -122,14 +124,14 @@ def test_kill9_then_resume_matches_uninterrupted_run(write_plan, tmp_path, overr
     proc.wait(timeout=60)
     time.sleep(1)  # PDEATHSIG reaches the ranks
     done = max(metrics(run))
-    assert done < 9, "the kill came too late to test anything"
+    assert done < 11, "the kill came too late to test anything"
     resumed = execute(plan)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert "resuming from" in resumed.stdout
-    ref_steps, run_steps = metrics(tmp_path / "ref"), metrics(run)
-    assert sorted(run_steps) == sorted(ref_steps) == list(range(10))
-    assert [run_steps[s]["loss"] for s in range(10)] == [ref_steps[s]["loss"] for s in range(10)]
-    ref_result = json.loads((tmp_path / "ref" / "result.json").read_text())
+    ref_steps, run_steps = metrics(ref), metrics(run)
+    assert sorted(run_steps) == sorted(ref_steps) == list(range(12))
+    assert [run_steps[s]["loss"] for s in range(12)] == [ref_steps[s]["loss"] for s in range(12)]
+    ref_result = json.loads((ref / "result.json").read_text())
     result = json.loads((run / "result.json").read_text())
     assert result["measured"]["tokens_trained"] == ref_result["measured"]["tokens_trained"]
     billing = Billing(run).attempts
