@@ -115,6 +115,24 @@ def finished_run(tmp_path_factory, shared_cache):
     return _run
 
 
+@pytest.fixture(scope="session")
+def bank_optimized(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """`planner optimize --budget 12000 --plot pareto.png` from a fresh directory (the README's
+    first command), once per session: (its folder, the process). Tests only read them."""
+    work = tmp_path_factory.mktemp("optimize")
+    proc = run_cli("planner", "optimize", "--budget", "12000", "--plot", "pareto.png", cwd=work)
+    return work, proc
+
+
+@pytest.fixture(scope="session")
+def bank_optimized_json(bank_optimized) -> subprocess.CompletedProcess:
+    """The same with --json --out j.toml, run after it in its folder, once per session."""
+    work, _ = bank_optimized
+    return run_cli(
+        "planner", "optimize", "--budget", "12000", "--json", "--out", "j.toml", cwd=work
+    )
+
+
 @pytest.fixture
 def write_plan(tmp_path, shared_cache):
     """write_plan(overrides) -> path of a plan TOML derived from BASE_PLAN."""
