@@ -116,7 +116,11 @@ def test_damaged_newest_checkpoint_is_moved_aside_and_run_resumes(write_plan, tm
 # ---- one runner per run directory -----------------------------------------------------------
 
 
-def test_second_runner_on_same_run_dir_exits_2_naming_holder(write_plan, tmp_path):
+def test_second_runner_on_same_run_dir_exits_2_naming_holder_then_sigterm_checkpoints(
+    write_plan, tmp_path
+):
+    """Also the preemption notice (it was test_train_e2e's own 2-process run): SIGTERM to the
+    runner only; it checkpoints at the next step and exits 143."""
     plan = write_plan(
         DP2 | {"training": {"max_steps": 400}, "checkpoint": {"interval_steps": 1000}}
     )
@@ -128,11 +132,18 @@ def test_second_runner_on_same_run_dir_exits_2_naming_holder(write_plan, tmp_pat
         assert second.returncode == 2
         line = one_line(second.stderr)
         assert f"pid {first.pid}" in line and "started" in line and str(run) in line
+        wait_for(lambda: len((run / "metrics.jsonl").read_text().splitlines()) >= 3, first)
     finally:
-        first.send_signal(signal.SIGTERM)
-        first.communicate(timeout=120)
-    assert first.returncode == 143
+        first.send_signal(signal.SIGTERM)  # the preemption notice goes to the runner only
+        out, err = first.communicate(timeout=120)
+    assert first.returncode == 143, out[-2000:] + err[-3000:]
     assert len(Billing(run).attempts) == 1
+    checkpoints = list((run / "checkpoints").glob("step_*"))
+    assert len(checkpoints) == 1 and not checkpoints[0].name.endswith(".tmp")
+    step = int(checkpoints[0].name.split("_")[1])
+    assert 3 <= step < 400
+    result = json.loads((run / "result.json").read_text())
+    assert result["stop_reason"].startswith("signal") and result["completed_steps"] == step
 
 
 # ---- SIGTERM at any moment -----------------------------------------------------------------

@@ -1,5 +1,6 @@
 """End-to-end: really tokenize, really train a tiny GPT on CPU (1 and 2 processes), really
-kill -9 and resume, SIGTERM, budget guard, export. Every run goes through the `runner` CLI."""
+kill -9 and resume, budget guard, export (SIGTERM: test_robustness.py). Every run goes through
+the `runner` CLI."""
 
 from __future__ import annotations
 
@@ -138,22 +139,9 @@ def test_kill9_then_resume_matches_uninterrupted_run(write_plan, tmp_path, share
     assert len(billing) == 2  # the killed attempt is still billed
 
 
-def test_sigterm_checkpoints_at_next_step_and_exits_143(write_plan, tmp_path):
-    plan = write_plan(
-        DP2 | {"training": {"max_steps": 400}, "checkpoint": {"interval_steps": 1000}}
-    )
-    run = tmp_path / "run"
-    proc = start_background(plan)
-    wait_for_step(run, 2, proc)
-    proc.send_signal(signal.SIGTERM)  # the preemption notice goes to the runner only
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 143, out[-3000:]
-    checkpoints = list((run / "checkpoints").glob("step_*"))
-    assert len(checkpoints) == 1 and not checkpoints[0].name.endswith(".tmp")
-    step = int(checkpoints[0].name.split("_")[1])
-    assert 3 <= step < 400
-    result = json.loads((run / "result.json").read_text())
-    assert result["stop_reason"].startswith("signal") and result["completed_steps"] == step
+# SIGTERM: the runner checkpoints at the next step and exits 143 (a 2-process run) is checked
+# in test_robustness.py::test_second_runner_on_same_run_dir_exits_2_naming_holder_then_sigterm_
+# checkpoints, on the run it starts anyway.
 
 
 def test_budget_guard_stops_within_one_step(write_plan, tmp_path):
