@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FAMILIES, SHARED_RUNS, merge, run_cli
+from conftest import FAMILIES, LLAMA, SHARED_RUNS, merge, run_cli
 
 from runner.billing import Billing
 from runner.launch import local_precisions
@@ -87,22 +87,20 @@ def test_single_process_trains_checkpoints_reports_and_exports(finished_run, fam
     assert tuple(logits.shape) == (1, 3, 4000)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_two_process_data_parallel(write_plan, tmp_path, family, finished_run):
-    if family == "gpt":  # the shared 12-step run (also the reference of kill -9 and multinode)
-        run, steps = finished_run("gpt-dp2")[0], 12
-    else:
-        steps = 6
-        plan = write_plan(merge(FAMILIES[family], DP2 | {"training": {"max_steps": steps}}))
-        proc = execute(plan)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        run = tmp_path / "run"
+def check_two_process_run(run: Path, steps: int) -> None:
     result = json.loads((run / "result.json").read_text())
     assert result["world_size"] == 2 and result["finished"]
     assert result["measured"]["tokens_trained"] == steps * (4 * 2 * 2) * 32  # micro x acc x dp
     logs = sorted(p.name for p in (run / "logs" / "attempt_001").glob("workerlog.*"))
     assert logs == ["workerlog.0", "workerlog.1"]
     assert json.loads((run / "launcher.json").read_text())["process_group"] > 0
+
+
+def test_two_process_data_parallel(finished_run):
+    """GPT: the shared 12-step run (also the reference of kill -9 and multinode); Llama's
+    2-process run is the rehearsal of test_gpu_plan_on_cpu_machine_fails_clearly_then_local_
+    rehearses."""
+    check_two_process_run(finished_run("gpt-dp2")[0], steps=12)
 
 
 @pytest.mark.parametrize(
@@ -170,16 +168,20 @@ def test_bf16_on_cpu_is_refused_not_run_as_fp32_under_its_name(write_plan, tmp_p
 
 
 def test_gpu_plan_on_cpu_machine_fails_clearly_then_local_rehearses(write_plan, tmp_path):
+    """A Llama plan: its rehearsal is also the Llama family's 2-process data-parallel run."""
     plan = write_plan(
-        {
-            "parallel": {"nnodes": 2, "nproc_per_node": 8, "data_parallel_degree": 16},
-            "hardware": {
-                "device": "gpu",
-                "profile": "a100-80gb",
-                "precisions": ["fp32", "fp16", "bf16"],
+        merge(
+            LLAMA,
+            {
+                "parallel": {"nnodes": 2, "nproc_per_node": 8, "data_parallel_degree": 16},
+                "hardware": {
+                    "device": "gpu",
+                    "profile": "a100-80gb",
+                    "precisions": ["fp32", "fp16", "bf16"],
+                },
+                "training": {"precision": "fp16"},
             },
-            "training": {"precision": "fp16"},
-        }
+        )
     )
     proc = execute(plan)
     assert proc.returncode == 2
@@ -189,3 +191,4 @@ def test_gpu_plan_on_cpu_machine_fails_clearly_then_local_rehearses(write_plan, 
     assert local.returncode == 0, local.stderr[-3000:]
     assert "parallel.nproc_per_node: 8 -> 2" in local.stdout
     assert "training.precision: 'fp16' ->" in local.stdout
+    check_two_process_run(tmp_path / "run.local-max_steps_2", steps=2)
