@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -35,6 +36,7 @@ HEARTBEAT_S = 1.0
 # Bound on the start-up of one attempt before its first file write (interpreter, imports,
 # checks): added per attempt when the journal is lost and the bill comes from file times.
 UPPER_BOUND_MARGIN_S = 60.0
+OTHER_NODE_FILE = re.compile(r"(launcher|result)\.node\d+\.json")  # written by nodes > 0
 TIME_KEYS = ("start", "last_seen")
 
 
@@ -258,8 +260,9 @@ def upper_bound_attempts(run_dir: Path) -> list[dict]:
     """With both copies lost: one attempt spanning the run directory's file times, plus a
     margin per attempt seen in logs/ ([] for a run directory with nothing in it yet)."""
     times, attempts_seen = [], 0
-    # on several nodes every node writes the effective plan.toml when it starts: only node 0's
-    # own files (logs/node_00, checkpoints, metrics, reports) prove that node 0 billed
+    # on several nodes every node writes the effective plan.toml when it starts, and nodes > 0
+    # their launcher.nodeRR.json and result.nodeRR.json: only node 0's own files (logs/node_00,
+    # checkpoints, metrics, reports) prove that node 0 billed
     shared = {"plan.toml"} if any(Path(run_dir).glob("runner.node*.lock")) else set()
     for root, dirs, files in os.walk(run_dir):
         here = Path(root)
@@ -277,7 +280,7 @@ def upper_bound_attempts(run_dir: Path) -> list[dict]:
         for name in files:
             if name in (JOURNAL, COPY) or (name.startswith("runner") and name.endswith(".lock")):
                 continue
-            if here == Path(run_dir) and name in shared:
+            if here == Path(run_dir) and (name in shared or OTHER_NODE_FILE.fullmatch(name)):
                 continue
             try:
                 times.append(os.stat(os.path.join(root, name)).st_mtime)

@@ -83,6 +83,56 @@ def shared_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cache")
 
 
+# Uninterrupted runs of BASE_PLAN (12 steps, checkpoints at 4, 8, 12; 2 kept) that several
+# tests only read: each is trained once per session (finished_run fixture), with --export.
+SHARED_RUNS = {
+    "gpt": {},
+    "llama": LLAMA,
+    "gpt-dp2": {"parallel": {"nproc_per_node": 2, "data_parallel_degree": 2}},
+}
+_FINISHED: dict[str, tuple[Path, subprocess.CompletedProcess]] = {}
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory, shared_cache):
+    """finished_run(name) -> (run dir, its `runner execute --export` process) of the run
+    SHARED_RUNS[name]; tests must not change the run dir (copy it first)."""
+
+    def _run(name: str) -> tuple[Path, subprocess.CompletedProcess]:
+        if name not in _FINISHED:
+            root = tmp_path_factory.mktemp(f"shared-{name}")
+            data = merge(
+                merge(BASE_PLAN, SHARED_RUNS[name]),
+                {"job": {"cache_dir": str(shared_cache), "output_dir": str(root / "run")}},
+            )
+            plan = root / "plan.toml"
+            plan.write_text(tomli_w.dumps(data))
+            proc = run_cli("runner", "execute", str(plan), "--export", cwd=root)
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+            _FINISHED[name] = (root / "run", proc)
+        return _FINISHED[name]
+
+    return _run
+
+
+@pytest.fixture(scope="session")
+def bank_optimized(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """`planner optimize --budget 12000 --plot pareto.png` from a fresh directory (the README's
+    first command), once per session: (its folder, the process). Tests only read them."""
+    work = tmp_path_factory.mktemp("optimize")
+    proc = run_cli("planner", "optimize", "--budget", "12000", "--plot", "pareto.png", cwd=work)
+    return work, proc
+
+
+@pytest.fixture(scope="session")
+def bank_optimized_json(bank_optimized) -> subprocess.CompletedProcess:
+    """The same with --json --out j.toml, run after it in its folder, once per session."""
+    work, _ = bank_optimized
+    return run_cli(
+        "planner", "optimize", "--budget", "12000", "--json", "--out", "j.toml", cwd=work
+    )
+
+
 @pytest.fixture
 def write_plan(tmp_path, shared_cache):
     """write_plan(overrides) -> path of a plan TOML derived from BASE_PLAN."""

@@ -118,6 +118,8 @@ def test_other_nodes_files_in_a_shared_run_dir_do_not_make_a_new_run_look_lost(t
     (tmp_path / "logs" / "node_01" / "attempt_001").mkdir(parents=True)
     (tmp_path / "logs" / "node_01" / "attempt_001" / "workerlog.0").write_text("x")
     (tmp_path / "plan.toml").write_text("x")  # every node writes the effective plan
+    (tmp_path / "launcher.node01.json").write_text("{}")  # node 1's launcher (seen: a run
+    (tmp_path / "result.node01.json").write_text("{}")  # of test_multinode.py, node 0 slow)
     billing = Billing(tmp_path, repair=True)
     assert billing.attempts == [] and billing.notice is None
     (tmp_path / "logs" / "node_00" / "attempt_001").mkdir(parents=True)

@@ -189,13 +189,9 @@ def test_explain_works_on_a_usd_plan_without_the_articles_claims(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def console(tmp_path_factory):
-    work = tmp_path_factory.mktemp("cost_console")
-    text = run_cli("planner", "optimize", "--budget", "12000", cwd=work)
-    data = run_cli(
-        "planner", "optimize", "--budget", "12000", "--json", "--out", "j.toml", cwd=work
-    )
-    return text, data
+def console(bank_optimized, bank_optimized_json):
+    """`planner optimize --budget 12000` (with --plot) in a fresh folder, then with --json."""
+    return bank_optimized[1], bank_optimized_json
 
 
 def test_console_fits_120_columns_and_shows_spot_risk(console):

@@ -17,7 +17,7 @@ import pytest
 from conftest import BASE_PLAN, REPO, merge, run_cli
 
 from gptplan import cachedirs
-from gptplan.plan import load_plan, plan_from_dict
+from gptplan.plan import plan_from_dict
 from runner.datacache import CHUNK_BYTES, verify
 from runner.prepare import prepare_data
 
@@ -201,30 +201,18 @@ def _losses(run_dir: Path) -> dict[int, float]:
 
 @pytest.mark.e2e
 def test_half_truncated_tokens_bin_is_rebuilt_and_losses_equal_an_undisturbed_run(
-    write_plan, tmp_path
+    write_plan, tmp_path, base_cache, finished_run
 ):
     """Before the manifest, this run exited 0 on half the tokens with other losses."""
-    own = {"cache_dir": str(tmp_path / "cache")}  # its own cache: one data entry to damage
-    first = write_plan({"training": {"max_steps": 5}, "job": own})
-    proc = run_cli("runner", "execute", str(first), cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    undisturbed = _losses(tmp_path / "run")
-    plan = load_plan(first)
-    (entry,) = [
-        p
-        for p in (Path(plan.job.cache_dir) / "data").iterdir()
-        if p.is_dir() and not p.name.endswith(".tmp")
-    ]
-    _truncate_half(entry / "tokens.bin")
-    second = write_plan(
-        {"training": {"max_steps": 5}, "job": {**own, "output_dir": str(tmp_path / "again")}},
-        name="again.toml",
-    )
-    proc = run_cli("runner", "execute", str(second), cwd=tmp_path)
+    cache = _copy(base_cache, tmp_path)  # its own cache: one data entry to damage
+    _truncate_half(_entry(cache) / "tokens.bin")
+    plan = write_plan({"job": {"cache_dir": str(cache)}})
+    proc = run_cli("runner", "execute", str(plan), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     damaged = [line for line in proc.stdout.splitlines() if "is damaged" in line]
     assert len(damaged) == 1 and "tokens.bin has" in damaged[0], proc.stdout[-3000:]
-    assert _losses(tmp_path / "again") == undisturbed
+    undisturbed = finished_run("gpt")[0]  # the same plan on the session's undamaged cache
+    assert _losses(tmp_path / "run") == _losses(undisturbed)
 
 
 def test_content_key_sees_every_token_not_paths_or_timings(base_cache, tmp_path):

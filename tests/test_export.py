@@ -7,47 +7,25 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import run_cli
-from test_train_e2e import execute
 
 pytestmark = pytest.mark.e2e
 
 
-_RUNS: dict = {}
-
-
-def finish_run(family: str, tmp_path_factory, shared_cache):
-    """A finished 6-step run of `family` (once per session)."""
-    if family in _RUNS:
-        return _RUNS[family]
-    import tomli_w
-    from conftest import BASE_PLAN, FAMILIES, merge
-
-    root = tmp_path_factory.mktemp(f"export-{family}")
-    data = merge(
-        merge(BASE_PLAN, FAMILIES[family]),
-        {
-            "job": {"cache_dir": str(shared_cache), "output_dir": str(root / "run")},
-            "training": {"max_steps": 6},
-            "checkpoint": {"interval_steps": 3},
-        },
-    )
-    plan = root / "plan.toml"
-    plan.write_text(tomli_w.dumps(data))
-    proc = execute(plan)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def finish_run(family: str, finished_run):
+    """The finished 12-step run of `family` shared by the session (checkpoints 8 and 12)."""
+    run, proc = finished_run(family)
     assert "PaddleNLP format" in proc.stdout
-    _RUNS[family] = root / "run"
-    return _RUNS[family]
+    return run
 
 
 @pytest.fixture(scope="module", params=["gpt", "llama"])
-def family_run(request, tmp_path_factory, shared_cache):
-    return finish_run(request.param, tmp_path_factory, shared_cache)
+def family_run(request, finished_run):
+    return finish_run(request.param, finished_run)
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory, shared_cache):
-    return finish_run("gpt", tmp_path_factory, shared_cache)
+def gpt_run(finished_run):
+    return finish_run("gpt", finished_run)
 
 
 def test_end_of_run_export_reloads_with_paddlenlp_auto_classes(family_run):
@@ -58,7 +36,7 @@ def test_end_of_run_export_reloads_with_paddlenlp_auto_classes(family_run):
     from runner.export import load_trained_model, resolve_checkpoint
 
     export = family_run / "export" / "paddlenlp"
-    assert (export / "gptplan_checkpoint.txt").read_text().strip() == "step_00000006"
+    assert (export / "gptplan_checkpoint.txt").read_text().strip() == "step_00000012"
     model = AutoModelForCausalLM.from_pretrained(str(export))
     tokenizer = AutoTokenizer.from_pretrained(str(export))
     model.eval()
@@ -84,25 +62,25 @@ def test_end_of_run_export_reloads_with_paddlenlp_auto_classes(family_run):
 def test_export_and_generate_from_a_checkpoint(family_run, tmp_path):
     from runner.export import generate
 
-    out = tmp_path / "step3"
-    proc = run_cli("runner", "export", str(family_run), "--checkpoint", "3", "--out", str(out))
+    out = tmp_path / "step8"
+    proc = run_cli("runner", "export", str(family_run), "--checkpoint", "8", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "model_state.pdparams").exists() and (out / "tokenizer_config.json").exists()
-    assert (out / "gptplan_checkpoint.txt").read_text().strip() == "step_00000003"
-    sample = generate(family_run, prompt="这个手机", checkpoint="3", max_new_tokens=8, seed=1)
-    assert sample["source"].endswith("step_00000003") and 0 < sample["new_tokens"] <= 8
+    assert (out / "gptplan_checkpoint.txt").read_text().strip() == "step_00000008"
+    sample = generate(family_run, prompt="这个手机", checkpoint="8", max_new_tokens=8, seed=1)
+    assert sample["source"].endswith("step_00000008") and 0 < sample["new_tokens"] <= 8
     assert sample["continuation"]
-    again = generate(family_run, prompt="这个手机", checkpoint="3", max_new_tokens=8, seed=1)
+    again = generate(family_run, prompt="这个手机", checkpoint="8", max_new_tokens=8, seed=1)
     assert again["continuation"] == sample["continuation"]  # seeded sampling repeats
     final = generate(family_run, prompt="这个手机", max_new_tokens=8, min_new_tokens=8)
     assert "export" in final["source"] and final["new_tokens"] == 8  # no early <eod>
 
 
-def test_bad_export_and_generate_input_is_one_line(finished_run, tmp_path):
+def test_bad_export_and_generate_input_is_one_line(gpt_run, tmp_path):
     proc = run_cli("runner", "export", str(tmp_path / "nothing"))
     assert proc.returncode == 2 and "not a run directory" in proc.stderr
     assert "Traceback" not in proc.stderr
-    proc = run_cli("runner", "generate", str(finished_run), "--prompt", "x", "--checkpoint", "5")
-    assert proc.returncode == 2 and "allowed: 3, 6" in proc.stderr
-    proc = run_cli("runner", "generate", str(finished_run), "--prompt", "x", "--top-k", "0")
+    proc = run_cli("runner", "generate", str(gpt_run), "--prompt", "x", "--checkpoint", "5")
+    assert proc.returncode == 2 and "allowed: 8, 12" in proc.stderr
+    proc = run_cli("runner", "generate", str(gpt_run), "--prompt", "x", "--top-k", "0")
     assert proc.returncode == 2 and "--top-k" in proc.stderr

@@ -18,13 +18,12 @@ import time
 from pathlib import Path
 
 import pytest
-from test_train_e2e import execute, metrics
+from test_train_e2e import metrics
 
 from runner.billing import Billing
 
 pytestmark = pytest.mark.e2e
-STEPS = 12
-BASE = {"training": {"max_steps": STEPS}, "checkpoint": {"interval_steps": 3}}
+STEPS = 12  # BASE_PLAN's, checkpoints every 4
 
 
 def free_port() -> int:
@@ -79,19 +78,10 @@ def wait_for_step(run: Path, step: int, nodes: list[subprocess.Popen], timeout: 
     raise AssertionError(f"step {step} not reached in {timeout}s")
 
 
-def test_two_nodes_kill9_sigterm_resume_match_one_node(write_plan, tmp_path):
-    reference = write_plan(
-        BASE
-        | {
-            "job": {"output_dir": str(tmp_path / "ref")},
-            "parallel": {"nproc_per_node": 2, "data_parallel_degree": 2},
-        },
-        "ref.toml",
-    )
-    assert execute(reference).returncode == 0
+def test_two_nodes_kill9_sigterm_resume_match_one_node(write_plan, tmp_path, finished_run):
+    reference = finished_run("gpt-dp2")[0]  # the same plan on 1 node x 2 processes
     plan = write_plan(
-        BASE
-        | {
+        {
             "job": {"output_dir": str(tmp_path / "run")},
             "parallel": {"nnodes": 2, "nproc_per_node": 1, "data_parallel_degree": 2},
         },
@@ -101,7 +91,7 @@ def test_two_nodes_kill9_sigterm_resume_match_one_node(write_plan, tmp_path):
 
     # 1. kill -9 of node 1 (its runner and its launcher's group): node 0's rank fails too.
     nodes = start_cluster(plan)
-    wait_for_step(run, 4, nodes)  # past the checkpoint at step 3
+    wait_for_step(run, 4, nodes)  # past the checkpoint at step 4
     node1_launcher = json.loads((run / "launcher.node01.json").read_text())["process_group"]
     for group in (os.getpgid(nodes[1].pid), node1_launcher):
         os.killpg(group, signal.SIGKILL)
@@ -138,12 +128,12 @@ def test_two_nodes_kill9_sigterm_resume_match_one_node(write_plan, tmp_path):
     # 4. resume to the end: same losses, step by step, as 1 node x 2 processes.
     (rc0, out0), (rc1, out1) = finish(start_cluster(plan))
     assert (rc0, rc1) == (0, 0), (out0[-2000:], out1[-2000:])
-    ref_steps, run_steps = metrics(tmp_path / "ref"), metrics(run)
+    ref_steps, run_steps = metrics(reference), metrics(run)
     assert sorted(run_steps) == sorted(ref_steps) == list(range(STEPS))
     assert [run_steps[s]["loss"] for s in range(STEPS)] == [
         ref_steps[s]["loss"] for s in range(STEPS)
     ]
-    ref_result = json.loads((tmp_path / "ref" / "result.json").read_text())
+    ref_result = json.loads((reference / "result.json").read_text())
     result = json.loads((run / "result.json").read_text())
     assert result["measured"]["tokens_trained"] == ref_result["measured"]["tokens_trained"]
 

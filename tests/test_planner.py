@@ -203,11 +203,10 @@ def test_prices_import(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def optimized(tmp_path_factory):
-    """`planner optimize --budget 12000` from a fresh directory: the README's first command."""
-    work = tmp_path_factory.mktemp("optimize")
-    proc = run_cli("planner", "optimize", "--budget", "12000", "--plot", "pareto.png", cwd=work)
-    return work, proc
+def optimized(bank_optimized):
+    """`planner optimize --budget 12000` from a fresh directory: the README's first command
+    (conftest's, shared with test_cost_truth.py)."""
+    return bank_optimized
 
 
 def test_optimize_bank_faq_end_to_end(optimized):
@@ -295,13 +294,10 @@ def test_spec_lookup_order(tmp_path):
     assert overridden.constraints.budget == 5.0
 
 
-def test_optimize_json_has_snake_case_unit_keys_and_raw_numbers(optimized):
+def test_optimize_json_has_snake_case_unit_keys_and_raw_numbers(bank_optimized_json):
     import re
 
-    work, _ = optimized
-    proc = run_cli(
-        "planner", "optimize", "--budget", "12000", "--json", "--out", "j.toml", cwd=work
-    )
+    proc = bank_optimized_json  # --json --out j.toml after `optimized`, in its folder
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(proc.stdout)
     records = data["candidates"] + data["per_offer"] + data["pareto"] + [data["chosen"]]

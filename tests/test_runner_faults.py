@@ -84,6 +84,14 @@ def stopped_mid_run(plan: Path, run: Path) -> None:
     assert proc.wait(timeout=120) == 143
 
 
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory, shared_cache) -> Path:
+    """A run stopped mid-way (stopped_mid_run), once per module: the cases copy it."""
+    folder = tmp_path_factory.mktemp("stopped")
+    stopped_mid_run(make_plan(folder, shared_cache, folder / "run"), folder / "run")
+    return folder / "run"
+
+
 def garble(path: Path) -> None:
     data = bytearray(path.read_bytes())
     middle = len(data) // 2
@@ -117,15 +125,14 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_damaged_run_file_ends_in_one_line_or_recovery(case, reference, tmp_path, shared_cache):
+def test_damaged_run_file_ends_in_one_line_or_recovery(
+    case, reference, stopped, tmp_path, shared_cache
+):
     ref_run, ref_losses = reference
     finished, damage = CASES[case]
     run = tmp_path / "run"
     plan = make_plan(tmp_path, shared_cache, run)
-    if finished:
-        shutil.copytree(ref_run, run)
-    else:
-        stopped_mid_run(plan, run)
+    shutil.copytree(ref_run if finished else stopped, run)
     damage(run)
     proc = execute(plan)
     lines = at_most_one_line(proc)
