@@ -36,7 +36,17 @@ HEARTBEAT_S = 1.0
 # Bound on the start-up of one attempt before its first file write (interpreter, imports,
 # checks): added per attempt when the journal is lost and the bill comes from file times.
 UPPER_BOUND_MARGIN_S = 60.0
-OTHER_NODE_FILE = re.compile(r"(launcher|result)\.node\d+\.json")  # written by nodes > 0
+# A node's files carry its rank (runner.node01.lock, launcher.node01.json, result.node01.json,
+# logs/node_01): any name stamped with a rank other than 0 was written by another node.
+NODE_STAMP = re.compile(r"(?:^|[._])node_?(\d+)(?=[._]|$)")
+
+
+def written_by_another_node(name: str) -> bool:
+    """True for a file or folder name stamped with a node rank other than 0."""
+    stamp = NODE_STAMP.search(name)
+    return stamp is not None and int(stamp.group(1)) != 0
+
+
 TIME_KEYS = ("start", "last_seen")
 
 
@@ -261,8 +271,8 @@ def upper_bound_attempts(run_dir: Path) -> list[dict]:
     margin per attempt seen in logs/ ([] for a run directory with nothing in it yet)."""
     times, attempts_seen = [], 0
     # on several nodes every node writes the effective plan.toml when it starts, and nodes > 0
-    # their launcher.nodeRR.json and result.nodeRR.json: only node 0's own files (logs/node_00,
-    # checkpoints, metrics, reports) prove that node 0 billed
+    # their own rank-stamped files (written_by_another_node): only node 0's own files
+    # (logs/node_00, checkpoints, metrics, reports) prove that node 0 billed
     shared = {"plan.toml"} if any(Path(run_dir).glob("runner.node*.lock")) else set()
     for root, dirs, files in os.walk(run_dir):
         here = Path(root)
@@ -271,16 +281,13 @@ def upper_bound_attempts(run_dir: Path) -> list[dict]:
         dirs[:] = [
             d
             for d in dirs
-            if not (
-                (d == DAMAGED_DIR and here == Path(run_dir))
-                or (here.name == "logs" and d.startswith("node_") and d != "node_00")
-            )
+            if not ((d == DAMAGED_DIR and here == Path(run_dir)) or written_by_another_node(d))
         ]
         attempts_seen += sum(1 for d in dirs if d.startswith("attempt_"))
         for name in files:
             if name in (JOURNAL, COPY) or (name.startswith("runner") and name.endswith(".lock")):
                 continue
-            if here == Path(run_dir) and (name in shared or OTHER_NODE_FILE.fullmatch(name)):
+            if (here == Path(run_dir) and name in shared) or written_by_another_node(name):
                 continue
             try:
                 times.append(os.stat(os.path.join(root, name)).st_mtime)

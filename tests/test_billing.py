@@ -122,6 +122,15 @@ def test_other_nodes_files_in_a_shared_run_dir_do_not_make_a_new_run_look_lost(t
     (tmp_path / "result.node01.json").write_text("{}")  # of test_multinode.py, node 0 slow)
     billing = Billing(tmp_path, repair=True)
     assert billing.attempts == [] and billing.notice is None
+    # the class, not the two names seen: whatever a node > 0 writes carries its rank
+    for name in ("metrics.node02.jsonl", "stdout.node_12.log", "heartbeat.node3"):
+        (tmp_path / name).write_text("x")
+    assert Billing(tmp_path, repair=True).attempts == []
+    (tmp_path / "node0_notes.txt").write_text("x")  # not a rank stamp of another node
+    assert len(Billing(tmp_path, repair=True).attempts) == 1
+    (tmp_path / "node0_notes.txt").unlink()
+    for journal in (JOURNAL, COPY):
+        (tmp_path / journal).unlink(missing_ok=True)
     (tmp_path / "logs" / "node_00" / "attempt_001").mkdir(parents=True)
     (tmp_path / "logs" / "node_00" / "attempt_001" / "workerlog.0").write_text("x")
     assert len(Billing(tmp_path).attempts) == 1  # node 0's own files do prove an attempt
