@@ -374,7 +374,8 @@ def validate_spec(spec: Spec) -> None:
         fail("constraints.seq_lens", "needs at least one value")
     for p in c.precisions:
         if p not in PRECISIONS:
-            fail("constraints.precisions", f"{p!r}; allowed: {allowed(PRECISIONS)}")
+            why = " (FP8 cannot be planned: PaddleNLP 2.8.1 has no FP8 training)" * (p == "fp8")
+            fail("constraints.precisions", f"{p!r}; allowed: {allowed(PRECISIONS)}{why}")
     if c.global_batch_tokens_max and c.global_batch_tokens_max < c.global_batch_tokens_min:
         fail("constraints.global_batch_tokens_max", "is below global_batch_tokens_min")
     for name, values, ok in (

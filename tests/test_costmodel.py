@@ -457,6 +457,14 @@ def test_profile_peaks_accept_fp8_for_fitting_but_plans_never_offer_it(tmp_path)
     bad.write_text('name = "x"\n[peak_tflops]\nint4 = 10.0\n')
     with pytest.raises(ProfileError, match="fp8"):
         load_profile(bad)
+    import tomli
+    from conftest import merge
+
+    from planner.spec import EMBEDDED_SPEC, SpecError, spec_from_dict
+
+    bank = tomli.loads(EMBEDDED_SPEC.read_text())
+    with pytest.raises(SpecError, match="FP8 cannot be planned"):
+        spec_from_dict(merge(bank, {"constraints": {"precisions": ["fp8"]}}), file="s.toml")
 
 
 def test_gradient_buckets_grow_with_the_data_parallel_group():
