@@ -53,7 +53,7 @@ def coverage(generation: str) -> Coverage | None:
     it has none)."""
     from planner import published as pb
 
-    rows = [r for r in pb.load_rows() if r.generation == generation]
+    rows = [r for r in pb.load_rows(pb.RUNS_CSV) if r.generation == generation]
     if not rows:
         return None
     rec = [r.record for r in rows]

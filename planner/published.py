@@ -29,7 +29,7 @@ from gptplan.memory import ModelShape
 from gptplan.modelfacts import parameter_count
 from gptplan.plan import PRECISIONS, ModelSection
 from gptplan.steptime import FP8_PRECISION_CODE, Device, Rates, step_time_parts
-from planner.hardware import PROFILE_DIR, Profile, load_profiles
+from planner.hardware import PROFILE_DIR, Profile, ProfileError, load_profiles
 
 RUNS_CSV = PROFILE_DIR / "published_runs.csv"
 
@@ -115,33 +115,81 @@ def _model(rec: dict) -> ModelSection:
     )
 
 
+REQUIRED_COLUMNS = (
+    "id", "source", "gpu_profile", "nodes", "gpus_per_node", "hidden", "layers", "heads", "ffn",
+    "vocab", "seq", "micro", "acc", "dp", "tp", "pp", "vpp", "sharding", "sharding_degree",
+    "recompute", "sequence_parallel", "flash_attention", "precision", "inter_node_gbits_per_s",
+    "measured", "measured_unit",
+)  # fmt: skip
+POSITIVE_INTS = ("nodes", "gpus_per_node", "hidden", "layers", "heads", "ffn", "vocab", "seq",
+                 "micro", "acc", "dp", "tp", "pp", "vpp", "sharding_degree")  # fmt: skip
+
+
+def _row(rec: dict, profiles: dict[str, Profile]) -> Row:
+    """One CSV record as a Row; ValueError (with the column) for a value out of its range."""
+    if rec["gpu_profile"] not in profiles:
+        raise ValueError(f"gpu_profile {rec['gpu_profile']!r} is not a hardware profile")
+    for key, allowed in (
+        ("precision", PRECISION_CODES),
+        ("sharding", SHARDING),
+        ("recompute", RECOMPUTE),
+    ):
+        if rec[key] not in allowed:
+            raise ValueError(f"{key} {rec[key]!r}; allowed: {', '.join(map(repr, allowed))}")
+    for key in POSITIVE_INTS:
+        if int(rec[key]) < 1:
+            raise ValueError(f"{key} {rec[key]!r} must be a positive integer")
+    if not float(rec["measured"]) > 0:
+        raise ValueError(f"measured {rec['measured']!r} must be positive")
+    prof = profiles[rec["gpu_profile"]]
+    if rec["precision"] == "fp8" and not prof.peak_for("fp8"):
+        raise ValueError(f"precision fp8 on {rec['gpu_profile']}, whose profile has no fp8 peak")
+    m = _model(rec)
+    params = parameter_count(m)
+    return Row(
+        rec["id"],
+        rec["source"],
+        rec["gpu_profile"],
+        generation_of(rec["gpu_profile"]),
+        params / 1e9,
+        _size_class(params),
+        int(rec["nodes"]) * int(rec["gpus_per_node"]),
+        _measured_tokens(rec, m),
+        source_key(rec["source"]),
+        int(rec["tp"]),
+        int(rec["pp"]),
+        rec,
+        m,
+        prof,
+    )
+
+
 def load_rows(path: Path = RUNS_CSV, profiles: dict[str, Profile] | None = None) -> list[Row]:
-    """Every row with its layout (kept in `_columns`, evaluated vectorised by `predict`)."""
+    """Every row with its layout (kept in `_columns`, evaluated vectorised by `predict`).
+    A file that cannot be read, lacks a column or holds a bad value is one ProfileError naming
+    the file, the line and the column (the planner's interval reads it: planner.coverage)."""
     profiles = profiles or load_profiles()
-    rows = []
-    with Path(path).open() as f:
-        for rec in csv.DictReader(f):
-            if rec["precision"] == "fp8" and not profiles[rec["gpu_profile"]].peak_for("fp8"):
-                raise ValueError(f"{rec['id']}: fp8 run on {rec['gpu_profile']}, no fp8 peak")
-            m = _model(rec)
-            params = parameter_count(m)
-            row = Row(
-                rec["id"],
-                rec["source"],
-                rec["gpu_profile"],
-                generation_of(rec["gpu_profile"]),
-                params / 1e9,
-                _size_class(params),
-                int(rec["nodes"]) * int(rec["gpus_per_node"]),
-                _measured_tokens(rec, m),
-                source_key(rec["source"]),
-                int(rec["tp"]),
-                int(rec["pp"]),
-                rec,
-                m,
-                profiles[rec["gpu_profile"]],
-            )
-            rows.append(row)
+    file = str(path)
+    rows: list[Row] = []
+    try:
+        with Path(path).open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise ProfileError(
+                    f"missing column(s) {', '.join(missing)}", file=file, key="header"
+                )
+            for line, rec in enumerate(reader, start=2):
+                try:
+                    rows.append(_row(rec, profiles))
+                except (KeyError, ValueError, TypeError, ZeroDivisionError) as exc:
+                    raise ProfileError(
+                        f"{exc}", file=file, key=f"line {line} (id {rec.get('id')!r})"
+                    ) from None
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise ProfileError(f"cannot read the published runs: {exc}", file=file) from None
+    if not rows:
+        raise ProfileError("holds no published runs", file=file)
     return rows
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from conftest import merge
 
 from planner import coverage
 from planner import published as pb
-from planner.hardware import load_profiles
+from planner.hardware import ProfileError, load_profiles
 from planner.search import allowed_offers, evaluate_space
 from planner.spec import EMBEDDED_SPEC, spec_from_dict
 
@@ -100,3 +101,37 @@ def test_extrapolation_error_adds_in_quadrature_over_leave_one_row_out():
     assert per["s"] == pytest.approx(0.0) and e == pytest.approx(per["r"])
     e1, _ = pb.extrapolation_log_error(rows, loo, {"r": regime["r"]}, "hopper")
     assert e1 == pb.DEFAULT_EXTRAPOLATION_LOG_ERROR  # one regime cannot measure it
+
+
+def test_damaged_published_runs_are_one_clear_line(tmp_path, monkeypatch):
+    """The planner's interval reads hardware_profiles/published_runs.csv: a damaged file is one
+    line naming the file (and line and column), exit 2, never a traceback or a silently
+    narrower interval."""
+    from test_value_ranges import planner
+
+    good = pb.RUNS_CSV.read_text(encoding="utf-8").splitlines()
+    header, first = good[0], good[1]
+    bad = tmp_path / "published_runs.csv"
+    cases = {
+        "garbage\n": "missing column(s)",
+        header + "\n": "holds no published runs",
+        header + "\n" + first.replace(",h100-80gb,", ",h900,", 1) + "\n": "not a hardware profile",
+        header + "\n" + first.replace(",stage3,", ",stage9,", 1) + "\n": "sharding 'stage9'",
+    }
+    for text, expected in cases.items():
+        bad.write_text(text, encoding="utf-8")
+        with pytest.raises(ProfileError, match=re.escape(expected)) as err:
+            pb.load_rows(bad)
+        assert str(bad) in str(err.value)
+    with pytest.raises(ProfileError, match="cannot read"):
+        pb.load_rows(tmp_path / "missing.csv")
+    bad.write_text("garbage\n", encoding="utf-8")
+    monkeypatch.setattr(pb, "RUNS_CSV", bad)
+    coverage.coverage.cache_clear()
+    try:
+        rc, err = planner("optimize", "--budget", "12000")
+    finally:
+        coverage.coverage.cache_clear()
+    assert rc == 2, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "published_runs.csv" in err and "missing column" in err
