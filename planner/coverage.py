@@ -168,6 +168,6 @@ def basis_words(eff, outside: list[str]) -> str:
     n = min(len(outside), MAX_OUTSIDE_AXES)
     e = eff.extrapolation_log_error
     return (
-        f"{base}; widened for {n} axis(es) outside the published runs (+{e:.2f} log-error "
-        f"each, leave-one-regime-out): {'; '.join(outside)}"
+        f"{base}; widened for {n} {'axis' if n == 1 else 'axes'} outside the published runs "
+        f"(+{e:.2f} log-error each, leave-one-regime-out): {'; '.join(outside)}"
     )
