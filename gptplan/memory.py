@@ -210,3 +210,26 @@ def memory_per_device_bytes(
     logits = 2.0 * 4.0 * np.asarray(micro_batch) * np.asarray(seq_len) * shape.vocab / t
     dynamic = (activations + logits) * fragmentation
     return states + dynamic + overhead_gb * GB
+
+
+def layout_memory_bytes(shape: ModelShape, g: dict, *, overhead_gb, fragmentation):
+    """`memory_per_device_bytes` of layout columns `g` (the names gptplan.steptime uses: seq,
+    micro, acc, tp, pp, vpp, stage_code, shard_degree, recompute_code, sp, flash,
+    precision_code): the one call the planner's search and the published-run check share."""
+    return memory_per_device_bytes(
+        shape,
+        seq_len=g["seq"],
+        micro_batch=g["micro"],
+        accumulation=g["acc"],
+        tp=g["tp"],
+        pp=g["pp"],
+        stage_code=g["stage_code"],
+        shard_degree=g["shard_degree"],
+        recompute_code=g["recompute_code"],
+        seq_parallel=g["sp"],
+        mixed_precision=np.asarray(g["precision_code"]) > 0,
+        overhead_gb=overhead_gb,
+        fragmentation=fragmentation,
+        flash_attention=g["flash"],
+        virtual_pp=g["vpp"],
+    )

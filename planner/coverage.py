@@ -47,15 +47,25 @@ class Coverage:
     rows: int
 
 
-@functools.lru_cache(maxsize=4)
-def coverage(generation: str) -> Coverage | None:
-    """The coverage of `generation`'s rows in hardware_profiles/published_runs.csv (None when
-    it has none)."""
+@functools.lru_cache(maxsize=1)
+def coverages() -> dict[str, Coverage]:
+    """The coverage of each generation's rows in hardware_profiles/published_runs.csv, read
+    once per process."""
     from planner import published as pb
 
-    rows = [r for r in pb.load_rows(pb.RUNS_CSV) if r.generation == generation]
-    if not rows:
-        return None
+    by_gen: dict[str, list] = {}
+    for r in pb.load_rows(pb.RUNS_CSV):
+        if r.generation:
+            by_gen.setdefault(r.generation, []).append(r)
+    return {gen: _coverage(gen, rows) for gen, rows in by_gen.items()}
+
+
+def coverage(generation: str) -> Coverage | None:
+    """`generation`'s coverage (None when it has no published runs)."""
+    return coverages().get(generation)
+
+
+def _coverage(generation: str, rows: list) -> Coverage:
     rec = [r.record for r in rows]
     seqs = [int(x["seq"]) for x in rec]
     return Coverage(

@@ -288,27 +288,15 @@ def modelled_memory_over_device(rows: list[Row]) -> np.ndarray:
     """Per row: the memory model's peak per device (gptplan.memory, the planner's own rule)
     over the device's memory. Every published run ran, so a ratio above 1 is an overestimate
     of at least that much."""
-    from gptplan.memory import GIB, memory_per_device_bytes
+    from gptplan.memory import GIB, layout_memory_bytes
 
     cols = _columns(rows)
-    g = cols["g"]
     effs = [r.prof.efficiency for r in rows]
-    mem = memory_per_device_bytes(
+    mem = layout_memory_bytes(
         cols["shape"],
-        seq_len=g["seq"],
-        micro_batch=g["micro"],
-        accumulation=g["acc"],
-        tp=g["tp"],
-        pp=g["pp"],
-        stage_code=g["stage_code"],
-        shard_degree=g["shard_degree"],
-        recompute_code=g["recompute_code"],
-        seq_parallel=g["sp"],
-        mixed_precision=g["precision_code"] > 0,
+        cols["g"],
         overhead_gb=np.array([e.memory_overhead_gb for e in effs]),
         fragmentation=np.array([e.fragmentation for e in effs]),
-        flash_attention=g["flash"],
-        virtual_pp=g["vpp"],
     )
     return mem / (np.array([r.prof.memory_gb for r in rows]) * GIB)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gptplan.memory import GIB, MEMORY_MODEL_ERROR
+from gptplan.memory import GIB, MEMORY_MODEL_ERROR, layout_memory_bytes
 from gptplan.money import checkpoint_bytes
 from gptplan.plan import PRECISIONS, RECOMPUTE_MODES, SHARDING_STAGES
 from gptplan.steptime import Device, Rates, step_time_parts
@@ -449,7 +449,6 @@ def evaluate_layouts(
     g = {k: np.asarray(v) for k, v in g.items()}
     world = g["nodes"] * gpn
     batch_ranks = g["dp"] * g["shard_degree"]
-    mixed = g["precision_code"] > 0
     tokens_per_step = g["micro"] * g["acc"] * g["seq"] * batch_ranks
     eff = prof.efficiency  # framework constants (memory overhead, comm overlap)
     per_precision = [prof.efficiency_for(p) for p in PRECISIONS]
@@ -459,22 +458,8 @@ def evaluate_layouts(
     def by_precision(attr: str) -> np.ndarray:
         return np.array([getattr(e, attr) for e in per_precision])[g["precision_code"]]
 
-    mem = cm.memory_per_device_bytes(
-        shape,
-        seq_len=g["seq"],
-        micro_batch=g["micro"],
-        accumulation=g["acc"],
-        tp=g["tp"],
-        pp=g["pp"],
-        stage_code=g["stage_code"],
-        shard_degree=g["shard_degree"],
-        recompute_code=g["recompute_code"],
-        seq_parallel=g["sp"],
-        mixed_precision=mixed,
-        overhead_gb=eff.memory_overhead_gb,
-        fragmentation=eff.fragmentation,
-        flash_attention=g["flash"],
-        virtual_pp=g["vpp"],
+    mem = layout_memory_bytes(
+        shape, g, overhead_gb=eff.memory_overhead_gb, fragmentation=eff.fragmentation
     )
     limit = prof.memory_gb * GIB * memory_headroom
     may_fit = (mem > limit) & (mem <= limit * (1.0 + MEMORY_MODEL_ERROR))

@@ -127,11 +127,11 @@ def test_damaged_published_runs_are_one_clear_line(tmp_path, monkeypatch):
         pb.load_rows(tmp_path / "missing.csv")
     bad.write_text("garbage\n", encoding="utf-8")
     monkeypatch.setattr(pb, "RUNS_CSV", bad)
-    coverage.coverage.cache_clear()
+    coverage.coverages.cache_clear()
     try:
         rc, err = planner("optimize", "--budget", "12000")
     finally:
-        coverage.coverage.cache_clear()
+        coverage.coverages.cache_clear()
     assert rc == 2, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert "published_runs.csv" in err and "missing column" in err
