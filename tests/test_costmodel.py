@@ -36,11 +36,10 @@ def test_an_80_gb_device_holds_80_gib():
     """Device memory is binary: an "80 GB" H100 has 81,920 MiB. A layout that fills exactly
     80 GiB x headroom fits outright; counted as 80e9 bytes it was 7.4% over (cut, or at best
     "may fit")."""
-    from gptplan.memory import GIB
-
     m = ModelSection(**vars(MODEL_SIZES["gpt-base-110m"]))
     mem = float(_layouts(m, "h100-80gb", micro=16)["memory_gb"][0]) * cm.GB
-    out = _layouts(m, "h100-80gb", micro=16, memory_headroom=mem / (80 * GIB))
+    hbm_bytes = 81_920 * 2**20  # the card's own size (nvidia-smi), not the code's constant
+    out = _layouts(m, "h100-80gb", micro=16, memory_headroom=mem / hbm_bytes)
     assert bool(out["fits"][0]) and not bool(out["may_fit"][0])
 
 
