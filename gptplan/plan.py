@@ -80,8 +80,9 @@ class JobSection:
         "current directory.",
     )
     cache_dir: str = setting(
-        ".cache/gptplan",
-        "Where trained tokenizers and tokenized corpora are cached by content hash.",
+        "",
+        "Where trained tokenizers and tokenized corpora are cached by content hash "
+        "('' = cache/ in the user data directory: $GPTPLAN_DATA_DIR or ~/.local/share/gptplan).",
     )
     seed: int = setting(
         1234, "Seed for initialisation, data order and dropout (32 bits).", min=0, max=SEED_MAX

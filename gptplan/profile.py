@@ -9,16 +9,19 @@ the planner and the runner read the same file the same way.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gptplan import userdata
 from gptplan.errors import UserError
 from gptplan.tomlconf import from_table, read_toml, setting
 
+# The shipped profiles: read-only package data (in a checkout or an editable install the
+# project's own folder; in an installed wheel site-packages/hardware_profiles).
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "hardware_profiles"
-# Machine-specific calibrations; GPTPLAN_CALIBRATION_DIR moves them (tests, shared setups).
-LOCAL_CALIBRATION_ENV = "GPTPLAN_CALIBRATION_DIR"
+# Machine-specific calibrations live in the user data directory (gptplan.userdata), never in
+# the package; GPTPLAN_CALIBRATION_DIR moves them alone (shared setups).
+LOCAL_CALIBRATION_ENV = userdata.CALIBRATION_ENV
 CALIBRATION_TABLES = ("efficiency", "efficiency_fp32", "efficiency_fp16", "efficiency_bf16")
 
 
@@ -26,9 +29,9 @@ class ProfileError(UserError):
     """A hardware profile or price list is malformed."""
 
 
-def calibration_dir(profile_dir: Path = PROFILE_DIR) -> Path:
-    override = os.environ.get(LOCAL_CALIBRATION_ENV)
-    return Path(override) if override else Path(profile_dir) / "local"
+def calibration_dir() -> Path:
+    """$GPTPLAN_CALIBRATION_DIR, else the user data directory's calibration/."""
+    return userdata.calibration_dir()
 
 
 # Models this large get their own interval (their published runs scatter more).
@@ -206,7 +209,7 @@ def read_performance(name: str, directory: Path = PROFILE_DIR) -> PerformanceDat
         error=ProfileError,
     )
     by_precision: dict = {}
-    calib = calibration_dir(directory) / f"{name}.toml"
+    calib = calibration_dir() / f"{name}.toml"
     if calib.is_file():
         base, by_precision = calibration_tables(calib)
         eff = base or eff

@@ -265,6 +265,29 @@ def _train_bpe(pieces: list[str], vocab_size: int, tmp: Path, progress, log) -> 
     tok.save_model(str(tmp))
 
 
+# A bar appears once training has taken this long (short trainings show none)
+PROGRESS_DELAY_S = 5.0
+
+
+def progress_bar(**kwargs):
+    """A tqdm bar on stderr when stderr is a terminal, and switched off otherwise (a pipe, a
+    log file, a test's captured output): console lines never carry a bar, whatever the
+    timing."""
+    from tqdm import tqdm
+
+    stream = sys.stderr
+    isatty = getattr(stream, "isatty", None)
+    tty = bool(isatty and isatty())
+    return tqdm(
+        file=stream,
+        disable=not tty,
+        delay=PROGRESS_DELAY_S,
+        mininterval=2.0,
+        leave=False,
+        **kwargs,
+    )
+
+
 def train_tokenizer(
     documents: list[str],
     *,
@@ -278,8 +301,6 @@ def train_tokenizer(
 
     Written into a temporary folder, then renamed: a cache entry is complete or absent.
     """
-    from tqdm import tqdm
-
     out_dir = Path(out_dir)
     if (out_dir / "tokenizer.json").exists():
         return out_dir
@@ -290,14 +311,8 @@ def train_tokenizer(
     with cachedirs.writing(out_dir.parent, out_dir.name) as tmp:
         pieces = _training_pieces(documents)
         chars = sum(len(p) for p in pieces)
-        with tqdm(
-            total=chars,
-            unit="char",
-            unit_scale=True,
-            desc="tokenizer training sample",
-            delay=5.0,
-            mininterval=2.0 if sys.stderr.isatty() else 30.0,
-            leave=False,
+        with progress_bar(
+            total=chars, unit="char", unit_scale=True, desc="tokenizer training sample"
         ) as bar:
             if scheme == "cpm":
                 _train_cpm(pieces, vocab_size, tmp, workers, bar.update, log)

@@ -34,6 +34,7 @@ from typing import Literal
 
 import numpy as np
 
+from gptplan import userdata
 from gptplan.plan import SEED_MAX
 from gptplan.tomlconf import from_table, setting
 from planner.planwriter import candidate_plan
@@ -413,7 +414,7 @@ def _open_session(
     log,
 ) -> _Session:
     """Open (check, repair, resume) the study and the probe cache; say what was repaired."""
-    cache = cache or ProbeCache(Path(spec.job.cache_dir) / "probes.jsonl")
+    cache = cache or ProbeCache(userdata.cache_dir(spec.job.cache_dir) / "probes.jsonl")
     url = study_url(settings.storage, work_dir)
     repaired = repair_sqlite(url)
     name = study_name(spec, backend.fingerprint)

@@ -25,7 +25,7 @@ import numpy as np
 import tomli_w
 
 from gptplan.tomlconf import write_text_atomic
-from planner.hardware import PROFILE_DIR, Efficiency, Profile, calibration_dir
+from planner.hardware import Efficiency, Profile, calibration_dir
 from planner.probes import ProbeResult
 from planner.search import PRECISIONS, CandidateTable
 
@@ -189,14 +189,15 @@ def apply(profile: Profile, calibration: Calibration) -> Profile:
     return dataclasses.replace(profile, efficiency_by_precision=dict(calibration.by_precision))
 
 
-def write(calibration: Calibration, directory: Path = PROFILE_DIR) -> Path:
-    """hardware_profiles/local/<profile>.toml: [efficiency_<precision>] per fitted precision."""
+def write(calibration: Calibration, directory: Path | None = None) -> Path:
+    """<directory or the user data directory's calibration/>/<profile>.toml: an
+    [efficiency_<precision>] table per fitted precision (never into the package)."""
     data = {f"efficiency_{p}": dataclasses.asdict(e) for p, e in calibration.by_precision.items()}
     header = (
         f"# Calibration of profile '{calibration.profile}' written by the planner on "
         f"{dt.date.today().isoformat()} from {calibration.points} probe(s); median "
         f"step-time error {calibration.fit_error:.1%}. Machine-specific: not in git.\n"
     )
-    path = calibration_dir(directory) / f"{calibration.profile}.toml"
+    path = Path(directory or calibration_dir()) / f"{calibration.profile}.toml"
     write_text_atomic(path, header + tomli_w.dumps(data))
     return path

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import tomli
 
-from gptplan import quiet_third_party_warnings
+from gptplan import quiet_third_party_warnings, userdata
 from gptplan.cliargs import OneLineParser
 from gptplan.errors import UserError
 from planner import __version__
@@ -102,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
         "used as job.corpus: s3://BUCKET[/PREFIX][/GLOB] (also gs://, r2://, "
         "https://ACCOUNT.blob.core.windows.net/CONTAINER/...); default: the "
         "plan's job.corpus as synced with the project",
+    )
+    lf.add_argument(
+        "--store",
+        default="",
+        choices=("s3", "gcs", "azure", "r2", "ibm", "oci", "nebius"),
+        help="bucket store for the run directory (default: the cloud's own; S3 for a cloud "
+        "without one, e.g. Lambda)",
     )
     prices = sub.add_parser("prices", help="price lists")
     prices_sub = prices.add_subparsers(dest="prices_command", required=True)
@@ -244,10 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     143/130 (its probes ended, its running trials marked failed: planner.stopping)."""
     from planner.stopping import Stopped, stop_on_signals
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    userdata.add_flag(parser)  # --data-dir before or after any command
+    args = parser.parse_args(argv)
     quiet_third_party_warnings()
     probing = args.command == "history" or getattr(args, "probes", 0) > 0
     try:
+        userdata.apply_flag(args)
         with stop_on_signals(import_paddle=probing):
             return _dispatch(args)
     except Stopped as stop:
@@ -759,7 +769,7 @@ def cmd_launch_file(args) -> int:
     plan = load_plan(args.plan)
     import yaml
 
-    from planner.skypilot import corpus_note, disk_plan
+    from planner.skypilot import corpus_note, disk_plan, interconnect_note, store_note
 
     out = write_launch_file(
         plan,
@@ -768,13 +778,17 @@ def cmd_launch_file(args) -> int:
         bucket=args.bucket,
         region=args.region,
         corpus_bucket=args.corpus_bucket,
+        store=args.store,
     )
     print(
         f"SkyPilot task written to {out}; launch it from this directory as a managed job "
         f"(relaunched after preemption, resuming from the bucket's checkpoints):\n"
         f"  sky jobs launch -n {plan.name} {out}"
     )
-    print(corpus_note(yaml.safe_load(out.read_text()), plan))
+    task = yaml.safe_load(out.read_text())
+    print(store_note(task, plan))
+    print(interconnect_note(task, plan))
+    print(corpus_note(task, plan))
     print(disk_plan(plan)[1])
     return 0
 

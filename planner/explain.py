@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gptplan import userdata
 from gptplan.plan import Plan, load_plan
 from gptplan.tomlconf import read_toml
 from planner import costmodel as cm
@@ -177,7 +178,7 @@ def _corpus_stats(spec):
         corpus=spec.job.corpus,
         tokenizer=spec.job.tokenizer,
         vocab_size=spec.model_section().vocab_size,
-        cache_dir=spec.job.cache_dir,
+        cache_dir=str(userdata.cache_dir(spec.job.cache_dir)),
         sample_documents=spec.job.sample_documents,
         declared_bytes=spec.job.corpus_bytes,
         seq_lens=spec.constraints.seq_lens,

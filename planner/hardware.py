@@ -1,10 +1,11 @@
 """Hardware profiles and priced offers, read from hardware_profiles/*.toml (data, not code).
 
 A profile is one accelerator: specs, peak TFLOPS per precision, efficiency calibration and its
-`[[offers]]`. Extra price lists (e.g. from `planner prices import`) live in
-hardware_profiles/offers/*.toml, each offer naming its `profile`. Calibrations written by
-`planner calibrate` live in hardware_profiles/local/<profile>.toml (or $GPTPLAN_CALIBRATION_DIR)
-and override [efficiency].
+`[[offers]]`. Extra price lists live in hardware_profiles/offers/*.toml (shipped) and in the user
+data directory's offers/*.toml (`planner prices import`; gptplan.userdata), each offer naming
+its `profile`. Calibrations written by `planner calibrate` live in the user data directory's
+calibration/<profile>.toml (or $GPTPLAN_CALIBRATION_DIR) and override [efficiency]. The
+shipped folder is read-only package data: nothing is ever written into it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+from gptplan import userdata
 
 # Profile folder, calibration folder and the [efficiency] table are shared with the runner's
 # local rehearsal (gptplan.profile), so both read a profile the same way.
@@ -185,10 +188,20 @@ def load_profile(path: Path) -> Profile:
     )
 
 
+def price_files(directory: Path = PROFILE_DIR) -> list[Path]:
+    """Extra price lists: the shipped ones, then the user's imported ones."""
+    shipped = sorted((Path(directory) / "offers").glob("*.toml"))
+    return shipped + sorted(userdata.offers_dir().glob("*.toml"))
+
+
 def load_profiles(directory: Path = PROFILE_DIR) -> dict[str, Profile]:
-    """All profiles, with extra offer files and local calibrations merged in."""
+    """All profiles, with extra offer files and this machine's calibrations merged in."""
     profiles = {p.stem: load_profile(p) for p in sorted(Path(directory).glob("*.toml"))}
-    for price_file in sorted((Path(directory) / "offers").glob("*.toml")):
+    if not profiles:
+        raise ProfileError(
+            "holds no hardware profile (*.toml); reinstall the package", file=str(directory)
+        )
+    for price_file in price_files(directory):
         data = read_toml(price_file, ProfileError)
         for i, table in enumerate(data.get("offers", [])):
             offer = _load_offer(table, file=str(price_file), index=i)
@@ -200,7 +213,7 @@ def load_profiles(directory: Path = PROFILE_DIR) -> dict[str, Profile]:
                 )
             prof = profiles[offer.profile]
             profiles[offer.profile] = dataclasses.replace(prof, offers=prof.offers + (offer,))
-    for calib in sorted(calibration_dir(directory).glob("*.toml")):
+    for calib in sorted(calibration_dir().glob("*.toml")):
         if calib.stem in profiles:
             profiles[calib.stem] = apply_calibration(profiles[calib.stem], calib)
     return profiles

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gptplan import userdata
 from gptplan.errors import UserError
 
 MEASURED_FIELDS = [
@@ -117,7 +118,7 @@ def plan_space(spec, *, log: Callable = print, on_stats: Callable | None = None)
             corpus=spec.job.corpus,
             tokenizer=spec.job.tokenizer,
             vocab_size=model.vocab_size,
-            cache_dir=spec.job.cache_dir,
+            cache_dir=str(userdata.cache_dir(spec.job.cache_dir)),
             sample_documents=spec.job.sample_documents,
             declared_bytes=spec.job.corpus_bytes,
             seq_lens=spec.constraints.seq_lens,
@@ -295,9 +296,9 @@ def optimize(
     cur = spec.constraints.currency
     from planner import dataprep
 
-    result.data = dataprep.report(stats, target, None, cache_dir=spec.job.cache_dir, currency=cur)[
-        "json"
-    ]
+    result.data = dataprep.report(
+        stats, target, None, cache_dir=str(userdata.cache_dir(spec.job.cache_dir)), currency=cur
+    )["json"]
     if decision.chosen is None:
         return result
     notes = decision_notes(decision, lambda i: describe(decision.table, i, cur))
@@ -323,7 +324,11 @@ def optimize(
             result.chosen, result.chosen_source = outcome.best_row, "probe"
     table = decision.table
     data = dataprep.report(
-        stats, target, table.row(result.chosen), cache_dir=spec.job.cache_dir, currency=cur
+        stats,
+        target,
+        table.row(result.chosen),
+        cache_dir=str(userdata.cache_dir(spec.job.cache_dir)),
+        currency=cur,
     )
     result.data = data["json"]
     notes += data["notes"]

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import tomli_w
 
+from gptplan import userdata
 from gptplan.tomlconf import name_problem, write_text_atomic
-from planner.hardware import PROFILE_DIR, ProfileError
+from planner.hardware import ProfileError
 
 # SkyPilot accelerator names -> our profile names
 ACCELERATORS = {
@@ -142,13 +143,19 @@ def parse_catalog(path: Path, *, provider: str, as_of: str) -> tuple[list[dict],
     return offers, skipped
 
 
+def imported_prices_dir(directory: Path | None = None) -> Path:
+    """Where imported price lists go: the user data directory's offers/ (never the package's
+    hardware_profiles/), or <directory>/offers."""
+    return Path(directory) / "offers" if directory else userdata.offers_dir()
+
+
 def import_catalog(
     path: Path,
     *,
     name: str | None = None,
     provider: str | None = None,
     as_of: str | None = None,
-    directory: Path = PROFILE_DIR,
+    directory: Path | None = None,
 ) -> tuple[Path, int, list[str]]:
     path = Path(path)
     name = path.stem if name is None else name
@@ -168,7 +175,7 @@ def import_catalog(
             + ")",
             file=str(path),
         )
-    out = Path(directory) / "offers" / f"{name}.toml"
+    out = imported_prices_dir(directory) / f"{name}.toml"
     header = (
         f"# Imported by 'planner prices import' from {path.name} on {as_of}.\n"
         "# inter_node_gbits_per_s = 0 means unknown: such offers are planned single-node.\n"

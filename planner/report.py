@@ -351,7 +351,6 @@ def render_stats(stats: CorpusStatistics, target: float) -> str:
 
 def render_calibration(tuning) -> str:
     """One line: the efficiency fitted to this machine's probes and where it was written."""
-    import os
 
     cal = tuning.calibration
     text = (
@@ -365,7 +364,7 @@ def render_calibration(tuning) -> str:
         f"on {cal.points} probes"
     )
     if tuning.calibration_path is not None:
-        text += f"; written to {os.path.relpath(tuning.calibration_path)}"
+        text += f"; written to {tuning.calibration_path} (the user data directory)"
     return text
 
 

@@ -7,12 +7,19 @@
   num_nodes   the plan's nnodes
   workdir     this project (synced to every node)
   file_mounts a bucket at /checkpoints holding the run directory (checkpoints, billing,
-              metrics, report), shared by all nodes and kept across preemptions; with
+              metrics, report), shared by all nodes and kept across preemptions: on the
+              cloud's own bucket store, or for a cloud without one (Lambda, RunPod, ...) on
+              the store `--store` names (S3 unless told), which the header says; with
               `--corpus-bucket URI` the user's corpus bucket at /corpus (read as it is
               needed), and job.corpus pointed at it on the command line (`--set`)
   disk_size   prepared data + checkpoints + the corpus mount's cache + the image, with
               headroom (`disk_plan` says how much of each, and the header repeats it)
-  setup       this project with the `gpu` extra and the pinned constraints
+  envs        the interconnect settings of a multi-node plan on the cloud's RDMA network
+              (AWS EFA, Azure InfiniBand), with their sources in the header
+  setup       a Python 3.11 virtual environment made by uv (pinned version; uv downloads its
+              own CPython 3.11 whatever the cloud image ships, as constraints.txt needs
+              Python >= 3.11), then this project with the `gpu` extra and the pinned
+              constraints
   run         `runner execute` with the node rank and master from SKYPILOT_NODE_RANK /
               SKYPILOT_NODE_IPS, the run directory in the bucket
 
@@ -32,6 +39,7 @@ import math
 import re
 import shlex
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 from gptplan.errors import UserError
@@ -75,6 +83,61 @@ DISK_HEADROOM = 1.25  # on the data parts, which are modelled
 OFFSET_BYTES_PER_TOKEN = 0.5  # docs.npy + its side file, at >= 32 tokens a document
 MASTER_PORT = 8090
 GPU_INDEX = "https://www.paddlepaddle.org.cn/packages/stable/cu126/"
+# The nodes' Python: constraints.txt pins numpy 2.4, pandas 3.1, scipy 1.17 (Python >= 3.11),
+# and cloud images ship anything from 3.8 to 3.12. uv (one static binary, installed at a pinned
+# version by its documented installer URL) creates the environment with its own managed
+# CPython 3.11 (UV_PYTHON_PREFERENCE=only-managed: never the image's), so every cloud gets the
+# same interpreter.
+PYTHON_VERSION = "3.11"
+UV_VERSION = "0.13.8"
+UV_INSTALLER = f"https://astral.sh/uv/{UV_VERSION}/install.sh"
+VENV = "~/gptplan-venv"
+# A store for the checkpoint bucket on clouds that have none of their own (`--store`)
+DEFAULT_FOREIGN_STORE = "s3"
+STORES = ("s3", "gcs", "azure", "r2", "ibm", "oci", "nebius")  # SkyPilot's StoreType
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """What a multi-node plan on a cloud's RDMA network needs from the task."""
+
+    name: str
+    envs: dict
+    image_id: str
+    note: str
+    sources: str
+
+
+# Chosen by what the offer's own network_source says the instance has (the figure the plan's
+# communication time was modelled with), per cloud.
+INTERCONNECTS = {
+    ("aws", "EFA"): Interconnect(
+        name="EFA",
+        envs={"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"},
+        image_id="",
+        note="NCCL reaches EFA through libfabric and the aws-ofi-nccl plugin, which the AWS "
+        "Deep Learning AMIs carry; setup checks for the EFA device (fi_info -p efa) and says "
+        "if NCCL will fall back to TCP (slower than planned). SkyPilot 0.9.2 (constraints.txt) "
+        "attaches no EFA interfaces to EC2 VMs by itself; newer SkyPilot does with "
+        "resources.network_tier: best",
+        sources="AWS EC2 User Guide, 'Get started with EFA and NCCL' (FI_PROVIDER, "
+        "FI_EFA_USE_DEVICE_RDMA, FI_EFA_FORK_SAFE); SkyPilot YAML reference (network_tier)",
+    ),
+    ("azure", "InfiniBand"): Interconnect(
+        name="InfiniBand",
+        envs={
+            "NCCL_IB_PCI_RELAXED_ORDERING": "1",
+            "UCX_IB_PCI_RELAXED_ORDERING": "on",
+            "NCCL_SOCKET_IFNAME": "eth0",
+            "NCCL_TOPO_FILE": "/opt/microsoft/ndv4-topo.xml",
+        },
+        image_id="microsoft-dsvm:ubuntu-hpc:2204:latest",
+        note="the Azure HPC image (InfiniBand drivers, the ND A100 v4 topology file) "
+        "as image_id; NCCL uses InfiniBand with GPUDirect RDMA",
+        sources="Microsoft Learn, 'ND A100 v4-series' and the azhpc-images NCCL settings "
+        "for ND A100 v4 (NCCL_IB_PCI_RELAXED_ORDERING, NCCL_TOPO_FILE)",
+    ),
+}
 
 
 def sky_accelerator(profile: str, provider: str) -> str:
@@ -99,15 +162,63 @@ def default_bucket(plan: Plan) -> str:
     return f"gptplan-{base}-{digest}"
 
 
-def offer_region(plan: Plan) -> str:
-    """Region of the plan's price, from the price list ('' when it recorded none)."""
+def plan_offer(plan: Plan):
+    """The price-list offer the plan was made for (None when no list holds it any more)."""
     from planner.hardware import load_profiles
 
     profile = load_profiles().get(plan.hardware.profile)
     for offer in profile.offers if profile else ():
         if offer.key == plan.hardware.offer:
-            return offer.spot_region if plan.hardware.spot and offer.spot_region else offer.region
-    return ""
+            return offer
+    return None
+
+
+def offer_region(plan: Plan) -> str:
+    """Region of the plan's price, from the price list ('' when it recorded none)."""
+    offer = plan_offer(plan)
+    if offer is None:
+        return ""
+    return offer.spot_region if plan.hardware.spot and offer.spot_region else offer.region
+
+
+def interconnect(plan: Plan, cloud: str) -> Interconnect | None:
+    """The RDMA settings a multi-node plan needs on its cloud (None: single node, or plain
+    TCP networking, as the offer's network_source says)."""
+    if plan.parallel.nnodes <= 1:
+        return None
+    offer = plan_offer(plan)
+    source = offer.network_source if offer is not None else ""
+    for (where, name), settings in INTERCONNECTS.items():
+        if where == cloud and name.lower() in source.lower():
+            return settings
+    return None
+
+
+def setup_script(*, python_version: str = PYTHON_VERSION, efa_check: bool = False) -> str:
+    """Make the Python environment with uv, then install this project into it."""
+    uv = "~/.local/bin/uv"
+    lines = [
+        "set -e",
+        f"# Python {python_version} (constraints.txt needs >= 3.11) from uv {UV_VERSION}, "
+        "whatever the image's own python",
+        f"if [ ! -x {uv} ]; then curl -LsSf {UV_INSTALLER} | sh; fi",
+        f"[ -x {VENV}/bin/python ] || UV_PYTHON_PREFERENCE=only-managed "
+        f"{uv} venv --seed --python {python_version} {VENV}",
+        f"{VENV}/bin/python -c 'import sys; assert sys.version_info >= (3, 11), sys.version'",
+        "# this project with the GPU extra; every other package pinned by constraints.txt",
+        f"{uv} pip install --python {VENV}/bin/python --quiet -c constraints.txt -e '.[gpu]' "
+        f"--extra-index-url {GPU_INDEX} --index-strategy unsafe-best-match",
+        "# jieba's loops in C for data preparation (same ids); optional: needs a C compiler",
+        f"{uv} pip install --python {VENV}/bin/python --quiet -c constraints.txt "
+        f"-e '.[gpu,fast]' --extra-index-url {GPU_INDEX} --index-strategy unsafe-best-match "
+        "|| echo 'jieba_fast not built: jieba is used'",
+    ]
+    if efa_check:
+        lines.append(
+            "fi_info -p efa >/dev/null 2>&1 || echo 'warning: no EFA device or libfabric on "
+            "this image: NCCL will use TCP between nodes (slower than planned)'"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def corpus_mount(uri: str) -> tuple[str, str]:
@@ -199,8 +310,8 @@ def task_dict(
     plan_path: str,
     bucket: str = "",
     region: str | None = None,
-    python: str = "python3",
     corpus_bucket: str = "",
+    store: str = "",
 ) -> dict:
     """The SkyPilot task for `plan` as plain data (see the module docstring)."""
     hw, p = plan.hardware, plan.parallel
@@ -217,13 +328,11 @@ def task_dict(
             f"{provider!r} is not a SkyPilot cloud; allowed: {', '.join(sorted(CLOUDS))}",
             key="hardware.offer",
         )
-    store = BUCKET_STORES.get(cloud)
-    if store is None:
+    if store and store not in STORES:
         raise UserError(
-            f"SkyPilot has no bucket store on {cloud!r}; allowed clouds for a "
-            f"checkpoint bucket: {', '.join(sorted(BUCKET_STORES))}",
-            key="hardware.offer",
+            f"{store!r} is not a SkyPilot store; allowed: {', '.join(STORES)}", key="--store"
         )
+    store = store or BUCKET_STORES.get(cloud) or DEFAULT_FOREIGN_STORE
     region = offer_region(plan) if region is None else region
     resources = {
         "cloud": cloud,
@@ -239,41 +348,69 @@ def task_dict(
         # own resume picks up the checkpoints in the bucket.
         resources["job_recovery"] = {"strategy": "FAILOVER", "max_restarts_on_errors": 1}
     bucket = bucket or default_bucket(plan)
-    venv = "~/gptplan-venv"
-    setup = (
-        "\n".join(
-            [
-                "set -e",
-                f"{python} -m venv {venv}",
-                f"{venv}/bin/pip install --quiet --upgrade pip",
-                "# this project with the GPU extra; every other package pinned by constraints.txt",
-                f"{venv}/bin/pip install --quiet -c constraints.txt -e '.[gpu]' "
-                f"--extra-index-url {GPU_INDEX}",
-                "# jieba's loops in C for data preparation (same ids); optional: needs a C "
-                "compiler",
-                f"{venv}/bin/pip install --quiet -c constraints.txt -e '.[gpu,fast]' "
-                f"--extra-index-url {GPU_INDEX} || echo 'jieba_fast not built: jieba is used'",
-            ]
-        )
-        + "\n"
-    )
+    net = interconnect(plan, cloud)
+    if net is not None and net.image_id:
+        resources["image_id"] = net.image_id
     mounts, run = _mounts_and_run(
         plan,
         plan_path=plan_path,
         bucket=bucket,
         store=store,
         corpus_bucket=corpus_bucket,
-        venv=venv,
+        venv=VENV,
     )
-    return {
+    task = {
         "name": plan.name,
         "workdir": ".",
         "num_nodes": p.nnodes,
         "resources": resources,
         "file_mounts": mounts,
-        "setup": setup,
+        "setup": setup_script(efa_check=net is not None and net.name == "EFA"),
         "run": run,
     }
+    if net is not None:
+        task["envs"] = dict(net.envs)
+    return task
+
+
+def store_note(task: dict, plan: Plan) -> str:
+    """Where the run directory lives, and on which store."""
+    cloud = task["resources"]["cloud"]
+    store = task["file_mounts"][MOUNT]["store"]
+    own = BUCKET_STORES.get(cloud)
+    where = f"bucket {task['file_mounts'][MOUNT]['name']} on {store}"
+    if own == store:
+        return f"run directory: {where} ({cloud}'s own store), mounted at {MOUNT}"
+    why = (
+        f"{cloud} has no bucket store in SkyPilot"
+        if own is None
+        else f"asked for with --store instead of {cloud}'s {own}"
+    )
+    return (
+        f"run directory: {where} ({why}; --store names another: {', '.join(STORES)}), "
+        f"mounted at {MOUNT}; the nodes need that store's credentials (sky check {store})"
+    )
+
+
+def interconnect_note(task: dict, plan: Plan) -> str:
+    """One sentence on the network between the nodes."""
+    if plan.parallel.nnodes <= 1:
+        return "interconnect: one node, no inter-node network"
+    offer = plan_offer(plan)
+    net = interconnect(plan, task["resources"]["cloud"])
+    figure = (
+        f"{offer.inter_node_gbits_per_s:g} Gbit/s ({offer.network_source})"
+        if offer is not None
+        else "not recorded (no price list holds the offer)"
+    )
+    if net is None:
+        return f"interconnect: TCP between nodes, as planned with {figure}"
+    envs = ", ".join(f"{k}={v}" for k, v in net.envs.items())
+    image = f"; image_id {net.image_id}" if net.image_id else ""
+    return (
+        f"interconnect: {net.name} as planned with {figure}: envs {envs}{image}; "
+        f"{net.note} (sources: {net.sources})"
+    )
 
 
 def corpus_note(task: dict, plan: Plan) -> str:
@@ -325,6 +462,10 @@ def render(task: dict, plan: Plan, *, plan_path: str, out_path: str) -> str:
         f"{MOUNT} (shared by all nodes, kept after the job); a relaunched job resumes from "
         "the newest complete checkpoint there (the runner's automatic resume).",
         f"# {corpus_note(task, plan)[0].upper()}{corpus_note(task, plan)[1:]}.",
+        f"# {store_note(task, plan)[0].upper()}{store_note(task, plan)[1:]}.",
+        f"# {interconnect_note(task, plan)[0].upper()}{interconnect_note(task, plan)[1:]}.",
+        f"# Python: a uv {UV_VERSION} virtual environment at {VENV} with CPython "
+        f"{PYTHON_VERSION} (setup), whatever the image ships.",
         f"# Boot {disk_plan(plan)[1]}.",
     ]
 
@@ -361,6 +502,7 @@ def write_launch_file(
     bucket: str = "",
     region: str | None = None,
     corpus_bucket: str = "",
+    store: str = "",
 ) -> Path:
     """Write the task YAML next to the plan (atomically); returns its path."""
     from gptplan.tomlconf import write_text_atomic
@@ -382,7 +524,12 @@ def write_launch_file(
             key="--bucket",
         )
     task = task_dict(
-        plan, plan_path=relative, bucket=bucket, region=region, corpus_bucket=corpus_bucket
+        plan,
+        plan_path=relative,
+        bucket=bucket,
+        region=region,
+        corpus_bucket=corpus_bucket,
+        store=store,
     )
     write_text_atomic(out, render(task, plan, plan_path=relative, out_path=str(out)))
     return out

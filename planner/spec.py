@@ -63,7 +63,11 @@ class JobSpec:
         0.0, "Passes over the full corpus (used when target_tokens = 0).", min=0
     )
     seed: int = setting(1234, "Seed for the run (32 bits).", min=0, max=SEED_MAX)
-    cache_dir: str = setting(".cache/gptplan", "Cache for tokenizers and statistics.")
+    cache_dir: str = setting(
+        "",
+        "Cache for tokenizers, statistics and probe results ('' = cache/ in the user data "
+        "directory: $GPTPLAN_DATA_DIR or ~/.local/share/gptplan).",
+    )
 
 
 @dataclass

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from gptplan import quiet_third_party_warnings
+from gptplan import quiet_third_party_warnings, userdata
 from gptplan.cliargs import OneLineParser
 from gptplan.errors import BudgetError, DataError, PlanError, UserError
 from gptplan.plan import Plan, load_plan, write_plan
@@ -147,7 +147,9 @@ def main(argv: list[str] | None = None, *, started_at: float | None = None) -> i
 
 
 def _main(argv: list[str] | None, started_at: float) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    userdata.add_flag(parser)  # --data-dir before or after any command
+    args = parser.parse_args(argv)
     quiet_third_party_warnings()
     commands = {
         "execute": lambda a: execute(a, started_at),
@@ -155,6 +157,7 @@ def _main(argv: list[str] | None, started_at: float) -> int:
         "generate": cmd_generate,
     }
     try:
+        userdata.apply_flag(args)
         return commands[args.command](args)
     except UserError as exc:
         if isinstance(exc, DataError) and not exc.file:
@@ -219,7 +222,10 @@ def describe_differences(old: dict, new: dict, limit: int = 4) -> str:
 
 def check_paths(plan: Plan, plan_file: Path) -> None:
     """Folders the run writes must be folders (or not exist yet)."""
-    for key, value in (("job.output_dir", plan.run_dir), ("job.cache_dir", plan.job.cache_dir)):
+    for key, value in (
+        ("job.output_dir", plan.run_dir),
+        ("job.cache_dir", userdata.cache_dir(plan.job.cache_dir)),
+    ):
         problem = folder_problem(str(value))
         if problem:
             raise PlanError(problem, file=str(plan_file), key=key)

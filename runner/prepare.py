@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gptplan import cachedirs
+from gptplan import cachedirs, userdata
 from gptplan.corpus import (
     CorpusStats,
     default_dedupe,
@@ -174,7 +174,7 @@ def prepare_data(
     directory = ensure_tokenizer(
         tokenizer=job.tokenizer,
         vocab_size=plan.model.vocab_size,
-        cache_dir=job.cache_dir,
+        cache_dir=userdata.cache_dir(job.cache_dir),
         patterns=job.corpus,
         max_documents=job.max_documents,
         workers=workers,
@@ -185,7 +185,7 @@ def prepare_data(
     key = hashlib.sha256(f"{corpus_key}|{info['identity']}|{FORMAT}{VERSION}".encode()).hexdigest()[
         :20
     ]
-    out = Path(job.cache_dir) / "data" / key
+    out = userdata.cache_dir(job.cache_dir) / "data" / key
     cachedirs.remove_stale(out.parent, log=log)
     found = _verified(out, log=log)
     if found is not None:
@@ -208,7 +208,7 @@ def prepare_data(
         )
         write_manifest(tmp)
         cachedirs.publish(tmp, out)
-    _record_throughput(Path(job.cache_dir), meta)
+    _record_throughput(userdata.cache_dir(job.cache_dir), meta)
     return PreparedData(out, meta)
 
 

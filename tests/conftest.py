@@ -165,9 +165,42 @@ def run_cli(
     )
 
 
+# Cache entries that are addressed by their content (a tokenizer, a tokenized corpus, corpus
+# statistics): the same for every test, so one copy per session. Measurements (probe results,
+# the data-preparation rate) stay with the test that made them.
+SHARED_CACHE_PARTS = ("tokenizers", "data", "stats")
+
+
+def _user_data(root: Path, shared: Path) -> Path:
+    """A fresh user data directory whose content-addressed cache parts are the shared ones."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "cache").mkdir()
+    for part in SHARED_CACHE_PARTS:
+        (shared / part).mkdir(parents=True, exist_ok=True)
+        (root / "cache" / part).symlink_to(shared / part, target_is_directory=True)
+    return root
+
+
+def _hermetic(setenv, root: Path, shared: Path) -> None:
+    from gptplan.userdata import CALIBRATION_ENV, DATA_ENV
+
+    setenv(DATA_ENV, str(_user_data(root, shared)))
+    setenv(CALIBRATION_ENV, str(root / "calibration"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_user_data(tmp_path_factory, shared_cache):
+    """Session and module fixtures (a shared optimize, a replayed space) see a user data
+    directory of their own, never this machine's (~/.local/share/gptplan) nor what a user
+    exported: a calibration, imported prices or measured rates there cannot change a result.
+    Subprocesses inherit the environment."""
+    with pytest.MonkeyPatch.context() as patch:
+        _hermetic(patch.setenv, tmp_path_factory.mktemp("session-data"), shared_cache)
+        yield
+
+
 @pytest.fixture(autouse=True)
-def _no_machine_calibration(tmp_path_factory, monkeypatch):
-    """Tests see the shipped profiles only, never this machine's hardware_profiles/local/
-    calibration (a `planner calibrate` or `make demo` run would otherwise change results)."""
-    if "GPTPLAN_CALIBRATION_DIR" not in os.environ:
-        monkeypatch.setenv("GPTPLAN_CALIBRATION_DIR", str(tmp_path_factory.mktemp("calib")))
+def _user_data_per_test(tmp_path_factory, shared_cache, monkeypatch):
+    """Each test its own user data and calibration directories (what one test calibrates or
+    imports, the next does not see)."""
+    _hermetic(monkeypatch.setenv, tmp_path_factory.mktemp("data"), shared_cache)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from conftest import BASE_PLAN, merge
 
+from gptplan import userdata
 from gptplan.plan import plan_from_dict
 from planner.autotune import TuneSettings, implied_oom, tune
 from planner.calibration import fit
@@ -442,7 +443,7 @@ def test_optimize_with_probes_end_to_end(tmp_path):
     assert "measured step s" in hist.stdout and (tmp_path / "h.png").exists()
     cache = [
         json.loads(line)
-        for line in (tmp_path / ".cache" / "gptplan" / "probes.jsonl").read_text().splitlines()
+        for line in (userdata.cache_dir() / "probes.jsonl").read_text().splitlines()
     ]
     keys = [c["key"] for c in cache]
     assert len(keys) == len(set(keys))  # nothing probed twice across the two runs

@@ -207,3 +207,110 @@ def test_without_corpus_bucket_the_task_says_what_the_nodes_read(tmp_path, monke
     )
     assert bad.returncode == 2 and "--corpus-bucket" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "bad.yaml").exists()
+
+
+def plan_on(offer_key: str, *, nnodes: int = 1):
+    """The bank-FAQ plan moved onto a shipped offer (its profile), on `nnodes` nodes."""
+    from planner.hardware import load_profiles
+
+    for profile in load_profiles().values():
+        for offer in profile.offers:
+            if offer.key == offer_key:
+                plan = load_plan(BANK_FAQ)
+                return dataclasses.replace(
+                    plan,
+                    parallel=dataclasses.replace(
+                        plan.parallel,
+                        nnodes=nnodes,
+                        nproc_per_node=offer.gpus_per_node,
+                        sharding_parallel_degree=nnodes * offer.gpus_per_node,
+                    ),
+                    hardware=dataclasses.replace(
+                        plan.hardware, profile=profile.name, offer=offer.key, spot=False
+                    ),
+                )
+    raise AssertionError(f"no shipped offer {offer_key}")
+
+
+def test_a_lambda_plan_writes_a_task_with_its_run_directory_on_a_named_store(tmp_path, monkeypatch):
+    """Before: "SkyPilot has no bucket store on 'lambda'", no task. Lambda keeps no buckets:
+    the run directory goes to a bucket on S3 unless --store names another, and both the
+    header and the command say which."""
+    sky_schemas()
+    plan = plan_on("lambda/gpu_8x_h100_sxm5")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plans").mkdir()
+    plan_file = tmp_path / "plans" / "lambda.toml"
+    plan_file.write_text((REPO / "plans" / "bank_faq.toml").read_text())
+    out = skypilot.write_launch_file(plan, plan_path=plan_file)
+    text = out.read_text()
+    task = yaml.safe_load(text)
+    validate(task)
+    assert task["resources"]["cloud"] == "lambda"
+    assert task["file_mounts"]["/checkpoints"]["store"] == "s3"
+    assert "on s3 (lambda has no bucket store in SkyPilot" in " ".join(text.split())
+    gcs = skypilot.task_dict(plan, plan_path="plans/lambda.toml", store="gcs")
+    validate(gcs)
+    assert gcs["file_mounts"]["/checkpoints"]["store"] == "gcs"
+    with pytest.raises(UserError, match="--store"):
+        skypilot.task_dict(plan, plan_path="plans/lambda.toml", store="dropbox")
+
+
+def test_every_emitted_task_names_a_python_3_11_environment():
+    """For every cloud the shipped offers name, single- and multi-node: setup makes a uv
+    environment with CPython 3.11 (constraints.txt needs >= 3.11) and checks it; the run
+    line uses it. Before: `python3 -m venv` with whatever the image ships."""
+    sky_schemas()
+    from planner.hardware import load_profiles
+
+    by_cloud = {}
+    for profile in load_profiles().values():
+        for offer in profile.offers:
+            if (
+                offer.kind == "cloud"
+                and offer.provider in skypilot.CLOUDS
+                and profile.device == "gpu"
+            ):
+                by_cloud.setdefault(offer.provider, offer.key)
+    assert {"aws", "azure", "gcp", "lambda"} <= set(by_cloud)
+    major, minor = (int(x) for x in skypilot.PYTHON_VERSION.split(".")[:2])
+    assert (major, minor) >= (3, 11)
+    for key in by_cloud.values():
+        for nnodes in (1, 2):
+            task = skypilot.task_dict(plan_on(key, nnodes=nnodes), plan_path="plans/x.toml")
+            validate(task)
+            setup = task["setup"]
+            assert f"venv --seed --python {skypilot.PYTHON_VERSION} ~/gptplan-venv" in setup
+            assert "UV_PYTHON_PREFERENCE=only-managed" in setup
+            assert f"astral.sh/uv/{skypilot.UV_VERSION}/install.sh" in setup
+            assert "sys.version_info >= (3, 11)" in setup
+            assert "--python ~/gptplan-venv/bin/python" in setup
+            assert "~/gptplan-venv/bin/runner execute" in task["run"]
+            assert "python3 -m venv" not in setup
+
+
+def test_multi_node_tasks_carry_their_clouds_interconnect_settings(tmp_path, monkeypatch):
+    """Multi-node plans on an RDMA network: AWS EFA (libfabric settings, a device check in
+    setup), Azure InfiniBand (the HPC image, NCCL settings); with their sources in the
+    header. Plain TCP networks (GCP A2) and single nodes get none."""
+    sky_schemas()
+    aws = skypilot.task_dict(plan_on("aws/p4d.24xlarge", nnodes=2), plan_path="p.toml")
+    validate(aws)
+    assert aws["envs"]["FI_PROVIDER"] == "efa" and aws["envs"]["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert "fi_info -p efa" in aws["setup"]
+    azure = skypilot.task_dict(plan_on("azure/Standard_ND96asr_v4", nnodes=2), plan_path="p.toml")
+    validate(azure)
+    assert azure["resources"]["image_id"] == "microsoft-dsvm:ubuntu-hpc:2204:latest"
+    assert azure["envs"]["NCCL_TOPO_FILE"] == "/opt/microsoft/ndv4-topo.xml"
+    for key, nnodes in (("gcp/a2-highgpu-8g", 2), ("aws/p4d.24xlarge", 1)):
+        task = skypilot.task_dict(plan_on(key, nnodes=nnodes), plan_path="p.toml")
+        assert "envs" not in task and "image_id" not in task["resources"]
+        assert "fi_info" not in task["setup"]
+    plan = plan_on("aws/p4d.24xlarge", nnodes=2)
+    text = skypilot.render(aws, plan, plan_path="p.toml", out_path="p.sky.yaml")
+    flat = " ".join(line.lstrip("#").strip() for line in text.splitlines() if line[:1] == "#")
+    assert "Interconnect: EFA as planned with 400 Gbit/s" in flat
+    assert "FI_PROVIDER=efa" in flat and "Get started with EFA and NCCL" in flat
+    gcp = skypilot.task_dict(plan_on("gcp/a2-highgpu-8g", nnodes=2), plan_path="p.toml")
+    text = skypilot.render(gcp, plan_on("gcp/a2-highgpu-8g", nnodes=2), plan_path="p", out_path="o")
+    assert "Interconnect: TCP between nodes" in " ".join(text.split())
