@@ -32,3 +32,27 @@ def test_follower_shows_whole_lines_only_and_drains_at_the_end(tmp_path):
             assert out.getvalue() == "first line\n"  # the half line waits
             handle.write(" done\n")
     assert out.getvalue() == "first line\nsecond, half done\n"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_tokenizer_progress_bar_shows_on_a_terminal_only(tmp_path, monkeypatch):
+    """Console-line assertions (one error line, exit 2) never see a progress bar: the bar is
+    switched off unless stderr is a terminal, by construction, not by a 5-second delay that a
+    loaded machine outlasts (test_damaged_published_runs_are_one_clear_line and the bank-FAQ
+    dry run failed so). Shown with no delay at all."""
+    from gptplan import tokenizer
+
+    monkeypatch.setattr(tokenizer, "PROGRESS_DELAY_S", 0.0)
+    docs = [f"the {i}th line of a small corpus, words and more words" for i in range(200)]
+    for stream, shown in ((io.StringIO(), False), (_Terminal(), True)):
+        monkeypatch.setattr("sys.stderr", stream)
+        out = tmp_path / f"tok-{shown}"
+        tokenizer.train_tokenizer(
+            docs, vocab_size=300, out_dir=out, scheme="bpe", log=lambda *_: None
+        )
+        assert (out / "tokenizer.json").is_file()
+        assert ("tokenizer training sample" in stream.getvalue()) is shown, stream.getvalue()
