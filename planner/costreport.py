@@ -16,6 +16,13 @@ from planner.search import CandidateTable, Decision, outlier_rows, ranked
 WIDTH = 120
 
 
+def hours_text(hours: float) -> str:
+    """Table hours: '73.6' below four days, else days ('3.1 d'), never '1.76e+03'."""
+    if not math.isfinite(hours):
+        return "-"
+    return f"{hours:,.3g}" if hours < 96 else f"{hours / 24:,.1f} d"
+
+
 def money(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
@@ -123,7 +130,7 @@ def render_decisions(result, top: int) -> str:
                 f"{r['nodes']}x{r['gpus_per_node']}",
                 "/".join(precisions),
                 family(table, i),
-                f"{r['hours']:,.3g}",
+                hours_text(r["hours"]),
                 _cost_cell(r),
                 f"{r['preemptions']:.2g}" if r["spot"] else "-",
                 _flags(r["offer_choice"], bool(r["spot"])),
@@ -263,7 +270,7 @@ def render_offers(decision: Decision, spec, *, wide: bool = False) -> str:
             if cost is not None
             else "",
             money(od) if od is not None and r.get("capacity") == "spot" else "",
-            f"{r['modelled_hours']:,.3g}" if cost is not None else "",
+            hours_text(r["modelled_hours"]) if cost is not None else "",
             " ".join(notes),
         ]
         if wide:

@@ -103,9 +103,14 @@ def offer_region(plan: Plan) -> str:
     """Region of the plan's price, from the price list ('' when it recorded none)."""
     from planner.hardware import load_profiles
 
+    from planner.search import region_choices
+
     profile = load_profiles().get(plan.hardware.profile)
-    for offer in profile.offers if profile else ():
-        if offer.key == plan.hardware.offer:
+    mine = [o for o in (profile.offers if profile else ()) if o.key == plan.hardware.offer]
+    # the region the planner priced this capacity in (planner.search.region_choices)
+    capacity = "spot" if plan.hardware.spot else "on_demand"
+    for offer, only, _ in region_choices(mine) if mine else ():
+        if only in ("", capacity):
             return offer.spot_region if plan.hardware.spot and offer.spot_region else offer.region
     return ""
 
