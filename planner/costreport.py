@@ -184,7 +184,7 @@ def offer_summary(decision: Decision, spec) -> list[dict]:
             out.append(
                 base
                 | {
-                    "status": "does not fit" if mine.any() else "no valid layout",
+                    "status": "does not fit" if mine.any() else no_layout_reason(choice, spec),
                     f"modelled_cost_{cur}": None,
                     "modelled_hours": None,
                 }
@@ -216,6 +216,18 @@ def offer_summary(decision: Decision, spec) -> list[dict]:
         )
     )
     return out
+
+
+def no_layout_reason(choice, spec) -> str:
+    """'no valid layout', with the reason when it is the offer's unknown network."""
+    offer = choice.offer
+    if offer.kind == "cloud" and not offer.inter_node_gbits_per_s:
+        return (
+            "no valid layout on 1 node (planned single-node: "
+            + (offer.network_source or "no inter-node bandwidth stated")
+            + ")"
+        )
+    return "no valid layout"
 
 
 def _nan_none(x):
