@@ -271,7 +271,7 @@ def all_price_rows(directory: Path = PROFILE_DIR) -> tuple[dict[str, Profile], l
 
 def load_profiles(directory: Path = PROFILE_DIR) -> dict[str, Profile]:
     """All profiles, with extra offer files and local calibrations merged in; of several
-    prices of one key (cloud, instance, region) only the newest (planner.hardware.current_prices)."""
+    prices of one key (cloud, instance, region) only the newest (current_prices)."""
     profiles, rows = all_price_rows(directory)
     current, _ = current_prices(rows)
     for name, prof in profiles.items():

@@ -1,4 +1,4 @@
-"""Instance facts apart from prices: hardware_profiles/instances/facts.toml, keyed by (cloud, instance).
+"""Instance facts apart from prices, keyed by (cloud, instance): hardware_profiles/instances/.
 
 A catalog price row (SkyPilot's vms.csv) names an instance type and its accelerators but not
 the network between instances, the link inside one, or its local disk. Those come from this

@@ -229,7 +229,9 @@ def import_catalog(
         "# instance is planned single-node.\n"
     )
     if gone:
-        past = read_toml(history_file, ProfileError).get("offers", []) if history_file.exists() else []
+        past = (
+            read_toml(history_file, ProfileError).get("offers", []) if history_file.exists() else []
+        )
         write_text_atomic(
             history_file,
             "# Price rows replaced by newer imports of the same key (planner prices history).\n"

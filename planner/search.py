@@ -47,7 +47,9 @@ class OfferChoice:
 
     @property
     def label(self) -> str:
-        return f"{self.profile.name} @ {self.offer.key}" + (f" ({self.where})" if self.where else "")
+        return f"{self.profile.name} @ {self.offer.key}" + (
+            f" ({self.where})" if self.where else ""
+        )
 
     @property
     def price(self) -> PriceFacts:
@@ -244,7 +246,9 @@ def allowed_offers(spec: Spec, profiles: dict[str, Profile]) -> list[OfferChoice
     return [dataclasses.replace(ch, facts=f) for ch, f in zip(choices, facts, strict=True)]
 
 
-def region_choices(offers: list[Offer], *, any_region: bool = False) -> list[tuple[Offer, str, str]]:
+def region_choices(
+    offers: list[Offer], *, any_region: bool = False
+) -> list[tuple[Offer, str, str]]:
     """(offer, capacity it is priced for ('' = both), which region) for the current price rows
     of one instance. One row: itself. Several regions: the cheapest on-demand region and the
     cheapest spot region, each with its own region's other price (one row when they are the

@@ -102,7 +102,6 @@ def default_bucket(plan: Plan) -> str:
 def offer_region(plan: Plan) -> str:
     """Region of the plan's price, from the price list ('' when it recorded none)."""
     from planner.hardware import load_profiles
-
     from planner.search import region_choices
 
     profile = load_profiles().get(plan.hardware.profile)

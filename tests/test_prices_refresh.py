@@ -109,9 +109,9 @@ def test_newer_row_replaces_older_one_row_shown_newer_price_used(profiles_dir):
         "2026-12-04",
         "2026-12-01",
     ]
-    assert history[0]["status"] == "current" and "history" in history[-2]["status"] + history[
-        -1
-    ]["status"] + " ".join(r["status"] for r in history)
+    assert history[0]["status"] == "current" and "history" in history[-2]["status"] + history[-1][
+        "status"
+    ] + " ".join(r["status"] for r in history)
     # an older catalog imported later does not win over the newer row
     import_catalog(CATALOG, as_of="2026-11-01", directory=profiles_dir)
     east = [
@@ -210,7 +210,9 @@ def test_profiles_table_fits_120_columns_with_price_per_gpu_hour(capsys):
 
 
 def test_this_machine_is_in_cloud_tables_only_when_the_spec_asks():
-    assert not [c for c in allowed_offers(spec_of(), load_profiles()) if c.offer.provider == "local"]
+    assert not [
+        c for c in allowed_offers(spec_of(), load_profiles()) if c.offer.provider == "local"
+    ]
     cpu = allowed_offers(spec_of(constraints={"profiles": ["cpu"]}), load_profiles())
     assert cpu and all(c.offer.provider == "local" for c in cpu)
 
