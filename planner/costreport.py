@@ -222,11 +222,10 @@ def no_layout_reason(choice, spec) -> str:
     """'no valid layout', with the reason when it is the offer's unknown network."""
     offer = choice.offer
     if offer.kind == "cloud" and not offer.inter_node_gbits_per_s:
-        return (
-            "no valid layout on 1 node (planned single-node: "
-            + (offer.network_source or "no inter-node bandwidth stated")
-            + ")"
-        )
+        why = offer.network_source.split(" in hardware_profiles/")[0]
+        if not why.startswith("no instance facts"):
+            why = "inter-node bandwidth not stated"
+        return f"no valid layout: single-node only ({why})"
     return "no valid layout"
 
 

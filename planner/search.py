@@ -253,7 +253,7 @@ def region_choices(
     of one instance. One row: itself. Several regions: the cheapest on-demand region and the
     cheapest spot region, each with its own region's other price (one row when they are the
     same region); with any_region, one offer with the cheapest of each, regions named."""
-    if len(offers) == 1 or offers[0].kind != "cloud":
+    if len(offers) <= 1 or offers[0].kind != "cloud":
         return [(o, "", "") for o in offers]
     n = len({o.region for o in offers})
     od = min(
