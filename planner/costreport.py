@@ -300,8 +300,19 @@ def render_offers(decision: Decision, spec, *, wide: bool = False) -> str:
         f"'on-demand' = the same plan if spot cannot be had; prices older than "
         f"{spec.constraints.max_price_age_days} d or undated are stale)"
     )
+    # long offer names (an instance priced in several regions names the region) and notes
+    # wrap inside their columns, so the table stays within 120 columns
+    widths = None if wide else [36, None, None, None, None, 28]
     return (
-        _wrap(title) + "\n" + tabulate(body, headers=head, tablefmt="simple", disable_numparse=True)
+        _wrap(title)
+        + "\n"
+        + tabulate(
+            body,
+            headers=head,
+            tablefmt="simple",
+            disable_numparse=True,
+            maxcolwidths=widths,
+        )
     )
 
 

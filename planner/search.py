@@ -275,14 +275,14 @@ def region_choices(
             as_of=older.as_of,
             source=f"on-demand: {od.source}; spot: {sp.source}",
         )
-        return [(merged, "", f"on-demand {od.region}, spot {sp.region}: --any-region")]
+        return [(merged, "", f"on-demand {od.region}, spot {sp.region}")]
     if od is None or sp is None or od is sp:
         best = od or sp
         assert best is not None
-        return [(best, "", f"{best.region}, cheapest of {n} regions")]
+        return [(best, "", f"{best.region}, cheapest of {n}")]
     return [
-        (od, "on_demand", f"on-demand in {od.region}, the cheapest of {n} regions"),
-        (sp, "spot", f"spot in {sp.region}, the cheapest of {n} regions"),
+        (od, "on_demand", f"on-demand {od.region}, cheapest of {n}"),
+        (sp, "spot", f"spot {sp.region}, cheapest of {n}"),
     ]
 
 

@@ -139,7 +139,7 @@ def test_on_demand_and_spot_come_from_one_region_unless_any_region(profiles_dir)
     assert by_capacity["spot"].offer.region == "us-west-2"
     assert by_capacity["spot"].offer.spot_per_hour == 8.9
     assert by_capacity["spot"].offer.on_demand_per_hour == 27.45  # its own region's
-    assert "spot in us-west-2" in by_capacity["spot"].label
+    assert "(spot us-west-2, cheapest of 2)" in by_capacity["spot"].label
     spec = spec_of(
         constraints={
             "profiles": ["a100-80gb"],
