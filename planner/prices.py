@@ -218,7 +218,7 @@ def import_catalog(
     # one current row per key: the newer of the old and the new row (the new one on a tie)
     rows = [_load_offer(t, file=str(out), index=i) for i, t in enumerate(old)]
     new_rows = [Offer(**o) for o in offers]
-    current, replaced = current_prices(rows + new_rows)
+    current, _ = current_prices(rows + new_rows)
     keep = {id(o) for o in current}
     tables = [t for t, o in zip(old + offers, rows + new_rows, strict=True) if id(o) in keep]
     gone = [t for t, o in zip(old + offers, rows + new_rows, strict=True) if id(o) not in keep]
@@ -237,7 +237,6 @@ def import_catalog(
             "# Price rows replaced by newer imports of the same key (planner prices history).\n"
             + tomli_w.dumps({"offers": past + gone}),
         )
-    del replaced
     write_text_atomic(out, header + tomli_w.dumps({"offers": tables}))
     return out, len(offers), skipped, import_warnings(offers)
 

@@ -92,7 +92,6 @@ def test_newer_row_replaces_older_one_row_shown_newer_price_used(profiles_dir):
     # the shipped 2025-06 row (no region) is replaced by the regional rows of 2026-12-01
     assert sorted(o.region for o in p4de) == ["us-east-1", "us-west-2"]
     assert {o.as_of for o in p4de} == {"2026-12-01"}
-    csv = profiles_dir.parent / "vms.csv"
     newer = CATALOG.read_text().replace(",27.45,9.8,us-east-1", ",26.00,9.1,us-east-1")
     (profiles_dir.parent / "aws").mkdir()
     csv = profiles_dir.parent / "aws" / "vms.csv"
@@ -105,13 +104,13 @@ def test_newer_row_replaces_older_one_row_shown_newer_price_used(profiles_dir):
     ]
     assert [(o.on_demand_per_hour, o.as_of) for o in east] == [(26.00, "2026-12-04")]
     history = price_history("p4de.24xlarge", profiles_dir)
-    assert [r["as of"] for r in history if r["region"] == "us-east-1"] == [
-        "2026-12-04",
-        "2026-12-01",
-    ]
-    assert history[0]["status"] == "current" and "history" in history[-2]["status"] + history[-1][
-        "status"
-    ] + " ".join(r["status"] for r in history)
+    assert {(r["region"], r["as of"]): r["status"] for r in history} == {
+        ("us-east-1", "2026-12-04"): "current",
+        ("us-west-2", "2026-12-04"): "current",
+        ("us-east-1", "2026-12-01"): "replaced (history)",  # kept by the second import
+        ("us-west-2", "2026-12-01"): "replaced (history)",
+        ("(not recorded)", "2025-06"): "replaced by 2026-12-04 us-west-2",  # the shipped row
+    }  # (a row without a region is replaced by the newest row of any region)
     # an older catalog imported later does not win over the newer row
     import_catalog(CATALOG, as_of="2026-11-01", directory=profiles_dir)
     east = [
