@@ -21,7 +21,7 @@ from planner.search import allowed_offers, decide, evaluate_space
 from planner.spec import EMBEDDED_SPEC, SpecError, load_spec, spec_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
-CATALOG = REPO / "tests" / "data" / "catalogs" / "v7" / "aws" / "vms.csv"  # the 6 rows
+CATALOG = REPO / "tests" / "data" / "catalogs" / "v6" / "aws" / "vms.csv"  # the 6 rows
 BANK = tomli.loads(EMBEDDED_SPEC.read_text())
 HEAD = "InstanceType,AcceleratorName,AcceleratorCount,Price,SpotPrice,Region\n"
 
