@@ -780,7 +780,10 @@ def cmd_profiles(args) -> int:
         if not groups:
             rows.append({"profile": name, "GB": f"{prof.memory_gb:g}", "offer": "(no price)"})
         for offers in groups.values():
-            offer, _, where = region_choices(offers)[0]
+            choices = region_choices(offers)
+            offer, _, where = choices[0]  # on-demand from its cheapest region ...
+            spot_offer = next(o for o, only, _ in choices if only in ("", "spot"))  # ... spot too
+            where = "; ".join(w for _, _, w in choices if w)
             gpus = offer.gpus_per_node
             age = price_age_days(offer.as_of)
             if offer.kind == "on_prem":
@@ -788,7 +791,7 @@ def cmd_profiles(args) -> int:
                 spot = ""
             else:
                 od = offer.on_demand_per_hour / gpus
-                spot = money(offer.spot_per_hour / gpus) if offer.spot_per_hour else "-"
+                spot = money(spot_offer.spot_per_hour / gpus) if spot_offer.spot_per_hour else "-"
             row = {
                 "profile": name,
                 "GB": f"{prof.memory_gb:g}",
