@@ -86,7 +86,7 @@ def test_instance_without_facts_is_imported_with_a_warning_and_the_reason_shown(
     assert status.startswith("no valid layout") and "no instance facts for aws/g5.2xlarge" in status
 
 
-def test_newer_row_replaces_older_one_row_shown_newer_price_used(profiles_dir):
+def test_newer_row_replaces_older_one_row_shown_newer_price_used(profiles_dir, monkeypatch, capsys):
     import_catalog(CATALOG, as_of="2026-12-01", directory=profiles_dir)
     p4de = [o for o in load_profiles(profiles_dir)["a100-80gb"].offers if o.key.startswith("aws/")]
     # the shipped 2025-06 row (no region) is replaced by the regional rows of 2026-12-01
@@ -119,6 +119,13 @@ def test_newer_row_replaces_older_one_row_shown_newer_price_used(profiles_dir):
         if o.key == "aws/p4de.24xlarge" and o.region == "us-east-1"
     ]
     assert [o.as_of for o in east] == ["2026-12-04"]
+    # `planner profiles` lists the instance once (issue 26: 'aws/p5.48xlarge' twice)
+    import planner.hardware
+
+    monkeypatch.setattr(planner.hardware, "load_profiles", lambda: load_profiles(profiles_dir))
+    assert main(["profiles"]) == 0
+    listing = [line for line in capsys.readouterr().out.splitlines() if "aws/p4de" in line]
+    assert len(listing) == 1 and "3.25" in listing[0]  # 26.00 / 8 per GPU-hour, the newest
     # the planner prices p4de with the newest row
     spec = spec_of(
         constraints={"profiles": ["a100-80gb"], "offers": ["aws/p4de.24xlarge"], "spot": False}
