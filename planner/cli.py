@@ -4,7 +4,8 @@
   planner estimate (--plan PLAN | [--spec FILE] --set section.key=value ...)
   planner explain PLAN                                  why this plan; the article's claims
   planner profiles                                      hardware profiles and offers
-  planner prices import FILE.csv                        SkyPilot-style catalog -> offers
+  planner prices import FILE.csv --as-of DATE           SkyPilot-style catalog -> price rows
+  planner prices history INSTANCE                       every price row of an instance
   planner launch-file PLAN                              SkyPilot task YAML for the plan
 
 Bad input: one line on stderr, exit status 2. No plan possible: the reason, exit status 1.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 import tomli
@@ -70,7 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="check the bank-FAQ article's claims (default: only for plans from the bank-FAQ spec)",
     )
 
-    sub.add_parser("profiles", help="list hardware profiles and offers")
+    prof = sub.add_parser("profiles", help="list hardware profiles and offers")
+    prof.add_argument(
+        "--wide", action="store_true", help="every column (specs, sources; wider than 120)"
+    )
 
     cal = sub.add_parser("calibrate", help="probe this machine, fit and save its efficiency")
     _spec_args(cal)
@@ -116,7 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("csv", type=Path)
     imp.add_argument("--name", default=None, help="price list name (default: CSV file stem)")
     imp.add_argument("--provider", default=None, help="provider (default: from file name)")
-    imp.add_argument("--as-of", default=None, help="date of the prices (default: today)")
+    imp.add_argument(
+        "--as-of",
+        default=None,
+        help="date the catalog was fetched, YYYY-MM-DD (required: SkyPilot's CSVs carry none)",
+    )
+    his = prices_sub.add_parser("history", help="every price row of an instance, newest first")
+    his.add_argument("instance", help="instance type, e.g. p4de.24xlarge or aws/p4de.24xlarge")
     return parser
 
 
@@ -143,6 +154,25 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="let an outlier spot price (below half the same GPU's other spot "
         "offers) make the headline",
+    )
+    p.add_argument(
+        "--rate",
+        action="append",
+        default=[],
+        metavar="CODE=RATE",
+        help="exchange rate as in [rates]: units of the spec's quote currency (rates.quote, "
+        "else its constraints.currency) per unit of CODE, e.g. --rate EUR=7.9 when the spec "
+        "quotes CNY",
+    )
+    p.add_argument(
+        "--rate-date", default=None, metavar="DATE", help="date of the --rate values (rates.as_of)"
+    )
+    p.add_argument(
+        "--any-region",
+        action="store_true",
+        default=None,
+        help="take on-demand and spot prices from whichever region is cheapest for each "
+        "(default: both from one region)",
     )
     p.add_argument(
         "--spot-fallback-hours",
@@ -191,7 +221,9 @@ FLAGS = {
     "job.target_tokens": "--target-tokens",
     "spot.fallback_wait_hours": "--spot-fallback-hours",
     "constraints.allow_outlier_prices": "--allow-outlier-prices",
+    "constraints.any_region": "--any-region",
     "search.top": "--top",
+    "rates.as_of": "--rate-date",
 }
 
 
@@ -229,6 +261,31 @@ def spec_overrides(args) -> dict:
         out["job.target_tokens"] = args.target_tokens
     if getattr(args, "allow_outlier_prices", None):
         out["constraints.allow_outlier_prices"] = True
+    if getattr(args, "any_region", None):
+        out["constraints.any_region"] = True
+    rate_keys = {}
+    for item in getattr(args, "rate", []) or []:
+        code, sep, raw = item.partition("=")
+        try:
+            value = float(raw) if sep else None
+        except ValueError:
+            value = None
+        if value is None:
+            raise UserError(f"{item!r}: use CODE=RATE, e.g. --rate EUR=7.9", key="--rate")
+        out[f"rates.{code.strip()}"] = value  # checked as [rates] are (ISO code, number > 0)
+        rate_keys[f"rates.{code.strip()}"] = "--rate"
+    if getattr(args, "rate_date", None) is not None:
+        from planner.pricebook import price_date
+
+        if price_date(args.rate_date) is None:
+            raise UserError(
+                f"{args.rate_date!r} is not a date; use YYYY-MM-DD, YYYY-MM or YYYY",
+                key="--rate-date",
+            )
+        out["rates.as_of"] = args.rate_date
+    if rate_keys:
+        given = ", ".join(f"{k.split('.', 1)[1]}={v:g}" for k, v in out.items() if k in rate_keys)
+        out["rates.source"] = f"command line --rate {given} (other rates: the spec's [rates])"
     if getattr(args, "spot_fallback_hours", None) is not None:
         out["spot.fallback_wait_hours"] = args.spot_fallback_hours
     if getattr(args, "top", None) is not None:  # checked by the spec's range (search.top)
@@ -242,7 +299,7 @@ def spec_overrides(args) -> dict:
         except tomli.TOMLDecodeError:
             value = raw
         out[key] = value
-    args.overridden = {k: FLAGS.get(k, f"--set {k}") for k in out}
+    args.overridden = {k: rate_keys.get(k) or FLAGS.get(k, f"--set {k}") for k in out}
     return out
 
 
@@ -276,10 +333,10 @@ def _dispatch(args) -> int:
         "optimize": cmd_optimize,
         "estimate": cmd_estimate,
         "explain": cmd_explain,
-        "profiles": lambda _args: cmd_profiles(),
+        "profiles": cmd_profiles,
         "calibrate": cmd_calibrate,
         "history": cmd_history,
-        "prices": cmd_prices_import,
+        "prices": cmd_prices,
         "launch-file": cmd_launch_file,
     }
     return commands[args.command](args)
@@ -709,55 +766,94 @@ def cmd_explain(args) -> int:
 # ---- profiles and prices -----------------------------------------------------------------------
 
 
-def cmd_profiles() -> int:
+def cmd_profiles(args) -> int:
+    """One row per offer (an instance priced in several regions: its cheapest on-demand
+    region), price per GPU-hour first as `sky show-gpus` shows it; --wide adds the specs,
+    prices per node-hour, regions and sources."""
     from tabulate import tabulate
 
+    from planner.costreport import money
     from planner.hardware import load_profiles
+    from planner.pricebook import price_age_days
+    from planner.search import region_choices
 
+    wide = getattr(args, "wide", False)
     rows = []
     for prof in load_profiles().values():
+        name = prof.name + ("" if prof.verified else " *")
         peaks = "/".join(
             f"{prof.peak_tflops.get(p, 0):g}" for p in ("fp32", "tf32", "fp16", "bf16")
         )
-        base = {
-            "profile": prof.name + ("" if prof.verified else " (unverified)"),
-            "device": prof.device,
-            "mem GB": prof.memory_gb,
-            "TFLOPS fp32/tf32/fp16/bf16": peaks,
-            "TDP W": prof.tdp_w,
-            "efficiency max": f"{prof.efficiency.max:g}",
-        }
-        if not prof.offers:
-            rows.append(base | {"offer": "(none: price unknown)", "per node-hour": ""})
+        groups: dict[str, list] = {}
         for offer in prof.offers:
+            groups.setdefault(offer.key, []).append(offer)
+        if not groups:
+            rows.append({"profile": name, "GB": f"{prof.memory_gb:g}", "offer": "(no price)"})
+        for offers in groups.values():
+            choices = region_choices(offers)
+            offer, _, where = choices[0]  # on-demand from its cheapest region ...
+            spot_offer = next(o for o, only, _ in choices if only in ("", "spot"))  # ... spot too
+            where = "; ".join(w for _, _, w in choices if w)
+            gpus = offer.gpus_per_node
+            age = price_age_days(offer.as_of)
             if offer.kind == "on_prem":
-                price = (
-                    f"{offer.node_price_per_hour(spot=False, tdp_w=prof.tdp_w):.3g} "
-                    f"{offer.currency} (electricity)"
-                )
+                od = offer.node_price_per_hour(spot=False, tdp_w=prof.tdp_w) / gpus
+                spot = ""
             else:
-                price = (
-                    f"{offer.on_demand_per_hour:g} / {offer.spot_per_hour:g} spot {offer.currency}"
-                )
-            rows.append(
-                base
-                | {
-                    "offer": f"{offer.key} ({offer.gpus_per_node}x, {offer.as_of or 'undated'})",
-                    "per node-hour": price,
+                od = offer.on_demand_per_hour / gpus
+                spot = money(spot_offer.spot_per_hour / gpus) if spot_offer.spot_per_hour else "-"
+            row = {
+                "profile": name,
+                "GB": f"{prof.memory_gb:g}",
+                "bf16 TF": f"{prof.peak_tflops['bf16']:g}" if "bf16" in prof.peak_tflops else "-",
+                "offer": offer.key,
+                "GPUs": gpus,
+                "Gbit/s": f"{offer.inter_node_gbits_per_s:g}"
+                if offer.inter_node_gbits_per_s
+                else "1 node",
+                "/GPU-h": money(od) + (" (power)" if offer.kind == "on_prem" else ""),
+                "spot/GPU-h": spot,
+                "cur": offer.currency,
+                "age": f"{age} d" if age is not None else "undated",
+            }
+            if wide:
+                row |= {
+                    "device": prof.device,
+                    "TFLOPS fp32/tf32/fp16/bf16": peaks,
+                    "TDP W": f"{prof.tdp_w:g}",
+                    "eff. max": f"{prof.efficiency.max:g}",
+                    "per node-hour": f"{offer.on_demand_per_hour:g} / {offer.spot_per_hour:g} spot"
+                    if offer.kind != "on_prem"
+                    else "",
+                    "as of": offer.as_of or "undated",
+                    "region": where or offer.region or "",
+                    "regions priced": len(offers),
+                    "network": offer.network_source,
+                    "price source": offer.source,
                 }
-            )
-    # whole cells: long text wraps inside its column instead of being cut
-    print(
-        tabulate(
+            rows.append(row)
+    import tabulate as tabulate_module
+
+    padding, tabulate_module.MIN_PADDING = tabulate_module.MIN_PADDING, 0  # headers not padded
+    try:
+        table = tabulate(
             rows,
             headers="keys",
-            tablefmt="grid",
-            maxcolwidths=[None, None, None, None, None, None, 34, 26],
+            tablefmt="grid" if wide else "simple",
+            maxcolwidths=40 if wide else 32,
+            disable_numparse=True,
         )
-    )
+    finally:
+        tabulate_module.MIN_PADDING = padding
+    print(table)
     print(
-        "Specs from datasheets; prices from the sources named in each profile (as_of dates "
-        "shown). Unverified profiles are leads, not facts."
+        textwrap.fill(
+            "Prices per GPU-hour (on-demand, spot) of each offer's cheapest region; Gbit/s = "
+            "inter-node bandwidth (1 node = not stated: planned single-node); * = unverified "
+            "profile (a lead, not a fact). --wide: specs, regions and sources; 'planner "
+            "prices history INSTANCE': every price row.",
+            width=120,
+        )
     )
     return 0
 
@@ -793,16 +889,29 @@ def cmd_launch_file(args) -> int:
     return 0
 
 
-def cmd_prices_import(args) -> int:
-    from planner.prices import import_catalog
+def cmd_prices(args) -> int:
+    from tabulate import tabulate
 
-    path, count, skipped = import_catalog(
+    from planner.prices import import_catalog, price_history
+
+    if args.prices_command == "history":
+        rows = price_history(args.instance)
+        if not rows:
+            raise UserError(
+                f"{args.instance!r}: no price row names this instance (see 'planner profiles')",
+                key="instance",
+            )
+        print(tabulate(rows, headers="keys", tablefmt="simple", maxcolwidths=[None] * 7 + [50]))
+        return 0
+    path, count, skipped, warnings = import_catalog(
         args.csv, name=args.name, provider=args.provider, as_of=args.as_of
     )
     print(
-        f"imported {count} offers into {path}"
+        f"imported {count} price rows (one per instance and region) into {path}"
         + (f"; skipped {len(skipped)} rows: {'; '.join(skipped[:5])}" if skipped else "")
     )
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
     return 0
 
 

@@ -16,6 +16,13 @@ from planner.search import CandidateTable, Decision, outlier_rows, ranked
 WIDTH = 120
 
 
+def hours_text(hours: float) -> str:
+    """Table hours: '73.6' below four days, else days ('3.1 d'), never '1.76e+03'."""
+    if not math.isfinite(hours):
+        return "-"
+    return f"{hours:,.3g}" if hours < 96 else f"{hours / 24:,.1f} d"
+
+
 def money(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
@@ -123,7 +130,7 @@ def render_decisions(result, top: int) -> str:
                 f"{r['nodes']}x{r['gpus_per_node']}",
                 "/".join(precisions),
                 family(table, i),
-                f"{r['hours']:,.3g}",
+                hours_text(r["hours"]),
                 _cost_cell(r),
                 f"{r['preemptions']:.2g}" if r["spot"] else "-",
                 _flags(r["offer_choice"], bool(r["spot"])),
@@ -177,7 +184,7 @@ def offer_summary(decision: Decision, spec) -> list[dict]:
             out.append(
                 base
                 | {
-                    "status": "does not fit" if mine.any() else "no valid layout",
+                    "status": "does not fit" if mine.any() else no_layout_reason(choice, spec),
                     f"modelled_cost_{cur}": None,
                     "modelled_hours": None,
                 }
@@ -209,6 +216,17 @@ def offer_summary(decision: Decision, spec) -> list[dict]:
         )
     )
     return out
+
+
+def no_layout_reason(choice, spec) -> str:
+    """'no valid layout', with the reason when it is the offer's unknown network."""
+    offer = choice.offer
+    if offer.kind == "cloud" and not offer.inter_node_gbits_per_s:
+        why = offer.network_source.split(" in hardware_profiles/")[0]
+        if not why.startswith("no instance facts"):
+            why = "inter-node bandwidth not stated"
+        return f"no valid layout: single-node only ({why})"
+    return "no valid layout"
 
 
 def _nan_none(x):
@@ -263,7 +281,7 @@ def render_offers(decision: Decision, spec, *, wide: bool = False) -> str:
             if cost is not None
             else "",
             money(od) if od is not None and r.get("capacity") == "spot" else "",
-            f"{r['modelled_hours']:,.3g}" if cost is not None else "",
+            hours_text(r["modelled_hours"]) if cost is not None else "",
             " ".join(notes),
         ]
         if wide:
@@ -282,8 +300,19 @@ def render_offers(decision: Decision, spec, *, wide: bool = False) -> str:
         f"'on-demand' = the same plan if spot cannot be had; prices older than "
         f"{spec.constraints.max_price_age_days} d or undated are stale)"
     )
+    # long offer names (an instance priced in several regions names the region) and notes
+    # wrap inside their columns, so the table stays within 120 columns
+    widths = None if wide else [36, None, None, None, None, 28]
     return (
-        _wrap(title) + "\n" + tabulate(body, headers=head, tablefmt="simple", disable_numparse=True)
+        _wrap(title)
+        + "\n"
+        + tabulate(
+            body,
+            headers=head,
+            tablefmt="simple",
+            disable_numparse=True,
+            maxcolwidths=widths,
+        )
     )
 
 

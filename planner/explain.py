@@ -104,16 +104,26 @@ CLAIMS_FILE = Path(__file__).with_name("specs") / "bank_faq_claims.toml"
 BANK_FAQ_SPEC = "embedded:bank_faq"
 
 
-def _find_offer(spec, profiles, profile: str, offer_key: str | None = None) -> OfferChoice | None:
-    """The offer as the spec would price it; None when absent or when the spec has no rate
-    for its currency (explain never guesses a rate)."""
+def _find_offer(
+    spec, profiles, profile: str, offer_key: str | None = None, spot: bool | None = None
+) -> OfferChoice | None:
+    """The offer as the spec would price it (of an instance priced in several regions, the
+    region the planner priced this capacity in: planner.search.region_choices); None when
+    absent or when the spec has no rate for its currency (explain never guesses a rate)."""
+    from planner.search import region_choices
+
     prof = profiles.get(profile)
     if prof is None:
         return None
-    for offer in prof.offers:
-        if offer_key is None or offer.key == offer_key:
+    key = offer_key or next((o.key for o in prof.offers), None)
+    mine = [o for o in prof.offers if o.key == key]
+    capacity = {True: "spot", False: "on_demand", None: ""}[spot]
+    for offer, only, where in region_choices(mine, any_region=spec.constraints.any_region):
+        if only in ("", capacity) or not capacity:
             try:
-                return OfferChoice(prof, offer, spec.rate(offer.currency))
+                return OfferChoice(
+                    prof, offer, spec.rate(offer.currency), capacity=only, where=where
+                )
             except SpecError:
                 return None
     return None
@@ -143,7 +153,9 @@ def explain_plan(plan_path, *, spec_path: str | None = None, claims: bool | None
         "estimate": dataclasses.asdict(plan.estimate),
         "claims": [],
     }
-    choice = _find_offer(spec, profiles, plan.hardware.profile, plan.hardware.offer)
+    choice = _find_offer(
+        spec, profiles, plan.hardware.profile, plan.hardware.offer, plan.hardware.spot
+    )
     if choice is None:
         out["warnings"] = [
             "the plan's offer is not in the current profiles (or its currency "

@@ -11,6 +11,7 @@ shipped folder is read-only package data: nothing is ever written into it.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -188,31 +189,103 @@ def load_profile(path: Path) -> Profile:
     )
 
 
+def imported_prices_dir(directory: Path | None = None) -> Path:
+    """Where imported prices go (`planner prices import`) and are read from: the user data
+    directory's offers/ (never the package's hardware_profiles/), or <directory>/offers when a
+    profiles folder is named; one TOML file per price list, replaced rows under history/."""
+    return Path(directory) / "offers" if directory is not None else userdata.offers_dir()
+
+
 def price_files(directory: Path = PROFILE_DIR) -> list[Path]:
-    """Extra price lists: the shipped ones, then the user's imported ones."""
-    shipped = sorted((Path(directory) / "offers").glob("*.toml"))
-    return shipped + sorted(userdata.offers_dir().glob("*.toml"))
+    """Price lists read after the profiles' own [[offers]]: the shipped offers/ folder, then
+    the user's imported ones (imported_prices_dir)."""
+    folders = [Path(directory) / "offers", imported_prices_dir()]
+    files: list[Path] = []
+    for folder in dict.fromkeys(folders):
+        files += [f for f in sorted(folder.glob("*.toml")) if f not in files]
+    return files
 
 
-def load_profiles(directory: Path = PROFILE_DIR) -> dict[str, Profile]:
-    """All profiles, with extra offer files and this machine's calibrations merged in."""
+def _price_order(offer: Offer) -> object:
+    from planner.pricebook import price_date
+
+    return price_date(offer.as_of) or dt.date.min  # undated: older than any dated price
+
+
+def supersedes(new: Offer, old: Offer) -> bool:
+    """`new` is a newer price of `old`'s key (cloud, instance, region): same provider and
+    instance, same region or `old` recorded none, and a later date (undated = oldest)."""
+    return (
+        new.kind == old.kind == "cloud"
+        and (new.provider, new.instance) == (old.provider, old.instance)
+        and (new.region == old.region or not old.region)
+        and _price_order(new) > _price_order(old)
+    )
+
+
+def current_prices(offers: list[Offer]) -> tuple[list[Offer], list[tuple[Offer, Offer]]]:
+    """One current price per key (cloud, instance, region): a row replaced by a newer row of
+    its key drops out (returned as (old, newer) pairs for `planner prices history`). A row
+    that recorded no region is replaced by a newer row of any region. Of two rows of one key
+    and date, the one read later (an import over the shipped list) is current."""
+    groups: dict[tuple, list[tuple[object, int, Offer]]] = {}
+    for i, o in enumerate(offers):
+        groups.setdefault((o.kind, o.provider, o.instance), []).append((_price_order(o), i, o))
+    current, replaced = [], []
+    for (kind, _, _), rows in groups.items():
+        for when, i, old in rows:
+            newer = [
+                (w, j, o)
+                for w, j, o in rows
+                if kind == "cloud"
+                and j != i
+                and (o.region == old.region or not old.region)
+                and (w, j) > (when, i)
+            ]
+            if newer:
+                replaced.append((old, max(newer, key=lambda x: (x[0], x[1]))[2]))
+            else:
+                current.append((i, old))
+    return [o for _, o in sorted(current, key=lambda x: x[0])], replaced
+
+
+def read_price_file(price_file: Path, profiles: dict) -> list[Offer]:
+    data = read_toml(price_file, ProfileError)
+    out = []
+    for i, table in enumerate(data.get("offers", [])):
+        offer = _load_offer(table, file=str(price_file), index=i)
+        if offer.profile not in profiles:
+            raise ProfileError(
+                f"{offer.profile!r} is not a profile; allowed: {', '.join(profiles)}",
+                file=str(price_file),
+                key=f"offers[{i}].profile",
+            )
+        out.append(offer)
+    return out
+
+
+def all_price_rows(directory: Path = PROFILE_DIR) -> tuple[dict[str, Profile], list[Offer]]:
+    """The profiles as shipped and every price row in reading order (shipped, then lists)."""
     profiles = {p.stem: load_profile(p) for p in sorted(Path(directory).glob("*.toml"))}
     if not profiles:
         raise ProfileError(
             "holds no hardware profile (*.toml); reinstall the package", file=str(directory)
         )
+    rows = [dataclasses.replace(o, profile=name) for name, p in profiles.items() for o in p.offers]
     for price_file in price_files(directory):
-        data = read_toml(price_file, ProfileError)
-        for i, table in enumerate(data.get("offers", [])):
-            offer = _load_offer(table, file=str(price_file), index=i)
-            if offer.profile not in profiles:
-                raise ProfileError(
-                    f"{offer.profile!r} is not a profile; allowed: {', '.join(profiles)}",
-                    file=str(price_file),
-                    key=f"offers[{i}].profile",
-                )
-            prof = profiles[offer.profile]
-            profiles[offer.profile] = dataclasses.replace(prof, offers=prof.offers + (offer,))
+        rows += read_price_file(price_file, profiles)
+    return profiles, rows
+
+
+def load_profiles(directory: Path = PROFILE_DIR) -> dict[str, Profile]:
+    """All profiles, with extra offer files and local calibrations merged in; of several
+    prices of one key (cloud, instance, region) only the newest (current_prices)."""
+    profiles, rows = all_price_rows(directory)
+    current, _ = current_prices(rows)
+    for name, prof in profiles.items():
+        profiles[name] = dataclasses.replace(
+            prof, offers=tuple(o for o in current if o.profile == name)
+        )
     for calib in sorted(calibration_dir().glob("*.toml")):
         if calib.stem in profiles:
             profiles[calib.stem] = apply_calibration(profiles[calib.stem], calib)

@@ -19,7 +19,8 @@ from gptplan.tomlconf import read_toml
 from planner.hardware import PROFILE_DIR, Offer, ProfileError
 
 STALE_AFTER_DAYS = 180  # prices older than this are flagged (spec can change it)
-OUTLIER_BELOW_MEDIAN = 0.5  # a spot price below half the same GPU's other spot prices
+OUTLIER_BELOW_MEDIAN = 0.5  # a spot price below half the same GPU's other spot prices ...
+OUTLIER_MIN_OTHER_PROVIDERS = 2  # ... of at least this many other providers (outlier_notes)
 # Spread of prices over a plan's life when the offer states none (assumption, shown as such):
 # spot prices move with demand; a stale on-demand list price may since have been cut (AWS cut
 # P4/P5 on-demand prices by up to 45% in mid-2025).
@@ -142,35 +143,55 @@ def _per_gpu_spot(choice) -> float:
     return choice.offer.spot_per_hour * choice.rate / choice.offer.gpus_per_node
 
 
+def _spot_ratio(choice) -> float:
+    return choice.offer.spot_per_hour / choice.offer.on_demand_per_hour
+
+
 def outlier_notes(choices) -> dict[int, str]:
-    """Offers whose spot price per GPU-hour is below OUTLIER_BELOW_MEDIAN x the median of the
-    same GPU's other spot offers (compared in the budget currency), with the explanation."""
+    """Offers whose spot price is an outlier, with the explanation. The rule compares a spot
+    price with its own on-demand price and with the same GPU's offers from other providers
+    (each provider counted once, by its lowest spot price per GPU-hour, so many regions or
+    rows of one provider weigh as one). It flags only when at least
+    OUTLIER_MIN_OTHER_PROVIDERS other providers sell that GPU as spot and on-demand, and both
+    hold: the spot price per GPU-hour (budget currency) is below OUTLIER_BELOW_MEDIAN x their
+    median, and its discount is out of their range: its spot/on-demand ratio is below
+    OUTLIER_BELOW_MEDIAN x their median ratio. A cheap provider (low on-demand too) is not an
+    outlier; a new row of one provider can flip another offer only by becoming one of those
+    other providers."""
     notes = {}
     for i, c in enumerate(choices):
-        if not c.offer.has_spot:
+        if not c.offer.has_spot or c.offer.on_demand_per_hour <= 0:
             continue
-        others = [
-            o
-            for j, o in enumerate(choices)
-            if j != i and o.offer.has_spot and o.profile.name == c.profile.name
-        ]
-        if not others:
+        best: dict[str, object] = {}
+        for o in choices:
+            if (
+                o.offer.provider == c.offer.provider
+                or o.profile.name != c.profile.name
+                or not o.offer.has_spot
+                or o.offer.on_demand_per_hour <= 0
+            ):
+                continue
+            prev = best.get(o.offer.provider)
+            if prev is None or _per_gpu_spot(o) < _per_gpu_spot(prev):
+                best[o.offer.provider] = o
+        if len(best) < OUTLIER_MIN_OTHER_PROVIDERS:
             continue
-        mine = _per_gpu_spot(c)
+        others = list(best.values())
+        mine, ratio = _per_gpu_spot(c), _spot_ratio(c)
         median = statistics.median(_per_gpu_spot(o) for o in others)
-        if mine < OUTLIER_BELOW_MEDIAN * median:
-            below_od = (
-                1 - c.offer.spot_per_hour / c.offer.on_demand_per_hour
-                if c.offer.on_demand_per_hour
-                else 0.0
+        median_ratio = statistics.median(_spot_ratio(o) for o in others)
+        if mine < OUTLIER_BELOW_MEDIAN * median and ratio < OUTLIER_BELOW_MEDIAN * median_ratio:
+            names = ", ".join(
+                f"{o.offer.provider} {_per_gpu_spot(o):.3g} ({_spot_ratio(o):.0%})" for o in others
             )
-            names = ", ".join(f"{o.offer.provider} {_per_gpu_spot(o):.3g}" for o in others)
             notes[i] = (
-                f"outlier spot price: {c.offer.key} {mine:.3g} per GPU-hour is "
-                f"{mine / median:.0%} of the median of the other {c.profile.name} spot "
-                f"offers ({median:.3g}: {names}; budget currency) and {below_od:.0%} "
-                "below its own on-demand price; such capacity is often unavailable or "
-                "momentary"
+                f"outlier spot price: {c.offer.key} {mine:.3g} per GPU-hour is {mine / median:.0%} "
+                f"of the median of {len(others)} other providers' {c.profile.name} spot offers "
+                f"and {ratio:.0%} of its own on-demand price against their median "
+                f"{median_ratio:.0%} ({names}; budget currency, spot/on-demand); rule: both "
+                f"below {OUTLIER_BELOW_MEDIAN:.0%} of the others' median with at least "
+                f"{OUTLIER_MIN_OTHER_PROVIDERS} other providers; such capacity is often "
+                "unavailable or momentary"
             )
     return notes
 

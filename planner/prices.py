@@ -1,10 +1,14 @@
-"""`planner prices import FILE.csv`: read a SkyPilot-style catalog into an offer list.
+"""`planner prices import FILE.csv --as-of DATE`: read a SkyPilot-style catalog into price rows.
 
 Catalog columns: InstanceType, AcceleratorName, AcceleratorCount, vCPUs, MemoryGiB, GpuInfo,
-Price, SpotPrice, Region, AvailabilityZone. Rows of one instance type across regions/zones are
-merged: the lowest on-demand and the lowest spot price, with the region count in the source.
-Rows without a known accelerator are skipped (and counted). Inter-node bandwidth is not in the
-catalog, so imported offers are single-node until you fill in inter_node_gbits_per_s.
+Price, SpotPrice, Region, AvailabilityZone. One price row per (instance type, region): the
+lowest on-demand and the lowest spot price over that region's zones, so the on-demand and spot
+price of a row come from one region. Rows without a known accelerator are skipped (and
+counted). The catalog has no network figures: each row takes them from the instance facts
+(hardware_profiles/instances/facts.toml, planner.instances); an instance without facts is imported
+with a warning and planned single-node. SkyPilot's CSVs carry no date, so --as-of is
+required. A row replaces an older row of the same key (cloud, instance, region) in the same
+price list; the replaced one is kept under history/ (`planner prices history INSTANCE`).
 """
 
 from __future__ import annotations
@@ -16,9 +20,15 @@ from pathlib import Path
 
 import tomli_w
 
-from gptplan import userdata
-from gptplan.tomlconf import name_problem, write_text_atomic
-from planner.hardware import ProfileError
+from gptplan.tomlconf import name_problem, read_toml, write_text_atomic
+from planner.hardware import (
+    PROFILE_DIR,
+    ProfileError,
+    current_prices,
+    imported_prices_dir,
+)
+from planner.instances import facts_for
+from planner.pricebook import price_date
 
 # SkyPilot accelerator names -> our profile names
 ACCELERATORS = {
@@ -71,7 +81,7 @@ def parse_catalog(path: Path, *, provider: str, as_of: str) -> tuple[list[dict],
             rows = list(reader)
         except UnicodeDecodeError:
             raise ProfileError("not UTF-8 text", file=str(path)) from None
-    merged: dict[str, dict] = {}
+    merged: dict[tuple[str, str], dict] = {}
     skipped = []
     for number, row in enumerate(rows, start=2):
         name = (row.get("AcceleratorName") or "").strip()
@@ -100,53 +110,68 @@ def parse_catalog(path: Path, *, provider: str, as_of: str) -> tuple[list[dict],
         if on_demand is None and spot is None:
             skipped.append(f"line {number}: no price")
             continue
-        key = row["InstanceType"].strip()
-        entry = merged.setdefault(
-            key,
-            {
-                "profile": profile,
-                "instance": key,
-                "count": count,
-                "on_demand": [],
-                "spot": [],
-                "regions": set(),
-            },
-        )
+        instance = row["InstanceType"].strip()
         region = (row.get("Region") or "").strip()
+        entry = merged.setdefault(
+            (instance, region),
+            {"profile": profile, "count": count, "on_demand": [], "spot": [], "zones": 0},
+        )
         if on_demand is not None:
-            entry["on_demand"].append((on_demand, region))
+            entry["on_demand"].append(on_demand)
         if spot is not None:
-            entry["spot"].append((spot, region))
-        entry["regions"].add(region)
+            entry["spot"].append(spot)
+        entry["zones"] += 1
     offers = []
-    for entry in merged.values():
-        # the lowest price and the region it was seen in (SkyPilot launches there)
-        on_demand, region = min(entry["on_demand"]) if entry["on_demand"] else (0.0, "")
-        spot, spot_region = min(entry["spot"]) if entry["spot"] else (0.0, "")
+    for (instance, region), entry in merged.items():
+        facts = facts_for(provider, instance)
+        profile = facts.profile if facts else entry["profile"]
+        zones = f"lowest over {entry['zones']} catalog row(s) of region {region or '(none)'}"
         offers.append(
             {
-                "profile": entry["profile"],
+                "profile": profile,
                 "provider": provider,
-                "instance": entry["instance"],
+                "instance": instance,
                 "gpus_per_node": entry["count"],
-                "inter_node_gbits_per_s": 0.0,
-                "on_demand_per_hour": on_demand,
-                "spot_per_hour": spot,
+                "inter_node_gbits_per_s": facts.inter_node_gbits_per_s if facts else 0.0,
+                "network_source": facts.network_source
+                if facts
+                else f"no instance facts for {provider}/{instance} in "
+                "hardware_profiles/instances/facts.toml: planned single-node",
+                "on_demand_per_hour": min(entry["on_demand"], default=0.0),
+                "spot_per_hour": min(entry["spot"], default=0.0),
                 "currency": "USD",
-                "source": f"imported from {path.name}: lowest price over {len(entry['regions'])} "
-                "region(s)",
+                "source": f"imported from {path.name} ({zones}; on-demand and spot of this region)",
                 "as_of": as_of,
                 "region": region,
-                "spot_region": spot_region,
             }
         )
     return offers, skipped
 
 
-def imported_prices_dir(directory: Path | None = None) -> Path:
-    """Where imported price lists go: the user data directory's offers/ (never the package's
-    hardware_profiles/), or <directory>/offers."""
-    return Path(directory) / "offers" if directory else userdata.offers_dir()
+def import_warnings(offers: list[dict]) -> list[str]:
+    """Instances imported without facts (planned single-node) or whose GPU count differs."""
+    warnings, seen = [], set()
+    for o in offers:
+        key = (o["provider"], o["instance"])
+        if key in seen:
+            continue
+        seen.add(key)
+        facts = facts_for(*key)
+        if facts is None:
+            warnings.append(
+                f"{key[0]}/{key[1]}: no instance facts (hardware_profiles/instances/facts.toml), "
+                "so no inter-node bandwidth: planned single-node"
+            )
+        elif facts.gpus != o["gpus_per_node"]:
+            warnings.append(
+                f"{key[0]}/{key[1]}: the catalog says {o['gpus_per_node']} accelerators, the "
+                f"instance facts {facts.gpus}; the catalog's count is used"
+            )
+    return warnings
+
+
+def _key(row: dict) -> tuple:
+    return (row["provider"], row["instance"], row.get("region", ""))
 
 
 def import_catalog(
@@ -156,8 +181,21 @@ def import_catalog(
     provider: str | None = None,
     as_of: str | None = None,
     directory: Path | None = None,
-) -> tuple[Path, int, list[str]]:
+) -> tuple[Path, int, list[str], list[str]]:
+    """Import a catalog into the price list `name`; returns (file written, rows, skipped
+    lines, warnings). Rows of the list with the same key and an older date go to history."""
+    from planner.hardware import Offer, _load_offer
+
     path = Path(path)
+    if not as_of or price_date(as_of) is None:
+        raise ProfileError(
+            f"{as_of!r} is not a date; SkyPilot catalogs carry none, so give the day the "
+            "catalog was fetched: --as-of YYYY-MM-DD (or YYYY-MM)"
+            if as_of
+            else "is required: SkyPilot catalogs carry no date, so give the day the catalog "
+            "was fetched, e.g. --as-of 2026-12-01",
+            key="--as-of",
+        )
     name = path.stem if name is None else name
     if name_problem(name):
         raise ProfileError(name_problem(name), key="--name")
@@ -166,7 +204,6 @@ def import_catalog(
     provider = provider or default.split("_")[0].split("-")[0].lower()
     if name == "vms":
         name = provider
-    as_of = as_of or dt.date.today().isoformat()
     offers, skipped = parse_catalog(path, provider=provider, as_of=as_of)
     if not offers:
         raise ProfileError(
@@ -176,9 +213,72 @@ def import_catalog(
             file=str(path),
         )
     out = imported_prices_dir(directory) / f"{name}.toml"
+    history_file = imported_prices_dir(directory) / "history" / f"{name}.toml"
+    old = read_toml(out, ProfileError).get("offers", []) if out.exists() else []
+    # one current row per key: the newer of the old and the new row (the new one on a tie)
+    rows = [_load_offer(t, file=str(out), index=i) for i, t in enumerate(old)]
+    new_rows = [Offer(**o) for o in offers]
+    current, _ = current_prices(rows + new_rows)
+    keep = {id(o) for o in current}
+    tables = [t for t, o in zip(old + offers, rows + new_rows, strict=True) if id(o) in keep]
+    gone = [t for t, o in zip(old + offers, rows + new_rows, strict=True) if id(o) not in keep]
     header = (
-        f"# Imported by 'planner prices import' from {path.name} on {as_of}.\n"
-        "# inter_node_gbits_per_s = 0 means unknown: such offers are planned single-node.\n"
+        f"# Written by 'planner prices import' ({path.name}, prices as of {as_of}). One row per\n"
+        "# (cloud, instance, region); older rows of a key are in history/. Network figures from\n"
+        "# hardware_profiles/instances/facts.toml; inter_node_gbits_per_s = 0 means no facts: the\n"
+        "# instance is planned single-node.\n"
     )
-    write_text_atomic(out, header + tomli_w.dumps({"offers": offers}))
-    return out, len(offers), skipped
+    if gone:
+        past = (
+            read_toml(history_file, ProfileError).get("offers", []) if history_file.exists() else []
+        )
+        write_text_atomic(
+            history_file,
+            "# Price rows replaced by newer imports of the same key (planner prices history).\n"
+            + tomli_w.dumps({"offers": past + gone}),
+        )
+    write_text_atomic(out, header + tomli_w.dumps({"offers": tables}))
+    return out, len(offers), skipped, import_warnings(offers)
+
+
+def price_history(instance: str, directory: Path | None = None) -> list[dict]:
+    """Every price row of an instance ('p4de.24xlarge' or 'aws/p4de.24xlarge'), newest first:
+    the current ones, those a newer row replaced, and those kept under history/."""
+    from planner.hardware import _load_offer, all_price_rows
+
+    _, rows = all_price_rows(PROFILE_DIR if directory is None else directory)
+    current, replaced = current_prices(rows)
+    past = []
+    folder = imported_prices_dir(directory) / "history"
+    for f in sorted(folder.glob("*.toml")) if folder.is_dir() else []:
+        for i, t in enumerate(read_toml(f, ProfileError).get("offers", [])):
+            past.append(_load_offer(t, file=str(f), index=i))
+    by_newer = {id(old): new for old, new in replaced}
+    out = []
+    for o in current + [old for old, _ in replaced] + past:
+        if instance not in (o.instance, o.key):
+            continue
+        newer = by_newer.get(id(o))
+        out.append(
+            {
+                "status": "current"
+                if newer is None and o not in past
+                else f"replaced by {newer.as_of} {newer.region or ''}".rstrip()
+                if newer is not None
+                else "replaced (history)",
+                "offer": o.key,
+                "region": o.region or "(not recorded)",
+                "as of": o.as_of or "undated",
+                "on-demand/h": o.on_demand_per_hour,
+                "spot/h": o.spot_per_hour,
+                "currency": o.currency,
+                "source": o.source,
+            }
+        )
+    out.sort(
+        key=lambda r: (
+            r["status"] != "current",
+            -(price_date(r["as of"]) or dt.date.min).toordinal(),
+        )
+    )
+    return out

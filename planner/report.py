@@ -8,6 +8,7 @@ from tabulate import tabulate
 
 from planner import coverage
 from planner.corpus_stats import CorpusStatistics
+from planner.costreport import hours_text
 from planner.search import CandidateTable, Decision, ranked
 
 
@@ -16,6 +17,11 @@ def _fmt_tokens(x: float) -> str:
         if x >= size:
             return f"{x / size:.3g}{unit}"
     return f"{x:.0f}"
+
+
+def _h(hours: float) -> str:
+    """Hours in a sentence: '8.31', '1,760' (never '1.76e+03')."""
+    return f"{hours:,.3g}" if hours < 1000 else f"{hours:,.0f}"
 
 
 def money(x: float) -> str:
@@ -43,8 +49,8 @@ def describe(table: CandidateTable, i: int, currency: str) -> str:
         f"{r['nodes']} node(s) x {r['gpus_per_node']}, {r['precision']}, seq {r['seq']}, "
         f"micro {r['micro']} x acc {r['acc']}, {layout(r)}, recompute {r['recompute']}: "
         f"{money(r['cost'])} {currency} (p10-p90 {money(r['cost_p10'])}-"
-        f"{money(r['cost_p90'])}), {r['hours']:,.3g} h (p10-p90 {r['hours_p10']:,.3g}-"
-        f"{r['hours_p90']:,.3g}) (modelled)"
+        f"{money(r['cost_p90'])}), {_h(r['hours'])} h (p10-p90 {_h(r['hours_p10'])}-"
+        f"{_h(r['hours_p90'])}) (modelled)"
     )
 
 
@@ -247,8 +253,8 @@ def render_candidates(result, top: int) -> str:
             f"{r['memory_gb']:.1f}",
             f"{r['tokens_per_s']:,.0f}",
             f"{r['mfu']:.1%}",
-            f"{r['hours']:,.3g}",
-            f"{r['hours_p10']:,.3g}-{r['hours_p90']:,.3g}",
+            hours_text(r["hours"]),
+            f"{hours_text(r['hours_p10'])}-{hours_text(r['hours_p90'])}",
             money(r["cost"]),
             f"{money(r['cost_p10'])}-{money(r['cost_p90'])}",
         ]

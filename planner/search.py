@@ -14,6 +14,7 @@ front are pure functions of it; rendering lives in planner.report.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import math
 from dataclasses import dataclass, field
 
@@ -27,7 +28,7 @@ from planner import costmodel as cm
 from planner import coverage, spotrisk
 from planner.corpus_stats import CorpusStatistics
 from planner.hardware import Offer, Profile
-from planner.pricebook import PriceFacts, price_facts
+from planner.pricebook import PriceFacts, price_date, price_facts
 from planner.spec import Spec
 
 DIAGNOSTIC_COLUMNS = frozenset(
@@ -41,10 +42,14 @@ class OfferChoice:
     offer: Offer
     rate: float  # spec currency per offer currency
     facts: PriceFacts | None = None  # age, outlier flag, spot risk (planner.pricebook)
+    capacity: str = ""  # "spot" / "on_demand": this region is priced for that capacity only
+    where: str = ""  # which region(s) the prices come from, when the instance has several
 
     @property
     def label(self) -> str:
-        return f"{self.profile.name} @ {self.offer.key}"
+        return f"{self.profile.name} @ {self.offer.key}" + (
+            f" ({self.where})" if self.where else ""
+        )
 
     @property
     def price(self) -> PriceFacts:
@@ -206,8 +211,13 @@ class CandidateTable:
 
 
 def allowed_offers(spec: Spec, profiles: dict[str, Profile]) -> list[OfferChoice]:
+    """The offers the spec allows, one price per capacity: of an instance priced in several
+    regions, on-demand and spot come from one region each (the cheapest region for that
+    capacity; both from one region when it is the cheapest for both), or with
+    constraints.any_region from the cheapest region of each. This machine's own offers
+    (provider 'local') only when the spec names its profile or offer."""
     c = spec.constraints
-    choices = []
+    groups: dict[tuple[str, str], list[Offer]] = {}
     for name, prof in profiles.items():
         if c.profiles and name not in c.profiles:
             continue
@@ -216,13 +226,64 @@ def allowed_offers(spec: Spec, profiles: dict[str, Profile]) -> list[OfferChoice
                 continue
             if offer.kind == "on_prem" and not (c.owned_hardware or offer.key in c.offers):
                 continue
-            choices.append(OfferChoice(prof, offer, spec.rate(offer.currency)))
+            if offer.provider == "local" and not (name in c.profiles or offer.key in c.offers):
+                continue
+            groups.setdefault((name, offer.key), []).append(offer)
+    choices = []
+    for (name, _), offers in groups.items():
+        prof = profiles[name]
+        for offer, capacity, where in region_choices(offers, any_region=c.any_region):
+            if (capacity == "spot" and not c.spot) or (capacity == "on_demand" and not c.on_demand):
+                continue
+            choices.append(
+                OfferChoice(prof, offer, spec.rate(offer.currency), capacity=capacity, where=where)
+            )
     facts = price_facts(
         choices,
         stale_after_days=c.max_price_age_days,
         preemption_override=spec.spot.preemptions_per_node_hour,
     )
     return [dataclasses.replace(ch, facts=f) for ch, f in zip(choices, facts, strict=True)]
+
+
+def region_choices(
+    offers: list[Offer], *, any_region: bool = False
+) -> list[tuple[Offer, str, str]]:
+    """(offer, capacity it is priced for ('' = both), which region) for the current price rows
+    of one instance. One row: itself. Several regions: the cheapest on-demand region and the
+    cheapest spot region, each with its own region's other price (one row when they are the
+    same region); with any_region, one offer with the cheapest of each, regions named."""
+    if len(offers) <= 1 or offers[0].kind != "cloud":
+        return [(o, "", "") for o in offers]
+    n = len({o.region for o in offers})
+    od = min(
+        (o for o in offers if o.on_demand_per_hour > 0),
+        key=lambda o: (o.on_demand_per_hour, o.region),
+        default=None,
+    )
+    sp = min(
+        (o for o in offers if o.spot_per_hour > 0),
+        key=lambda o: (o.spot_per_hour, o.region),
+        default=None,
+    )
+    if any_region and od is not None and sp is not None and od is not sp:
+        older = min((od, sp), key=lambda o: price_date(o.as_of) or dt.date.min)
+        merged = dataclasses.replace(
+            od,
+            spot_per_hour=sp.spot_per_hour,
+            spot_region=sp.region,
+            as_of=older.as_of,
+            source=f"on-demand: {od.source}; spot: {sp.source}",
+        )
+        return [(merged, "", f"on-demand {od.region}, spot {sp.region}")]
+    if od is None or sp is None or od is sp:
+        best = od or sp
+        assert best is not None
+        return [(best, "", f"{best.region}, cheapest of {n}")]
+    return [
+        (od, "on_demand", f"on-demand {od.region}, cheapest of {n}"),
+        (sp, "spot", f"spot {sp.region}, cheapest of {n}"),
+    ]
 
 
 def target_tokens(spec: Spec, stats: CorpusStatistics | None) -> float:
@@ -560,9 +621,9 @@ def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) ->
     on-demand fallback (the provider's chance that spot cannot be had)."""
     offer, prof, sp = choice.offer, choice.profile, spec.spot
     modes = []
-    if spec.constraints.on_demand or offer.kind == "on_prem":
+    if (spec.constraints.on_demand or offer.kind == "on_prem") and choice.capacity != "spot":
         modes.append(False)
-    if spec.constraints.spot and offer.has_spot:
+    if spec.constraints.spot and offer.has_spot and choice.capacity != "on_demand":
         modes.append(True)
     parts = []
     checkpoint_hours = cm.checkpoint_write_hours(

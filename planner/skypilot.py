@@ -163,12 +163,16 @@ def default_bucket(plan: Plan) -> str:
 
 
 def plan_offer(plan: Plan):
-    """The price-list offer the plan was made for (None when no list holds it any more)."""
+    """The price-list row (region) the plan was priced with (None when no list holds it)."""
     from planner.hardware import load_profiles
+    from planner.search import region_choices
 
     profile = load_profiles().get(plan.hardware.profile)
-    for offer in profile.offers if profile else ():
-        if offer.key == plan.hardware.offer:
+    mine = [o for o in (profile.offers if profile else ()) if o.key == plan.hardware.offer]
+    # the region the planner priced this capacity in (planner.search.region_choices)
+    capacity = "spot" if plan.hardware.spot else "on_demand"
+    for offer, only, _ in region_choices(mine) if mine else ():
+        if only in ("", capacity):
             return offer
     return None
 

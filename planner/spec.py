@@ -120,6 +120,11 @@ class ConstraintSpec:
     max_price_age_days: int = setting(
         180, "Prices older than this (or undated) are flagged stale.", min=1
     )
+    any_region: bool = setting(
+        False,
+        "Take an instance's on-demand and spot prices from whichever regions are cheapest "
+        "for each (false: both from one region, the table names it).",
+    )
     allow_outlier_prices: bool = setting(
         False,
         "Let a spot price far below the same GPU's "
@@ -266,7 +271,8 @@ class Spec:
             raise SpecError(
                 f"an offer is priced in {currency} but the budget is in {budget}; "
                 f"[rates] (in {quote} per unit) give no {need}: add '{need} = "
-                f"<{quote} per {need}>' to [rates]",
+                f"<{quote} per {need}>' to [rates] or pass --rate {need}=<{quote} per "
+                f"{need}> --rate-date YYYY-MM",
                 file=self.path,
                 key=f"rates.{need}",
             )

@@ -148,14 +148,14 @@ def test_price_import_validates_rows_and_names(tmp_path):
         "p5,H100,8,nan,inf,us\n"  # NaN / inf
         "p3,V100,4,12.2,3.7,us\n"
     )  # the one good row
-    out, count, skipped = import_catalog(csv, directory=tmp_path)
+    out, count, skipped, _ = import_catalog(csv, as_of="2026-12-01", directory=tmp_path)
     assert count == 1 and len(skipped) == 3
     assert "nan" not in out.read_text() and "inf" not in out.read_text()
     for name in ("../../x", "", "a b"):
         with pytest.raises(ProfileError, match="not a valid name"):
-            import_catalog(csv, name=name, directory=tmp_path)
+            import_catalog(csv, name=name, as_of="2026-12-01", directory=tmp_path)
     with pytest.raises(ProfileError, match="is a directory"):
-        import_catalog(tmp_path, directory=tmp_path)
+        import_catalog(tmp_path, as_of="2026-12-01", directory=tmp_path)
     assert sorted(p.name for p in (tmp_path / "offers").iterdir()) == ["aws.toml"]
 
 

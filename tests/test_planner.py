@@ -189,17 +189,17 @@ def test_prices_import(tmp_path):
     csv_file = tmp_path / "aws_catalog.csv"
     csv_file.write_text(CSV)
     profiles_dir = tmp_path / "profiles"
-    out, count, skipped = import_catalog(csv_file, as_of="2025-06-01", directory=profiles_dir)
-    assert count == 2 and len(skipped) == 2
-    offers = {o["instance"]: o for o in tomli.loads(out.read_text())["offers"]}
-    p4de = offers["p4de.24xlarge"]
+    out, count, skipped, _ = import_catalog(csv_file, as_of="2025-06-01", directory=profiles_dir)
+    assert count == 3 and len(skipped) == 2  # one row per instance and region
+    offers = {(o["instance"], o["region"]): o for o in tomli.loads(out.read_text())["offers"]}
+    p4de = offers["p4de.24xlarge", "us-west-2"]
     assert (p4de["profile"], p4de["provider"], p4de["gpus_per_node"]) == ("a100-80gb", "aws", 8)
-    assert p4de["on_demand_per_hour"] == 40.97 and p4de["spot_per_hour"] == 6.2  # lowest
-    assert offers["g4dn.xlarge"]["spot_per_hour"] == 0.0  # no spot price given
+    assert p4de["on_demand_per_hour"] == 41.50 and p4de["spot_per_hour"] == 6.2  # one region
+    assert offers["g4dn.xlarge", "us-east-1"]["spot_per_hour"] == 0.0  # no spot price given
     bad = tmp_path / "bad.csv"
     bad.write_text("InstanceType,Price\nx,1\n")
     with pytest.raises(Exception, match="missing column"):
-        import_catalog(bad, directory=profiles_dir)
+        import_catalog(bad, as_of="2025-06-01", directory=profiles_dir)
 
 
 @pytest.fixture(scope="module")

@@ -84,15 +84,23 @@ def test_multi_node_task_pins_the_region_of_the_price(tmp_path, monkeypatch):
     assert next(iter(task["file_mounts"].values()))["store"] == "gcs"
 
 
-def test_imported_catalog_records_the_region_of_each_lowest_price(tmp_path):
+def test_imported_catalog_keeps_on_demand_and_spot_of_one_region_together(tmp_path):
+    """Issue 26: on-demand us-east-1 with spot us-east-2 was one offer; now one row per region."""
     from test_planner import CSV
 
     csv_file = tmp_path / "aws.csv"
     csv_file.write_text(CSV)
     offers, _ = parse_catalog(csv_file, provider="aws", as_of="2025-06-01")
-    p4de = next(o for o in offers if o["instance"] == "p4de.24xlarge")
-    assert (p4de["on_demand_per_hour"], p4de["region"]) == (40.97, "us-east-1")
-    assert (p4de["spot_per_hour"], p4de["spot_region"]) == (6.2, "us-west-2")
+    p4de = {o["region"]: o for o in offers if o["instance"] == "p4de.24xlarge"}
+    assert (p4de["us-east-1"]["on_demand_per_hour"], p4de["us-east-1"]["spot_per_hour"]) == (
+        40.97,
+        7.1,
+    )
+    assert (p4de["us-west-2"]["on_demand_per_hour"], p4de["us-west-2"]["spot_per_hour"]) == (
+        41.50,
+        6.2,
+    )
+    assert all("spot_region" not in o for o in offers)
 
 
 def test_accelerator_names_are_skypilots():
