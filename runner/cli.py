@@ -310,7 +310,8 @@ def execute(args, started_at: float | None = None) -> int:
             return finished_run(ex)  # report, and an export that did not happen yet
         spent = check_budget(ex)  # refuses (exit 2) a run that cannot buy one step
         if spent:
-            with billed_attempt(ex):  # its seconds are machine time too
+            with billed_attempt(ex):  # its seconds are machine time too (flagged as such)
+                ex.billing.note(budget_check=1)
                 print(spent)
             return 0
         with billed_attempt(ex):  # the attempt's record and heartbeat, closed at exit

@@ -162,4 +162,5 @@ def test_rerun_of_a_spent_run_is_billed(write_plan, tmp_path, finished_run):
     attempts = Billing(run).attempts
     rerun = attempts[-1]["last_seen"] - attempts[-1]["start"]
     print(f"spent rerun: billed {rerun:.2f} s, wall {wall:.2f} s (measured)")
-    assert len(attempts) == 2 and abs(rerun - wall) < 1.0
+    assert len(attempts) == 2 and attempts[-1]["budget_check"] == 1
+    assert abs(rerun - wall) < 1.0
