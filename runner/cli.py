@@ -651,15 +651,19 @@ def explain_failure(ex: Execution, outcome: Outcome) -> int:
 
 
 def deadline_reached(ex: Execution) -> int:
-    """The attempt reached the budget's deadline before its ranks stopped themselves (a
-    start-up slower than the one the pre-launch check assumed): it was ended, nothing of it
-    was trained or saved; what it ran is billed, within the budget."""
+    """The attempt reached the budget's deadline before its ranks stopped themselves (most
+    often a start-up slower than the one the pre-launch check assumed): it was ended; what it
+    ran is billed, within the budget; steps since the last checkpoint are not kept."""
     ran = time.time() - ex.attempt_start
-    ex.billing.note(startup_s=ran)  # start-up takes at least this long: the next check knows
+    started = (Billing(ex.run_dir).attempts or [{}])[-1].get("startup_s") is not None
+    if not started:  # start-up takes at least this long: the next check knows
+        ex.billing.note(startup_s=ran)
+    where = "while training" if started else "during start-up"
     print(
-        f"budget spent during start-up ({ran:.1f} s after the runner started, before a step "
-        f"could be trained and saved): ended at the budget's deadline; billed "
-        f"{ex.billing.total_seconds():.1f} s; trained nothing more; raise the limit to continue"
+        f"budget spent {where} ({ran:.1f} s after the runner started): ended at the budget's "
+        f"deadline; billed {ex.billing.total_seconds():.1f} s; "
+        f"{'the steps since the last checkpoint are lost' if started else 'trained nothing'}; "
+        "raise the limit to continue"
     )
     return 0
 

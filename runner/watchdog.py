@@ -185,6 +185,9 @@ class Watchdog:
         limit = self.limit_s(progress)
         if now - latest < limit:
             return None
+        records = self._records()
+        if records and all(r.get("ended") is not None for r in records.values()):
+            return None  # every rank is done: the launcher is shutting down
         return self._stall_line(now - latest, limit, progress)
 
     def _records(self) -> dict[int, dict]:
