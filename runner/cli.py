@@ -311,7 +311,8 @@ def execute(args, started_at: float | None = None) -> int:
         spent = check_budget(ex)  # refuses (exit 2) a run that cannot buy one step
         if spent:
             with billed_attempt(ex):  # its seconds are machine time too (flagged as such)
-                ex.billing.note(budget_check=1)
+                if ex.node_rank == 0:  # (a node > 0 keeps only its own time)
+                    ex.billing.note(budget_check=1)
                 print(spent)
             return 0
         with billed_attempt(ex):  # the attempt's record and heartbeat, closed at exit

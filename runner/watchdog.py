@@ -254,8 +254,10 @@ class Watchdog:
     def _tail(self, ranks: list[int]) -> str:
         from runner.failure import clean_tail
 
-        for rank in ranks or [self.node_rank * self.nproc_per_node]:
-            log = self.log_dir / f"workerlog.{rank - self.node_rank * self.nproc_per_node}"
+        first = self.node_rank * self.nproc_per_node
+        others = [r for r in range(first, first + self.nproc_per_node) if r not in ranks]
+        for rank in [*ranks, *others]:  # the silent rank's own log first (rank 0's has steps)
+            log = self.log_dir / f"workerlog.{rank - first}"
             try:
                 lines = clean_tail(log.read_text(errors="replace"), 3)
             except OSError:
