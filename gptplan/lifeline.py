@@ -26,6 +26,22 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
     return True
 
 
+TERMINATION_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def default_signal_state() -> None:
+    """Give this process the default signal mask and actions for SIGTERM/SIGINT.
+
+    For the first thing a child we start runs (a pool worker's initializer): a `spawn` child
+    inherits its starter's signal mask through exec, and the runner blocks both signals while
+    it starts (runner.__main__), so without this Pool.terminate() could never end a worker and
+    the pool's join would wait for good.
+    """
+    for sig in TERMINATION_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, TERMINATION_SIGNALS)
+
+
 def die_with_parent(sig: int = signal.SIGKILL):
     """A `preexec_fn` for subprocess.Popen (Linux; None elsewhere)."""
     if sys.platform != "linux":

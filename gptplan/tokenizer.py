@@ -151,11 +151,21 @@ def _segment_parallel(pieces: list[str], workers: int, progress) -> list[str]:
             out.extend(_segment_many(c))
             progress(sum(len(t) for t in c))
         return out
-    with mp.get_context("spawn").Pool(workers, initializer=_worker_quiet) as pool:
+    with mp.get_context("spawn").Pool(workers, initializer=_pool_worker_init) as pool:
         for c, seg in zip(chunks, pool.imap(_segment_many, chunks)):
             out.extend(seg)
             progress(sum(len(t) for t in c))
     return out
+
+
+def _pool_worker_init() -> None:
+    """A pool worker ends on SIGTERM whatever signal mask its starter had (the runner blocks
+    SIGTERM/SIGINT while it starts; spawn passes the mask on through exec): without this,
+    Pool.terminate() cannot end it and the pool's join waits for good."""
+    from gptplan.lifeline import default_signal_state
+
+    default_signal_state()
+    _worker_quiet()
 
 
 def _worker_quiet() -> None:

@@ -40,11 +40,17 @@ class Stopped(BaseException):
         name = signal.Signals(self.signum).name
         if not self.failed_trials and not self.probes_ended:
             return f"planner stopped by {name} (no probe or trial was running)"
-        trials = ", ".join(str(n) for n in self.failed_trials) or "none"
+        numbers = ", ".join(f"#{n}" for n in self.failed_trials)
+        trials = (
+            f"running trial {numbers} marked failed"
+            if len(self.failed_trials) == 1
+            else f"running trials {numbers} marked failed"
+            if self.failed_trials
+            else "no trial was running"
+        )
         return (
             f"planner stopped by {name}: {self.probes_ended} probe worker(s) ended, "
-            f"running trial(s) marked failed: {trials}; run the same command again to "
-            "resume the study"
+            f"{trials}; run the same command again to resume the study"
         )
 
 

@@ -8,12 +8,34 @@ signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGINT))
 
 
 def entry() -> None:
+    import os
     import sys
 
     from runner.billing import process_start_time
+
+    started_at = process_start_time()
     from runner.cli import main
 
-    sys.exit(main(started_at=process_start_time()))
+    try:
+        status = main(started_at=started_at)
+    except SystemExit as exc:  # --help, --version, a usage error
+        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    # Every second in the journal: the last record is written now, and the process ends at
+    # once (the interpreter's teardown of Paddle takes seconds that would go unbilled).
+    import logging
+
+    from runner.billing import last_word
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    last_word()
+    os._exit(status)
 
 
 if __name__ == "__main__":

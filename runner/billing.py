@@ -157,13 +157,36 @@ def move_damaged(path: Path, run_dir: Path) -> Path:
     return target
 
 
+def journal_paths(run_dir: Path, node_rank: int = 0) -> tuple[Path, Path]:
+    """The journal and its copy: node 0's bill the cluster; a node R > 0 keeps its own time
+    in `billing.nodeRR.json` (and its copy), so the time of a node that ran without node 0
+    (a peer that never came, or went away) is on record too."""
+    if node_rank == 0:
+        return Path(run_dir) / JOURNAL, Path(run_dir) / COPY
+    stem = f"billing.node{node_rank:02d}"
+    return Path(run_dir) / f"{stem}.json", Path(run_dir) / f"{stem}.copy.json"
+
+
+def node_journals(run_dir: Path) -> dict[int, float]:
+    """Seconds each node R > 0 recorded in its own journal, by node rank."""
+    out = {}
+    for path in sorted(Path(run_dir).glob("billing.node*.json")):
+        stamp = NODE_STAMP.search(path.name)
+        if stamp is None or path.name.endswith(".copy.json") or int(stamp.group(1)) == 0:
+            continue
+        node = int(stamp.group(1))
+        out[node] = Billing(run_dir, node_rank=node).total_seconds()
+    return out
+
+
 class Billing:
     """The run's billing journal. `repair=True` (the runner of node 0, holding the run
     directory's lock) may rewrite damaged copies; everyone may append."""
 
-    def __init__(self, run_dir: Path, *, repair: bool = False):
+    def __init__(self, run_dir: Path, *, repair: bool = False, node_rank: int = 0):
         self.run_dir = Path(run_dir)
-        self.paths = (self.run_dir / JOURNAL, self.run_dir / COPY)
+        self.paths = journal_paths(self.run_dir, node_rank)
+        self.node_rank = node_rank
         self.repair = repair
         self.attempts: list[dict] = []
         self.notice: str | None = None  # the one line a recovery printed
@@ -179,7 +202,8 @@ class Billing:
             self.attempts = merged
             damaged = [p for p in self.paths if not usable.get(p)]
         else:  # both damaged, empty or missing: the upper bound (nothing for a new run dir)
-            self.attempts = upper_bound_attempts(self.run_dir)
+            # (file times are node 0's: a node R > 0 with no journal has billed nothing)
+            self.attempts = upper_bound_attempts(self.run_dir) if self.node_rank == 0 else []
             damaged = list(self.paths) if self.attempts or read else []
         if damaged == [self.paths[1]] and not self.paths[1].exists() and _old_format(self.paths[0]):
             damaged = []  # a run billed before the journal: its copy is written from now on
@@ -339,8 +363,24 @@ class Heartbeat:
         if self.error is None:
             try:
                 self.billing.close()
+                _CLOSED.append(self.billing)
             except Exception as exc:  # noqa: BLE001
                 self.error = exc
+
+
+_CLOSED: list[Billing] = []  # attempts closed in this process, for the last word at exit
+
+
+def last_word() -> None:
+    """Bring the attempts this process closed up to now: called by `runner`'s entry point as
+    the very last thing before the process exits (without the interpreter's slow teardown),
+    so the bill ends where the process does."""
+    while _CLOSED:
+        billing = _CLOSED.pop()
+        try:
+            billing.touch()
+        except Exception:  # noqa: BLE001 - a full disk: the bill ends at the close
+            pass
 
 
 def billed_seconds(run_dir: Path) -> float:

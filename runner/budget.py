@@ -124,19 +124,28 @@ def over_limits(plan: Plan, *, billed_s: float, needed_s: float) -> list[str]:
     return crossed
 
 
-def startup_s(plan: Plan, attempts: list[dict]) -> tuple[float, str]:
+def startup_s(
+    plan: Plan, attempts: list[dict], *, machine_startup_s: float | None = None
+) -> tuple[float, str]:
     """Start-up still ahead of an attempt: the slowest measured in earlier attempts (runner
-    start to first step), else the stated bound. (seconds, how it was obtained)."""
+    start to first step) or, when slower, on this machine for plans of this shape
+    (runner.ceiling), else the stated bound. (seconds, how it was obtained)."""
     measured = measured_max(attempts, "startup_s")
+    if machine_startup_s is not None and (measured is None or machine_startup_s > measured):
+        bound = STARTUP_BOUND_S[plan.parallel.world_size > 1]
+        if measured is not None or machine_startup_s > bound:
+            return machine_startup_s, "measured on this machine"
     if measured is not None:
         return measured, "measured"
     return STARTUP_BOUND_S[plan.parallel.world_size > 1], "stated bound"
 
 
-def first_step_need_s(plan: Plan, attempts: list[dict]) -> tuple[float, str]:
+def first_step_need_s(
+    plan: Plan, attempts: list[dict], *, machine_startup_s: float | None = None
+) -> tuple[float, str]:
     """Seconds an attempt needs to take one step and stop cleanly: start-up, the step, its
     checkpoint and shutdown (measured where earlier attempts measured them)."""
-    start, how = startup_s(plan, attempts)
+    start, how = startup_s(plan, attempts, machine_startup_s=machine_startup_s)
     costs = stop_costs(plan, attempts, step_times=[], checkpoint_times=[])
     step_how = "measured" if costs.measured else modelled_step_s(plan)[1]
     return (

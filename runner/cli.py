@@ -21,7 +21,7 @@ from gptplan.cliargs import OneLineParser
 from gptplan.errors import BudgetError, DataError, PlanError, UserError
 from gptplan.plan import Plan, load_plan, write_plan
 from gptplan.tomlconf import folder_problem
-from runner import __version__, signals
+from runner import __version__, ceiling, signals
 from runner import budget as budget_guard
 from runner import checkpoint as ckpt
 from runner.billing import Billing, Heartbeat
@@ -285,6 +285,7 @@ class Execution:
     deadline: float | None = None
     original: Plan | None = None  # the user's plan (--set applied), before --local fitting
     corpus_problem: str | None = None  # runner.corpuscheck's finding for a dry run
+    prep_seconds: float = 0.0  # data preparation (or its cache check) in this attempt
 
     @property
     def run_dir(self) -> Path:
@@ -315,12 +316,19 @@ def execute(args, started_at: float | None = None) -> int:
             return finished_run(ex)  # report, and an export that did not happen yet
         spent = check_budget(ex)  # refuses (exit 2) a run that cannot buy one step
         if spent:
-            print(spent)
+            with billed_attempt(ex):  # its seconds are machine time too (flagged as such)
+                if ex.node_rank == 0:  # (a node > 0 keeps only its own time)
+                    ex.billing.note(budget_check=1)
+                print(spent)
             return 0
         with billed_attempt(ex):  # the attempt's record and heartbeat, closed at exit
-            prepare(ex)  # data, launch commands
-            write_run_files(ex)  # effective plan, tokenizer
-            outcome = launch(ex)  # in this process or launched ranks
+            try:
+                with ceiling.enforced(ex.deadline):  # the budget's deadline, start-up included
+                    prepare(ex)  # data, launch commands
+                    write_run_files(ex)  # effective plan, tokenizer
+                    outcome = launch(ex)  # in this process or launched ranks
+            except ceiling.BudgetDeadline:
+                return deadline_reached(ex)
             return conclude(ex, outcome)  # diagnose, bill, report, export
     except UserError:
         drop_new_run_dir(ex)
@@ -441,7 +449,9 @@ def check_budget(ex: Execution) -> str | None:
     spent. A run that never billed anything and cannot buy one step is bad input."""
     plan, billing = ex.plan, ex.billing
     billed = billing.total_seconds() + (time.time() - ex.started_at)
-    need, how = budget_guard.first_step_need_s(plan, billing.attempts)
+    need, how = budget_guard.first_step_need_s(
+        plan, billing.attempts, machine_startup_s=ceiling.machine_startup_s(plan)
+    )
     crossed = budget_guard.over_limits(plan, billed_s=billed, needed_s=need)
     if not crossed:
         return None
@@ -476,9 +486,15 @@ def check_budget(ex: Execution) -> str | None:
 def billed_attempt(ex: Execution):
     """Node 0 opens the attempt (from this process's start) before preparing or launching
     anything, and a heartbeat keeps it current until the attempt is closed at exit."""
-    if ex.node_rank > 0:
+    if ex.node_rank > 0:  # its own time, in its own journal (runner.billing.journal_paths)
         ex.attempt_start = time.time()
-        yield
+        own = Billing(ex.run_dir, repair=True, node_rank=ex.node_rank)
+        own.open_attempt(ex.started_at)
+        heartbeat = Heartbeat(own).start()
+        try:
+            yield
+        finally:
+            heartbeat.stop()
         return
     ex.attempt_start = ex.billing.open_attempt(ex.started_at)
     ex.deadline = budget_guard.deadline(
@@ -498,7 +514,9 @@ def prepare(ex: Execution) -> None:
     from runner.prepare import prepare_data
 
     plan = ex.plan
+    began = time.time()
     ex.data = data = prepare_data(plan)
+    ex.prep_seconds = time.time() - began
     print(
         f"data: {data.num_tokens:,} tokens ({data.meta['num_documents']:,} documents, "
         f"{data.meta['tokens_per_character']:.3f} tokens/char, measured) in {data.path}"
@@ -556,6 +574,7 @@ class Outcome:
 
 
 def launch(ex: Execution) -> Outcome:
+    ceiling.injected_delay()  # tests only: a start-up slower than any measured
     if not ex.needs_launch:
         from runner.train import train
 
@@ -574,8 +593,16 @@ def conclude(ex: Execution, outcome: Outcome) -> int:
     """The attempt's result: why it failed, or the bill, report and export."""
     from runner.train import STOP_DISK, STOP_SIGNAL
 
+    stalled = outcome.group.stalled if outcome.group is not None else None
+    if stalled:  # runner.watchdog ended ranks that stopped advancing
+        print(stalled, file=sys.stderr)
+        return 1
     if ex.node_rank > 0:
         return finish_other_node(ex, outcome.rc)
+    # rank 0's measured start-up (runner start to first step): the next pre-launch check of a
+    # plan of this shape on this machine knows it (runner.ceiling)
+    startup = (Billing(ex.run_dir).attempts or [{}])[-1].get("startup_s")
+    ceiling.record_startup(ex.plan, startup, data_prep_s=ex.prep_seconds)
     result = read_result(ex.run_dir, since=ex.attempt_start)
     if result is None:
         return explain_failure(ex, outcome)
@@ -602,12 +629,7 @@ def explain_failure(ex: Execution, outcome: Outcome) -> int:
     rank died, how and why (runner.failure)."""
     group = outcome.group
     if group is not None and group.deadline_hit:
-        print(
-            f"budget spent during start-up (the ranks had not begun a step): billed "
-            f"{ex.billing.total_seconds():.1f} s; trained nothing more; raise the limit to "
-            "continue"
-        )
-        return 0
+        return deadline_reached(ex)
     if group is not None and group.forwarded_signals:
         print(
             "stopped by a termination signal before the first step; nothing to save",
@@ -633,6 +655,24 @@ def explain_failure(ex: Execution, outcome: Outcome) -> int:
     )
     print(render(failure, ex.log_dir), file=sys.stderr)
     return 1
+
+
+def deadline_reached(ex: Execution) -> int:
+    """The attempt reached the budget's deadline before its ranks stopped themselves (most
+    often a start-up slower than the one the pre-launch check assumed): it was ended; what it
+    ran is billed, within the budget; steps since the last checkpoint are not kept."""
+    ran = time.time() - ex.attempt_start
+    started = (Billing(ex.run_dir).attempts or [{}])[-1].get("startup_s") is not None
+    if not started:  # start-up takes at least this long: the next check knows
+        ex.billing.note(startup_s=ran)
+    where = "while training" if started else "during start-up"
+    print(
+        f"budget spent {where} ({ran:.1f} s after the runner started): ended at the budget's "
+        f"deadline; billed {ex.billing.total_seconds():.1f} s; "
+        f"{'the steps since the last checkpoint are lost' if started else 'trained nothing'}; "
+        "raise the limit to continue"
+    )
+    return 0
 
 
 def finished_run(ex: Execution) -> int:
@@ -795,14 +835,26 @@ def run_launched(ex: Execution, command):
     )
     console_file = log_dir / "console.log"
     command = dataclasses.replace(command, env=command.env | {CONSOLE_ENV: str(console_file)})
+    from runner.watchdog import Watchdog
+
+    watch = dict(
+        group_file=group_file,
+        deadline=ex.deadline,
+        watchdog=Watchdog.for_plan(
+            ex.plan,
+            status_dir=log_dir / "ranks",
+            log_dir=log_dir,
+            node_rank=node_rank,
+            master=ex.args.master,
+            attempts=ex.billing.attempts,
+        ),
+    )
     if ex.args.verbose:
-        return run_group(command, group_file=group_file, deadline=ex.deadline)
+        return run_group(command, **watch)
     print(f"launcher and rank logs: {log_dir} (--verbose shows them here)", flush=True)
     console_file.touch()
     with Follower(console_file):
-        return run_group(
-            command, log_file=log_dir / "launcher.log", group_file=group_file, deadline=ex.deadline
-        )
+        return run_group(command, log_file=log_dir / "launcher.log", **watch)
 
 
 def finish_other_node(ex: Execution, rc: int) -> int:

@@ -127,9 +127,16 @@ def diagnose(
     culprit = _culprit(records, log_dir)
     if culprit is None:
         tail = _tail(log_dir, None)
-        line = (
-            f"training failed (launcher exit {launcher_rc}) before any rank reported; see {log_dir}"
-        )
+        from runner.watchdog import last_reported_step
+
+        step = last_reported_step(status_dir)
+        if step is not None:  # what the ranks reported, not what they did not
+            when = f"after step {step} (no rank's own end was recorded)"
+        elif records:
+            when = f"after {len(records)} rank(s) started, before any finished a step"
+        else:
+            when = "before any rank started"
+        line = f"training failed (launcher exit {launcher_rc}) {when}; see {log_dir}"
         return Failure("unknown", None, launcher_rc, None, 0, 0, machine_bytes, line, tuple(tail))
     rank, code = culprit["rank"], culprit["exit_code"]
     sig = culprit.get("signal")

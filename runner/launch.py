@@ -30,6 +30,7 @@ class GroupResult:
     rc: int = 0
     forwarded_signals: list[int] = dataclasses.field(default_factory=list)  # passed on to it
     deadline_hit: float | None = None  # when it was killed at the budget deadline
+    stalled: str | None = None  # the watchdog's line, when it ended a group that stopped advancing
 
 
 def run_group(
@@ -38,6 +39,7 @@ def run_group(
     log_file: Path | None = None,
     group_file: Path | None = None,
     deadline: float | None = None,
+    watchdog=None,
 ) -> GroupResult:
     """Run one launch command in its own process group; pass on SIGTERM/SIGINT.
 
@@ -51,6 +53,9 @@ def run_group(
     code (Container._get_fd, Container.logs) can swallow: ranks it starts afterwards would
     then train to the end, unbilled. So the runner also tells every rank itself, through the
     rank supervisors of this launch (runner.supervise), including ranks that start later.
+
+    `watchdog` (runner.watchdog.Watchdog) is asked once a second whether the ranks still
+    advance; when they do not, the group and its supervised ranks are killed and its line kept.
     """
     env = dict(os.environ) | command.env
     status_dir = command.env.get(STATUS_DIR_ENV)
@@ -109,6 +114,10 @@ def run_group(
             except subprocess.TimeoutExpired:
                 if forwarded_signals:
                     tell()
+                if watchdog is not None and result.stalled is None and not forwarded_signals:
+                    result.stalled = watchdog.check()
+                    if result.stalled is not None:
+                        end_group(proc.pid, status_dir)
                 if deadline is not None and time.time() >= deadline:
                     result.deadline_hit = time.time()
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -123,6 +132,19 @@ def run_group(
                 pass
         if out:
             out.close()
+
+
+def end_group(pid: int, status_dir: str | None) -> None:
+    """SIGKILL the launcher's group and the ranks its supervisors started (in sessions of their
+    own), nothing else."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    if status_dir:
+        from runner.watchdog import end_ranks
+
+        end_ranks(Path(status_dir))
 
 
 # ---- the plan's hardware vs this machine -----------------------------------------------------

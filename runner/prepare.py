@@ -60,17 +60,21 @@ _worker_encoder = None
 
 
 def _init_worker(spec: str, model_dir: str | None) -> None:
+    """A pool worker: the default signal mask and actions (a caller that blocks SIGTERM/SIGINT,
+    as the runner does while it starts, passes the block on through spawn; Pool.terminate()
+    must always end the workers), a quiet console, then its encoder."""
+    from gptplan.lifeline import default_signal_state
+    from gptplan.tokenizer import _worker_quiet
+
+    default_signal_state()
+    _worker_quiet()
+    _load_encoder(spec, model_dir)
+
+
+def _load_encoder(spec: str, model_dir: str | None) -> None:
     """Load the encoder; a failure is kept and raised by the first task (a pool whose
     initializer raises would restart its workers forever)."""
     global _worker_encoder
-    import signal
-
-    from gptplan.tokenizer import _worker_quiet
-
-    # A caller that blocks SIGTERM/SIGINT (the runner does during start-up) passes the block on
-    # through spawn; unblock so that Pool.terminate() can always end the workers.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM, signal.SIGINT))
-    _worker_quiet()
     try:
         if model_dir:
             _worker_encoder = FastEncoder(Path(model_dir))
@@ -275,7 +279,7 @@ def _stream_prepare(
             bar.set_postfix_str(f"{stats.documents:,} docs", refresh=False)
 
         if workers <= 1:
-            _init_worker(job.tokenizer, str(model_dir) if model_dir else None)
+            _load_encoder(job.tokenizer, str(model_dir) if model_dir else None)
             for chunk in chunks:
                 write(_encode_items(chunk))
         else:

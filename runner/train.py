@@ -34,6 +34,7 @@ from runner.datacache import content_key, open_prepared
 from runner.metrics import MetricsWriter, RunMeter
 from runner.model import build_model
 from runner.parallel import build_strategy, sharding_groups
+from runner.watchdog import ProgressFile
 
 STOP_SIGNAL = "signal (preemption notice)"
 STOP_DISK = "disk full"
@@ -507,6 +508,7 @@ class Attempt:
     start_step: int
     latest: Path | None
     progress: object | None = None
+    beat: ProgressFile | None = None  # what the runner's watchdog reads (runner.watchdog)
 
     @property
     def is_main(self) -> bool:
@@ -585,6 +587,7 @@ def start_attempt(plan: Plan, data_dir: Path, run_dir: Path) -> Attempt:
         start_step,
         latest,
     )
+    run.beat = ProgressFile(rank.rank)
     if rank.is_main:
         t = plan.training
         resumed = f", resumed from {latest.name}" if latest else ""
@@ -609,6 +612,8 @@ def run_step(run: Attempt, step: int) -> float:
         run.billing.note(startup_s=time.time() - run.meter.attempt_start)
     loss = trainer.global_loss(trainer.train_step(step))  # float() synchronised the device
     step_time = time.perf_counter() - began
+    if run.beat is not None:
+        run.beat.update(step + 1, step_s=step_time)
     real, padded = trainer.batches.step_token_counts(step)
     record = run.meter.record(
         step=step,
@@ -650,6 +655,8 @@ def save_checkpoint(run: Attempt, step: int, loss: float) -> None:
     }
     seconds = run.trainer.save(run.rules.root, step, state)
     meter.checkpoint_seconds.append(seconds)
+    if run.beat is not None:
+        run.beat.update(step, checkpoint_s=seconds)
     if run.is_main:
         run.rules.checkpoint_bytes = ckpt.checkpoint_bytes(ckpt.step_dir(run.rules.root, step))
         run.billing.note(checkpoint_s=seconds)

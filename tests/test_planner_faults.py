@@ -292,7 +292,8 @@ def test_stopped_planner_leaves_no_running_trial(planner_dir, signum):
         assert len(lines) == 1 and lines[0].startswith(
             f"planner stopped by {signal.Signals(signum).name}"
         ), err[-3000:]
-        assert re.search(r"marked failed: \d+;", lines[0])
+        # a trial number, not a count (issue 29): "running trial #0 marked failed"
+        assert re.search(r"running trials? #\d+(, #\d+)* marked failed;", lines[0])
         assert "1 probe worker(s) ended" in lines[0]
         assert "Traceback" not in out + err and "FatalError" not in err
         assert not alive(probe_pid)  # its probe's process group was ended

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -202,3 +203,142 @@ def test_launcher_signalled_while_importing_paddle_exits_cleanly(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode in (128 + signal.SIGTERM, signal.SIGTERM), out[-2000:]
     assert "FatalError" not in out and "Termination signal" not in out
+
+
+# ---- a notice while the runner's own pool workers run (issue 29) ---------------------------
+
+NOTICE_BOUND_S = 20.0  # SIGTERM to the runner's exit with nothing of its group left
+
+
+def _pool_workers(pid: int) -> list[int]:
+    """The runner's multiprocessing pool workers (spawned children; not its resource tracker)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and b"spawn_main" in cmdline:
+            out.append(int(entry))
+    return out
+
+
+def _group(pgid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                out.append(int(entry))
+    return out
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("phase", ["tokenizer training", "data preparation"])
+def test_notice_while_pool_workers_run_exits_143(tmp_path, shared_cache, finished_run, phase):
+    """SIGTERM while the tokenizer is trained or the data prepared (spawn pools: workers that
+    inherited a blocked SIGTERM could never be ended, and the pool's join waited for good):
+    exit 143 within NOTICE_BOUND_S with no process of the runner's group left."""
+    import tomli_w
+    from conftest import BASE_PLAN, merge
+
+    cache = tmp_path / "cache"
+    overrides: dict = {"job": {"cache_dir": str(cache), "output_dir": str(tmp_path / "run")}}
+    if phase == "tokenizer training":  # enough documents for the parallel jieba pass
+        overrides["job"]["max_documents"] = 6000
+    else:  # the trained tokenizer, no prepared data
+        finished_run("gpt")
+        cache.mkdir()
+        shutil.copytree(shared_cache / "tokenizers", cache / "tokenizers")
+    plan = tmp_path / "plan.toml"
+    plan.write_text(tomli_w.dumps(merge(BASE_PLAN, overrides)))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner", "execute", str(plan), "--dry-run"],
+        cwd=tmp_path,
+        env=environment(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None and not _pool_workers(proc.pid):
+            time.sleep(0.02)
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        time.sleep(0.5)  # the workers are importing or working
+        sent = time.time()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=NOTICE_BOUND_S)
+        while _group(proc.pid) and time.time() - sent < NOTICE_BOUND_S:
+            time.sleep(0.05)
+        took = time.time() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    print(f"SIGTERM during {phase}: exit {proc.returncode}, nothing left after {took:.1f} s")
+    assert proc.returncode == 143, out[-3000:]
+    assert "Traceback" not in out
+    assert not _group(proc.pid), "processes of the runner's group outlived it"
+    trained = list(cache.glob("tokenizers/*/tokenizer.json"))
+    if phase == "tokenizer training":
+        assert not trained, "the notice came after the tokenizer was trained"
+    else:
+        assert trained and not list(cache.glob("data/*/meta.json")), "not during preparation"
+
+
+# A caller that blocks SIGTERM/SIGINT (the runner does while it starts) and then runs a pool:
+# spawn passes the mask on through exec, so its workers must restore the default themselves.
+BLOCKED_CALLER = textwrap.dedent("""
+    import signal
+    signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGINT))
+    from gptplan.tokenizer import _segment_parallel
+    _segment_parallel(["今天天气很好我们去公园散步吧" * 20] * 400000, 2, lambda n: None)
+""")
+
+
+def test_pool_workers_end_on_sigterm_whatever_their_starters_mask(tmp_path):
+    """Pool.terminate() ends workers with SIGTERM: a worker that kept a blocked SIGTERM from
+    its starter could never be ended, and the pool's join would wait for good (issue 29)."""
+    script = tmp_path / "caller.py"
+    script.write_text(BLOCKED_CALLER)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        env=environment(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 60
+        workers: list[int] = []
+        while time.time() < deadline and proc.poll() is None and len(workers) < 2:
+            workers = _pool_workers(proc.pid)
+            time.sleep(0.05)
+        assert len(workers) == 2, proc.stderr.read() if proc.poll() is not None else workers
+        time.sleep(3.0)  # past their initializer, working
+        for pid in workers:
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.time() + 10
+        alive = workers
+        while alive and time.time() < deadline:
+            alive = [pid for pid in workers if _state(pid) not in ("", "Z")]
+            time.sleep(0.05)
+        assert not alive, f"pool workers ignored SIGTERM: {alive}"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return ""
