@@ -2,6 +2,9 @@
 #   make demo   set everything up, plan the bank-FAQ job, autotune a small GPT on this CPU
 #               with real probes, then train that plan for real with the runner
 #   make test   set everything up and run the test suite
+# What the demo leaves on this machine (calibration, probe results, caches) goes to the user
+# data directory (~/.local/share/gptplan, or $GPTPLAN_DATA_DIR), never into the checkout; the
+# tests run against their own, so `make demo` then `make test` on one checkout passes.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin

@@ -32,7 +32,6 @@ import logging
 import multiprocessing as mp
 import os
 import shutil
-import sys
 import time
 import unicodedata
 from dataclasses import asdict, dataclass
@@ -40,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gptplan import cachedirs
+from gptplan import cachedirs, progress
 from gptplan.corpus import Corpus, default_dedupe, resolve_sources, sample_documents, source_key
 from gptplan.errors import DataError
 
@@ -275,29 +274,6 @@ def _train_bpe(pieces: list[str], vocab_size: int, tmp: Path, progress, log) -> 
     tok.save_model(str(tmp))
 
 
-# A bar appears once training has taken this long (short trainings show none)
-PROGRESS_DELAY_S = 5.0
-
-
-def progress_bar(**kwargs):
-    """A tqdm bar on stderr when stderr is a terminal, and switched off otherwise (a pipe, a
-    log file, a test's captured output): console lines never carry a bar, whatever the
-    timing."""
-    from tqdm import tqdm
-
-    stream = sys.stderr
-    isatty = getattr(stream, "isatty", None)
-    tty = bool(isatty and isatty())
-    return tqdm(
-        file=stream,
-        disable=not tty,
-        delay=PROGRESS_DELAY_S,
-        mininterval=2.0,
-        leave=False,
-        **kwargs,
-    )
-
-
 def train_tokenizer(
     documents: list[str],
     *,
@@ -321,9 +297,8 @@ def train_tokenizer(
     with cachedirs.writing(out_dir.parent, out_dir.name) as tmp:
         pieces = _training_pieces(documents)
         chars = sum(len(p) for p in pieces)
-        with progress_bar(
-            total=chars, unit="char", unit_scale=True, desc="tokenizer training sample"
-        ) as bar:
+        # a bar on a terminal only: never a stray line in a pipe or captured output
+        with progress.bar(total=chars, unit="char", desc="tokenizer training sample") as bar:
             if scheme == "cpm":
                 _train_cpm(pieces, vocab_size, tmp, workers, bar.update, log)
             else:

@@ -33,13 +33,13 @@ schema; `render` adds the explanatory comments.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
 import re
 import shlex
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 
 from gptplan.errors import UserError
@@ -97,7 +97,7 @@ DEFAULT_FOREIGN_STORE = "s3"
 STORES = ("s3", "gcs", "azure", "r2", "ibm", "oci", "nebius")  # SkyPilot's StoreType
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Interconnect:
     """What a multi-node plan on a cloud's RDMA network needs from the task."""
 
@@ -129,14 +129,19 @@ INTERCONNECTS = {
             "NCCL_IB_PCI_RELAXED_ORDERING": "1",
             "UCX_IB_PCI_RELAXED_ORDERING": "on",
             "NCCL_SOCKET_IFNAME": "eth0",
-            "NCCL_TOPO_FILE": "/opt/microsoft/ndv4-topo.xml",
         },
         image_id="microsoft-dsvm:ubuntu-hpc:2204:latest",
-        note="the Azure HPC image (InfiniBand drivers, the ND A100 v4 topology file) "
-        "as image_id; NCCL uses InfiniBand with GPUDirect RDMA",
-        sources="Microsoft Learn, 'ND A100 v4-series' and the azhpc-images NCCL settings "
-        "for ND A100 v4 (NCCL_IB_PCI_RELAXED_ORDERING, NCCL_TOPO_FILE)",
+        note="the Azure HPC image (InfiniBand drivers, NCCL topology files) as image_id; "
+        "NCCL uses InfiniBand with GPUDirect RDMA",
+        sources="Microsoft Learn, 'ND A100 v4-series' and 'ND H100 v5-series'; the "
+        "azhpc-images NCCL settings (NCCL_IB_PCI_RELAXED_ORDERING, NCCL_TOPO_FILE)",
     ),
+}
+# The Azure HPC image's NCCL topology file per ND family (instance name pattern -> file)
+AZURE_TOPOLOGY = {
+    "A100_v4": "/opt/microsoft/ndv4-topo.xml",
+    "asr_v4": "/opt/microsoft/ndv4-topo.xml",
+    "H100_v5": "/opt/microsoft/ndv5-topo.xml",
 }
 
 
@@ -194,6 +199,11 @@ def interconnect(plan: Plan, cloud: str) -> Interconnect | None:
     source = offer.network_source if offer is not None else ""
     for (where, name), settings in INTERCONNECTS.items():
         if where == cloud and name.lower() in source.lower():
+            instance = plan.hardware.offer.split("/", 1)[1]
+            topology = [f for part, f in AZURE_TOPOLOGY.items() if part in instance]
+            if cloud == "azure" and topology:
+                envs = settings.envs | {"NCCL_TOPO_FILE": topology[0]}
+                return dataclasses.replace(settings, envs=envs)
             return settings
     return None
 

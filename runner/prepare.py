@@ -20,7 +20,6 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import sys
 import threading
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ from gptplan.corpus import (
 )
 from gptplan.errors import DataError
 from gptplan.plan import Plan
+from gptplan.progress import bar as progress_bar
 from gptplan.tokenizer import (
     FastEncoder,
     JobTokenizer,
@@ -235,8 +235,6 @@ def _verified(out: Path, *, log) -> PreparedData | None:
 def _stream_prepare(
     paths, tmp: Path, *, job, dedupe: bool, info: dict, model_dir, workers: int, log, progress: bool
 ) -> dict:
-    from tqdm import tqdm
-
     stats = CorpusStats()
     size = total_bytes(paths)
     log(
@@ -246,19 +244,10 @@ def _stream_prepare(
     dtype = np.uint16 if info["vocab_size"] < 65535 else np.int32
     t0 = time.perf_counter()
     cpu0 = _cpu_seconds()
-    # bytes read and tokenized (the two are pipelined), MB/s, ETA; documents as a postfix.
-    # Not a terminal (a log file): a line every 30 s instead of a live bar.
-    # No bar in the first 5 s: a quick failure stays one error line.
-    bar = tqdm(
-        total=size,
-        unit="B",
-        unit_scale=True,
-        desc="reading + tokenizing",
-        delay=5.0,
-        mininterval=2.0 if sys.stderr.isatty() else 30.0,
-        disable=not progress,
-        leave=False,
-    )
+    # bytes read and tokenized (the two are pipelined), MB/s, ETA; documents as a postfix: a
+    # bar on a terminal; elsewhere (a log file) a log line every 30 s, never on stderr, so a
+    # quick failure stays one error line whatever the machine's load (gptplan.progress).
+    bar = progress_bar(total=size, unit="B", desc="reading + tokenizing", log=log, enabled=progress)
     docs_iter = iter_documents(
         paths, stats, dedupe=dedupe, max_documents=job.max_documents, progress=bar.update
     )

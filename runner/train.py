@@ -23,6 +23,7 @@ from pathlib import Path
 from gptplan.diskspace import free_bytes
 from gptplan.errors import UserError
 from gptplan.plan import Plan, TrainingSection, load_plan
+from gptplan.progress import stderr_is_terminal
 from gptplan.tomlconf import write_text_atomic
 from runner import budget as budget_guard
 from runner import checkpoint as ckpt
@@ -595,7 +596,8 @@ def start_attempt(plan: Plan, data_dir: Path, run_dir: Path) -> Attempt:
             f"training {plan.name}: {t.max_steps} steps x {plan.tokens_per_step} tokens, "
             f"world size {rank.world}{resumed}"
         )
-        if sys.stdout.isatty():  # a person watches rank 0 (launched ranks log to files)
+        # a person watches rank 0 (launched ranks log to files); the bar is drawn on stderr
+        if sys.stdout.isatty() and stderr_is_terminal():
             from tqdm import tqdm
 
             run.progress = tqdm(

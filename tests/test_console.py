@@ -44,9 +44,9 @@ def test_the_tokenizer_progress_bar_shows_on_a_terminal_only(tmp_path, monkeypat
     switched off unless stderr is a terminal, by construction, not by a 5-second delay that a
     loaded machine outlasts (test_damaged_published_runs_are_one_clear_line and the bank-FAQ
     dry run failed so). Shown with no delay at all."""
-    from gptplan import tokenizer
+    from gptplan import progress, tokenizer
 
-    monkeypatch.setattr(tokenizer, "PROGRESS_DELAY_S", 0.0)
+    monkeypatch.setattr(progress, "DELAY_S", 0.0)
     docs = [f"the {i}th line of a small corpus, words and more words" for i in range(200)]
     for stream, shown in ((io.StringIO(), False), (_Terminal(), True)):
         monkeypatch.setattr("sys.stderr", stream)
@@ -56,3 +56,24 @@ def test_the_tokenizer_progress_bar_shows_on_a_terminal_only(tmp_path, monkeypat
         )
         assert (out / "tokenizer.json").is_file()
         assert ("tokenizer training sample" in stream.getvalue()) is shown, stream.getvalue()
+
+
+def test_unwatched_preparation_progress_is_whole_log_lines_never_stderr(monkeypatch):
+    """The data preparation's progress off a terminal: a log line now and then (a run's
+    console.log), nothing on stderr; on a terminal a live bar on stderr, nothing logged."""
+    from gptplan import progress
+
+    monkeypatch.setattr(progress, "DELAY_S", 0.0)
+    for stream, tty in ((io.StringIO(), False), (_Terminal(), True)):
+        monkeypatch.setattr("sys.stderr", stream)
+        lines: list[str] = []
+        with progress.bar(total=4e6, unit="B", desc="reading", log=lines.append, every_s=0) as bar:
+            bar.set_postfix_str("12 docs")
+            bar.update(2e6)
+            bar.update(2e6)
+        assert bool(stream.getvalue()) is tty and bool(lines) is not tty
+        if not tty:
+            assert lines[-1].startswith("reading: 100% of 4,000,000 B (") and "12 docs" in lines[-1]
+        silent = progress.bar(total=1, unit="B", desc="x", log=lines.append, enabled=False)
+        silent.update(1)
+        assert len(lines) == (0 if tty else 2)  # enabled=False: silent everywhere

@@ -54,6 +54,9 @@ def installed(tmp_path_factory) -> Path:
             shutil.copytree(path, src / name, ignore=ignore)
         else:
             shutil.copy2(path, src / name)
+    # what an older `make demo` left in a checkout: never shipped
+    (src / "hardware_profiles" / "local").mkdir(exist_ok=True)
+    (src / "hardware_profiles" / "local" / "cpu.toml").write_text("[efficiency]\nmax = 0.9\n")
     wheels = root / "wheels"
     build = _run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]

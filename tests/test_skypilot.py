@@ -310,6 +310,7 @@ def test_multi_node_tasks_carry_their_clouds_interconnect_settings(tmp_path, mon
     validate(azure)
     assert azure["resources"]["image_id"] == "microsoft-dsvm:ubuntu-hpc:2204:latest"
     assert azure["envs"]["NCCL_TOPO_FILE"] == "/opt/microsoft/ndv4-topo.xml"
+    assert azure["envs"]["NCCL_IB_PCI_RELAXED_ORDERING"] == "1"
     for key, nnodes in (("gcp/a2-highgpu-8g", 2), ("aws/p4d.24xlarge", 1)):
         task = skypilot.task_dict(plan_on(key, nnodes=nnodes), plan_path="p.toml")
         assert "envs" not in task and "image_id" not in task["resources"]
