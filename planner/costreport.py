@@ -304,8 +304,9 @@ def _wrap(text: str, indent: str = "") -> str:
     )
 
 
-def sensitivity(table: CandidateTable, i: int, target_from_tokens: bool = True) -> dict:
-    """p90/p10 ratio of the cost when each input alone varies over its 80% range."""
+def sensitivity(table: CandidateTable, i: int, target_from_tokens: bool = True, stats=None) -> dict:
+    """p90/p10 ratio of the cost when each input alone varies over its 80% range (tokens per
+    character: its range when extrapolated to the planned vocabulary, planner.corpus_stats)."""
     r = table.row(int(i))
     f = r["offer_choice"].price
     spread = f.spot_spread if r["spot"] else f.on_demand_spread
@@ -315,12 +316,23 @@ def sensitivity(table: CandidateTable, i: int, target_from_tokens: bool = True) 
         "preemption rate": r["preemption_hours_p90"] / r["preemption_hours_p10"],
     }
     # tokens per character moves the cost only when the target is in epochs of the corpus;
-    # the statistics carry no spread for it yet, so it is named, not quantified
-    out[
-        "tokens per character (target in tokens)"
-        if target_from_tokens
-        else "tokens per character (no spread measured)"
-    ] = 1.0
+    # with a target in tokens it moves the corpus tokens and epochs instead
+    lo = getattr(stats, "tokens_per_character_p10", 0.0)
+    hi = getattr(stats, "tokens_per_character_p90", 0.0)
+    ratio = hi / lo if lo > 0 and hi > lo else 1.0
+    if target_from_tokens:
+        name = (
+            f"tokens per character (target in tokens; corpus tokens and epochs x{ratio:.2f})"
+            if ratio > 1
+            else "tokens per character (target in tokens)"
+        )
+        out[name] = 1.0
+    else:
+        out[
+            "tokens per character (extrapolated range)"
+            if ratio > 1
+            else "tokens per character (no spread measured)"
+        ] = ratio
     return out
 
 
@@ -414,7 +426,7 @@ def cost_json(result) -> dict:
         out["sensitivity_cost_p90_over_p10"] = {
             k.split(" (")[0].replace(" ", "_"): v
             for k, v in sensitivity(
-                decision.table, result.chosen, spec.job.target_tokens > 0
+                decision.table, result.chosen, spec.job.target_tokens > 0, result.stats
             ).items()
         }
     return out

@@ -872,7 +872,12 @@ def _binding_constraint(spec: Spec, table: CandidateTable, chosen: int) -> str:
     """Which limit shaped the choice: the cheaper plans it beat were excluded by what?"""
     cheaper = table["cost"] < table["cost"][chosen]
     if not cheaper.any():
-        return "none: this is the cheapest configuration in the whole space"
+        n = len(table)
+        return (
+            "none: the only configuration evaluated"
+            if n == 1
+            else f"none: the cheapest of the {n:,} configurations evaluated"
+        )
     reasons = []
     if (cheaper & ~table["fits"]).any():
         reasons.append("device memory")
