@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 
+from gptplan import money
 from gptplan.plan import (
     BudgetSection,
     CheckpointSection,
@@ -16,7 +17,6 @@ from gptplan.plan import (
     ProvenanceSection,
     TrainingSection,
 )
-from gptplan import money
 from planner import __version__, coverage
 from planner.search import Decision
 from planner.spec import Spec

@@ -603,8 +603,8 @@ def plot_pareto(
     )
     more = f"; {left_out} more offer(s) not drawn" if left_out else ""
     ax.set_title(
-        f"{job} - cheapest-vs-fastest front of the {len(shown)} cheapest cloud offers "
-        f"(CPU left out{more}); whiskers p10-p90",
+        f"{job}\ncheapest-vs-fastest front of the {len(shown)} cheapest cloud offers "
+        f"(CPU left out{more}); whiskers: p10-p90 of cost and hours",
         fontsize=10,
     )
     ax.grid(True, which="both", alpha=0.2)

@@ -273,9 +273,9 @@ def generate(
     paddle.seed(seed)
     extra = {}
     if real < total:  # the padding rows of the vocabulary are never sampled
-        from runner.model import tokenizer_ids_only
+        from runner.model import sample_tokenizer_ids_only
 
-        extra["logits_processors"] = tokenizer_ids_only(real, total)
+        sample_tokenizer_ids_only(net, real)
     if getattr(net.config, "model_type", "") == "llama":
         # PaddleNLP 2.8.1's generate builds a 4-D float mask that its Llama refuses (it wants a
         # boolean one); a 2-D all-ones mask of the prompt goes through Llama's own path

@@ -215,12 +215,18 @@ def mask_padding_in_loss(net, real: int) -> bool:
     return True
 
 
-def tokenizer_ids_only(real: int, total: int):
-    """A PaddleNLP logits processor that keeps sampling to the tokenizer's ids (< `real`)."""
-    from paddlenlp.generation.logits_process import LogitsProcessor, LogitsProcessorList
+def sample_tokenizer_ids_only(net, real: int) -> None:
+    """Keep PaddleNLP's sampling to the tokenizer's ids (< `real`): the padding rows get
+    PADDING_LOGIT in `adjust_logits_during_generation`, which its sampling loop calls on every
+    step's logits before top-k (2.8.1's own `logits_processors` argument fails: it iterates a
+    LogitsProcessorList, which is not iterable)."""
+    total = int(net.config.vocab_size)
+    if real >= total:
+        return
+    inner = net.adjust_logits_during_generation
 
-    class TokenizerIdsOnly(LogitsProcessor):
-        def __call__(self, input_ids, logits):
-            return logits + padding_mask(real, total, logits.dtype)
+    def adjust(logits):
+        logits = inner(logits)
+        return logits + padding_mask(real, total, logits.dtype)
 
-    return LogitsProcessorList([TokenizerIdsOnly()])
+    net.adjust_logits_during_generation = adjust
