@@ -11,7 +11,7 @@ import math
 import numpy as np
 from tabulate import tabulate
 
-from planner.search import CandidateTable, Decision, outlier_rows, ranked
+from planner.search import CandidateTable, Decision, outlier_rows, ranked, tokens_bought_interval
 
 WIDTH = 120
 
@@ -391,9 +391,16 @@ def budget_line(decision: Decision, spec) -> str:
     if decision.minimum_budget is None or not c.budget:
         return ""
     within = f" within {c.deadline_hours:g} h" if c.deadline_hours else ""
+    got = tokens_bought_interval(spec, decision.table, decision.target_tokens)
+    odds = (
+        f" (90% probability of staying within it at {got['tokens_p90_cost']:.3g}, the p90 "
+        "cost of the plan that buys them)"
+        if got
+        else ""
+    )
     return _wrap(
         f"budget: {c.budget:,.0f} {c.currency} buys about "
-        f"{(decision.tokens_bought or 0):.3g} tokens{within}; the target needs at "
+        f"{(decision.tokens_bought or 0):.3g} tokens{within}{odds}; the target needs at "
         f"least {money(decision.minimum_budget)} {c.currency} (modelled)",
         "        ",
     )
@@ -410,6 +417,15 @@ def cost_json(result) -> dict:
     out = {
         f"minimum_budget_{cur}": decision.minimum_budget,
         "tokens_bought": decision.tokens_bought,
+        **{
+            f"tokens_bought_{name}": got[k]
+            for got in [tokens_bought_interval(spec, decision.table, decision.target_tokens)]
+            for k, name in (
+                ("tokens_p90_cost", "90pct_within_budget"),
+                ("tokens_p10_cost", "10pct_within_budget"),
+            )
+            if got
+        },
         "excluded_outlier_offers": excluded_outliers(decision.table),
         "rates": {
             "quote": spec.rates_quote or spec.constraints.currency,

@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from gptplan.errors import UserError
 
 MAX_ROUNDS = 8
+TOLERANCE = 0.005  # stop when the chosen plan spends within 0.5% of what the limits allow
+# aim this far under the linear estimate: whole optimizer steps round the tokens up
+UNDERSHOOT = 0.001
 TOKENS_PER_PARAM = 20.0  # Hoffmann et al. 2022 (Chinchilla): about 20 tokens per parameter
 Z90 = 1.2815515655446004  # standard normal 90th percentile
 
@@ -89,7 +92,9 @@ class Maximum:
             f"P(within budget) = {self.probability_within_budget:.0%}",
             f"  with 90% probability within budget: {self.tokens_p90_within_budget:.3g} tokens "
             f"(where the p90 cost meets the budget); limited by the {self.binding}; "
-            f"{self.searches} search(es) of the space",
+            f"{self.searches} search(es) of the space"
+            if self.maximize == "tokens"
+            else f"  limited by the {self.binding}; {self.searches} search(es) of the space",
         ]
         return out
 
@@ -148,25 +153,39 @@ def most_tokens(spec, offers, start: float):
         table, decision = _search(spec, offers, target)
         searches += 1
         allowed = tokens_within(spec, table, target)
+        if not allowed:
+            break
         if decision.chosen is not None:
             low = max(low, target)
             if best is None or target >= best[0]:
                 best = (target, table, decision)
+            if allowed <= target * (1 + TOLERANCE):
+                break  # the chosen plan already spends what the limits allow
+            nxt = allowed * (1 - UNDERSHOOT)
         else:
             high = min(high, target)
-        if not allowed:
-            break
-        nxt = allowed
+            nxt = min(allowed * (1 - UNDERSHOOT), target * (1 - TOLERANCE))
         if not low < nxt < high:  # the linear step left the bracket: bisect it
-            nxt = (low + high) / 2 if math.isfinite(high) else max(nxt, low * 1.01)
-        if best is not None and abs(nxt / best[0] - 1) < 0.005 and nxt >= best[0]:
-            break
-        if math.isfinite(high) and high - low < 0.005 * high:
+            nxt = (low + high) / 2
+        if math.isfinite(high) and high - low < TOLERANCE * high:
             break
         target = nxt
     if best is None:
         return None
     return (*best, searches)
+
+
+def _next_size(tried: list[dict], currency: str) -> str:
+    """Why the next larger size was not chosen (params mode)."""
+    last = tried[-1] if tried else {}
+    if last.get("fits", True):
+        return "largest size of the family"
+    if last.get("minimum_budget"):
+        return (
+            f"budget: the next size, {last['model_size']}, needs at least "
+            f"{last['minimum_budget']:,.0f} {currency} (modelled)"
+        )
+    return f"deadline or memory: the next size, {last['model_size']}, has no plan"
 
 
 def _params(spec) -> float:
@@ -215,6 +234,9 @@ def maximize(spec, stats, *, what: str, tokens_per_param: float = TOKENS_PER_PAR
             if ok:
                 i = decision.chosen
                 row |= {"cost": float(table["cost"][i]), "hours": float(table["hours"][i])}
+            else:
+                row["minimum_budget"] = decision.minimum_budget
+                row["problems"] = decision.problems
             tried.append(row)
             if not ok:
                 break  # a larger model of the family costs more
@@ -249,7 +271,7 @@ def maximize(spec, stats, *, what: str, tokens_per_param: float = TOKENS_PER_PAR
         deadline_hours=c.deadline_hours,
         currency=c.currency,
         searches=searches,
-        binding=_binding(spec, table, i),
+        binding=_binding(spec, table, i) if what == "tokens" else _next_size(tried, c.currency),
         tried=tried,
     )
     return planned, answer
