@@ -300,7 +300,13 @@ def _wrap(text: str, indent: str = "") -> str:
     import textwrap
 
     return "\n".join(
-        textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+        textwrap.wrap(
+            text,
+            WIDTH,
+            initial_indent=indent,
+            subsequent_indent=indent + "  ",
+            break_on_hyphens=False,
+        )
     )
 
 

@@ -69,7 +69,9 @@ def test_maximize_tokens_on_a_1b_llama_returns_tokens_and_the_odds(spec_1b):
     assert 0.98 * 12000 <= m["cost"] <= 12000
     assert 0.45 < m["probability_within_budget"] < 0.6
     assert m["cost_p10"] < m["cost"] < m["cost_p90"]
-    assert m["tokens_p90_within_budget"] == pytest.approx(m["target_tokens"] * 12000 / m["cost_p90"])
+    assert m["tokens_p90_within_budget"] == pytest.approx(
+        m["target_tokens"] * 12000 / m["cost_p90"]
+    )
     assert data["chosen"]["modelled_cost_cny"] == pytest.approx(m["cost"], rel=1e-3)
 
 

@@ -194,3 +194,36 @@ def test_generate_on_a_model_with_more_ids_than_its_tokenizer_prints_text(
         generate(copy, prompt="这个手机", checkpoint="12", max_new_tokens=4)
     line = str(err.value)
     assert "\n" not in line and "inconsistent" in line and "4,000" in line
+
+
+def test_a_local_tokenizer_folder_measures_and_sets_the_vocabulary(small_fit, tmp_path):
+    """`tokenizer = "path/to/folder"` (a PaddleNLP / Hugging Face tokenizer folder): tokens per
+    character measured with it, the model's vocab_size its size padded."""
+    from gptplan.tokenizer import FastEncoder, load_tokenizer, model_file_of
+    from planner.pipeline import set_planned_vocab
+    from planner.spec import load_spec
+
+    stats, tokenizers = small_fit
+    sizes = {FastEncoder(d).vocab_size: d for d in tokenizers.iterdir() if d.is_dir()}
+    pieces = min(sizes)
+    smallest = sizes[pieces]
+    folder = tmp_path / "my_tokenizer"
+    load_tokenizer("sentencepiece", model_file=model_file_of(smallest)).tokenizer.save_pretrained(
+        str(folder)
+    )
+    corpus = tokenizers.parent.parent / "sample.txt"
+    given = corpus_statistics(
+        corpus=[str(corpus)],
+        tokenizer=str(folder),
+        vocab_size=30000,
+        cache_dir=str(tmp_path / "cache"),
+        sample_documents=300,
+        declared_bytes=1e9,
+        seq_lens=[64],
+        log=lambda *a: None,
+    )
+    assert given.tokens_per_character_source == "measured" and not given.vocab_fit
+    assert given.tokenizer_target_vocab == given.tokenizer_vocab >= pieces
+    spec = load_spec(None, overrides={"job.tokenizer": str(folder)})
+    set_planned_vocab(spec, given)
+    assert spec.model_section().vocab_size == padded_vocab(given.tokenizer_vocab, 8)
