@@ -419,8 +419,19 @@ def render_explanation(result: dict) -> str:
             f"{unc['interval_basis']}"
         )
     lines += [f"  {w}" for w in result.get("warnings", [])]
+    from planner.costreport import fit_lines
+
+    lines = [fit_lines(line) for line in lines]
     if result["claims"]:
         lines.append("")
         lines.append("Bank-FAQ article's claims vs the model (all modelled unless marked measured)")
-        lines.append(tabulate(result["claims"], headers="keys", tablefmt="github"))
+        # cells wrapped so that the table keeps to 120 columns
+        lines.append(
+            tabulate(
+                result["claims"],
+                headers="keys",
+                tablefmt="simple",
+                maxcolwidths=[12, 22, 40, 20, 16],
+            )
+        )
     return "\n".join(lines)
