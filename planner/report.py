@@ -601,11 +601,11 @@ def plot_pareto(
         if spec is not None
         else "planner"
     )
-    more = f"; {left_out} more offer(s) not drawn" if left_out else ""
+    more = f", {left_out} more not drawn" if left_out else ""
     ax.set_title(
         f"{job}\ncheapest-vs-fastest front of the {len(shown)} cheapest cloud offers "
-        f"(CPU left out{more}); whiskers: p10-p90 of cost and hours",
-        fontsize=10,
+        f"(CPU left out{more})\nwhiskers: p10-p90 of cost and hours",
+        fontsize=9,
     )
     ax.grid(True, which="both", alpha=0.2)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
