@@ -118,6 +118,25 @@ class JobSection:
         min=0,
         max=1e6,
     )
+    tokens_per_char_source: Literal["", "measured", "extrapolated", "declared"] = setting(
+        "",
+        "'measured' with the run's tokenizer on the sample, 'extrapolated' to the planned "
+        "vocabulary from smaller tokenizers the sample supports (the sample trains fewer "
+        "pieces than planned), or 'declared' in the spec.",
+    )
+    tokens_per_char_p10: float = setting(
+        0.0, "Low end of the 80% range of tokens_per_char (0 = not recorded).", min=0, max=1e6
+    )
+    tokens_per_char_p90: float = setting(
+        0.0, "High end of the 80% range of tokens_per_char (0 = not recorded).", min=0, max=1e6
+    )
+    tokenizer_vocab_size: int = setting(
+        0,
+        "Pieces a trained tokenizer ('sentencepiece') is trained to (0 = model.vocab_size); "
+        "model.vocab_size is this padded to whole 128 x tp tiles, the padding rows masked.",
+        min=0,
+        max=10_000_000,
+    )
     planned_epochs: float = setting(
         0.0,
         "Passes over the planned corpus: max_steps x tokens "
@@ -285,6 +304,22 @@ class BudgetSection:
         0.8, "Warn once when this fraction of max_cost is spent.", min=0, max=1, min_exclusive=True
     )
     max_hours: float = setting(0.0, "Stop before this many wall-clock hours (0 = no limit).", min=0)
+    budget_total: float = setting(
+        0.0,
+        "The spec's whole budget (0 = not recorded). The planner sets max_cost to "
+        "min(budget_total, planned_cost_p90 x ceiling_factor) (gptplan.money.planned_ceiling).",
+        min=0,
+    )
+    planned_cost: float = setting(0.0, "The plan's cost estimate (0 = not recorded).", min=0)
+    planned_cost_p90: float = setting(
+        0.0,
+        "The plan's p90 cost (0 = not recorded): the runner warns once when the projected "
+        "total passes it.",
+        min=0,
+    )
+    ceiling_factor: float = setting(
+        0.0, "max_cost over planned_cost_p90 when that set it (0 = not recorded).", min=0
+    )
 
 
 @dataclass

@@ -26,6 +26,7 @@ directly, without importing Paddle, and gives the same ids as the PaddleNLP clas
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -194,16 +195,45 @@ def _character_coverage(texts: list[str], vocab_size: int) -> float:
     return max(0.98, min(0.995, sum(freqs[:room]) / total * 0.999))  # sentencepiece: >= 0.98
 
 
+# The last segmented training sample, kept while `keep_segmentation()` is active: tokenizers of
+# several vocabulary sizes on one sample (planner.corpus_stats's vocabulary fit) segment it once.
+_SEGMENTED: dict = {"active": 0, "key": None, "text": None}
+
+
+@contextlib.contextmanager
+def keep_segmentation():
+    """Within this block, training on the same sample again reuses its jieba segmentation
+    (the same words, so the same tokenizer as segmenting again); released at the end."""
+    _SEGMENTED["active"] += 1
+    try:
+        yield
+    finally:
+        _SEGMENTED["active"] -= 1
+        if not _SEGMENTED["active"]:
+            _SEGMENTED["key"] = _SEGMENTED["text"] = None
+
+
+def _segmented(pieces: list[str], workers: int, progress) -> list[str]:
+    if not _SEGMENTED["active"]:
+        return _segment_parallel(pieces, workers, progress)
+    digest = hashlib.sha256()
+    for p in pieces:
+        digest.update(p.encode("utf-8", "surrogatepass") + b"\0")
+    key = digest.hexdigest()
+    if _SEGMENTED["key"] != key:
+        _SEGMENTED["key"], _SEGMENTED["text"] = key, _segment_parallel(pieces, workers, progress)
+    return _SEGMENTED["text"]
+
+
 def _train_cpm(pieces: list[str], vocab_size: int, tmp: Path, workers: int, progress, log) -> None:
     import sentencepiece as spm
 
     coverage = _character_coverage(pieces, vocab_size)
-    segmented = _segment_parallel(pieces, workers, progress)
+    segmented = _segmented(pieces, workers, progress)
     text_file = tmp / "train.txt"
     with open(text_file, "w", encoding="utf-8") as handle:
         for s in segmented:
             handle.write(s + "\n")
-    del segmented
     log(f"training a {vocab_size}-piece sentencepiece model on {len(pieces):,} sentences ...")
     try:
         spm.SentencePieceTrainer.train(
@@ -617,6 +647,18 @@ def ensure_tokenizer(
         workers=workers,
         log=log,
     )
+
+
+VOCAB_TILE = 128  # rows per GEMM tile along the vocabulary (Megatron pads to 128 x tp too)
+
+
+def padded_vocab(pieces: int, tensor_parallel: int = 1) -> int:
+    """The model's vocab_size for a tokenizer of `pieces`: rounded up to a multiple of
+    128 x the largest tensor-parallel degree, so every tensor-parallel shard of the embedding
+    and the LM head is whole 128-row tiles. The padding rows never occur in the data; the
+    runner masks them out of the loss and of sampling."""
+    multiple = VOCAB_TILE * max(1, int(tensor_parallel))
+    return -(-int(pieces) // multiple) * multiple
 
 
 def check_vocab(have: int, allowed: int) -> None:

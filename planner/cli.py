@@ -43,6 +43,21 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="every column of every candidate (wider than 120 columns)",
     )
+    opt.add_argument(
+        "--maximize",
+        choices=["tokens", "params"],
+        default=None,
+        help="plan the most tokens (or the largest model of the family at "
+        "--tokens-per-param) that the budget buys within the deadline, with the "
+        "probability of staying within budget",
+    )
+    opt.add_argument(
+        "--tokens-per-param",
+        type=float,
+        default=None,
+        metavar="RATIO",
+        help="tokens per parameter for --maximize params (default 20, Hoffmann et al. 2022)",
+    )
     _tune_args(opt)
 
     est = sub.add_parser("estimate", help="evaluate one fully given configuration")
@@ -442,12 +457,42 @@ def cmd_optimize(args) -> int:
     settings = tune_settings(args)  # bad flags refused before any work
     check_writable_file(args.out or Path("plans") / f"{spec.job.name}.toml", key="--out")
     quiet = args.json
-    log = _quiet if quiet else print
+
+    def log(*parts, **_kwargs) -> None:  # every console line at most costreport.WIDTH columns
+        if not quiet:
+            print(fit_lines(" ".join(str(p) for p in parts)))
 
     def on_stats(stats, target):  # statistics before the search
         from planner.dataprep import stats_lines
 
         log("\n".join([render_stats(stats, target), *stats_lines(stats, target)]) + "\n")
+
+    answer = None
+    if args.tokens_per_param is not None and (
+        args.maximize != "params" or not args.tokens_per_param > 0
+    ):
+        raise UserError(
+            f"--tokens-per-param {args.tokens_per_param:g}: allowed only with --maximize "
+            "params, and > 0",
+            key="--tokens-per-param",
+        )
+    if args.maximize:
+        from planner.maximize import TOKENS_PER_PARAM, maximize
+        from planner.pipeline import measure_corpus
+
+        planned, answer = maximize(
+            spec,
+            measure_corpus(spec),
+            what=args.maximize,
+            tokens_per_param=args.tokens_per_param or TOKENS_PER_PARAM,
+        )
+        if planned is None:
+            if quiet:
+                print(json.dumps({"maximize": None, "problems": [answer]}, indent=1))
+            else:
+                print(f"NO PLAN: {answer}")
+            return 1
+        spec = planned
 
     result = optimize(
         spec,
@@ -464,12 +509,15 @@ def cmd_optimize(args) -> int:
     if result.plan is not None:
         write_spec_plan(result.plan, out, spec)
     if quiet:
-        print(json.dumps(optimize_json(result, out if result.plan else None), indent=1))
+        data = optimize_json(result, out if result.plan else None)
+        if answer is not None:
+            data["maximize"] = answer.to_json()
+        print(json.dumps(data, indent=1))
         return 0 if result.plan is not None else 1
     if result.tuning is not None and result.tuning.calibration is not None:
         print(render_calibration(result.tuning))
     for note in result.notes:
-        print(note)
+        print(fit_lines(note))
     top = spec.search.top
     print(render_offers(result.decision, spec, wide=args.wide))
     print()
@@ -479,13 +527,21 @@ def cmd_optimize(args) -> int:
         print(render_decisions(result, top))
     print()
     print(fit_lines(render_model(result)))
+    if answer is not None:
+        print(fit_lines("\n".join(answer.lines())))
     print(fit_lines(render_choice(result)))
     timings = result.timings
     print(
-        f"planned in {timings['search_s']:.2f} s ({timings['candidates']:,} candidates; "
-        f"corpus statistics {timings['corpus_statistics_s']:.1f} s"
-        + (f"; probes and calibration {timings['tuning_s']:.0f} s" if "tuning_s" in timings else "")
-        + ")"
+        fit_lines(
+            f"planned in {timings['search_s']:.2f} s ({timings['candidates']:,} candidates; "
+            f"corpus statistics {timings['corpus_statistics_s']:.1f} s"
+            + (
+                f"; probes and calibration {timings['tuning_s']:.0f} s"
+                if "tuning_s" in timings
+                else ""
+            )
+            + ")"
+        )
     )
     if result.plan is not None:
         print(
@@ -697,6 +753,8 @@ def plan_as_overrides(plan) -> dict:
     keep_name = named is not None and kv_heads(m) == (
         named.num_key_value_heads or named.num_attention_heads
     )
+    if plan.job.tokenizer_vocab_size:  # the tokenizer's size, which the planner pads again
+        model["model.vocab_size"] = plan.job.tokenizer_vocab_size
     return {
         "model.size": m.name if keep_name else "",
         **model,
@@ -743,9 +801,17 @@ def cmd_estimate(args) -> int:
     overrides |= spec_overrides(args)
     spec = load_spec(spec_path, overrides=overrides)
     result = optimize(spec)
+    n = result.timings.get("candidates", len(result.table))
+    what = (
+        f"evaluated {n:,} configuration(s): "
+        + ("the plan's own" if args.plan else "the spec's search space")
+        + (" with the --set values pinned" if args.set else "")
+        + " (no probes; the cost model only)"
+    )
     if args.json:
-        print(json.dumps(optimize_json(result, None), indent=1))
+        print(json.dumps(optimize_json(result, None) | {"evaluated": what}, indent=1))
     else:
+        print(what)
         print(render_candidates(result, 5))
         print(render_model(result))
         print(render_choice(result))

@@ -14,15 +14,22 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from gptplan.corpus import default_dedupe, read_corpus, resolve_sources, source_key
+from gptplan.errors import UserError
 from gptplan.tomlconf import write_text_atomic
 
-STATS_VERSION = 3
+STATS_VERSION = 4
+# When the planned vocabulary is larger than the sample can train (sentencepiece stops at the
+# pieces the sample supports), tokens per character is measured with tokenizers of these
+# fractions of the supported size and extrapolated to the planned size (see `vocab_fit`).
+FIT_FRACTIONS = (0.5, 0.7)
+# a tokenizer that reaches at least this share of the asked size counts as reaching it
+REACHED_SHARE = 0.98
 # Muennighoff et al. 2023, "Scaling Data-Constrained Language Models" (NeurIPS 2023), eq. 5:
 # repeated data is worth U * (1 + R* (1 - exp(-R / R*))) fresh tokens for R = epochs - 1
 # repetitions of U unique tokens, with the fitted R* = 15.4; up to about 4 epochs is nearly as
@@ -53,9 +60,16 @@ class CorpusStatistics:
     extrapolated: bool
     padding_waste: dict  # seq_len -> share of positions that are padding
     truncation_loss: dict  # seq_len -> share of tokens cut off by truncation
-    tokens_per_character_source: str = "measured"  # "measured" or "declared"
+    tokens_per_character_source: str = "measured"  # "measured", "extrapolated", "declared"
     total_tokens_source: str = "extrapolated"  # "measured", "extrapolated", "declared"
     tokenizer_scheme: str = ""
+    # pieces the run's tokenizer will have (model.vocab_size is this, padded); 0 = unknown
+    tokenizer_target_vocab: int = 0
+    # the vocabulary fit when the planned size is larger than the sample supports: sizes and
+    # their measured tokens/char, the fit, its 80% range at the planned size ({} = none)
+    vocab_fit: dict = field(default_factory=dict)
+    tokens_per_character_p10: float = 0.0  # 80% range (= the value when measured/declared)
+    tokens_per_character_p90: float = 0.0
 
     def epochs_for(self, target_tokens: float) -> float:
         return target_tokens / self.total_tokens if self.total_tokens else float("inf")
@@ -110,6 +124,7 @@ def _cache_key(
     sample_documents: int,
     seq_lens: list[int],
     tokens_per_char: float,
+    fit: bool = False,
 ) -> str:
     from gptplan.tokenizer import TOKENIZER_VERSION
 
@@ -120,7 +135,9 @@ def _cache_key(
         if tokens_per_char
         else f"{tokenizer}|{vocab_size}|t{TOKENIZER_VERSION}"
     )
-    raw = f"{skey}|{tok}|{sample_documents}|{sorted(seq_lens)}|v{STATS_VERSION}"
+    if not tokens_per_char and Path(tokenizer).is_dir():  # a given tokenizer folder: its files
+        tok += "|" + source_key(sorted(p for p in Path(tokenizer).iterdir() if p.is_file()))
+    raw = f"{skey}|{tok}|{sample_documents}|{sorted(seq_lens)}|fit{fit}|v{STATS_VERSION}"
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 
@@ -143,6 +160,7 @@ def corpus_statistics(
         sample_documents=sample_documents,
         seq_lens=seq_lens,
         tokens_per_char=tokens_per_char,
+        fit=declared_bytes > 0,
     )
     cache_file = Path(cache_dir) / "stats" / f"{key}.json"
     cached = _cached(cache_file, declared_bytes, log=log)
@@ -158,12 +176,13 @@ def corpus_statistics(
         lengths = np.array([max(1, round(len(d) * tokens_per_char)) + 1 for d in sample])
         name, vocab, scheme, tpc = "declared in the spec", vocab_size, "", tokens_per_char
     else:
-        name, vocab, scheme, lengths = _measure(
+        name, vocab, scheme, lengths, fit = _measure(
             sample,
             corpus=corpus,
             tokenizer=tokenizer,
             vocab_size=vocab_size,
             cache_dir=cache_dir,
+            fit=declared_bytes > 0,
             log=log,
         )
         tpc = float((lengths - 1).sum() / chars)
@@ -193,6 +212,9 @@ def corpus_statistics(
         if tokens_per_char
         else ("measured" if whole else "extrapolated"),
         "tokenizer_scheme": scheme,
+        "vocab_fit": {} if tokens_per_char else fit,
+        # a declared figure keeps the planned vocabulary; a measured one the tokenizer's size
+        "tokenizer_target_vocab": vocab_size if tokens_per_char else vocab,
     }
     write_text_atomic(cache_file, json.dumps(data, ensure_ascii=False))
     return _finish(data, declared_bytes)
@@ -217,10 +239,30 @@ def _cached(cache_file: Path, declared_bytes: float, *, log) -> CorpusStatistics
     return stats
 
 
-def _measure(sample: list[str], *, corpus, tokenizer, vocab_size, cache_dir, log):
+def _measure(sample: list[str], *, corpus, tokenizer, vocab_size, cache_dir, fit=False, log):
+    """(name, pieces, scheme, document lengths in tokens, vocabulary fit or {}).
+
+    A trained tokenizer that stops short of the planned `vocab_size` (the sample supports fewer
+    pieces) gets a vocabulary fit when `fit` (the run trains on a larger corpus): tokens per
+    character measured with tokenizers of `FIT_FRACTIONS` of the supported size too (each
+    trained once and cached like the job's own)."""
+    from gptplan.tokenizer import keep_segmentation
+
+    with keep_segmentation():  # the fit's tokenizers segment the sample once
+        return _measure_with(
+            sample,
+            corpus=corpus,
+            tokenizer=tokenizer,
+            vocab_size=vocab_size,
+            cache_dir=cache_dir,
+            fit=fit,
+            log=log,
+        )
+
+
+def _measure_with(sample: list[str], *, corpus, tokenizer, vocab_size, cache_dir, fit, log):
     from gptplan.tokenizer import (
         FastEncoder,
-        check_vocab,
         ensure_tokenizer,
         load_tokenizer,
         read_manifest,
@@ -231,17 +273,92 @@ def _measure(sample: list[str], *, corpus, tokenizer, vocab_size, cache_dir, log
     )
     if directory is not None:
         enc = FastEncoder(directory)
-        check_vocab(enc.vocab_size, vocab_size)
         scheme = read_manifest(directory)["scheme"]
         name = f"{scheme}:{directory.name}"
         log(f"measuring tokens/char on {len(sample)} documents with {name}")
         lengths = np.array([a.size + 1 for a in enc.encode_batch(sample)])  # + <eod>
-        return name, enc.vocab_size, scheme, lengths
+        chars = sum(len(d) for d in sample)
+        found: dict = {}
+        if fit and enc.vocab_size < REACHED_SHARE * vocab_size:
+            sizes, tpcs = [], []
+            for f in FIT_FRACTIONS:
+                size = int(round(enc.vocab_size * f / 100.0)) * 100
+                try:
+                    d = ensure_tokenizer(
+                        tokenizer=tokenizer,
+                        vocab_size=size,
+                        cache_dir=cache_dir,
+                        patterns=corpus,
+                        log=log,
+                    )
+                except UserError as exc:  # too small for the sample's characters
+                    log(f"no {size}-piece tokenizer for the vocabulary fit: {exc}")
+                    continue
+                assert d is not None
+                e = FastEncoder(d)
+                sizes.append(e.vocab_size)
+                tpcs.append(float(sum(a.size for a in e.encode_batch(sample)) / chars))
+            sizes.append(enc.vocab_size)
+            tpcs.append(float((lengths - 1).sum() / chars))
+            found = {
+                "asked": int(vocab_size),
+                "supported": int(enc.vocab_size),
+                "sizes": sizes,
+                "tokens_per_character": tpcs,
+                "sample_documents": len(sample),
+            }
+        return name, enc.vocab_size, scheme, lengths, found
     tok = load_tokenizer(tokenizer)
-    check_vocab(tok.vocab_size, vocab_size)
     log(f"measuring tokens/char on {len(sample)} documents with {tok.name}")
     lengths = np.array([len(tok.encode(d)) + 1 for d in sample])
-    return tok.name, tok.vocab_size, "", lengths
+    return tok.name, tok.vocab_size, "", lengths, {}
+
+
+# two-sided 80% t quantiles (0.9) by degrees of freedom
+_T90 = {1: 3.078, 2: 1.886, 3: 1.638, 4: 1.533, 5: 1.476, 6: 1.440, 8: 1.397, 10: 1.372}
+
+
+def _line_fit(x: np.ndarray, y: np.ndarray, x0: float) -> tuple[float, float]:
+    """Least-squares line through (x, y) evaluated at x0: (value, 80% prediction half-width;
+    t with n - 2 degrees of freedom, 0 for two points)."""
+    b, a = np.polyfit(x, y, 1)
+    n = len(x)
+    if n <= 2:
+        return float(a + b * x0), 0.0
+    resid = y - (a + b * x)
+    s = math.sqrt(float(resid @ resid) / (n - 2))
+    sxx = float(((x - x.mean()) ** 2).sum())
+    se = s * math.sqrt(1 + 1 / n + (x0 - x.mean()) ** 2 / sxx)
+    dof = n - 2
+    t = _T90[max(k for k in _T90 if k <= dof)] if dof <= 10 else 1.2816
+    return float(a + b * x0), t * se
+
+
+def vocab_fit(sizes: list[int], tpcs: list[float], target: int) -> tuple[float, float, float, str]:
+    """Tokens per character at `target` pieces from measurements at smaller vocabularies:
+    (central, p10, p90, description).
+
+    Central: a power law, tokens/char = C x pieces^d (a line in log-log; like the
+    measurements, it flattens as the vocabulary grows). The 80% range spans its prediction
+    interval and that of a line in ln(pieces) (which falls faster), so it is at least as wide
+    as the two fits disagree; with two sizes only, the range is the two fits."""
+    x = np.log(np.asarray(sizes, float))
+    y = np.asarray(tpcs, float)
+    x0 = math.log(target)
+    log_value, log_half = _line_fit(x, np.log(y), x0)
+    central = math.exp(log_value)
+    linear, lin_half = _line_fit(x, y, x0)
+    lo = min(math.exp(log_value - log_half), linear - lin_half, linear)
+    hi = max(math.exp(log_value + log_half), linear + lin_half, linear)
+    d = np.polyfit(x, np.log(y), 1)[0]
+    shown = ", ".join(f"{v:,} pieces {t:.3f}" for v, t in zip(sizes, tpcs))
+    text = (
+        f"extrapolated to {target:,} pieces from {len(x)} tokenizers the sample supports "
+        f"({shown}; measured): power law tokens/char ~ pieces^{d:.3f} -> {central:.3f}; 80% "
+        f"range {lo:.3f}-{hi:.3f} (prediction intervals of that fit and of a line in "
+        f"ln(pieces), {linear:.3f})"
+    )
+    return central, max(lo, 0.0), hi, text
 
 
 def _finish(data: dict, declared_bytes: float) -> CorpusStatistics:
@@ -250,8 +367,19 @@ def _finish(data: dict, declared_bytes: float) -> CorpusStatistics:
     chars = (
         declared_bytes / data["bytes_per_character"] if extrapolated else data["local_characters"]
     )
-    tokens = chars * data["tokens_per_character"]
     data = dict(data)
+    tpc = data["tokens_per_character"]
+    lo = hi = tpc
+    fit = data.get("vocab_fit") or {}
+    if extrapolated and fit:
+        # the run trains its tokenizer on the full corpus, to the planned size
+        tpc, lo, hi, text = vocab_fit(fit["sizes"], fit["tokens_per_character"], fit["asked"])
+        data["tokens_per_character"] = tpc
+        data["tokens_per_character_source"] = "extrapolated"
+        data["tokenizer_target_vocab"] = fit["asked"]
+        data["vocab_fit"] = dict(fit, description=text, p10=lo, p90=hi)
+    data["tokens_per_character_p10"], data["tokens_per_character_p90"] = lo, hi
+    tokens = chars * tpc
     if extrapolated and data.get("total_tokens_source") == "measured":
         data["total_tokens_source"] = "extrapolated"
     return CorpusStatistics(

@@ -11,7 +11,7 @@ import math
 import numpy as np
 from tabulate import tabulate
 
-from planner.search import CandidateTable, Decision, outlier_rows, ranked
+from planner.search import CandidateTable, Decision, outlier_rows, ranked, tokens_bought_interval
 
 WIDTH = 120
 
@@ -329,12 +329,19 @@ def _wrap(text: str, indent: str = "") -> str:
     import textwrap
 
     return "\n".join(
-        textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+        textwrap.wrap(
+            text,
+            WIDTH,
+            initial_indent=indent,
+            subsequent_indent=indent + "  ",
+            break_on_hyphens=False,
+        )
     )
 
 
-def sensitivity(table: CandidateTable, i: int, target_from_tokens: bool = True) -> dict:
-    """p90/p10 ratio of the cost when each input alone varies over its 80% range."""
+def sensitivity(table: CandidateTable, i: int, target_from_tokens: bool = True, stats=None) -> dict:
+    """p90/p10 ratio of the cost when each input alone varies over its 80% range (tokens per
+    character: its range when extrapolated to the planned vocabulary, planner.corpus_stats)."""
     r = table.row(int(i))
     f = r["offer_choice"].price
     spread = f.spot_spread if r["spot"] else f.on_demand_spread
@@ -344,12 +351,23 @@ def sensitivity(table: CandidateTable, i: int, target_from_tokens: bool = True) 
         "preemption rate": r["preemption_hours_p90"] / r["preemption_hours_p10"],
     }
     # tokens per character moves the cost only when the target is in epochs of the corpus;
-    # the statistics carry no spread for it yet, so it is named, not quantified
-    out[
-        "tokens per character (target in tokens)"
-        if target_from_tokens
-        else "tokens per character (no spread measured)"
-    ] = 1.0
+    # with a target in tokens it moves the corpus tokens and epochs instead
+    lo = getattr(stats, "tokens_per_character_p10", 0.0)
+    hi = getattr(stats, "tokens_per_character_p90", 0.0)
+    ratio = hi / lo if lo > 0 and hi > lo else 1.0
+    if target_from_tokens:
+        name = (
+            f"tokens per character (target in tokens; corpus tokens and epochs x{ratio:.2f})"
+            if ratio > 1
+            else "tokens per character (target in tokens)"
+        )
+        out[name] = 1.0
+    else:
+        out[
+            "tokens per character (extrapolated range)"
+            if ratio > 1
+            else "tokens per character (no spread measured)"
+        ] = ratio
     return out
 
 
@@ -408,9 +426,16 @@ def budget_line(decision: Decision, spec) -> str:
     if decision.minimum_budget is None or not c.budget:
         return ""
     within = f" within {c.deadline_hours:g} h" if c.deadline_hours else ""
+    got = tokens_bought_interval(spec, decision.table, decision.target_tokens)
+    odds = (
+        f" (90% probability of staying within it at {got['tokens_p90_cost']:.3g}, the p90 "
+        "cost of the plan that buys them)"
+        if got
+        else ""
+    )
     return _wrap(
         f"budget: {c.budget:,.0f} {c.currency} buys about "
-        f"{(decision.tokens_bought or 0):.3g} tokens{within}; the target needs at "
+        f"{(decision.tokens_bought or 0):.3g} tokens{within}{odds}; the target needs at "
         f"least {money(decision.minimum_budget)} {c.currency} (modelled)",
         "        ",
     )
@@ -427,6 +452,15 @@ def cost_json(result) -> dict:
     out = {
         f"minimum_budget_{cur}": decision.minimum_budget,
         "tokens_bought": decision.tokens_bought,
+        **{
+            f"tokens_bought_{name}": got[k]
+            for got in [tokens_bought_interval(spec, decision.table, decision.target_tokens)]
+            for k, name in (
+                ("tokens_p90_cost", "90pct_within_budget"),
+                ("tokens_p10_cost", "10pct_within_budget"),
+            )
+            if got
+        },
         "excluded_outlier_offers": excluded_outliers(decision.table),
         "rates": {
             "quote": spec.rates_quote or spec.constraints.currency,
@@ -443,7 +477,7 @@ def cost_json(result) -> dict:
         out["sensitivity_cost_p90_over_p10"] = {
             k.split(" (")[0].replace(" ", "_"): v
             for k, v in sensitivity(
-                decision.table, result.chosen, spec.job.target_tokens > 0
+                decision.table, result.chosen, spec.job.target_tokens > 0, result.stats
             ).items()
         }
     return out

@@ -136,6 +136,7 @@ def _spec_for(plan: Plan, spec_path: str | None):
     spec = load_spec(spec_path)
     if spec.constraints.currency != plan.budget.currency:  # explain in the plan's currency
         spec = load_spec(spec_path, overrides={"constraints.currency": plan.budget.currency})
+    spec.planned_vocab_size = plan.model.vocab_size  # the model as planned (tokenizer padded)
     return spec
 
 
@@ -189,7 +190,7 @@ def _corpus_stats(spec):
     return corpus_statistics(
         corpus=spec.job.corpus,
         tokenizer=spec.job.tokenizer,
-        vocab_size=spec.model_section().vocab_size,
+        vocab_size=spec.asked_vocab_size(),
         cache_dir=str(userdata.cache_dir(spec.job.cache_dir)),
         sample_documents=spec.job.sample_documents,
         declared_bytes=spec.job.corpus_bytes,
@@ -198,8 +199,16 @@ def _corpus_stats(spec):
     )
 
 
-def _claim(name, article, model, verdict) -> dict:
-    return {"claim": name, "article": article, "model": model, "verdict": verdict}
+def _claim(name, article, model, verdict, tolerance="") -> dict:
+    """One claim: the article's words, the model's number (recomputed here), the verdict and
+    the rule that gave it (`tolerance`, printed beside the verdict)."""
+    return {
+        "claim": name,
+        "article": article,
+        "model": model,
+        "verdict": verdict,
+        "tolerance": tolerance,
+    }
 
 
 def article_claims(spec, plan, choice, here, pins, target, stats, profiles) -> list[dict]:
@@ -213,13 +222,16 @@ def article_claims(spec, plan, choice, here, pins, target, stats, profiles) -> l
     out.append(_tokenizer_claim(data["tokenizer"], stats))
     seqs, tokens = data["steps_batch"]
     total = data["target_tokens"]
+    steps = total / (seqs * tokens)
+    claimed, tol = data["steps_claim"], data["steps_tolerance"]
     out.append(
         _claim(
             "190k steps",
             f"about 190k steps at {seqs} x {tokens} tokens per step",
-            f"{total / (seqs * tokens):,.0f} steps for {total:.3g} tokens; 64 x 1024 "
+            f"{steps:,.0f} steps for {total:.3g} tokens; 64 x 1024 "
             f"would need {total / data['small_batch_tokens']:,.0f}",
-            "holds",
+            "holds" if abs(steps / claimed - 1) <= tol else "differs",
+            f"holds within {tol:.0%} of {claimed:,.0f}",
         )
     )
     out += _article_run_claims(data, spec, profiles)
@@ -237,6 +249,7 @@ def article_claims(spec, plan, choice, here, pins, target, stats, profiles) -> l
             else "not comparable"
             if plan.budget.currency != b["currency"]
             else "similar",
+            f"far cheaper below {b['far_cheaper_below']:,.0f} {b['currency']}",
         )
     )
     return out
@@ -267,6 +280,7 @@ def _amp_claims(d, spec, plan, choice, here, pins, target) -> list[dict]:
             f"{saving:.0%} less per device ({fp32['memory_gb']:.1f} -> "
             f"{same_kernel['memory_gb']:.1f} GB, same attention kernel) on {name}{flash}",
             "holds" if lo <= saving <= hi else "differs",
+            f"holds for a saving of {lo:.0%}-{hi:.0%}",
         ),
         _claim(
             "AMP speed",
@@ -275,6 +289,7 @@ def _amp_claims(d, spec, plan, choice, here, pins, target) -> list[dict]:
             f"{prof.peak_for(plan.training.precision):g} vs {prof.peak_for('fp32'):g} "
             "TFLOPS used for fp32)",
             "holds" if speedup >= d["speed_holds"] else "does not hold",
+            f"holds at >= {d['speed_holds']:.0%} faster",
         ),
     ]
 
@@ -301,6 +316,7 @@ def _recompute_claim(d, plan) -> dict:
         else "holds"
         if saving >= d["holds"]
         else "differs",
+        f"holds at >= {d['holds']:.0%} saved (more: >= {d['holds_more']:.0%})",
     )
 
 
@@ -317,6 +333,7 @@ def _spot_claim(d, spec, plan, choice, here, pins, target) -> list[dict]:
         return []
     spot_row, od_row = (here, other) if plan.hardware.spot else (other, here)
     ratio = spot_row["cost"] / od_row["cost"]
+    lo, hi = d["holds"]
     return [
         _claim(
             "spot price",
@@ -324,7 +341,12 @@ def _spot_claim(d, spec, plan, choice, here, pins, target) -> list[dict]:
             f"{ratio:.0%} of on-demand on {choice.offer.key} including expected "
             f"preemptions ({spot_row['preemptions']:.2g}; useful fraction "
             f"{spot_row['useful_fraction']:.1%})",
-            "holds" if ratio <= d["holds"] else "does not hold for this offer",
+            "holds"
+            if lo <= ratio <= hi
+            else "differs: cheaper than claimed"
+            if ratio < lo
+            else "does not hold for this offer",
+            f"holds for a ratio of {lo:.0%}-{hi:.0%}",
         )
     ]
 
@@ -333,6 +355,12 @@ def _tokenizer_claim(d, stats) -> dict:
     how = (
         "declared in the spec"
         if stats.tokens_per_character_source == "declared"
+        else f"extrapolated to the planned {stats.tokenizer_target_vocab:,} pieces (80% "
+        f"range {stats.tokens_per_character_p10:.2f}-{stats.tokens_per_character_p90:.2f}) "
+        f"from our {stats.tokenizer_scheme} tokenizers of "
+        f"{', '.join(f'{v:,}' for v in stats.vocab_fit.get('sizes', []))} pieces, which the "
+        f"{stats.sample_documents:,} sample documents support"
+        if stats.tokens_per_character_source == "extrapolated"
         else f"measured with our {stats.tokenizer_scheme or stats.tokenizer} tokenizer "
         f"({stats.tokenizer_vocab:,} pieces) on {stats.sample_documents:,} sample documents"
     )
@@ -343,6 +371,7 @@ def _tokenizer_claim(d, stats) -> dict:
         "differs: a word-level CPM vocabulary gives fewer than 1 token per character"
         if stats.tokens_per_character < d["similar_above"]
         else "similar",
+        f"similar at >= {d['similar_above']:g} tokens per character",
     )
 
 
@@ -364,6 +393,7 @@ def _article_run_claims(data, spec, profiles) -> list[dict]:
             f"{article['hours'] / 24:,.1f} days on 8 x P4 (fp32: P4 has no fast fp16, so "
             f"the article's fp16 cannot have sped it up), MFU {article['mfu']:.0%}",
             "does not hold" if article["hours"] > 24 * run["days_hold_below"] else "holds",
+            f"holds below {run['days_hold_below']:g} days",
         ),
         _claim(
             "100 kWh / 70 yuan",
@@ -371,6 +401,7 @@ def _article_run_claims(data, spec, profiles) -> list[dict]:
             f"{kwh:,.0f} kWh for 8 P4s at TDP over that time (x PUE {p4.offer.pue:g}); "
             f"{run['compare_gpus']} A100s for 7 days would draw {scale:,.0f} kWh",
             "does not hold" if kwh > run["kwh_hold_below"] else "holds",
+            f"holds at <= {run['kwh_hold_below']:g} kWh",
         ),
     ]
 
@@ -401,8 +432,19 @@ def render_explanation(result: dict) -> str:
             f"{unc['interval_basis']}"
         )
     lines += [f"  {w}" for w in result.get("warnings", [])]
+    from planner.costreport import fit_lines
+
+    lines = [fit_lines(line) for line in lines]
     if result["claims"]:
         lines.append("")
         lines.append("Bank-FAQ article's claims vs the model (all modelled unless marked measured)")
-        lines.append(tabulate(result["claims"], headers="keys", tablefmt="github"))
+        # cells wrapped so that the table keeps to 120 columns
+        lines.append(
+            tabulate(
+                result["claims"],
+                headers="keys",
+                tablefmt="simple",
+                maxcolwidths=[12, 22, 40, 20, 16],
+            )
+        )
     return "\n".join(lines)

@@ -95,7 +95,6 @@ class OptimizeResult:
 def plan_space(spec, *, log: Callable = print, on_stats: Callable | None = None):
     """Spec -> (stats, target, decision, timings): statistics first (reported through
     `on_stats(stats, target)` before the search starts), then the model's search."""
-    from planner.corpus_stats import corpus_statistics
     from planner.hardware import load_profiles
     from planner.search import allowed_offers, decide, evaluate_space, target_tokens
 
@@ -112,22 +111,7 @@ def plan_space(spec, *, log: Callable = print, on_stats: Callable | None = None)
             file=spec.path,
             key="constraints.profiles",
         )
-    model = spec.model_section()
-    try:
-        stats = corpus_statistics(
-            corpus=spec.job.corpus,
-            tokenizer=spec.job.tokenizer,
-            vocab_size=model.vocab_size,
-            cache_dir=str(userdata.cache_dir(spec.job.cache_dir)),
-            sample_documents=spec.job.sample_documents,
-            declared_bytes=spec.job.corpus_bytes,
-            seq_lens=spec.constraints.seq_lens,
-            tokens_per_char=spec.job.tokens_per_char,
-            log=log,
-        )
-    except UserError as exc:  # corpus/tokenizer errors name the spec they came from
-        exc.file = exc.file or spec.path
-        raise
+    stats = measure_corpus(spec, log=log)
     timings["corpus_statistics_s"] = time.perf_counter() - t0
     sample = min(spec.constraints.seq_lens) + 1
     if stats.total_tokens < sample:  # the runner refuses such a corpus too
@@ -148,6 +132,50 @@ def plan_space(spec, *, log: Callable = print, on_stats: Callable | None = None)
     timings["search_s"] = time.perf_counter() - t1
     timings["candidates"] = len(table)
     return stats, target, decision, timings
+
+
+def measure_corpus(spec, *, log: Callable = _quiet):
+    """The corpus statistics (planner.corpus_stats) of the spec, and the model's vocab_size set
+    from the tokenizer they measured (set_planned_vocab)."""
+    from planner.corpus_stats import corpus_statistics
+
+    try:
+        stats = corpus_statistics(
+            corpus=spec.job.corpus,
+            tokenizer=spec.job.tokenizer,
+            vocab_size=spec.asked_vocab_size(),
+            cache_dir=str(userdata.cache_dir(spec.job.cache_dir)),
+            sample_documents=spec.job.sample_documents,
+            declared_bytes=spec.job.corpus_bytes,
+            seq_lens=spec.constraints.seq_lens,
+            tokens_per_char=spec.job.tokens_per_char,
+            log=log,
+        )
+    except UserError as exc:  # corpus/tokenizer errors name the spec they came from
+        exc.file = exc.file or spec.path
+        raise
+    set_planned_vocab(spec, stats, log=log)
+    return stats
+
+
+def set_planned_vocab(spec, stats, *, log: Callable = _quiet) -> None:
+    """The model's vocab_size is the run's tokenizer's size, padded to whole 128 x tp tiles
+    (gptplan.tokenizer.padded_vocab); the padding rows are masked in training and sampling."""
+    from gptplan.tokenizer import padded_vocab
+
+    if not stats.tokenizer_target_vocab:
+        return
+    tp = max(spec.search.tensor_parallel or [1])
+    vocab = padded_vocab(stats.tokenizer_target_vocab, tp)
+    asked = spec.asked_vocab_size()
+    spec.planned_vocab_size = vocab
+    if vocab != asked:
+        log(
+            f"model.vocab_size {vocab:,}: the run's tokenizer has "
+            f"{stats.tokenizer_target_vocab:,} pieces ({stats.tokens_per_character_source}"
+            f"; asked {asked:,}), padded to a multiple of 128 x tp {tp} "
+            f"(the {vocab - stats.tokenizer_target_vocab:,} padding rows are masked)"
+        )
 
 
 def tune_locally(

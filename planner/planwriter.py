@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 
+from gptplan import money
 from gptplan.plan import (
     BudgetSection,
     CheckpointSection,
@@ -61,6 +62,13 @@ def planned_corpus(spec: Spec, stats, *, trained_tokens: float) -> dict:
         "corpus_tokens": _sig(stats.total_tokens),
         "corpus_tokens_source": stats.total_tokens_source,
         "tokens_per_char": _sig(stats.tokens_per_character),
+        "tokens_per_char_source": stats.tokens_per_character_source,
+        "tokens_per_char_p10": _sig(stats.tokens_per_character_p10),
+        "tokens_per_char_p90": _sig(stats.tokens_per_character_p90),
+        # the size the runner asks the trained tokenizer for: the planner's own request
+        "tokenizer_vocab_size": spec.asked_vocab_size()
+        if spec.job.tokenizer == "sentencepiece"
+        else 0,
         "planned_epochs": _sig(trained_tokens / stats.total_tokens),
     }
 
@@ -165,9 +173,13 @@ def candidate_plan(
         ),
         checkpoint=CheckpointSection(interval_steps=interval_steps, keep_last=2),
         budget=BudgetSection(
-            max_cost=spec.constraints.budget,
+            max_cost=_sig(money.planned_ceiling(spec.constraints.budget, row["cost_p90"])),
             currency=cur,
             max_hours=spec.constraints.deadline_hours,
+            budget_total=spec.constraints.budget,
+            planned_cost=_sig(row["cost"]),
+            planned_cost_p90=_sig(row["cost_p90"]),
+            ceiling_factor=money.CEILING_FACTOR_OVER_P90 if row["cost_p90"] > 0 else 0.0,
         ),
         estimate=EstimateSection(
             source="probe" if measured else "model",

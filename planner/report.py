@@ -332,6 +332,11 @@ def render_stats(stats: CorpusStatistics, target: float) -> str:
             f"(measured on {stats.sample_documents:,} documents with {stats.tokenizer}, "
             f"{stats.tokenizer_vocab:,} pieces)"
             if stats.tokens_per_character_source == "measured"
+            else f"(extrapolated, 80% range {stats.tokens_per_character_p10:.3f}-"
+            f"{stats.tokens_per_character_p90:.3f}; the sample trains "
+            f"{stats.tokenizer_vocab:,} of the {stats.tokenizer_target_vocab:,} planned "
+            f"pieces ({stats.tokenizer}); {stats.vocab_fit.get('description', '')})"
+            if stats.tokens_per_character_source == "extrapolated"
             else "(declared in the spec)"
         ),
     ]
@@ -343,9 +348,19 @@ def render_stats(stats: CorpusStatistics, target: float) -> str:
         "extrapolated: sample tokens/char x "
         + ("characters of the declared size" if stats.extrapolated else "characters"),
     )
+    spread = ""
+    if stats.tokens_per_character_source == "extrapolated" and stats.tokens_per_character:
+        r_lo = stats.tokens_per_character_p10 / stats.tokens_per_character
+        r_hi = stats.tokens_per_character_p90 / stats.tokens_per_character
+        spread = (
+            f" (80% range {_fmt_tokens(stats.total_tokens * r_lo)}-"
+            f"{_fmt_tokens(stats.total_tokens * r_hi)}, "
+            f"{stats.epochs_for(target) / r_hi:.2f}-{stats.epochs_for(target) / r_lo:.2f} "
+            "epochs, from the tokens/char fit)"
+        )
     lines.append(
         f"corpus tokens: {_fmt_tokens(stats.total_tokens)} ({how}); target "
-        f"{_fmt_tokens(target)} tokens = {stats.epochs_for(target):.2f} epochs"
+        f"{_fmt_tokens(target)} tokens = {stats.epochs_for(target):.2f} epochs{spread}"
     )
     waste = ", ".join(f"seq {k}: {v:.0%}" for k, v in stats.padding_waste.items())
     lines.append(
@@ -444,7 +459,13 @@ def render_choice(result) -> str:
     if result.chosen_source == "model":
         lines.append(
             sensitivity_line(
-                sensitivity(result.table, result.chosen, result.spec.job.target_tokens > 0), cur
+                sensitivity(
+                    result.table,
+                    result.chosen,
+                    result.spec.job.target_tokens > 0,
+                    result.stats,
+                ),
+                cur,
             )
         )
         lines += [x for x in [budget_line(decision, result.spec)] if x]
@@ -477,11 +498,34 @@ def _offer_front(table: CandidateTable, mask: np.ndarray) -> np.ndarray:
     return idx[hours < before]
 
 
+PLOT_MAX_OFFERS = 8  # offers drawn, cheapest first (more are unreadable on one axis)
+
+
+def plotted_offers(table, excluded: np.ndarray, chosen: int | None) -> tuple[list[int], int]:
+    """The offers the plot draws: cloud offers only (CPU profiles are left out: their hours
+    would stretch the axis by orders of magnitude), the PLOT_MAX_OFFERS whose best fitting
+    plan is cheapest, the chosen plan's offer always among them. (offers, offers left out)."""
+    best = []
+    for index, choice in enumerate(table.offers):
+        if choice.profile.device == "cpu":
+            continue
+        mine = table["fits"] & (table["offer"] == index)
+        if mine.any():
+            cost = table["cost"][mine & ~excluded] if (mine & ~excluded).any() else None
+            best.append((float(cost.min()) if cost is not None else np.inf, index))
+    best.sort()
+    keep = [i for _, i in best[:PLOT_MAX_OFFERS]]
+    if chosen is not None and int(table["offer"][chosen]) not in keep:
+        keep = [*keep[: PLOT_MAX_OFFERS - 1], int(table["offer"][chosen])]
+    return keep, len(best) - len(keep)
+
+
 def plot_pareto(
     decision: Decision, path: str, currency: str, *, spec=None, chosen: int | None = None
 ) -> None:
-    """Per-offer Pareto fronts (distinct marker and colour each), the budget and deadline
-    lines, the chosen plan labelled, the job in the title; the legend sits outside the axes."""
+    """Per-offer Pareto fronts of the cheapest cloud offers (at most PLOT_MAX_OFFERS, a
+    distinct marker and colour each, p10-p90 whiskers on every point), log-scaled hours and
+    cost, the budget and deadline lines, the chosen plan labelled; the legend sits outside."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -490,8 +534,8 @@ def plot_pareto(
     table = decision.table
     chosen = decision.chosen if chosen is None else chosen
     fig, ax = plt.subplots(figsize=(11, 6))
-    markers = "os^vD<>pPhX*d8H"
-    cmap = plt.get_cmap("tab20")
+    markers = "os^vDPX*"
+    cmap = plt.get_cmap("tab10")
     from planner.search import outlier_rows
 
     excluded = (
@@ -499,31 +543,31 @@ def plot_pareto(
         if not (spec and spec.constraints.allow_outlier_prices)
         else np.zeros(len(table), bool)
     )
-    for index, choice in enumerate(table.offers):
+    shown, left_out = plotted_offers(table, excluded, chosen)
+    for k, index in enumerate(shown):
+        choice = table.offers[index]
         mine = table["fits"] & (table["offer"] == index)
-        front = _offer_front(table, mine & ~excluded)
-        if len(front):
-            ax.plot(
-                table["hours"][front],
-                table["cost"][front],
-                marker=markers[index % 15],
-                color=cmap(index % 20),
-                ms=5,
+        for rows, outlier in ((mine & ~excluded, False), (mine & excluded, True)):
+            front = _offer_front(table, rows)
+            if not len(front):
+                continue
+            iv = table.intervals(front)
+            x, y = table["hours"][front], table["cost"][front]
+            ax.errorbar(
+                x,
+                y,
+                xerr=[x - iv["hours_p10"], iv["hours_p90"] - x],
+                yerr=[y - iv["cost_p10"], iv["cost_p90"] - y],
+                marker=markers[k % len(markers)],
+                color="grey" if outlier else cmap(k % 10),
+                ms=6,
                 lw=1,
-                label=choice.label,
-            )
-        front = _offer_front(table, mine & excluded)
-        if len(front):
-            ax.plot(
-                table["hours"][front],
-                table["cost"][front],
-                marker=markers[index % 15],
-                color="grey",
-                ms=5,
-                lw=1,
-                ls="--",
-                mfc="none",
-                label=f"{choice.label} spot: outlier price, excluded",
+                ls="--" if outlier else "-",
+                mfc="none" if outlier else None,
+                elinewidth=0.6,
+                capsize=2,
+                alpha=0.9,
+                label=f"{choice.label} spot: outlier price, excluded" if outlier else choice.label,
             )
     c = spec.constraints if spec is not None else None
     if c is not None and c.budget:
@@ -562,7 +606,12 @@ def plot_pareto(
         if spec is not None
         else "planner"
     )
-    ax.set_title(f"{job} - cheapest-vs-fastest front of each offer")
+    more = f", {left_out} more not drawn" if left_out else ""
+    ax.set_title(
+        f"{job}\ncheapest-vs-fastest front of the {len(shown)} cheapest cloud offers "
+        f"(CPU left out{more})\nwhiskers: p10-p90 of cost and hours",
+        fontsize=9,
+    )
     ax.grid(True, which="both", alpha=0.2)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()

@@ -780,6 +780,35 @@ def tokens_within(spec: Spec, table: CandidateTable, target: float) -> float:
     return float(target * share.max())
 
 
+def tokens_bought_interval(spec: Spec, table: CandidateTable, target: float) -> dict:
+    """What the budget buys (tokens_within) with the cost interval of the plan that buys it:
+    tokens at which that plan's modelled cost meets the budget (50% probability of staying
+    within it), its p90 cost (90%) and its p10 cost (10%); modelled. {} without a budget."""
+    c = spec.constraints
+    usable = table["fits"] & (~outlier_rows(table) if not c.allow_outlier_prices else True)
+    if not usable.any() or not c.budget:
+        return {}
+    rows = np.flatnonzero(usable)
+    cost, hours = table["cost"][rows], table["hours"][rows]
+    fixed = table.fixed_hours
+    deadline_share = (
+        np.maximum(c.deadline_hours - fixed, 0.0) / np.maximum(hours - fixed, 1e-12)
+        if c.deadline_hours
+        else np.full(len(rows), np.inf)
+    )
+    share = np.minimum(c.budget / cost, deadline_share)
+    k = int(np.argmax(share))
+    iv = table.intervals(np.array([rows[k]]))
+    p10, p90 = float(iv["cost_p10"][0]), float(iv["cost_p90"][0])
+    cap = float(deadline_share[k])
+    return {
+        "tokens": float(target * share[k]),
+        "tokens_p90_cost": float(target * min(c.budget / p90, cap)),
+        "tokens_p10_cost": float(target * min(c.budget / p10, cap)),
+        "row": int(rows[k]),
+    }
+
+
 def minimum_budget(spec: Spec, table: CandidateTable) -> int | None:
     """The row of the cheapest plan that meets the deadline, memory and price rules."""
     order = ranked(table, eligible_mask(spec, table))
@@ -859,7 +888,8 @@ def _problems(
             f"the budget {c.budget:,.0f} {cur} cannot reach {target:.3g} tokens{within}: the "
             f"cheapest plan that meets every other constraint costs "
             f"{table['cost'][least]:,.0f} {cur} and takes {table['hours'][least]:,.1f} h "
-            f"(modelled); the budget buys about {bought or 0:.3g} tokens{within}; minimum "
+            f"(modelled); the budget buys about {bought or 0:.3g} tokens{within}"
+            f"{_bought_interval(spec, table, target)}; minimum "
             f"budget for the target: {table['cost'][least]:,.0f} {cur}"
         )
     if least is None and c.deadline_hours and table["hours"][fastest] > c.deadline_hours:
@@ -879,6 +909,19 @@ def _problems(
             else "no single plan meets both budget and deadline (modelled)"
         )
     return problems
+
+
+def _bought_interval(spec: Spec, table: CandidateTable, target: float) -> str:
+    """', with 50% probability ... 90% ...' of what the budget buys (tokens_bought_interval)."""
+    got = tokens_bought_interval(spec, table, target)
+    if not got:
+        return ""
+    return (
+        f" (50% probability of staying within the budget at that many; 90% at "
+        f"{got['tokens_p90_cost']:.3g} tokens, where the plan's p90 cost meets it; 10% at "
+        f"{got['tokens_p10_cost']:.3g}, its p10 cost; planner optimize --maximize tokens "
+        "plans it)"
+    )
 
 
 def node_cap(spec: Spec) -> int:
@@ -933,7 +976,12 @@ def _binding_constraint(spec: Spec, table: CandidateTable, chosen: int) -> str:
     """Which limit shaped the choice: the cheaper plans it beat were excluded by what?"""
     cheaper = table["cost"] < table["cost"][chosen]
     if not cheaper.any():
-        return "none: this is the cheapest configuration in the whole space"
+        n = len(table)
+        return (
+            "none: the only configuration evaluated"
+            if n == 1
+            else f"none: the cheapest of the {n:,} configurations evaluated"
+        )
     reasons = []
     if (cheaper & ~table["fits"]).any():
         reasons.append("device memory")

@@ -224,6 +224,15 @@ class Spec:
     rates_as_of: str = ""
     path: str = "<spec>"
     sha256: str = ""
+    # model.vocab_size as the planner sets it after measuring the tokenizer: the tokenizer's
+    # size padded (gptplan.tokenizer.padded_vocab); 0 = the named size's or model.vocab_size
+    planned_vocab_size: int = 0
+
+    def asked_vocab_size(self) -> int:
+        """The vocabulary the spec asks for (the named size's, or model.vocab_size): the size a
+        trained tokenizer is trained to."""
+        m = self.model
+        return int(m.vocab_size or (size_fields(m.size)["vocab_size"] if m.size else 0))
 
     def model_section(self) -> ModelSection:
         """Named size with field overrides, as the plan's [model] table."""
@@ -244,6 +253,8 @@ class Spec:
         ):
             if getattr(m, name):
                 fields[name] = getattr(m, name)
+        if self.planned_vocab_size:
+            fields["vocab_size"] = self.planned_vocab_size
         # PaddleNLP 2.8.1's Llama has no dropout: a Llama plan says 0 rather than a value the
         # model would ignore
         dropout = m.family != "llama" and fields.get("family") != "llama"

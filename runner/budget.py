@@ -176,3 +176,21 @@ def deadline(plan: Plan, *, billed_s: float, attempt_start: float) -> float | No
     if not limits:
         return None
     return attempt_start + min(limits) - billed_s - DEADLINE_TEARDOWN_S
+
+
+def projection_alert(plan: Plan, records) -> str | None:
+    """The warning line when the run's projected total (cost at max_steps at the measured pace,
+    runner.metrics) passes the plan's p90 cost, else None. Plans without a recorded p90 cost
+    (by hand, or older) get none."""
+    p90 = plan.budget.planned_cost_p90
+    if p90 <= 0 or not records:
+        return None
+    projected = records[-1].projected_cost
+    if projected <= p90:
+        return None
+    b, cur = plan.budget, plan.budget.currency
+    ceiling = f"; the run stops at budget.max_cost {b.max_cost:g} {cur}" if b.max_cost else ""
+    return (
+        f"WARNING: projected total {projected:,.4g} {cur} (measured pace) passes the plan's "
+        f"p90 cost {p90:,.4g} {cur} (planned {b.planned_cost:,.4g} {cur}, modelled){ceiling}"
+    )

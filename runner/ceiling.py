@@ -24,6 +24,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from gptplan import userdata
+
 STARTUP_FILE = "startup_seconds.json"
 # Test-only: seconds to sleep in the launch path (a start-up slower than any measured).
 LAUNCH_DELAY_ENV = "RUNNER_TEST_LAUNCH_DELAY_S"
@@ -75,7 +77,7 @@ def shape_key(plan) -> str:
 
 
 def _startup_file(plan) -> Path:
-    return Path(plan.job.cache_dir) / STARTUP_FILE
+    return userdata.cache_dir(plan.job.cache_dir) / STARTUP_FILE
 
 
 def machine_startup_s(plan) -> float | None:

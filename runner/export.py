@@ -259,11 +259,23 @@ def generate(
         net = load_trained_model(load_plan(plan_file), path)
         source = str(path)
     set_special_ids(net, tokenizer)
+    real, total = len(tokenizer), int(net.config.vocab_size)
+    if real > total:
+        raise UserError(
+            f"{run_dir} is inconsistent: its tokenizer has {real:,} pieces, its model "
+            f"{total:,} (model.vocab_size); the tokenizer and the checkpoint are from "
+            "different runs",
+            key="RUN_DIR",
+        )
     ids = tokenizer(prompt)["input_ids"]
     if not ids:
         raise UserError("the prompt tokenizes to nothing; give some text", key="--prompt")
     paddle.seed(seed)
     extra = {}
+    if real < total:  # the padding rows of the vocabulary are never sampled
+        from runner.model import sample_tokenizer_ids_only
+
+        sample_tokenizer_ids_only(net, real)
     if getattr(net.config, "model_type", "") == "llama":
         # PaddleNLP 2.8.1's generate builds a 4-D float mask that its Llama refuses (it wants a
         # boolean one); a 2-D all-ones mask of the prompt goes through Llama's own path
@@ -282,10 +294,18 @@ def generate(
     eos = getattr(tokenizer, "eos_token_id", None)
     if eos is not None and eos in new_ids:
         new_ids = new_ids[: new_ids.index(eos)]
-    if hasattr(tokenizer, "convert_ids_to_string"):  # CPM style: undoes the space pieces
-        text = tokenizer.convert_ids_to_string(new_ids)
-    else:
-        text = tokenizer.decode(new_ids, skip_special_tokens=True)
+    try:
+        if hasattr(tokenizer, "convert_ids_to_string"):  # CPM style: undoes the space pieces
+            text = tokenizer.convert_ids_to_string(new_ids)
+        else:
+            text = tokenizer.decode(new_ids, skip_special_tokens=True)
+    except (IndexError, ValueError, KeyError) as exc:  # an id the tokenizer does not have
+        raise UserError(
+            f"{run_dir}: the tokenizer cannot decode the sampled ids "
+            f"({type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc) else ''}); "
+            "its tokenizer and model do not belong together",
+            key="RUN_DIR",
+        ) from None
     return {
         "prompt": prompt,
         "continuation": text,

@@ -170,3 +170,63 @@ def build_model(
     if parallel.recompute != "none":
         net.recompute_enable()
     return net
+
+
+# ---- the padding rows of the vocabulary --------------------------------------------------------
+# model.vocab_size is the tokenizer's size padded to whole 128 x tp tiles
+# (gptplan.tokenizer.padded_vocab): ids at and above the tokenizer's size never occur in the data;
+# they are masked out of the loss (their logits get PADDING_LOGIT before the cross-entropy, so
+# they take no probability mass) and out of sampling.
+PADDING_LOGIT = -1.0e4  # exp(-1e4) is 0 in fp16, bf16 and fp32 alike, and -1e4 is finite in fp16
+
+
+def padding_mask(real: int, total: int, dtype):
+    """[total] additive mask: 0 for ids below `real`, PADDING_LOGIT for the padding rows."""
+    import paddle
+
+    return paddle.concat(
+        [paddle.zeros([real], dtype="float32"), paddle.full([total - real], PADDING_LOGIT)]
+    ).astype(dtype)
+
+
+def mask_padding_in_loss(net, real: int) -> bool:
+    """Wrap the model's criterion so the padding rows (ids >= `real`) are out of the loss.
+
+    Only where one rank holds the whole vocabulary (no tensor-parallel split of the logits, no
+    pipeline criterion); returns whether the mask is in place."""
+    import paddle
+
+    criterion = getattr(net, "criterion", None)
+    total = int(net.config.vocab_size)
+    if criterion is None or real >= total or int(net.config.tensor_parallel_degree or 1) > 1:
+        return False
+
+    class MaskedCriterion(paddle.nn.Layer):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, logits, labels, *args, **kwargs):
+            return self.inner(
+                logits + padding_mask(real, total, logits.dtype), labels, *args, **kwargs
+            )
+
+    net.criterion = MaskedCriterion(criterion)
+    return True
+
+
+def sample_tokenizer_ids_only(net, real: int) -> None:
+    """Keep PaddleNLP's sampling to the tokenizer's ids (< `real`): the padding rows get
+    PADDING_LOGIT in `adjust_logits_during_generation`, which its sampling loop calls on every
+    step's logits before top-k (2.8.1's own `logits_processors` argument fails: it iterates a
+    LogitsProcessorList, which is not iterable)."""
+    total = int(net.config.vocab_size)
+    if real >= total:
+        return
+    inner = net.adjust_logits_during_generation
+
+    def adjust(logits):
+        logits = inner(logits)
+        return logits + padding_mask(real, total, logits.dtype)
+
+    net.adjust_logits_during_generation = adjust

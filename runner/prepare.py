@@ -177,7 +177,7 @@ def prepare_data(
     workers = workers or default_workers()
     directory = ensure_tokenizer(
         tokenizer=job.tokenizer,
-        vocab_size=plan.model.vocab_size,
+        vocab_size=job.tokenizer_vocab_size or plan.model.vocab_size,
         cache_dir=userdata.cache_dir(job.cache_dir),
         patterns=job.corpus,
         max_documents=job.max_documents,

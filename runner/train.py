@@ -370,6 +370,7 @@ class StopRules:
     checkpoint_bytes: int
     notice: StopSignal = dataclasses.field(default_factory=StopSignal)
     alerted: bool = False
+    alerted_projection: bool = False
 
     def decide(self, step: int, *, checkpoint_due: bool) -> Stop:
         flags = dict.fromkeys(STOP_ORDER, 0)
@@ -405,6 +406,10 @@ class StopRules:
     def _alert(self) -> None:
         budget = self.plan.budget
         spent = self.meter.cost_so_far()
+        line = budget_guard.projection_alert(self.plan, self.meter.records)
+        if line and not self.alerted_projection:
+            self.alerted_projection = True
+            say(line)
         if budget.max_cost > 0 and not self.alerted and spent >= budget.alert_at * budget.max_cost:
             self.alerted = True
             say(
@@ -430,6 +435,10 @@ def build_trainer(plan: Plan, data_dir: Path, rank: RankInfo) -> Trainer:
         batch_ranks=plan.parallel.batch_ranks,
     )
     model, optimizer, scaler = build_training_state(plan)
+    if plan.parallel.pipeline_parallel_degree == 1:
+        from runner.model import mask_padding_in_loss
+
+        mask_padding_in_loss(model, int(data.meta["vocab_size"]))
     return Trainer(
         plan, rank, model, optimizer, scaler, BatchSource(dataset, sampler, rank=rank.batch_rank)
     )
