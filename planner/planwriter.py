@@ -44,6 +44,9 @@ def _interval_source(prof, precision: str, row: dict) -> str:
             "no published runs for this hardware: the default (wide) spread of an "
             "uncalibrated prior"
         )
+    cap = coverage.mfu_cap(prof)
+    if row.get("throughput_capped") and cap is not None:
+        where += f"; p90 {cap.words()}"
     return (
         f"80% interval on throughput x{lo:.3g}..x{hi:.3g}: {where}; hours and cost add the "
         "price spread and the spot preemption rate's range (planner.spotrisk)"

@@ -414,11 +414,14 @@ def render_choice(result) -> str:
         f"GB/device, MFU {est.mfu:.1%}, {est.cost_per_million_tokens:.4g} {cur}/Mtok "
         f"({source}), {est.energy_kwh:,.3g} kWh (modelled, TDP upper bound)",
     ]
+    lines.append(memory_line(result))
     from planner.costreport import budget_line, price_lines, sensitivity, sensitivity_line
 
     lines += price_lines(result)
     if est.cost_p90 > 0:
         basis = est.interval.split(": ", 1)[-1].split(" (hardware_profiles")[0]
+        if "; p90 capped at " in est.interval:
+            basis += "; p90 " + est.interval.split("; p90 ", 1)[1].split("; hours and cost")[0]
         lines.append(
             f"        80% interval (p10-p90; throughput, price and preemptions; "
             f"throughput from {basis}): "
@@ -447,6 +450,34 @@ def render_choice(result) -> str:
     else:
         lines.append(f"        the model alone chose {short_config(result.table, decision.chosen)}")
     return "\n".join(lines)
+
+
+def memory_line(result) -> str:
+    """Memory per device as a share of the card, with its interval and the feasibility verdict
+    (planner.search.choose_fitting): a "may fit" choice names the surely-fitting alternative
+    and its cost."""
+    from gptplan.memory import MAY_FIT_SAVING, MEMORY_RATIO_P10, MEMORY_RATIO_P90
+    from planner.search import memory_share
+
+    table, i, cur = result.table, int(result.chosen), result.currency
+    prof = table.offers[int(table["offer"][i])].profile
+    share, lo, hi = memory_share(float(table["memory_gb"][i]), prof)
+    head = (
+        f"        memory {share:.0%} of the {prof.memory_gb:g} GiB card per device (modelled; "
+        f"80% interval {lo:.0%}-{hi:.0%}, band x{MEMORY_RATIO_P10:g}-x{MEMORY_RATIO_P90:g} "
+        "measured, bench/README.md)"
+    )
+    if not bool(table["may_fit"][i]):
+        return head + ": fits"
+    alt = result.decision.sure_alternative
+    if alt is None or int(alt) == i:
+        return head + ": MAY NOT FIT (no layout surely fits; probe it before a long run)"
+    saving = 1.0 - float(table["cost"][i]) / float(table["cost"][alt])
+    return (
+        head + f": MAY NOT FIT, chosen because it saves {saving:.1%} (more than "
+        f"{MAY_FIT_SAVING:.0%}) over the surely-fitting {short_config(table, int(alt))} at "
+        f"{money(float(table['cost'][alt]))} {cur} (modelled); probe it before a long run"
+    )
 
 
 def race_note(table, race) -> str:

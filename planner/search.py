@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gptplan.memory import GIB, MEMORY_MODEL_ERROR, layout_memory_bytes
+from gptplan.memory import (
+    GIB,
+    MAY_FIT_SAVING,
+    MEMORY_RATIO_P10,
+    MEMORY_RATIO_P90,
+    NCCL_GB_PER_COMMUNICATOR,
+    layout_memory_bytes,
+    memory_fit,
+)
 from gptplan.money import checkpoint_bytes
 from gptplan.plan import PRECISIONS, RECOMPUTE_MODES, SHARDING_STAGES
 from gptplan.steptime import Device, Rates, step_time_parts
@@ -134,6 +142,13 @@ class CandidateTable:
         lo, hi = ratios[..., 0], ratios[..., 1]
         offer, prec = self["offer"][idx], self["precision_code"][idx]
         p10, p90 = coverage.widen(lo[offer, prec], hi[offer, prec], *self.outside_count(idx))
+        # the physical cap (planner.coverage.mfu_cap): the p90 (and so the p10) never above
+        # the best MFU a fitted published run of the generation attained
+        caps = np.array([getattr(coverage.mfu_cap(c.profile), "mfu", np.inf) for c in self.offers])
+        ceiling = caps[offer] / np.maximum(self["mfu"][idx], 1e-12)
+        capped = p90 > ceiling
+        p90 = np.minimum(p90, ceiling)
+        p10 = np.minimum(p10, p90)
         out = cm.interval_from_throughput(
             tokens_per_s=self["tokens_per_s"][idx],
             hours=self["hours"][idx],
@@ -142,7 +157,7 @@ class CandidateTable:
             p10_ratio=p10,
             p90_ratio=p90,
         )
-        return out | self._risk_interval(idx, out)
+        return out | self._risk_interval(idx, out) | {"throughput_capped": capped}
 
     def _risk_interval(self, idx: np.ndarray, tp: dict) -> dict:
         """Hours and cost p10/p90 with the preemption rate, the preemption count and the
@@ -440,9 +455,10 @@ def evaluate_layouts(
     runner use too. `efficiency` overrides the profile's fitted constants per precision;
     `overlap` the share of gradient sync hidden behind compute.
 
-    Memory: a row over the usable limit (memory_gb x memory_headroom) by less than the memory
-    model's own error (gptplan.memory.MEMORY_MODEL_ERROR) is kept as `may_fit` (the probe
-    settles it) instead of being cut at 100% of a point estimate.
+    Memory (gptplan.memory.memory_fit): a row whose modelled peak times the band's top
+    (MEMORY_RATIO_P90, measured) is within the usable limit (memory_gb x memory_headroom)
+    surely fits; past it but within the card's physical memory it is kept as `may_fit`
+    (chosen only past MAY_FIT_SAVING, `decide`); past the card it is cut.
     """
     shape = cm.ModelShape.from_section(m)
     gpn = offer.gpus_per_node
@@ -458,11 +474,15 @@ def evaluate_layouts(
     def by_precision(attr: str) -> np.ndarray:
         return np.array([getattr(e, attr) for e in per_precision])[g["precision_code"]]
 
+    g.setdefault("rc_layers", np.zeros(len(g["tp"]), dtype=int))
     mem = layout_memory_bytes(
-        shape, g, overhead_gb=eff.memory_overhead_gb, fragmentation=eff.fragmentation
+        shape,
+        g,
+        overhead_gb=eff.memory_overhead_gb,
+        fragmentation=eff.fragmentation,
+        communicator_gb=communicator_gb(prof),
     )
-    limit = prof.memory_gb * GIB * memory_headroom
-    may_fit = (mem > limit) & (mem <= limit * (1.0 + MEMORY_MODEL_ERROR))
+    sure, may_fit = memory_fit(mem, prof.memory_gb * GIB, memory_headroom)
 
     peak = np.array([prof.peak_for(p) for p in PRECISIONS])[g["precision_code"]] * 1e12
     inter = offer.inter_node_gbits_per_s / 8 * 1e9 if offer.inter_node_gbits_per_s else 1.0
@@ -484,9 +504,14 @@ def evaluate_layouts(
         by_precision("rolloff_tokens"),
     )
     parts = step_time_parts(shape, g, dev, rates)
-    step_time = parts["step_time_s"]
-    tokens_per_s = tokens_per_step / step_time
     f_model = cm.model_flops_per_token(m, g["seq"])
+    # the physical cap (planner.coverage.mfu_cap): never faster than the best MFU any fitted
+    # published run of this generation attained
+    cap = coverage.mfu_cap(prof)
+    step_time = parts["step_time_s"]
+    if cap is not None:
+        step_time = np.maximum(step_time, tokens_per_step * f_model / (cap.mfu * world * peak))
+    tokens_per_s = tokens_per_step / step_time
     mfu = f_model * tokens_per_s / (world * peak)
     n = len(step_time)
     return {
@@ -508,7 +533,8 @@ def evaluate_layouts(
         "flash": g["flash"],
         "tokens_per_step": tokens_per_step,
         "memory_gb": mem / cm.GB,
-        "fits": (mem <= limit) | may_fit,
+        "rc_layers": g["rc_layers"],
+        "fits": sure | may_fit,
         "may_fit": may_fit,
         "efficiency": parts["efficiency"],
         "hidden_per_tp": m.hidden_size / g["tp"],
@@ -544,12 +570,27 @@ def _hours(rows: dict, checkpoint_hours, spot_rate: float, sp) -> tuple:
     return running + sp.startup_minutes / 60, interval, useful, preemptions
 
 
+def communicator_gb(prof: Profile) -> float:
+    """GB per NCCL communicator on this profile's devices (gptplan.memory); 0 on CPU, where
+    gloo's buffers are inside the measured process overhead."""
+    return 0.0 if prof.device == "cpu" else NCCL_GB_PER_COMMUNICATOR
+
+
+def memory_share(memory_gb: float, prof: Profile) -> tuple[float, float, float]:
+    """Modelled peak per device as a share of the card's physical memory, with the band's
+    80% interval (MEMORY_RATIO_P10..P90, measured): (point, low, high)."""
+    share = memory_gb * 1e9 / (prof.memory_gb * GIB) if prof.memory_gb else float("nan")
+    return share, share * MEMORY_RATIO_P10, share * MEMORY_RATIO_P90
+
+
 def may_fit_note(memory_gb: float, prof: Profile, memory_headroom: float) -> str:
-    """The flag a user sees on a row kept inside the memory model's own error."""
+    """The flag a user sees on a row kept inside the memory model's band."""
+    share, lo, hi = memory_share(memory_gb, prof)
     return (
-        f"may fit (modelled {memory_gb * cm.GB / 2**30:.1f} GiB of "
-        f"{prof.memory_gb * memory_headroom * GIB / 2**30:.1f} GiB usable, "
-        f"+-{MEMORY_MODEL_ERROR:.0%} model error): probe it before a long run"
+        f"may fit (modelled {memory_gb * cm.GB / 2**30:.1f} GiB = {share:.0%} of the "
+        f"{prof.memory_gb:g} GiB card, 80% interval {lo:.0%}-{hi:.0%} (x{MEMORY_RATIO_P10:g}"
+        f"-x{MEMORY_RATIO_P90:g}, measured); usable {memory_headroom:.0%}): probe it before a "
+        "long run"
     )
 
 
@@ -689,6 +730,9 @@ class Decision:
     minimum_budget: float | None = None  # cheapest plan meeting every other constraint
     minimum_budget_row: int | None = None
     tokens_bought: float | None = None  # what the budget buys within the deadline
+    # when the chosen row only "may fit": the cheapest feasible row that surely fits (None when
+    # no row surely fits); a may-fit row is chosen only MAY_FIT_SAVING cheaper than it
+    sure_alternative: int | None = None
 
 
 def eligible_mask(spec: Spec, table: CandidateTable) -> np.ndarray:
@@ -750,7 +794,7 @@ def decide(spec: Spec, table: CandidateTable, target: float) -> Decision:
     )
     order = ranked(table, feasible)
     if len(order):
-        chosen = int(order[0])
+        chosen, alternative = choose_fitting(table, feasible, int(order[0]))
         return Decision(
             chosen,
             table,
@@ -758,6 +802,7 @@ def decide(spec: Spec, table: CandidateTable, target: float) -> Decision:
             pareto,
             target,
             binding=_binding_constraint(spec, table, chosen),
+            sure_alternative=alternative,
             **extra,
         )
     if not fits.any():
@@ -783,6 +828,22 @@ def decide(spec: Spec, table: CandidateTable, target: float) -> Decision:
         _problems(spec, table, target, least, extra["tokens_bought"]),
         **extra,
     )
+
+
+def choose_fitting(table: CandidateTable, feasible: np.ndarray, cheapest: int):
+    """The feasibility rule: (chosen row, surely-fitting alternative or None). The cheapest
+    feasible row is chosen when it surely fits; a "may fit" row only when it costs more than
+    MAY_FIT_SAVING less than the cheapest feasible row that surely fits (then that row is the
+    alternative the chosen line prints), or when no row surely fits."""
+    if not bool(table["may_fit"][cheapest]):
+        return cheapest, None
+    sure = ranked(table, feasible & ~table["may_fit"].astype(bool))
+    if not len(sure):
+        return cheapest, None
+    best_sure = int(sure[0])
+    if table["cost"][cheapest] < (1.0 - MAY_FIT_SAVING) * table["cost"][best_sure]:
+        return cheapest, best_sure
+    return best_sure, None
 
 
 def _problems(
