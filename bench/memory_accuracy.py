@@ -43,7 +43,9 @@ def cpu_rows() -> list[dict]:
     from planner.search import communicator_gb
 
     recorded = json.loads((RESULTS / "plan_quality.json").read_text())["grid"]
-    measured = {r["config"]: r["measured_memory_gb"] for r in recorded if r.get("measured_memory_gb")}
+    measured = {
+        r["config"]: r["measured_memory_gb"] for r in recorded if r.get("measured_memory_gb")
+    }
     spec, table, _, _ = space(False)
     shape = cm.ModelShape.from_section(spec.model_section())
     out = []

@@ -195,8 +195,7 @@ def communicators(*, world, tp, pp, shard_degree, dp) -> np.ndarray:
     sharding. [NCCL] each holds its own buffers."""
     one = np.ones_like(np.asarray(world, dtype=float))
     return sum(
-        (np.asarray(x, dtype=float) > 1) * one
-        for x in (world, dp, tp, pp, pp, shard_degree)
+        (np.asarray(x, dtype=float) > 1) * one for x in (world, dp, tp, pp, pp, shard_degree)
     )
 
 

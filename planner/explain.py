@@ -51,6 +51,7 @@ def _pins_from_plan(plan: Plan) -> dict:
         sharding_degrees=[p.sharding_parallel_degree] if p.sharding else [],
         flash_attention=t.use_flash_attention,
         recompute=[p.recompute],
+        recompute_layers=[p.recompute_layers // p.pipeline_parallel_degree],
         sequence_parallel=[p.sequence_parallel],
         node_counts=[p.nnodes],
         max_nodes=p.nnodes,

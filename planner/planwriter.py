@@ -152,6 +152,7 @@ def candidate_plan(
             sharding=row["sharding"],
             sharding_parallel_degree=row["shard_degree"],
             recompute=row["recompute"],
+            recompute_layers=int(row.get("rc_layers", 0)) * int(row["pp"]),
             sequence_parallel=bool(row["sp"]),
         ),
         hardware=HardwareSection(

@@ -36,12 +36,21 @@ def layout(row: dict) -> str:
     return " ".join(parts)
 
 
+def recompute_words(row: dict) -> str:
+    """The recompute choice: granularity, and k of L layers when partial (rc_layers per
+    stage x pp of the model's layers)."""
+    k = int(row.get("rc_layers", 0))
+    if not k or row["recompute"] == "none":
+        return row["recompute"]
+    return f"{row['recompute']} on {k * int(row['pp'])} layers ({k} per stage)"
+
+
 def describe(table: CandidateTable, i: int, currency: str) -> str:
     r = table.row(i)
     return (
         f"{r['offer_choice'].label} {'spot' if r['spot'] else 'on-demand'}, "
         f"{r['nodes']} node(s) x {r['gpus_per_node']}, {r['precision']}, seq {r['seq']}, "
-        f"micro {r['micro']} x acc {r['acc']}, {layout(r)}, recompute {r['recompute']}: "
+        f"micro {r['micro']} x acc {r['acc']}, {layout(r)}, recompute {recompute_words(r)}: "
         f"{money(r['cost'])} {currency} (p10-p90 {money(r['cost_p10'])}-"
         f"{money(r['cost_p90'])}), {r['hours']:,.3g} h (p10-p90 {r['hours_p10']:,.3g}-"
         f"{r['hours_p90']:,.3g}) (modelled)"
@@ -54,7 +63,7 @@ def short_config(table: CandidateTable, i: int) -> str:
     return (
         f"{r['offer_choice'].offer.instance}, {r['nodes']}x{r['gpus_per_node']}, "
         f"{r['precision']}, seq {r['seq']}, micro {r['micro']} x acc {r['acc']}, "
-        f"{layout(r)}, recompute {r['recompute']}"
+        f"{layout(r)}, recompute {recompute_words(r)}"
     )
 
 

@@ -430,12 +430,65 @@ def evaluate_offer(
     g["flash"] = np.full(len(batch_ranks), 0)
     if s.flash_attention and prof.flash_attention and m.hidden_size // m.num_attention_heads <= 256:
         g["flash"] = (g["precision_code"] > 0).astype(int)  # fp16/bf16 only
+    g = partial_recompute_rows(m, prof, g, c.memory_headroom, s.recompute_layers)
     out = evaluate_layouts(m, prof, offer, g, memory_headroom=c.memory_headroom)
     out["offer"] = np.full(len(out["nodes"]), index)
     steps = np.ceil(target / out["tokens_per_step"])
     out["steps"] = steps
     out["train_hours"] = steps * out["step_time_s"] / 3600
     return _price(spec, choice, cm.ModelShape.from_section(m), out)
+
+
+PARTIAL_RECOMPUTE_WHY_NOT = {
+    "gpt": "PaddleNLP 2.8.1's GPT has no per-layer recompute (no_recompute_layers exists in "
+    "its Llama only), so partial recompute is not offered for GPT",
+}
+
+
+def partial_recompute_rows(m, prof: Profile, g: dict, headroom: float, pinned) -> dict:
+    """Partial recompute as a search dimension (column rc_layers: layers recomputed per
+    pipeline stage, 0 = all). Llama only (PARTIAL_RECOMPUTE_WHY_NOT), and not 'full' with
+    pipeline parallel (PaddleNLP 2.8.1's LlamaForCausalLMPipe asserts no_recompute_layers is
+    empty). `pinned` (search.recompute_layers, per stage): exactly those values. Otherwise
+    every row that recomputes also gets, as an added row, the fewest layers per stage k at
+    which it surely fits (memory is linear in k: closed form, vectorised), when 0 < k <
+    ceil(L/p): it runs faster than recomputing every layer, at the same memory rule."""
+    n = len(g["tp"])
+    g["rc_layers"] = np.zeros(n, dtype=int)
+    code, pp = g["recompute_code"], g["pp"]
+    ok = (code > 0) & ~((pp > 1) & (code == 3)) & (m.family == "llama")
+    stage_layers = np.ceil(m.num_hidden_layers / pp).astype(int)
+    if pinned:
+        parts = []
+        for k in pinned:
+            sel = np.flatnonzero((k == 0) | (ok & (k < stage_layers)))
+            part = {key: v[sel] for key, v in g.items()}
+            part["rc_layers"] = np.where(part["recompute_code"] > 0, k, 0)
+            parts.append(part)
+        return {key: np.concatenate([p[key] for p in parts]) for key in g}
+    idx = np.flatnonzero(ok)
+    if not len(idx):
+        return g
+    shape = cm.ModelShape.from_section(m)
+    eff = prof.efficiency
+    sub = {key: v[idx] for key, v in g.items()}
+    args = dict(
+        overhead_gb=eff.memory_overhead_gb,
+        fragmentation=eff.fragmentation,
+        communicator_gb=communicator_gb(prof),
+    )
+    every = layout_memory_bytes(shape, sub, **args)
+    plain = layout_memory_bytes(shape, {**sub, "recompute_code": np.zeros(len(idx), int)}, **args)
+    S = stage_layers[idx]
+    per_layer = (plain - every) / S  # bytes one more recomputed layer saves
+    target = prof.memory_gb * GIB * headroom / MEMORY_RATIO_P90
+    saves = per_layer > 0
+    k = np.where(saves, np.ceil((plain - target) / np.where(saves, per_layer, 1.0)), 0.0)
+    k = np.clip(k, 0, S).astype(int)
+    add = saves & (k >= 1) & (k < S)
+    extra = {key: v[idx[add]] for key, v in g.items()}
+    extra["rc_layers"] = k[add]
+    return {key: np.concatenate([g[key], extra[key]]) for key in g}
 
 
 def evaluate_layouts(

@@ -146,6 +146,11 @@ class SearchSpec:
         True, "Use flash attention where the device and precision support it."
     )
     recompute: list[str] = setting(list(RECOMPUTE_MODES), "Recompute granularities.")
+    recompute_layers: list[int] = setting(
+        [],
+        "Partial recompute, layers per pipeline stage that recompute (0 = all; Llama only). "
+        "[] = each recomputing layout also tries the fewest layers at which it surely fits.",
+    )
     sequence_parallel: list[bool] = setting([False, True], "Sequence parallel choices.")
     node_counts: list[int] = setting([1, 2, 4, 8, 16], "Node counts (capped by max_nodes).")
     accumulation_steps: list[int] = setting(

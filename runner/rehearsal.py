@@ -95,6 +95,8 @@ def modelled_memory_bytes(plan: Plan, perf: PerformanceData | None) -> float:
             fragmentation=eff.fragmentation if eff else 1.0,
             flash_attention=t.use_flash_attention,
             virtual_pp=p.virtual_pp_degree,
+            recompute_layers=p.recompute_layers // p.pipeline_parallel_degree,
+            dp=p.data_parallel_degree,
         )
     )
 

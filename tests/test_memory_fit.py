@@ -133,3 +133,141 @@ def test_plan_memory_terms_sum_to_the_peak():
     assert sum(float(v[0]) for v in terms.values()) == pytest.approx(
         float(layout_memory_bytes(shape, g, **args)[0])
     )
+
+
+LLAMA_7B_40GB = {
+    "job": {"name": "l7", "target_tokens": 1e9},
+    "model": {"size": "llama-7b"},
+    "constraints": {
+        "seq_lens": [4096],
+        "global_batch_tokens_min": 32768,
+        "global_batch_tokens_max": 32768,
+        "profiles": ["a100-40gb"],
+        "precisions": ["bf16"],
+        "max_nodes": 1,
+        "spot": False,
+    },
+    "search": {
+        "node_counts": [1],
+        "tensor_parallel": [1],
+        "pipeline_parallel": [1],
+        "sharding": ["stage3"],
+        "micro_batch_sizes": [1],
+        "sequence_parallel": [False],
+        "virtual_pp": [1],
+    },
+}
+
+
+def test_partial_recompute_is_planned_with_k_layers_and_charges_only_those():
+    """A 7B Llama, ZeRO-3 over 8 A100-40GB, seq 4096: with core_attn (or none) on every layer
+    it is past the card, with full recompute on k of its 32 layers under it. The search plans
+    full recompute on k layers (the fewest that surely fit), the plan carries k, and the step
+    time charges the recompute of those k layers only (linear between none and all 32)."""
+    from gptplan.memory import layout_memory_bytes
+    from planner import costmodel as cm
+    from planner.hardware import load_profiles
+    from planner.planwriter import candidate_plan
+    from planner.search import allowed_offers, communicator_gb, decide, evaluate_space
+
+    spec = _spec(LLAMA_7B_40GB)
+    table = evaluate_space(spec, allowed_offers(spec, load_profiles()), 1e9)
+    d = decide(spec, table, 1e9)
+    i = d.chosen
+    row = table.row(i)
+    k, L = row["rc_layers"], 32
+    assert row["recompute"] == "full" and 0 < k < L
+    same = (table["offer"] == table["offer"][i]) & (table["spot"] == table["spot"][i])
+
+    def one(code: int, rc: int) -> int:
+        sel = np.flatnonzero(same & (table["recompute_code"] == code) & (table["rc_layers"] == rc))
+        assert len(sel) == 1
+        return int(sel[0])
+
+    assert not table["fits"][one(1, 0)] and not table["fits"][one(0, 0)]  # every layer: over
+    # k is the fewest: k - 1 layers would not surely fit
+    prof = table.offers[int(table["offer"][i])].profile
+    g = {c: table[c][i : i + 1].copy() for c in table.columns}
+    g["rc_layers"] = g["rc_layers"] - 1
+    eff = prof.efficiency
+    shape = cm.ModelShape.from_section(spec.model_section())
+    fewer = layout_memory_bytes(
+        shape,
+        g,
+        overhead_gb=eff.memory_overhead_gb,
+        fragmentation=eff.fragmentation,
+        communicator_gb=communicator_gb(prof),
+    )[0]
+    assert fewer * MEMORY_RATIO_P90 > prof.memory_gb * GIB * spec.constraints.memory_headroom
+    # step time: only the k recomputed layers pay for it
+    none_s, all_s = table["compute_s"][one(0, 0)], table["compute_s"][one(3, 0)]
+    assert table["compute_s"][i] == pytest.approx(none_s + k / L * (all_s - none_s), rel=1e-9)
+    assert (
+        table["step_time_s"][one(0, 0)] < table["step_time_s"][i] < table["step_time_s"][one(3, 0)]
+    )
+    # written into the plan, and the runner passes the other layers to PaddleNLP
+    plan = candidate_plan(spec, row, target=1e9)
+    assert plan.parallel.recompute_layers == k
+    from gptplan.plan import no_recompute_layers
+
+    assert no_recompute_layers(plan.model, plan.parallel) == list(range(k, L))
+
+
+def test_partial_recompute_rules_and_old_plans():
+    """Old plans (no recompute_layers) load as every layer; GPT refuses per-layer recompute
+    with the reason; pipeline 'full' refuses it (PaddleNLP's Pipe asserts); each stage
+    recomputes its first k / pp layers."""
+    import tomli
+    from conftest import REPO
+
+    from gptplan.plan import ModelSection, ParallelSection, no_recompute_layers, plan_from_dict
+    from gptplan.plan import recompute_layers_problem as problem
+
+    data = tomli.loads((REPO / "plans" / "llama_zh.toml").read_text())
+    assert plan_from_dict(data).parallel.recompute_layers == 0
+    llama = ModelSection(family="llama", num_hidden_layers=10)
+    gpt = ModelSection(family="gpt", num_hidden_layers=10)
+    assert "no per-layer recompute" in problem(
+        gpt, ParallelSection(recompute="full", recompute_layers=4)
+    )
+    pipe = ParallelSection(
+        nproc_per_node=2, pipeline_parallel_degree=2, recompute="full", recompute_layers=4
+    )
+    assert "asserts no_recompute_layers is empty" in problem(llama, pipe)
+    pipe = ParallelSection(
+        nproc_per_node=2, pipeline_parallel_degree=2, recompute="full_attn", recompute_layers=4
+    )
+    assert problem(llama, pipe) == ""
+    # 10 layers over 2 stages of 5: each recomputes its first 2
+    assert no_recompute_layers(llama, pipe) == [2, 3, 4, 7, 8, 9]
+    assert "multiple of" in problem(
+        llama,
+        ParallelSection(
+            nproc_per_node=2, pipeline_parallel_degree=2, recompute="core_attn", recompute_layers=3
+        ),
+    )
+
+
+def test_the_dry_run_checks_partial_recompute_on_the_built_model():
+    """runner.model passes no_recompute_layers to PaddleNLP's LlamaConfig; the dry run's check
+    reads the built model's layers back (and fails when they differ from the plan)."""
+    from conftest import BASE_PLAN, LLAMA, merge
+
+    from gptplan.plan import no_recompute_layers, plan_from_dict
+    from runner.cli import check_partial_recompute
+    from runner.model import build_model
+
+    data = merge(
+        merge(BASE_PLAN, LLAMA), {"parallel": {"recompute": "full_attn", "recompute_layers": 1}}
+    )
+    plan = plan_from_dict(data)
+    keep = no_recompute_layers(plan.model, plan.parallel)
+    L = plan.model.num_hidden_layers
+    assert keep == list(range(1, L))
+    net = build_model(plan.model, plan.parallel, seq_len=32)
+    assert net.config.no_recompute_layers == keep
+    ok, words = check_partial_recompute(plan, net, keep)
+    assert ok and f"on 1 of {L} layers" in words
+    every = build_model(plan.model, plan.parallel, seq_len=32, no_recompute=[])
+    ok, words = check_partial_recompute(plan, every, keep)
+    assert not ok and "the built model recomputes" in words
