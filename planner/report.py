@@ -489,6 +489,38 @@ def memory_line(result) -> str:
     )
 
 
+def render_memory(result) -> str:
+    """`planner estimate --memory`: the chosen layout's modelled peak per device term by term,
+    as GB and as a share of the card, and the single changes that free the most."""
+    from planner.search import memory_breakdown
+
+    table = result.table
+    i = result.chosen if result.chosen is not None else result.decision.smallest_memory_row
+    if i is None:
+        return "memory: no layout to break down"
+    row = table.row(int(i))
+    prof = row["offer_choice"].profile
+    b = memory_breakdown(result.spec.model_section(), prof, row, int(row["gpus_per_node"]))
+    card = prof.memory_gb * 2**30 / 1e9
+    lines = [
+        f"memory per device of {short_config(table, int(i))} (modelled, GB; the card holds "
+        f"{card:.1f} GB = {prof.memory_gb:g} GiB):"
+    ]
+    for name, gb in b["terms"].items():
+        lines.append(f"  {name:<12} {gb:9.2f} GB  {gb / card:6.1%} of the card")
+    lines.append(
+        f"  {'total':<12} {b['total_gb']:9.2f} GB  {b['total_gb'] / card:6.1%} of the card"
+    )
+    lines.append(
+        "  terms: gptplan.memory.memory_terms (each cites the PaddleNLP 2.8.1 / Paddle code or "
+        "paper it follows)"
+    )
+    if b["changes"]:
+        lines.append("frees the most (one change at a time, modelled):")
+        lines += [f"  {words}: -{gb:.2f} GB" for words, gb in b["changes"][:4]]
+    return "\n".join(lines)
+
+
 def race_note(table, race) -> str:
     """One sentence on the finalists' race: distinguishable or not, and by how much."""
     pick, other = race.finalists[0], race.finalists[1]

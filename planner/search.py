@@ -629,6 +629,96 @@ def communicator_gb(prof: Profile) -> float:
     return 0.0 if prof.device == "cpu" else NCCL_GB_PER_COMMUNICATOR
 
 
+def memory_breakdown(m, prof: Profile, row: dict, gpus_per_node: int) -> dict:
+    """One layout's modelled peak per device, term by term (gptplan.memory.memory_terms), in
+    GB, and the single changes that free the most (each re-evaluated with the same terms):
+    {"terms": {name: GB}, "total_gb", "changes": [(words, GB freed)] most first}. `row`
+    holds the layout columns (a candidate table row)."""
+    shape = cm.ModelShape.from_section(m)
+    eff = prof.efficiency
+    args = dict(
+        overhead_gb=eff.memory_overhead_gb,
+        fragmentation=eff.fragmentation,
+        communicator_gb=communicator_gb(prof),
+    )
+    names = (
+        "seq micro acc tp pp vpp stage_code shard_degree recompute_code sp flash "
+        "precision_code dp rc_layers nodes"
+    ).split()
+    base = {k: np.array([row.get(k, 0)]) for k in names}
+
+    def total(g):
+        return float(layout_memory_bytes(shape, g, **args)[0]) / cm.GB
+
+    terms = layout_memory_bytes(shape, base, terms=True, **args)
+    now = total(base)
+    world = int(row["nodes"]) * gpus_per_node
+    batch = int(row["dp"]) * int(row["shard_degree"])
+    alts: list[tuple[str, dict]] = []
+    stage, code, tp, pp = (int(row[k]) for k in ("stage_code", "recompute_code", "tp", "pp"))
+    if batch > 1 and stage < 3 and (pp == 1 or stage < 1):
+        alts.append(
+            (
+                f"sharding {SHARDING_STAGES[stage + 1]} over {batch} ranks",
+                {"stage_code": stage + 1, "shard_degree": batch, "dp": 1},
+            )
+        )
+    if code < 3 or int(row.get("rc_layers", 0)):
+        alts.append(
+            (
+                f"recompute {RECOMPUTE_MODES[3]} on every layer",
+                {"recompute_code": 3, "rc_layers": 0},
+            )
+        )
+    if tp > 1 and not int(row["sp"]):
+        alts.append(("sequence parallel", {"sp": 1}))
+    if int(row["micro"]) > 1:
+        alts.append(
+            (
+                f"micro-batch {int(row['micro']) // 2} x accumulation {int(row['acc']) * 2}",
+                {"micro": int(row["micro"]) // 2, "acc": int(row["acc"]) * 2},
+            )
+        )
+    if 2 * tp <= gpus_per_node and bool(tensor_parallel_divides(m, 2 * tp)) and batch % 2 == 0:
+        alts.append(
+            (
+                f"tensor parallel {2 * tp}",
+                {
+                    "tp": 2 * tp,
+                    "dp": max(1, int(row["dp"]) // 2) if stage == 0 else int(row["dp"]),
+                    "shard_degree": int(row["shard_degree"]) // 2 if stage else 1,
+                },
+            )
+        )
+    if (
+        2 * pp <= m.num_hidden_layers
+        and world % (tp * pp * 2) == 0
+        and batch % 2 == 0
+        and stage < 2
+    ):
+        alts.append(
+            (
+                f"pipeline parallel {2 * pp}",
+                {
+                    "pp": 2 * pp,
+                    "dp": max(1, int(row["dp"]) // 2) if stage == 0 else int(row["dp"]),
+                    "shard_degree": int(row["shard_degree"]) // 2 if stage else 1,
+                    "acc": max(int(row["acc"]), 2 * pp),
+                },
+            )
+        )
+    changes = []
+    for words, change in alts:
+        g = dict(base) | {k: np.array([v]) for k, v in change.items()}
+        changes.append((words, now - total(g)))
+    changes.sort(key=lambda c: -c[1])
+    return {
+        "terms": {k: float(v[0]) / cm.GB for k, v in terms.items()},
+        "total_gb": now,
+        "changes": [c for c in changes if c[1] > 0],
+    }
+
+
 def memory_share(memory_gb: float, prof: Profile) -> tuple[float, float, float]:
     """Modelled peak per device as a share of the card's physical memory, with the band's
     80% interval (MEMORY_RATIO_P10..P90, measured): (point, low, high)."""
@@ -786,6 +876,7 @@ class Decision:
     # when the chosen row only "may fit": the cheapest feasible row that surely fits (None when
     # no row surely fits); a may-fit row is chosen only MAY_FIT_SAVING cheaper than it
     sure_alternative: int | None = None
+    smallest_memory_row: int | None = None  # when nothing fits: the layout needing least
 
 
 def eligible_mask(spec: Spec, table: CandidateTable) -> np.ndarray:
@@ -860,6 +951,8 @@ def decide(spec: Spec, table: CandidateTable, target: float) -> Decision:
         )
     if not fits.any():
         smallest = int(np.argmin(table["memory_gb"]))
+        prof = table.offers[int(table["offer"][smallest])].profile
+        need = float(table["memory_gb"][smallest])
         return Decision(
             None,
             table,
@@ -868,8 +961,11 @@ def decide(spec: Spec, table: CandidateTable, target: float) -> Decision:
             target,
             [
                 f"nothing fits in device memory: the smallest configuration needs "
-                f"{table['memory_gb'][smallest]:.1f} GB per device (modelled)"
+                f"{need:.1f} GB per device (modelled; {need * 1e9 / GIB:.1f} GiB, x"
+                f"{MEMORY_RATIO_P90:g} at the band's top, measured, against the "
+                f"{prof.memory_gb:g} GiB card); planner estimate --memory shows its terms"
             ],
+            smallest_memory_row=smallest,
             **extra,
         )
     return Decision(

@@ -271,3 +271,78 @@ def test_the_dry_run_checks_partial_recompute_on_the_built_model():
     every = build_model(plan.model, plan.parallel, seq_len=32, no_recompute=[])
     ok, words = check_partial_recompute(plan, every, keep)
     assert not ok and "the built model recomputes" in words
+
+
+def test_estimate_memory_prints_the_terms_and_what_frees_the_most():
+    """planner estimate --memory: the chosen layout's terms (GB and share of the card) add up
+    to its modelled peak, and the single change that frees the most comes first."""
+    from planner.report import render_memory
+
+    spec, table, decision = _planned()
+    result = SimpleNamespace(table=table, chosen=decision.chosen, decision=decision, spec=spec)
+    text = render_memory(result)
+    for term in ("weights", "gradients", "optimizer", "activations", "logits", "runtime"):
+        assert f"  {term}" in text
+    total = float(table["memory_gb"][decision.chosen])
+    assert f"{total:.2f} GB" in text
+    assert "frees the most" in text
+    freed = [float(x.split(": -")[1].split(" GB")[0]) for x in text.splitlines() if ": -" in x]
+    assert freed == sorted(freed, reverse=True) and freed[0] > 0
+
+
+def test_gpu_runs_record_each_ranks_peak_next_to_the_modelled_figure(monkeypatch):
+    """On GPU the runner gathers each rank's allocator peaks (max_memory_allocated /
+    max_memory_reserved) into result.json, and report.json puts them next to the plan's
+    modelled peak per device; on CPU nothing changes (peak RSS in the rows)."""
+    import paddle
+    from conftest import BASE_PLAN
+
+    from gptplan.plan import plan_from_dict
+    from runner import metrics
+    from runner.report import planned_vs_actual, render
+    from runner.train import RankInfo, gather_peak_memory
+
+    monkeypatch.setattr(paddle.device.cuda, "max_memory_allocated", lambda *a: 61.5e9)
+    monkeypatch.setattr(paddle.device.cuda, "max_memory_reserved", lambda *a: 70.25e9)
+    assert metrics.device_peaks_gb("gpu") == (61.5, 70.25)
+    assert metrics.device_peaks_gb("cpu") is None
+    plan = plan_from_dict(BASE_PLAN)
+    gpu = plan_from_dict(
+        BASE_PLAN
+        | {
+            "hardware": {"device": "gpu", "precisions": ["fp32", "bf16"]},
+            "estimate": {"source": "model", "peak_memory_gb": 64.0},
+        }
+    )
+    assert gather_peak_memory(plan, RankInfo()) is None  # cpu
+    peaks = gather_peak_memory(gpu, RankInfo())
+    assert peaks == [{"rank": 0, "allocated_gb": 61.5, "reserved_gb": 70.25}]
+    measured = {
+        "tokens_per_second": 1.0,
+        "step_time_s": 1.0,
+        "peak_memory_gb": 61.5,
+        "peak_memory_method": "allocator peak",
+        "mfu": 0.1,
+        "tokens_trained": 10,
+        "useful_token_fraction": 1.0,
+        "padded_tokens": 0,
+        "peak_memory_per_rank": metrics.per_rank_peaks([(61.5, 70.25), (60.0, 72.0)]),
+    }
+    result = {
+        "measured": measured,
+        "finished": True,
+        "stop_reason": "finished",
+        "completed_steps": 1,
+        "max_steps": 1,
+    }
+    report = planned_vs_actual(gpu, result, 10.0)
+    mem = report["memory_per_rank"]
+    assert mem["modelled_gb_per_device"] == 64.0 and mem["busiest_rank"] == 1
+    assert mem["max_reserved_gb"] == 72.0 and mem["max_allocated_gb"] == 61.5
+    assert mem["max_reserved_over_modelled"] == pytest.approx(72.0 / 64.0)
+    assert [r["rank"] for r in mem["ranks"]] == [0, 1]
+    assert "busiest rank 1" in render(report)
+    cpu = planned_vs_actual(
+        plan, result | {"measured": measured | {"peak_memory_per_rank": None}}, 1.0
+    )
+    assert cpu["memory_per_rank"] is None
