@@ -702,12 +702,12 @@ def validate(plan: Plan, *, file: str = "<plan>") -> None:
             f"{p.sharding!r} with sharding_parallel_degree = 1 shards "
             "nothing; raise the degree or set sharding = ''",
         )
-    if h.device == "cpu" and (tp > 1 or pp > 1 or p.sharding):
+    if h.device == "cpu" and (tp > 1 or pp > 1 or p.sharding in ("stage2", "stage3")):
         fail(
             "hardware.device",
-            "'cpu' runs data parallel only (Paddle's tensor, pipeline and "
-            "sharded parallel need gpu or xpu); allowed on cpu: tensor/pipeline degree 1, "
-            "sharding ''",
+            "'cpu' runs data parallel and sharding stage1 only (Paddle's tensor, pipeline "
+            "and group-sharded stage2/3 parallel need gpu or xpu); allowed on cpu: "
+            "tensor/pipeline degree 1, sharding '' or 'stage1'",
         )
     if p.pipeline_parallel_degree > 1 and t.gradient_accumulation_steps < pp:
         fail(

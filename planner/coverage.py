@@ -204,10 +204,21 @@ class MfuCap:
         )
 
 
-@functools.lru_cache(maxsize=1)
+_CAPS: list = [None, {}]  # (the coverages() they were read with, the caps)
+
+
 def mfu_caps() -> dict[str, MfuCap]:
     """Per generation (and "" for hardware outside every generation: the highest of all), the
-    MfuCap of its 16-bit published runs (fp8 runs count against the fp8 peak, not here)."""
+    MfuCap of its 16-bit published runs (fp8 runs count against the fp8 peak, not here). Read
+    with `coverages()` (once per process, and again after its cache is cleared; a damaged
+    file fails there first, one ProfileError)."""
+    cov = coverages()
+    if _CAPS[0] is not cov:
+        _CAPS[:] = [cov, _read_caps()]
+    return _CAPS[1]
+
+
+def _read_caps() -> dict[str, MfuCap]:
     from gptplan.modelfacts import training_flops_per_token
     from planner import published as pb
 
