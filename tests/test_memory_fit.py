@@ -346,3 +346,17 @@ def test_gpu_runs_record_each_ranks_peak_next_to_the_modelled_figure(monkeypatch
         plan, result | {"measured": measured | {"peak_memory_per_rank": None}}, 1.0
     )
     assert cpu["memory_per_rank"] is None
+
+
+def test_the_band_is_the_measured_one():
+    """MEMORY_RATIO_P10/P90 are the 10th/90th percentiles of measured / modelled over Paddle's
+    own peaks (bench/memory_accuracy.py -> bench/results/memory_accuracy.json), not assumed."""
+    import json
+
+    from conftest import REPO
+
+    from gptplan.memory import MEMORY_RATIO_P10
+
+    band = json.loads((REPO / "bench" / "results" / "memory_accuracy.json").read_text())["band"]
+    assert MEMORY_RATIO_P10 == pytest.approx(band["p10"], abs=0.005)
+    assert MEMORY_RATIO_P90 == pytest.approx(band["p90"], abs=0.005)
