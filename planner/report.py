@@ -174,6 +174,20 @@ def candidate_record(
         ),
         "interval_outside_published_runs": list(r.get("interval_outside_runs", [])),
         "may_fit": bool(r.get("may_fit", False)),
+        "recompute_layers": int(r.get("rc_layers", 0)) * int(r["pp"]),
+        "throughput_p90_capped_at_mfu": (
+            getattr(coverage.mfu_cap(r["offer_choice"].profile), "mfu", None)
+            if r.get("throughput_capped")
+            else None
+        ),
+    }
+    from planner.search import memory_share
+
+    share, lo, hi = memory_share(r["memory_gb"], r["offer_choice"].profile)
+    out |= {
+        "modelled_memory_share_of_card": share,
+        "modelled_memory_share_of_card_p10": lo,
+        "modelled_memory_share_of_card_p90": hi,
     }
     from planner.costreport import price_record
 

@@ -392,6 +392,12 @@ def validate_spec(spec: Spec) -> None:
     ):
         if not values or not all(ok(v) for v in values):
             fail(f"search.{name}", f"{values!r}: needs positive integers")
+    if not all(isinstance(v, int) and v >= 0 for v in s.recompute_layers):
+        fail(
+            "search.recompute_layers",
+            f"{s.recompute_layers!r}: needs integers >= 0 (layers per pipeline stage; 0 = "
+            "every layer; [] = the fewest that surely fit)",
+        )
     if not all(isinstance(v, int) and v >= 1 for v in s.sharding_degrees):
         fail(
             "search.sharding_degrees",

@@ -360,3 +360,12 @@ def test_the_band_is_the_measured_one():
     band = json.loads((REPO / "bench" / "results" / "memory_accuracy.json").read_text())["band"]
     assert MEMORY_RATIO_P10 == pytest.approx(band["p10"], abs=0.005)
     assert MEMORY_RATIO_P90 == pytest.approx(band["p90"], abs=0.005)
+
+
+def test_spec_recompute_layers_is_checked():
+    from gptplan.errors import UserError
+
+    bad = {**LLAMA_13B, "search": {**LLAMA_13B["search"], "recompute_layers": [-1]}}
+    with pytest.raises(UserError, match="search.recompute_layers"):
+        _spec(bad)
+    assert _spec(LLAMA_13B).search.recompute_layers == []
