@@ -23,16 +23,30 @@ GB = 1e9  # modelled bytes are shown in GB (10^9)
 # "80 GB" H100 or A100 has 81,920 MiB of HBM (nvidia-smi), a "40 GB" A100 40,960 MiB, and the
 # CPU profile is half of a 24 GiB machine. Counting them as 10^9 bytes cut 7% off every device.
 GIB = 2**30
-# The memory model's own relative error, used as the "may fit" margin: a layout modelled over
-# the usable limit by less than this is kept and flagged, not cut. 12% is MEASURED: the median
-# absolute error of the model against the measured peak memory of Paddle runs, 52 held-out
-# configurations (bench/README.md section 2, bench/results/plan_quality.json
-# memory_ape_median 0.1197, worst 0.20; CPU, the only hardware where Paddle ran here). On GPUs
-# the published runs bound it from one side: every run there ran, and the model says 63 of 252
-# need more than their device (llm-foundry's FSDP runs without recompute by up to 21%: no
-# dropout, 16-bit logits; torchtitan's per-op checkpointing by 63%), so on GPUs it
-# overestimates at least that much for those frameworks (bench/estimate_accuracy.py).
+# The memory model's median absolute error against the measured peak memory of Paddle runs,
+# 52 held-out configurations (bench/README.md section 2, bench/results/plan_quality.json
+# memory_ape_median 0.1197, worst 0.20; CPU, the only hardware where Paddle ran here).
 MEMORY_MODEL_ERROR = 0.12
+# The feasibility band: the 10th and 90th percentiles of MEASURED / MODELLED peak memory per
+# device over every measurement of an allowed source (bench/memory_accuracy.py writes them to
+# bench/results/memory_accuracy.json; bench/README.md section "Memory"): Paddle's own peaks
+# from the CPU rehearsals and torchtitan's published per-device peaks. A layout whose modelled
+# memory x MEMORY_RATIO_P90 exceeds the usable memory (card x headroom) may not fit; one whose
+# modelled memory x MEMORY_RATIO_P90 exceeds the card's physical memory is never planned.
+MEMORY_RATIO_P10 = 0.96
+MEMORY_RATIO_P90 = 1.12
+# A "may fit" layout is chosen only when it costs at least this share less than the best
+# layout that surely fits (planner.search.decide); otherwise the surely-fitting one is chosen.
+MAY_FIT_SAVING = 0.05
+
+
+def memory_fit(mem_bytes, physical_bytes, headroom):
+    """(surely fits, may fit) per layout: modelled peak x the band's top within the usable
+    memory (physical x headroom), or past it but within the card's physical memory."""
+    upper = np.asarray(mem_bytes, dtype=float) * MEMORY_RATIO_P90
+    physical = np.asarray(physical_bytes, dtype=float)
+    sure = upper <= physical * headroom
+    return sure, ~sure & (upper <= physical)
 
 
 @dataclass(frozen=True)
@@ -162,7 +176,30 @@ def activation_bytes_per_layer(
     return per_layer_16bit * (np.asarray(act_bytes, dtype=float) / 2.0)
 
 
-def memory_per_device_bytes(
+# ---- the runtime: what a GPU process holds beyond tensors the model owns ---------------------
+# [CUDA] NVIDIA CUDA C++ Programming Guide, "Lazy Loading" and context creation; [NCCL] NVIDIA
+# NCCL User Guide, "Environment Variables": NCCL_BUFFSIZE (4 MiB per channel and peer, send and
+# receive), NCCL_MAX_NCHANNELS (up to 32 on NVLink A100/H100); [PADDLE-ALLOC] Paddle's
+# auto_growth allocator (FLAGS_allocator_strategy, the default since Paddle 2.0) keeps freed
+# blocks cached, so reserved exceeds allocated.
+# Each communication group of more than one rank (data, tensor, pipeline, sharding, plus the
+# global one) is its own NCCL communicator with its own buffers: 4 MiB x 2 (send, receive)
+# x 2 ring neighbours x 32 channels = 512 MiB upper bound, fewer channels in practice. MODELLED,
+# an assumption with its source, not measured here (no GPU on this project's machines).
+NCCL_GB_PER_COMMUNICATOR = 0.5
+
+
+def communicators(*, world, tp, pp, shard_degree, dp) -> np.ndarray:
+    """NCCL communicators a rank of this layout joins (groups of more than one rank): the
+    global group, data, tensor, pipeline (Paddle builds one p2p group per stage pair) and
+    sharding. [NCCL] each holds its own buffers."""
+    one = np.ones_like(np.asarray(world, dtype=float))
+    return sum(
+        (np.asarray(x, dtype=float) > 1) * one for x in (world, dp, tp, pp, pp, shard_degree)
+    )
+
+
+def memory_terms(
     shape: ModelShape,
     *,
     seq_len,
@@ -179,44 +216,106 @@ def memory_per_device_bytes(
     fragmentation,
     flash_attention=False,
     virtual_pp=1,
-):
-    """Peak bytes on the busiest device: model states + activations + logits + overhead.
+    recompute_layers=0,
+    dp=1,
+    communicator_gb=0.0,
+) -> dict[str, np.ndarray]:
+    """Peak bytes on the busiest device, term by term (each an array; their sum is the peak).
 
-    Uneven pipeline stages (L not divisible by p, which Paddle's PipelineLayer segments
-    allow): the biggest stage, ceil(L/p) layers, sets the peak.
-    Pipeline: the first stage holds activations of min(p, m) micro-batches in flight (1F1B),
-    i.e. about L layers' worth [K22]; the interleaved schedule with v chunks per stage holds
-    (1 + (p-1)/(p·v)) times more ([K22] section 4.2.3). Logits b·s·V/t in fp32 plus their
-    gradient live on the
-    last stage. A fragmentation margin multiplies the dynamic part.
+    weights, gradients, optimizer: [Z20] per sharding stage; 16-bit training keeps bf16/fp16
+      weights and gradients (paddle.amp.decorate level O2, 2 + 2 bytes) and the AdamW fp32
+      master weight and two moments in the optimizer (multi_precision=True, 12 bytes);
+      stage1 shards the optimizer (Paddle DygraphShardingOptimizer), stage2 also the gradients
+      (GroupShardedStage2), stage3 also the weights (GroupShardedStage3).
+    activations: per layer by recompute choice (`activation_bytes_per_layer`, [K22] table 2
+      with each family's coefficients); with `recompute_layers` k > 0 only k of a stage's
+      ceil(L/p) layers keep the recompute granularity's bytes and the others keep everything
+      (PaddleNLP 2.8.1 LlamaModel / LlamaForCausalLMPipe `no_recompute_layers`). The first
+      pipeline stage holds min(p, m) micro-batches in flight (1F1B; interleaved: x (1 +
+      (p-1)/(p·v)), [K22] section 4.2.3).
+    logits: the loss path as PaddleNLP 2.8.1 computes it (LlamaPretrainingCriterion and
+      GPTPretrainingCriterion: `prediction_scores.astype("float32")` into CrossEntropyLoss, or
+      ParallelCrossEntropy under tp, whose softmax is kept for backward). The runner keeps
+      the model's logits alive through the step (`loss, _ = model(...)`, runner/train.py), so
+      at the loss kernel the 16-bit logits (2 bytes), their fp32 copy (4) and the fp32 softmax
+      (4) are all alive, and in backward the logits, the softmax and the fp32 logit gradient
+      (4): 10 bytes a logit in 16-bit training; 12 in fp32 (Paddle's cast to the same dtype
+      copies); b·s·V/t logits.
+    allocator: the fragmentation margin on the dynamic part (activations + logits),
+      [PADDLE-ALLOC].
+    runtime: the profile's fixed overhead (CUDA context, cuBLAS/cuDNN handles and workspaces;
+      on CPU the Python + Paddle process, measured) plus `communicator_gb` per NCCL
+      communicator (`communicators`; 0 on CPU, where gloo's buffers are in the measured
+      overhead).
     """
     t = np.asarray(tp, dtype=float)
     p = np.asarray(pp, dtype=float)
+    mixed = np.asarray(mixed_precision, dtype=bool)
     # uneven stages (layers not divisible by pp): the biggest stage holds ceil(L/p) layers
     stage_layers = np.ceil(np.asarray(shape.layers, dtype=float) / p)
     params_per_device = shape.params_total / (t * p) * stage_layers * p / shape.layers
-    states = params_per_device * model_state_bytes_per_param(
-        mixed_precision, stage_code, shard_degree
-    )
-    act_bytes = np.where(np.asarray(mixed_precision, dtype=bool), 2.0, 4.0)
-    per_layer = activation_bytes_per_layer(
-        shape, seq_len, micro_batch, tp, seq_parallel, recompute_code, act_bytes, flash_attention
-    )
+    d = np.asarray(shard_degree, dtype=float)
+    stage = np.asarray(stage_code)
+    w = np.where(mixed, 2.0, 4.0)
+    o = np.where(mixed, 12.0, 8.0)
+    weights = params_per_device * w / np.where(stage >= 3, d, 1.0)
+    gradients = params_per_device * w / np.where(stage >= 2, d, 1.0)
+    optimizer = params_per_device * o / np.where(stage >= 1, d, 1.0)
+    act_bytes = np.where(mixed, 2.0, 4.0)
+    args = (shape, seq_len, micro_batch, tp, seq_parallel)
+    per_layer = activation_bytes_per_layer(*args, recompute_code, act_bytes, flash_attention)
+    k = np.minimum(np.asarray(recompute_layers, dtype=float), stage_layers)
+    partial = (k > 0) & (np.asarray(recompute_code) > 0)
+    if np.any(partial):
+        keep_all = activation_bytes_per_layer(*args, 0, act_bytes, flash_attention)
+        stage_acts = np.where(
+            partial, k * per_layer + (stage_layers - k) * keep_all, stage_layers * per_layer
+        )
+    else:
+        stage_acts = stage_layers * per_layer
     v = np.asarray(virtual_pp, dtype=float)
     in_flight = np.minimum(p, np.asarray(accumulation, dtype=float)) * np.where(
         v > 1, 1.0 + (p - 1.0) / (p * v), 1.0
     )
-    activations = per_layer * stage_layers * in_flight
-    logits = 2.0 * 4.0 * np.asarray(micro_batch) * np.asarray(seq_len) * shape.vocab / t
-    dynamic = (activations + logits) * fragmentation
-    return states + dynamic + overhead_gb * GB
+    activations = stage_acts * in_flight
+    per_logit = np.where(mixed, 10.0, 12.0)
+    logits = per_logit * np.asarray(micro_batch) * np.asarray(seq_len) * shape.vocab / t
+    allocator = (activations + logits) * (np.asarray(fragmentation, dtype=float) - 1.0)
+    world = t * p * d * np.asarray(dp, dtype=float)
+    comms = communicators(world=world, tp=t, pp=p, shard_degree=d, dp=dp)
+    runtime = (np.asarray(overhead_gb, dtype=float) + comms * communicator_gb) * GB
+    ones = np.ones_like(weights + activations + logits + runtime)
+    return {
+        "weights": weights * ones,
+        "gradients": gradients * ones,
+        "optimizer": optimizer * ones,
+        "activations": activations * ones,
+        "logits": logits * ones,
+        "allocator": allocator * ones,
+        "runtime": runtime * ones,
+    }
 
 
-def layout_memory_bytes(shape: ModelShape, g: dict, *, overhead_gb, fragmentation):
+def memory_per_device_bytes(shape: ModelShape, **kwargs):
+    """Peak bytes on the busiest device: the sum of `memory_terms` (model states +
+    activations + logits + allocator margin + runtime).
+
+    Uneven pipeline stages (L not divisible by p, which Paddle's PipelineLayer segments
+    allow): the biggest stage, ceil(L/p) layers, sets the peak. Logits live on the last stage
+    and are added to the first stage's activations (an upper bound)."""
+    return sum(memory_terms(shape, **kwargs).values())
+
+
+def layout_memory_bytes(
+    shape: ModelShape, g: dict, *, overhead_gb, fragmentation, communicator_gb=0.0, terms=False
+):
     """`memory_per_device_bytes` of layout columns `g` (the names gptplan.steptime uses: seq,
     micro, acc, tp, pp, vpp, stage_code, shard_degree, recompute_code, sp, flash,
-    precision_code): the one call the planner's search and the published-run check share."""
-    return memory_per_device_bytes(
+    precision_code; optional dp and rc_layers, the recomputed layers per stage): the one call
+    the planner's search and the published-run check share. `terms=True`: the dict of
+    `memory_terms` instead of the sum."""
+    n = np.asarray(g["tp"]).shape
+    terms_ = memory_terms(
         shape,
         seq_len=g["seq"],
         micro_batch=g["micro"],
@@ -232,4 +331,8 @@ def layout_memory_bytes(shape: ModelShape, g: dict, *, overhead_gb, fragmentatio
         fragmentation=fragmentation,
         flash_attention=g["flash"],
         virtual_pp=g["vpp"],
+        recompute_layers=g.get("rc_layers", np.zeros(n)),
+        dp=g.get("dp", np.ones(n)),
+        communicator_gb=communicator_gb,
     )
+    return terms_ if terms else sum(terms_.values())

@@ -257,6 +257,15 @@ class ParallelSection:
         min=1,
     )
     recompute: Recompute = setting("none", "Activation recompute granularity.")
+    recompute_layers: int = setting(
+        0,
+        "Partial recompute: layers of model.num_hidden_layers that recompute at `recompute`'s "
+        "granularity, the first recompute_layers / pipeline_parallel_degree of each pipeline "
+        "stage (the runner passes the others as PaddleNLP's no_recompute_layers); 0 = every "
+        "layer. Llama only (PaddleNLP 2.8.1's GPT has no per-layer option); with pipeline "
+        "parallel not with 'full' (LlamaForCausalLMPipe asserts no_recompute_layers is empty).",
+        min=0,
+    )
     sequence_parallel: bool = setting(
         False,
         "Split layer-norm/dropout activations over the "
@@ -539,6 +548,49 @@ def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
+def recompute_layers_problem(m: ModelSection, p: ParallelSection) -> str:
+    """Why parallel.recompute_layers cannot run as planned ('' when it can)."""
+    k, pp, L = p.recompute_layers, p.pipeline_parallel_degree, m.num_hidden_layers
+    if k == 0:
+        return ""
+    if p.recompute == "none":
+        return f"{k} needs parallel.recompute other than 'none'; set it to 0"
+    if m.family != "llama":
+        return (
+            f"{k}: PaddleNLP 2.8.1's {m.family} model has no per-layer recompute "
+            "(no_recompute_layers exists in its Llama only); set it to 0"
+        )
+    if pp > 1 and p.recompute == "full":
+        return (
+            f"{k} with recompute 'full' and pipeline parallel: PaddleNLP 2.8.1's "
+            "LlamaForCausalLMPipe asserts no_recompute_layers is empty; use 'full_attn' or "
+            "'core_attn', or set it to 0"
+        )
+    if k > L or k % pp:
+        return (
+            f"{k} must be at most model.num_hidden_layers = {L} and a multiple of "
+            f"pipeline_parallel_degree = {pp} (the same count in each stage)"
+        )
+    return ""
+
+
+def no_recompute_layers(m: ModelSection, p: ParallelSection) -> list[int]:
+    """PaddleNLP's no_recompute_layers for the plan: every layer but the first
+    recompute_layers / pp of each pipeline stage (stages as Paddle's SegmentLayers.uniform
+    cuts them: the last L % pp stages one layer longer); [] when every layer recomputes."""
+    if p.recompute_layers == 0 or p.recompute == "none":
+        return []
+    L, pp = m.num_hidden_layers, p.pipeline_parallel_degree
+    per_stage = p.recompute_layers // pp
+    base, extra = divmod(L, pp)
+    start, keep = 0, []
+    for stage in range(pp):
+        size = base + (1 if stage >= pp - extra else 0)
+        keep += list(range(start + per_stage, start + size))
+        start += size
+    return keep
+
+
 def validate(plan: Plan, *, file: str = "<plan>") -> None:
     """Rules that involve more than one field. Each error says how to fix it."""
     m, t, p, h, b = plan.model, plan.training, plan.parallel, plan.hardware, plan.budget
@@ -624,6 +676,9 @@ def validate(plan: Plan, *, file: str = "<plan>") -> None:
             f"{m.num_hidden_layers}: every stage needs a layer; allowed: 1 to "
             f"{m.num_hidden_layers}",
         )
+    problem = recompute_layers_problem(m, p)
+    if problem:
+        fail("parallel.recompute_layers", problem)
     if p.sequence_parallel and tp == 1:
         fail(
             "parallel.sequence_parallel",
@@ -683,12 +738,12 @@ def validate(plan: Plan, *, file: str = "<plan>") -> None:
             f"{p.sharding!r} with sharding_parallel_degree = 1 shards "
             "nothing; raise the degree or set sharding = ''",
         )
-    if h.device == "cpu" and (tp > 1 or pp > 1 or p.sharding):
+    if h.device == "cpu" and (tp > 1 or pp > 1 or p.sharding in ("stage2", "stage3")):
         fail(
             "hardware.device",
-            "'cpu' runs data parallel only (Paddle's tensor, pipeline and "
-            "sharded parallel need gpu or xpu); allowed on cpu: tensor/pipeline degree 1, "
-            "sharding ''",
+            "'cpu' runs data parallel and sharding stage1 only (Paddle's tensor, pipeline "
+            "and group-sharded stage2/3 parallel need gpu or xpu); allowed on cpu: "
+            "tensor/pipeline degree 1, sharding '' or 'stage1'",
         )
     if p.pipeline_parallel_degree > 1 and t.gradient_accumulation_steps < pp:
         fail(

@@ -392,13 +392,36 @@ def pipeline_bubble_factor(pp, accumulation, virtual_pp=1):
     return (m + (p - 1.0) / v) / m
 
 
-def _tensor_parallel_seconds(shape: ModelShape, g: dict, dev: Device, act_bytes):
+def _rows_of(record, idx, shape):
+    """`record` (Device or Rates) with its per-row array fields cut to rows `idx`."""
+    import dataclasses
+
+    def take(v):
+        a = np.asarray(v)
+        return np.atleast_1d(np.broadcast_to(a, shape))[idx] if a.shape == shape != () else v
+
+    return dataclasses.replace(
+        record, **{f.name: take(getattr(record, f.name)) for f in dataclasses.fields(record)}
+    )
+
+
+def recomputed_share(g: dict, stage_layers) -> np.ndarray:
+    """Per row, the share of a stage's layers that recompute: rc_layers (k per stage, PaddleNLP
+    2.8.1 no_recompute_layers holds the others) over ceil(L/p), or 1 (every layer: rc_layers
+    0 or absent, or no recompute at all)."""
+    n = np.broadcast_to(np.asarray(g["tp"]), np.shape(stage_layers)).shape
+    k = np.asarray(g.get("rc_layers", np.zeros(n)), dtype=float)
+    code = np.asarray(g["recompute_code"])
+    return np.where((k > 0) & (code > 0), np.minimum(k / stage_layers, 1.0), 1.0) * np.ones(n)
+
+
+def _tensor_parallel_seconds(shape: ModelShape, g: dict, dev: Device, act_bytes, share=1.0):
     """Per layer and micro-batch: the tensor-parallel all-reduces of b·s·h activations, two in
     forward and two in backward [N21] (one more per recomputed block), or with sequence
     parallel a reduce-scatter and an all-gather each (same bytes, twice the messages) [K22]."""
     t = np.asarray(g["tp"], dtype=float)
     code = np.asarray(g["recompute_code"])
-    count = 4.0 + np.select([code == 3, code == 2], [2.0, 1.0], 0.0)
+    count = 4.0 + np.select([code == 3, code == 2], [2.0, 1.0], 0.0) * share
     msg = (
         np.asarray(g["micro"], dtype=float)
         * np.asarray(g["seq"], dtype=float)
@@ -424,6 +447,22 @@ def step_time_parts(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> di
     L = np.asarray(shape.layers, dtype=float)
     stage_layers = np.ceil(L / pp)
     layer = layer_compute_seconds(shape, g, dev, rates)
+    # partial recompute (rc_layers = k > 0 of a stage's layers, PaddleNLP no_recompute_layers):
+    # only those k layers pay the granularity's recompute, the others run as without it
+    share = recomputed_share(g, stage_layers)
+    if np.any(share < 1.0):
+        # evaluated on the partial rows only (the search's columns are long)
+        partial = np.flatnonzero(np.atleast_1d(share) < 1.0)
+        sub = {k: np.atleast_1d(np.broadcast_to(v, share.shape))[partial] for k, v in g.items()}
+        sub["recompute_code"] = np.zeros(len(partial), dtype=int)
+        plain = layer_compute_seconds(
+            shape, sub, _rows_of(dev, partial, share.shape), _rows_of(rates, partial, share.shape)
+        )
+        for k in layer:
+            blended = np.atleast_1d(np.broadcast_to(layer[k], share.shape)).astype(float)
+            f = np.atleast_1d(share)[partial]
+            blended[partial] = f * blended[partial] + (1 - f) * plain[k]
+            layer[k] = blended.reshape(share.shape)
     T = g["micro"] * g["seq"].astype(float)
     tiled = np.asarray(dev.sm_count, dtype=float) > 0
     vocab = np.asarray(shape.vocab, dtype=float)
@@ -444,7 +483,7 @@ def step_time_parts(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> di
     per_layer = layer["gemm"] + layer["attention"] + layer["memory"] + layer["kernels"]
     acc = g["acc"].astype(float)
     compute = acc * (stage_layers * per_layer + head)
-    t_tp = acc * stage_layers * _tensor_parallel_seconds(shape, g, dev, act_bytes)
+    t_tp = acc * stage_layers * _tensor_parallel_seconds(shape, g, dev, act_bytes, share)
     link = np.where(g["nodes"] > 1, dev.inter_bytes_per_s, dev.intra_bytes_per_s)
     p2p_bytes = T * shape.hidden * act_bytes / np.where(g["sp"] > 0, tp, 1.0)
     t_pp = np.where(
@@ -518,6 +557,7 @@ def data_parallel_step_time_s(plan: Plan, perf: PerformanceData) -> float:
         "shard_degree": 1,
         "stage_code": 0,
         "recompute_code": RECOMPUTE_CODES[plan.parallel.recompute],
+        "rc_layers": plan.parallel.recompute_layers,
         "sp": 0,
         "flash": int(bool(getattr(t, "use_flash_attention", False))),
     }

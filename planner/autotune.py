@@ -153,6 +153,9 @@ def implied_oom(table: CandidateTable, i: int, ooms: list[int]) -> bool:
         same = all(
             table[d][i] == table[d][j] for d in DIMENSIONS if d not in ("micro", "recompute_code")
         )
+        # partial recompute (rc_layers) is another memory choice: only like for like
+        if "rc_layers" in table.columns:
+            same = same and table["rc_layers"][i] == table["rc_layers"][j]
         if (
             same
             and table["micro"][i] >= table["micro"][j]

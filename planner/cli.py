@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="spec override (TOML value), e.g. --set search.micro_batch_sizes=[8]",
     )
     est.add_argument("--json", action="store_true")
+    est.add_argument(
+        "--memory",
+        action="store_true",
+        help="the modelled memory per device term by term, and the change that frees the most",
+    )
 
     exp = sub.add_parser("explain", help="why this plan, and which reference claims hold")
     exp.add_argument("plan", type=Path)
@@ -776,6 +781,7 @@ def plan_as_overrides(plan) -> dict:
         "search.virtual_pp": [p.virtual_pp_degree],
         "search.sharding": [p.sharding],
         "search.recompute": [p.recompute],
+        "search.recompute_layers": [p.recompute_layers // p.pipeline_parallel_degree],
         "search.sharding_degrees": [p.sharding_parallel_degree] if p.sharding else [],
         "search.flash_attention": t.use_flash_attention,
         "search.sequence_parallel": [p.sequence_parallel],
@@ -815,6 +821,10 @@ def cmd_estimate(args) -> int:
         print(render_candidates(result, 5))
         print(render_model(result))
         print(render_choice(result))
+        if args.memory:
+            from planner.report import render_memory
+
+            print(render_memory(result))
     return 0 if result.chosen is not None else 1
 
 

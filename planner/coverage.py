@@ -181,3 +181,67 @@ def basis_words(eff, outside: list[str]) -> str:
         f"{base}; widened for {n} {'axis' if n == 1 else 'axes'} outside the published runs "
         f"(+{e:.2f} log-error each, leave-one-regime-out): {'; '.join(outside)}"
     )
+
+
+# ---- the physical cap ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MfuCap:
+    """The highest model FLOPs utilisation (PaLM definition: 6N + 12·L·h·s per token over the
+    dense 16-bit peak) any fitted published run of a generation attained: no modelled
+    throughput, nor its p90, goes above it (planner.search)."""
+
+    generation: str
+    mfu: float
+    row_id: str
+    source: str
+
+    def words(self) -> str:
+        return (
+            f"capped at {self.mfu:.1%} MFU, the highest of the {self.generation} published runs "
+            f"({self.row_id}, {self.source}; hardware_profiles/published_runs.csv)"
+        )
+
+
+_CAPS: list = [None, {}]  # (the coverages() they were read with, the caps)
+
+
+def mfu_caps() -> dict[str, MfuCap]:
+    """Per generation (and "" for hardware outside every generation: the highest of all), the
+    MfuCap of its 16-bit published runs (fp8 runs count against the fp8 peak, not here). Read
+    with `coverages()` (once per process, and again after its cache is cleared; a damaged
+    file fails there first, one ProfileError)."""
+    cov = coverages()
+    if _CAPS[0] is not cov:
+        _CAPS[:] = [cov, _read_caps()]
+    return _CAPS[1]
+
+
+def _read_caps() -> dict[str, MfuCap]:
+    from gptplan.modelfacts import training_flops_per_token
+    from planner import published as pb
+
+    best: dict[str, MfuCap] = {}
+    for r in pb.load_rows(pb.RUNS_CSV):
+        rec = r.record
+        if rec["precision"] not in ("fp16", "bf16") or r.model is None or r.prof is None:
+            continue
+        flops = training_flops_per_token(r.model, int(rec["seq"]))
+        peak = r.prof.peak_for(rec["precision"]) * 1e12
+        if not peak:
+            continue
+        mfu = r.measured_tokens_per_s_per_device * flops / peak
+        for gen in (r.generation, ""):
+            if gen not in best or mfu > best[gen].mfu:
+                best[gen] = MfuCap(gen or "all", float(mfu), r.id, r.source_key)
+    return best
+
+
+def mfu_cap(profile) -> MfuCap | None:
+    """The cap for `profile`'s generation, else the highest of all generations (None when no
+    published run could be read)."""
+    from planner.published import generation_of
+
+    caps = mfu_caps()
+    return caps.get(generation_of(profile.name)) or caps.get("")

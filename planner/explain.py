@@ -52,6 +52,7 @@ def _pins_from_plan(plan: Plan) -> dict:
         sharding_degrees=[p.sharding_parallel_degree] if p.sharding else [],
         flash_attention=t.use_flash_attention,
         recompute=[p.recompute],
+        recompute_layers=[p.recompute_layers // p.pipeline_parallel_degree],
         sequence_parallel=[p.sequence_parallel],
         node_counts=[p.nnodes],
         max_nodes=p.nnodes,
@@ -85,8 +86,14 @@ def uncertainty_terms(
     outside = coverage.row_reasons(profile, precision, params_total, family, row)
     n = min(len(outside), coverage.MAX_OUTSIDE_AXES)
     lo, hi = (float(x) for x in coverage.widen(lo, hi, n, eff.extrapolation_log_error))
+    cap = coverage.mfu_cap(profile)
+    capped = ""
+    if cap is not None and row.get("mfu", 0) > 0 and hi > cap.mfu / row["mfu"]:
+        hi = cap.mfu / row["mfu"]  # the physical cap, as the search applies it
+        lo = min(lo, hi)
+        capped = f"; p90 {cap.words()}"
     basis = (
-        f"{coverage.basis_words(eff, outside)}, of the published runs on "
+        f"{coverage.basis_words(eff, outside)}{capped}, of the published runs on "
         f"this GPU generation (x{lo:.3g}..x{hi:.3g} on tokens/s)"
         if eff.fit_rows
         else "no published runs for this hardware: the wide default "
@@ -173,6 +180,11 @@ def explain_plan(plan_path, *, spec_path: str | None = None, claims: bool | None
             float(cm.ModelShape.from_section(plan.model).params_total),
             plan.model.family,
         )
+        from planner.search import memory_breakdown
+
+        out["memory"] = memory_breakdown(
+            plan.model, choice.profile, here, choice.offer.gpus_per_node
+        ) | {"card_gib": choice.profile.memory_gb}
     stats = _corpus_stats(spec)
     from planner.corpus_stats import epochs_warning
 
@@ -431,6 +443,17 @@ def render_explanation(result: dict) -> str:
             f"the modelled step, so it dominates; interval from "
             f"{unc['interval_basis']}"
         )
+    mem = result.get("memory")
+    if mem:
+        card = mem["card_gib"] * 2**30 / 1e9
+        terms = ", ".join(f"{k} {v:.2f}" for k, v in mem["terms"].items())
+        lines.append(
+            f"  memory per device (modelled, GB; {mem['total_gb'] / card:.0%} of the "
+            f"{mem['card_gib']:g} GiB card): {terms}; total {mem['total_gb']:.2f}"
+        )
+        if mem["changes"]:
+            words, gb = mem["changes"][0]
+            lines.append(f"  frees the most: {words} (-{gb:.2f} GB, modelled)")
     lines += [f"  {w}" for w in result.get("warnings", [])]
     from planner.costreport import fit_lines
 

@@ -45,6 +45,9 @@ def _interval_source(prof, precision: str, row: dict) -> str:
             "no published runs for this hardware: the default (wide) spread of an "
             "uncalibrated prior"
         )
+    cap = coverage.mfu_cap(prof)
+    if row.get("throughput_capped") and cap is not None:
+        where += f"; p90 {cap.words()}"
     return (
         f"80% interval on throughput x{lo:.3g}..x{hi:.3g}: {where}; hours and cost add the "
         "price spread and the spot preemption rate's range (planner.spotrisk)"
@@ -157,6 +160,7 @@ def candidate_plan(
             sharding=row["sharding"],
             sharding_parallel_degree=row["shard_degree"],
             recompute=row["recompute"],
+            recompute_layers=int(row.get("rc_layers", 0)) * int(row["pp"]),
             sequence_parallel=bool(row["sp"]),
         ),
         hardware=HardwareSection(

@@ -288,7 +288,7 @@ def modelled_memory_over_device(rows: list[Row]) -> np.ndarray:
     """Per row: the memory model's peak per device (gptplan.memory, the planner's own rule)
     over the device's memory. Every published run ran, so a ratio above 1 is an overestimate
     of at least that much."""
-    from gptplan.memory import GIB, layout_memory_bytes
+    from gptplan.memory import GIB, NCCL_GB_PER_COMMUNICATOR, layout_memory_bytes
 
     cols = _columns(rows)
     effs = [r.prof.efficiency for r in rows]
@@ -297,6 +297,7 @@ def modelled_memory_over_device(rows: list[Row]) -> np.ndarray:
         cols["g"],
         overhead_gb=np.array([e.memory_overhead_gb for e in effs]),
         fragmentation=np.array([e.fragmentation for e in effs]),
+        communicator_gb=NCCL_GB_PER_COMMUNICATOR,  # every published run ran on GPUs
     )
     return mem / (np.array([r.prof.memory_gb for r in rows]) * GIB)
 

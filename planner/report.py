@@ -42,12 +42,21 @@ def layout(row: dict) -> str:
     return " ".join(parts)
 
 
+def recompute_words(row: dict) -> str:
+    """The recompute choice: granularity, and k of L layers when partial (rc_layers per
+    stage x pp of the model's layers)."""
+    k = int(row.get("rc_layers", 0))
+    if not k or row["recompute"] == "none":
+        return row["recompute"]
+    return f"{row['recompute']} on {k * int(row['pp'])} layers ({k} per stage)"
+
+
 def describe(table: CandidateTable, i: int, currency: str) -> str:
     r = table.row(i)
     return (
         f"{r['offer_choice'].label} {'spot' if r['spot'] else 'on-demand'}, "
         f"{r['nodes']} node(s) x {r['gpus_per_node']}, {r['precision']}, seq {r['seq']}, "
-        f"micro {r['micro']} x acc {r['acc']}, {layout(r)}, recompute {r['recompute']}: "
+        f"micro {r['micro']} x acc {r['acc']}, {layout(r)}, recompute {recompute_words(r)}: "
         f"{money(r['cost'])} {currency} (p10-p90 {money(r['cost_p10'])}-"
         f"{money(r['cost_p90'])}), {_h(r['hours'])} h (p10-p90 {_h(r['hours_p10'])}-"
         f"{_h(r['hours_p90'])}) (modelled)"
@@ -60,7 +69,7 @@ def short_config(table: CandidateTable, i: int) -> str:
     return (
         f"{r['offer_choice'].offer.instance}, {r['nodes']}x{r['gpus_per_node']}, "
         f"{r['precision']}, seq {r['seq']}, micro {r['micro']} x acc {r['acc']}, "
-        f"{layout(r)}, recompute {r['recompute']}"
+        f"{layout(r)}, recompute {recompute_words(r)}"
     )
 
 
@@ -171,6 +180,20 @@ def candidate_record(
         ),
         "interval_outside_published_runs": list(r.get("interval_outside_runs", [])),
         "may_fit": bool(r.get("may_fit", False)),
+        "recompute_layers": int(r.get("rc_layers", 0)) * int(r["pp"]),
+        "throughput_p90_capped_at_mfu": (
+            getattr(coverage.mfu_cap(r["offer_choice"].profile), "mfu", None)
+            if r.get("throughput_capped")
+            else None
+        ),
+    }
+    from planner.search import memory_share
+
+    share, lo, hi = memory_share(r["memory_gb"], r["offer_choice"].profile)
+    out |= {
+        "modelled_memory_share_of_card": share,
+        "modelled_memory_share_of_card_p10": lo,
+        "modelled_memory_share_of_card_p90": hi,
     }
     from planner.costreport import price_record
 
@@ -434,11 +457,14 @@ def render_choice(result) -> str:
         f"GB/device, MFU {est.mfu:.1%}, {est.cost_per_million_tokens:.4g} {cur}/Mtok "
         f"({source}), {est.energy_kwh:,.3g} kWh (modelled, TDP upper bound)",
     ]
+    lines.append(memory_line(result))
     from planner.costreport import budget_line, price_lines, sensitivity, sensitivity_line
 
     lines += price_lines(result)
     if est.cost_p90 > 0:
         basis = est.interval.split(": ", 1)[-1].split(" (hardware_profiles")[0]
+        if "; p90 capped at " in est.interval:
+            basis += "; p90 " + est.interval.split("; p90 ", 1)[1].split("; hours and cost")[0]
         lines.append(
             f"        80% interval (p10-p90; throughput, price and preemptions; "
             f"throughput from {basis}): "
@@ -472,6 +498,66 @@ def render_choice(result) -> str:
         lines.append(f"        binding constraint: {decision.binding}")
     else:
         lines.append(f"        the model alone chose {short_config(result.table, decision.chosen)}")
+    return "\n".join(lines)
+
+
+def memory_line(result) -> str:
+    """Memory per device as a share of the card, with its interval and the feasibility verdict
+    (planner.search.choose_fitting): a "may fit" choice names the surely-fitting alternative
+    and its cost."""
+    from gptplan.memory import MAY_FIT_SAVING, MEMORY_RATIO_P10, MEMORY_RATIO_P90
+    from planner.search import memory_share
+
+    table, i, cur = result.table, int(result.chosen), result.currency
+    prof = table.offers[int(table["offer"][i])].profile
+    share, lo, hi = memory_share(float(table["memory_gb"][i]), prof)
+    head = (
+        f"        memory {share:.0%} of the {prof.memory_gb:g} GiB card per device (modelled; "
+        f"80% interval {lo:.0%}-{hi:.0%}, band x{MEMORY_RATIO_P10:g}-x{MEMORY_RATIO_P90:g} "
+        "measured, bench/README.md)"
+    )
+    if not bool(table["may_fit"][i]):
+        return head + ": fits"
+    alt = result.decision.sure_alternative
+    if alt is None or int(alt) == i:
+        return head + ": MAY NOT FIT (no layout surely fits; probe it before a long run)"
+    saving = 1.0 - float(table["cost"][i]) / float(table["cost"][alt])
+    return (
+        head + f": MAY NOT FIT, chosen because it saves {saving:.1%} (more than "
+        f"{MAY_FIT_SAVING:.0%}) over the surely-fitting {short_config(table, int(alt))} at "
+        f"{money(float(table['cost'][alt]))} {cur} (modelled); probe it before a long run"
+    )
+
+
+def render_memory(result) -> str:
+    """`planner estimate --memory`: the chosen layout's modelled peak per device term by term,
+    as GB and as a share of the card, and the single changes that free the most."""
+    from planner.search import memory_breakdown
+
+    table = result.table
+    i = result.chosen if result.chosen is not None else result.decision.smallest_memory_row
+    if i is None:
+        return "memory: no layout to break down"
+    row = table.row(int(i))
+    prof = row["offer_choice"].profile
+    b = memory_breakdown(result.spec.model_section(), prof, row, int(row["gpus_per_node"]))
+    card = prof.memory_gb * 2**30 / 1e9
+    lines = [
+        f"memory per device of {short_config(table, int(i))} (modelled, GB; the card holds "
+        f"{card:.1f} GB = {prof.memory_gb:g} GiB):"
+    ]
+    for name, gb in b["terms"].items():
+        lines.append(f"  {name:<12} {gb:9.2f} GB  {gb / card:6.1%} of the card")
+    lines.append(
+        f"  {'total':<12} {b['total_gb']:9.2f} GB  {b['total_gb'] / card:6.1%} of the card"
+    )
+    lines.append(
+        "  terms: gptplan.memory.memory_terms (each cites the PaddleNLP 2.8.1 / Paddle code or "
+        "paper it follows)"
+    )
+    if b["changes"]:
+        lines.append("frees the most (one change at a time, modelled):")
+        lines += [f"  {words}: -{gb:.2f} GB" for words, gb in b["changes"][:4]]
     return "\n".join(lines)
 
 

@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gptplan.memory import GIB, MEMORY_MODEL_ERROR, layout_memory_bytes
+from gptplan.memory import (
+    GIB,
+    MAY_FIT_SAVING,
+    MEMORY_RATIO_P10,
+    MEMORY_RATIO_P90,
+    NCCL_GB_PER_COMMUNICATOR,
+    layout_memory_bytes,
+    memory_fit,
+)
 from gptplan.money import checkpoint_bytes
 from gptplan.plan import PRECISIONS, RECOMPUTE_MODES, SHARDING_STAGES
 from gptplan.steptime import Device, Rates, step_time_parts
@@ -139,6 +147,13 @@ class CandidateTable:
         lo, hi = ratios[..., 0], ratios[..., 1]
         offer, prec = self["offer"][idx], self["precision_code"][idx]
         p10, p90 = coverage.widen(lo[offer, prec], hi[offer, prec], *self.outside_count(idx))
+        # the physical cap (planner.coverage.mfu_cap): the p90 (and so the p10) never above
+        # the best MFU a fitted published run of the generation attained
+        caps = np.array([getattr(coverage.mfu_cap(c.profile), "mfu", np.inf) for c in self.offers])
+        ceiling = caps[offer] / np.maximum(self["mfu"][idx], 1e-12)
+        capped = p90 > ceiling
+        p90 = np.minimum(p90, ceiling)
+        p10 = np.minimum(p10, p90)
         out = cm.interval_from_throughput(
             tokens_per_s=self["tokens_per_s"][idx],
             hours=self["hours"][idx],
@@ -147,7 +162,7 @@ class CandidateTable:
             p10_ratio=p10,
             p90_ratio=p90,
         )
-        return out | self._risk_interval(idx, out)
+        return out | self._risk_interval(idx, out) | {"throughput_capped": capped}
 
     def _risk_interval(self, idx: np.ndarray, tp: dict) -> dict:
         """Hours and cost p10/p90 with the preemption rate, the preemption count and the
@@ -476,12 +491,65 @@ def evaluate_offer(
     g["flash"] = np.full(len(batch_ranks), 0)
     if s.flash_attention and prof.flash_attention and m.hidden_size // m.num_attention_heads <= 256:
         g["flash"] = (g["precision_code"] > 0).astype(int)  # fp16/bf16 only
+    g = partial_recompute_rows(m, prof, g, c.memory_headroom, s.recompute_layers)
     out = evaluate_layouts(m, prof, offer, g, memory_headroom=c.memory_headroom)
     out["offer"] = np.full(len(out["nodes"]), index)
     steps = np.ceil(target / out["tokens_per_step"])
     out["steps"] = steps
     out["train_hours"] = steps * out["step_time_s"] / 3600
     return _price(spec, choice, cm.ModelShape.from_section(m), out)
+
+
+PARTIAL_RECOMPUTE_WHY_NOT = {
+    "gpt": "PaddleNLP 2.8.1's GPT has no per-layer recompute (no_recompute_layers exists in "
+    "its Llama only), so partial recompute is not offered for GPT",
+}
+
+
+def partial_recompute_rows(m, prof: Profile, g: dict, headroom: float, pinned) -> dict:
+    """Partial recompute as a search dimension (column rc_layers: layers recomputed per
+    pipeline stage, 0 = all). Llama only (PARTIAL_RECOMPUTE_WHY_NOT), and not 'full' with
+    pipeline parallel (PaddleNLP 2.8.1's LlamaForCausalLMPipe asserts no_recompute_layers is
+    empty). `pinned` (search.recompute_layers, per stage): exactly those values. Otherwise
+    every row that recomputes also gets, as an added row, the fewest layers per stage k at
+    which it surely fits (memory is linear in k: closed form, vectorised), when 0 < k <
+    ceil(L/p): it runs faster than recomputing every layer, at the same memory rule."""
+    n = len(g["tp"])
+    g["rc_layers"] = np.zeros(n, dtype=int)
+    code, pp = g["recompute_code"], g["pp"]
+    ok = (code > 0) & ~((pp > 1) & (code == 3)) & (m.family == "llama")
+    stage_layers = np.ceil(m.num_hidden_layers / pp).astype(int)
+    if pinned:
+        parts = []
+        for k in pinned:
+            sel = np.flatnonzero((k == 0) | (ok & (k < stage_layers)))
+            part = {key: v[sel] for key, v in g.items()}
+            part["rc_layers"] = np.where(part["recompute_code"] > 0, k, 0)
+            parts.append(part)
+        return {key: np.concatenate([p[key] for p in parts]) for key in g}
+    idx = np.flatnonzero(ok)
+    if not len(idx):
+        return g
+    shape = cm.ModelShape.from_section(m)
+    eff = prof.efficiency
+    sub = {key: v[idx] for key, v in g.items()}
+    args = dict(
+        overhead_gb=eff.memory_overhead_gb,
+        fragmentation=eff.fragmentation,
+        communicator_gb=communicator_gb(prof),
+    )
+    every = layout_memory_bytes(shape, sub, **args)
+    plain = layout_memory_bytes(shape, {**sub, "recompute_code": np.zeros(len(idx), int)}, **args)
+    S = stage_layers[idx]
+    per_layer = (plain - every) / S  # bytes one more recomputed layer saves
+    target = prof.memory_gb * GIB * headroom / MEMORY_RATIO_P90
+    saves = per_layer > 0
+    k = np.where(saves, np.ceil((plain - target) / np.where(saves, per_layer, 1.0)), 0.0)
+    k = np.clip(k, 0, S).astype(int)
+    add = saves & (k >= 1) & (k < S)
+    extra = {key: v[idx[add]] for key, v in g.items()}
+    extra["rc_layers"] = k[add]
+    return {key: np.concatenate([g[key], extra[key]]) for key in g}
 
 
 def evaluate_layouts(
@@ -501,9 +569,10 @@ def evaluate_layouts(
     runner use too. `efficiency` overrides the profile's fitted constants per precision;
     `overlap` the share of gradient sync hidden behind compute.
 
-    Memory: a row over the usable limit (memory_gb x memory_headroom) by less than the memory
-    model's own error (gptplan.memory.MEMORY_MODEL_ERROR) is kept as `may_fit` (the probe
-    settles it) instead of being cut at 100% of a point estimate.
+    Memory (gptplan.memory.memory_fit): a row whose modelled peak times the band's top
+    (MEMORY_RATIO_P90, measured) is within the usable limit (memory_gb x memory_headroom)
+    surely fits; past it but within the card's physical memory it is kept as `may_fit`
+    (chosen only past MAY_FIT_SAVING, `decide`); past the card it is cut.
     """
     shape = cm.ModelShape.from_section(m)
     gpn = offer.gpus_per_node
@@ -519,11 +588,15 @@ def evaluate_layouts(
     def by_precision(attr: str) -> np.ndarray:
         return np.array([getattr(e, attr) for e in per_precision])[g["precision_code"]]
 
+    g.setdefault("rc_layers", np.zeros(len(g["tp"]), dtype=int))
     mem = layout_memory_bytes(
-        shape, g, overhead_gb=eff.memory_overhead_gb, fragmentation=eff.fragmentation
+        shape,
+        g,
+        overhead_gb=eff.memory_overhead_gb,
+        fragmentation=eff.fragmentation,
+        communicator_gb=communicator_gb(prof),
     )
-    limit = prof.memory_gb * GIB * memory_headroom
-    may_fit = (mem > limit) & (mem <= limit * (1.0 + MEMORY_MODEL_ERROR))
+    sure, may_fit = memory_fit(mem, prof.memory_gb * GIB, memory_headroom)
 
     peak = np.array([prof.peak_for(p) for p in PRECISIONS])[g["precision_code"]] * 1e12
     inter = offer.inter_node_gbits_per_s / 8 * 1e9 if offer.inter_node_gbits_per_s else 1.0
@@ -545,9 +618,14 @@ def evaluate_layouts(
         by_precision("rolloff_tokens"),
     )
     parts = step_time_parts(shape, g, dev, rates)
-    step_time = parts["step_time_s"]
-    tokens_per_s = tokens_per_step / step_time
     f_model = cm.model_flops_per_token(m, g["seq"])
+    # the physical cap (planner.coverage.mfu_cap): never faster than the best MFU any fitted
+    # published run of this generation attained
+    cap = coverage.mfu_cap(prof)
+    step_time = parts["step_time_s"]
+    if cap is not None:
+        step_time = np.maximum(step_time, tokens_per_step * f_model / (cap.mfu * world * peak))
+    tokens_per_s = tokens_per_step / step_time
     mfu = f_model * tokens_per_s / (world * peak)
     n = len(step_time)
     return {
@@ -569,7 +647,8 @@ def evaluate_layouts(
         "flash": g["flash"],
         "tokens_per_step": tokens_per_step,
         "memory_gb": mem / cm.GB,
-        "fits": (mem <= limit) | may_fit,
+        "rc_layers": g["rc_layers"],
+        "fits": sure | may_fit,
         "may_fit": may_fit,
         "efficiency": parts["efficiency"],
         "hidden_per_tp": m.hidden_size / g["tp"],
@@ -605,12 +684,117 @@ def _hours(rows: dict, checkpoint_hours, spot_rate: float, sp) -> tuple:
     return running + sp.startup_minutes / 60, interval, useful, preemptions
 
 
+def communicator_gb(prof: Profile) -> float:
+    """GB per NCCL communicator on this profile's devices (gptplan.memory); 0 on CPU, where
+    gloo's buffers are inside the measured process overhead."""
+    return 0.0 if prof.device == "cpu" else NCCL_GB_PER_COMMUNICATOR
+
+
+def memory_breakdown(m, prof: Profile, row: dict, gpus_per_node: int) -> dict:
+    """One layout's modelled peak per device, term by term (gptplan.memory.memory_terms), in
+    GB, and the single changes that free the most (each re-evaluated with the same terms):
+    {"terms": {name: GB}, "total_gb", "changes": [(words, GB freed)] most first}. `row`
+    holds the layout columns (a candidate table row)."""
+    shape = cm.ModelShape.from_section(m)
+    eff = prof.efficiency
+    args = dict(
+        overhead_gb=eff.memory_overhead_gb,
+        fragmentation=eff.fragmentation,
+        communicator_gb=communicator_gb(prof),
+    )
+    names = (
+        "seq micro acc tp pp vpp stage_code shard_degree recompute_code sp flash "
+        "precision_code dp rc_layers nodes"
+    ).split()
+    base = {k: np.array([row.get(k, 0)]) for k in names}
+
+    def total(g):
+        return float(layout_memory_bytes(shape, g, **args)[0]) / cm.GB
+
+    terms = layout_memory_bytes(shape, base, terms=True, **args)
+    now = total(base)
+    world = int(row["nodes"]) * gpus_per_node
+    batch = int(row["dp"]) * int(row["shard_degree"])
+    alts: list[tuple[str, dict]] = []
+    stage, code, tp, pp = (int(row[k]) for k in ("stage_code", "recompute_code", "tp", "pp"))
+    if batch > 1 and stage < 3 and (pp == 1 or stage < 1):
+        alts.append(
+            (
+                f"sharding {SHARDING_STAGES[stage + 1]} over {batch} ranks",
+                {"stage_code": stage + 1, "shard_degree": batch, "dp": 1},
+            )
+        )
+    if code < 3 or int(row.get("rc_layers", 0)):
+        alts.append(
+            (
+                f"recompute {RECOMPUTE_MODES[3]} on every layer",
+                {"recompute_code": 3, "rc_layers": 0},
+            )
+        )
+    if tp > 1 and not int(row["sp"]):
+        alts.append(("sequence parallel", {"sp": 1}))
+    if int(row["micro"]) > 1:
+        alts.append(
+            (
+                f"micro-batch {int(row['micro']) // 2} x accumulation {int(row['acc']) * 2}",
+                {"micro": int(row["micro"]) // 2, "acc": int(row["acc"]) * 2},
+            )
+        )
+    if 2 * tp <= gpus_per_node and bool(tensor_parallel_divides(m, 2 * tp)) and batch % 2 == 0:
+        alts.append(
+            (
+                f"tensor parallel {2 * tp}",
+                {
+                    "tp": 2 * tp,
+                    "dp": max(1, int(row["dp"]) // 2) if stage == 0 else int(row["dp"]),
+                    "shard_degree": int(row["shard_degree"]) // 2 if stage else 1,
+                },
+            )
+        )
+    if (
+        2 * pp <= m.num_hidden_layers
+        and world % (tp * pp * 2) == 0
+        and batch % 2 == 0
+        and stage < 2
+    ):
+        alts.append(
+            (
+                f"pipeline parallel {2 * pp}",
+                {
+                    "pp": 2 * pp,
+                    "dp": max(1, int(row["dp"]) // 2) if stage == 0 else int(row["dp"]),
+                    "shard_degree": int(row["shard_degree"]) // 2 if stage else 1,
+                    "acc": max(int(row["acc"]), 2 * pp),
+                },
+            )
+        )
+    changes = []
+    for words, change in alts:
+        g = dict(base) | {k: np.array([v]) for k, v in change.items()}
+        changes.append((words, now - total(g)))
+    changes.sort(key=lambda c: -c[1])
+    return {
+        "terms": {k: float(v[0]) / cm.GB for k, v in terms.items()},
+        "total_gb": now,
+        "changes": [c for c in changes if c[1] > 0],
+    }
+
+
+def memory_share(memory_gb: float, prof: Profile) -> tuple[float, float, float]:
+    """Modelled peak per device as a share of the card's physical memory, with the band's
+    80% interval (MEMORY_RATIO_P10..P90, measured): (point, low, high)."""
+    share = memory_gb * 1e9 / (prof.memory_gb * GIB) if prof.memory_gb else float("nan")
+    return share, share * MEMORY_RATIO_P10, share * MEMORY_RATIO_P90
+
+
 def may_fit_note(memory_gb: float, prof: Profile, memory_headroom: float) -> str:
-    """The flag a user sees on a row kept inside the memory model's own error."""
+    """The flag a user sees on a row kept inside the memory model's band."""
+    share, lo, hi = memory_share(memory_gb, prof)
     return (
-        f"may fit (modelled {memory_gb * cm.GB / 2**30:.1f} GiB of "
-        f"{prof.memory_gb * memory_headroom * GIB / 2**30:.1f} GiB usable, "
-        f"+-{MEMORY_MODEL_ERROR:.0%} model error): probe it before a long run"
+        f"may fit (modelled {memory_gb * cm.GB / 2**30:.1f} GiB = {share:.0%} of the "
+        f"{prof.memory_gb:g} GiB card, 80% interval {lo:.0%}-{hi:.0%} (x{MEMORY_RATIO_P10:g}"
+        f"-x{MEMORY_RATIO_P90:g}, measured); usable {memory_headroom:.0%}): probe it before a "
+        "long run"
     )
 
 
@@ -750,6 +934,10 @@ class Decision:
     minimum_budget: float | None = None  # cheapest plan meeting every other constraint
     minimum_budget_row: int | None = None
     tokens_bought: float | None = None  # what the budget buys within the deadline
+    # when the chosen row only "may fit": the cheapest feasible row that surely fits (None when
+    # no row surely fits); a may-fit row is chosen only MAY_FIT_SAVING cheaper than it
+    sure_alternative: int | None = None
+    smallest_memory_row: int | None = None  # when nothing fits: the layout needing least
 
 
 def eligible_mask(spec: Spec, table: CandidateTable) -> np.ndarray:
@@ -840,7 +1028,7 @@ def decide(spec: Spec, table: CandidateTable, target: float) -> Decision:
     )
     order = ranked(table, feasible)
     if len(order):
-        chosen = int(order[0])
+        chosen, alternative = choose_fitting(table, feasible, int(order[0]))
         return Decision(
             chosen,
             table,
@@ -848,10 +1036,13 @@ def decide(spec: Spec, table: CandidateTable, target: float) -> Decision:
             pareto,
             target,
             binding=_binding_constraint(spec, table, chosen),
+            sure_alternative=alternative,
             **extra,
         )
     if not fits.any():
         smallest = int(np.argmin(table["memory_gb"]))
+        prof = table.offers[int(table["offer"][smallest])].profile
+        need = float(table["memory_gb"][smallest])
         return Decision(
             None,
             table,
@@ -860,8 +1051,11 @@ def decide(spec: Spec, table: CandidateTable, target: float) -> Decision:
             target,
             [
                 f"nothing fits in device memory: the smallest configuration needs "
-                f"{table['memory_gb'][smallest]:.1f} GB per device (modelled)"
+                f"{need:.1f} GB per device (modelled; {need * 1e9 / GIB:.1f} GiB, x"
+                f"{MEMORY_RATIO_P90:g} at the band's top, measured, against the "
+                f"{prof.memory_gb:g} GiB card); planner estimate --memory shows its terms"
             ],
+            smallest_memory_row=smallest,
             **extra,
         )
     return Decision(
@@ -873,6 +1067,22 @@ def decide(spec: Spec, table: CandidateTable, target: float) -> Decision:
         _problems(spec, table, target, least, extra["tokens_bought"]),
         **extra,
     )
+
+
+def choose_fitting(table: CandidateTable, feasible: np.ndarray, cheapest: int):
+    """The feasibility rule: (chosen row, surely-fitting alternative or None). The cheapest
+    feasible row is chosen when it surely fits; a "may fit" row only when it costs more than
+    MAY_FIT_SAVING less than the cheapest feasible row that surely fits (then that row is the
+    alternative the chosen line prints), or when no row surely fits."""
+    if not bool(table["may_fit"][cheapest]):
+        return cheapest, None
+    sure = ranked(table, feasible & ~table["may_fit"].astype(bool))
+    if not len(sure):
+        return cheapest, None
+    best_sure = int(sure[0])
+    if table["cost"][cheapest] < (1.0 - MAY_FIT_SAVING) * table["cost"][best_sure]:
+        return cheapest, best_sure
+    return best_sure, None
 
 
 def _problems(

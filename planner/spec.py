@@ -155,6 +155,11 @@ class SearchSpec:
         True, "Use flash attention where the device and precision support it."
     )
     recompute: list[str] = setting(list(RECOMPUTE_MODES), "Recompute granularities.")
+    recompute_layers: list[int] = setting(
+        [],
+        "Partial recompute, layers per pipeline stage that recompute (0 = all; Llama only). "
+        "[] = each recomputing layout also tries the fewest layers at which it surely fits.",
+    )
     sequence_parallel: list[bool] = setting([False, True], "Sequence parallel choices.")
     node_counts: list[int] = setting([1, 2, 4, 8, 16], "Node counts (capped by max_nodes).")
     accumulation_steps: list[int] = setting(
@@ -408,6 +413,12 @@ def validate_spec(spec: Spec) -> None:
     ):
         if not values or not all(ok(v) for v in values):
             fail(f"search.{name}", f"{values!r}: needs positive integers")
+    if not all(isinstance(v, int) and v >= 0 for v in s.recompute_layers):
+        fail(
+            "search.recompute_layers",
+            f"{s.recompute_layers!r}: needs integers >= 0 (layers per pipeline stage; 0 = "
+            "every layer; [] = the fewest that surely fit)",
+        )
     if not all(isinstance(v, int) and v >= 1 for v in s.sharding_degrees):
         fail(
             "search.sharding_degrees",

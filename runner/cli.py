@@ -934,8 +934,27 @@ def check_dry_run_memory(plan: Plan, plan_file: Path) -> None:
         )
 
 
+def check_partial_recompute(plan: Plan, net, keep: list[int]) -> tuple[bool, str]:
+    """The dry run's check of partial recompute (parallel.recompute_layers): the built model
+    recomputes exactly the planned layers. (ok, the line to print; '' without it)."""
+    from runner.model import recomputed_layers_of
+
+    if not plan.parallel.recompute_layers or plan.parallel.recompute == "none":
+        return True, ""
+    L = plan.model.num_hidden_layers
+    want = [i for i in range(L) if i not in keep]
+    got = recomputed_layers_of(net)
+    if got != want:
+        return False, f"the built model recomputes layers {got}, the plan {want}"
+    return True, (
+        f"recompute: {plan.parallel.recompute} on {len(want)} of {L} layers (PaddleNLP "
+        f"no_recompute_layers holds the other {len(keep)}; checked on the built model)"
+    )
+
+
 def dry_run(plan: Plan, data, plan_file: Path, *, corpus_problem: str | None = None) -> int:
     from gptplan.modelfacts import parameter_count, training_flops_per_token
+    from gptplan.plan import no_recompute_layers
     from runner.batches import TokenDataset
     from runner.model import build_model, kernel_choice
 
@@ -944,6 +963,7 @@ def dry_run(plan: Plan, data, plan_file: Path, *, corpus_problem: str | None = N
     import paddle
 
     paddle.set_device("cpu")
+    keep = no_recompute_layers(plan.model, plan.parallel)
     net = build_model(
         plan.model,
         dataclasses.replace(
@@ -953,7 +973,17 @@ def dry_run(plan: Plan, data, plan_file: Path, *, corpus_problem: str | None = N
             sequence_parallel=False,
         ),
         seq_len=plan.training.seq_len,
+        no_recompute=keep,
     )
+    ok, words = check_partial_recompute(plan, net, keep)
+    if not ok:
+        print(
+            f"error: {plan_file}: parallel.recompute_layers: {words} (dry run FAILED)",
+            file=sys.stderr,
+        )
+        return 2
+    if words:
+        print(words)
     built = sum(int(p.numel()) for p in net.parameters())
     assert built == parameter_count(plan.model), "parameter formula out of date"
     epochs = plan.training.max_steps * plan.global_batch_size / dataset.num_samples

@@ -30,6 +30,26 @@ def peak_memory_gb(device: str) -> tuple[float, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9, "peak RSS"
 
 
+def device_peaks_gb(device: str) -> tuple[float, float] | None:
+    """(allocated, reserved) peak GB of this process's GPU since start (Paddle's
+    paddle.device.cuda.max_memory_allocated / max_memory_reserved: the tensors' high-water
+    mark and the allocator's, cache included); None off GPU (CPU runs record peak RSS)."""
+    if device != "gpu":
+        return None
+    import paddle
+
+    cuda = paddle.device.cuda
+    return cuda.max_memory_allocated() / 1e9, cuda.max_memory_reserved() / 1e9
+
+
+def per_rank_peaks(gathered: list[tuple[float, float]]) -> list[dict]:
+    """The rows report.json carries for each rank's measured peaks (rank = list position)."""
+    return [
+        {"rank": r, "allocated_gb": float(a), "reserved_gb": float(b)}
+        for r, (a, b) in enumerate(gathered)
+    ]
+
+
 def mfu(
     *, flops_per_token: float, tokens_per_second: float, devices: int, peak_tflops: float
 ) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 
-from gptplan.plan import ModelSection, ParallelSection
+from gptplan.plan import ModelSection, ParallelSection, no_recompute_layers
 
 # PaddleNLP 2.8.1's Llama MLP calls paddle.incubate's swiglu, deprecated in Paddle 3.3 (the same
 # kernel); its warning would show in every Llama run, export and sample
@@ -86,12 +86,21 @@ def kernel_choice(model: ModelSection, *, use_flash_attention: bool, precision: 
 
 
 def build_llama_config(
-    model: ModelSection, parallel: ParallelSection, *, seq_len: int, kernels: dict | None = None
+    model: ModelSection,
+    parallel: ParallelSection,
+    *,
+    seq_len: int,
+    kernels: dict | None = None,
+    no_recompute: list[int] | None = None,
 ):
-    """PaddleNLP LlamaConfig from the plan (no dropout in PaddleNLP's Llama; labels -100)."""
+    """PaddleNLP LlamaConfig from the plan (no dropout in PaddleNLP's Llama; labels -100).
+    `no_recompute`: the layers that keep every activation (default: from the plan's
+    parallel.recompute_layers, gptplan.plan.no_recompute_layers)."""
     from paddlenlp.transformers import LlamaConfig
 
     kernels = kernels or {}
+    if no_recompute is None:
+        no_recompute = no_recompute_layers(model, parallel)
     return LlamaConfig(
         vocab_size=model.vocab_size,
         hidden_size=model.hidden_size,
@@ -112,6 +121,8 @@ def build_llama_config(
         sequence_parallel=parallel.sequence_parallel,
         use_recompute=parallel.recompute != "none",
         recompute_granularity=(parallel.recompute if parallel.recompute != "none" else "full"),
+        # partial recompute (parallel.recompute_layers): the layers that keep everything
+        no_recompute_layers=no_recompute or None,
         use_flash_attention=kernels.get("flash_attention", False),
         use_fused_rms_norm=kernels.get("fused_rms_norm", False),
         use_fused_rope=kernels.get("fused_rope", False),
@@ -145,9 +156,10 @@ def build_model(
     seq_len: int,
     use_flash_attention: bool = False,
     precision: str = "fp32",
+    no_recompute: list[int] | None = None,
 ):
     """GPTForCausalLM or LlamaForCausalLM by `model.family`, random init (pipeline parallel
-    uses PaddleNLP's *Pipe variant).
+    uses PaddleNLP's *Pipe variant). `no_recompute`: see `build_llama_config`.
 
     Kernels follow `kernel_choice`: flash attention when the plan asks for it and this device
     can run it (where it cannot, a warning says so and the standard kernel runs, with more
@@ -161,7 +173,9 @@ def build_model(
             stacklevel=2,
         )
     if model.family == "llama":
-        config = build_llama_config(model, parallel, seq_len=seq_len, kernels=kernels)
+        config = build_llama_config(
+            model, parallel, seq_len=seq_len, kernels=kernels, no_recompute=no_recompute
+        )
     else:
         config = build_gpt_config(
             model, parallel, seq_len=seq_len, use_flash_attention=kernels["flash_attention"]
@@ -230,3 +244,12 @@ def sample_tokenizer_ids_only(net, real: int) -> None:
         return logits + padding_mask(real, total, logits.dtype)
 
     net.adjust_logits_during_generation = adjust
+
+
+def recomputed_layers_of(net) -> list[int] | None:
+    """Indices of the decoder layers a built Llama recomputes (None for a model without
+    per-layer recompute): what the dry run checks against the plan."""
+    layers = getattr(getattr(net, "llama", None), "layers", None)
+    if layers is None:
+        return None
+    return [i for i, layer in enumerate(layers) if getattr(layer, "layerwise_recompute", True)]

@@ -95,6 +95,8 @@ def modelled_memory_bytes(plan: Plan, perf: PerformanceData | None) -> float:
             fragmentation=eff.fragmentation if eff else 1.0,
             flash_attention=t.use_flash_attention,
             virtual_pp=p.virtual_pp_degree,
+            recompute_layers=p.recompute_layers // p.pipeline_parallel_degree,
+            dp=p.data_parallel_degree,
         )
     )
 
@@ -333,17 +335,21 @@ def localize(plan: Plan) -> tuple[Plan, list[str]]:
     if device == "cpu":
         nproc = min(nproc, 2)
     par = plan.parallel
-    # One node, data parallel only: tensor/pipeline/sharding layouts need the planned devices.
+    # One node: tensor/pipeline layouts and sharding stages 2/3 need the planned devices; a
+    # plan's ZeRO-1 stays ZeRO-1 over the local processes (Paddle's DygraphShardingOptimizer
+    # through fleet.distributed_optimizer with sharding_degree runs on CPU with gloo), the
+    # rest is data parallel.
+    zero1 = par.sharding == "stage1" and nproc > 1
     new_par = dataclasses.replace(
         par,
         nnodes=1,
         nproc_per_node=nproc,
         master="",
-        data_parallel_degree=nproc,
+        data_parallel_degree=1 if zero1 else nproc,
         tensor_parallel_degree=1,
         pipeline_parallel_degree=1,
-        sharding="",
-        sharding_parallel_degree=1,
+        sharding="stage1" if zero1 else "",
+        sharding_parallel_degree=nproc if zero1 else 1,
         sequence_parallel=False,
     )
     for f in dataclasses.fields(par):

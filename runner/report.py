@@ -65,6 +65,7 @@ def planned_vs_actual(plan: Plan, result: dict, billed_seconds: float) -> dict:
             float(tokens),
         ),
     ]
+    per_rank = memory_per_rank(plan, m)
     spread = None
     if est.step_time_interval_s:  # the probes' measured noise around the planned step time
         low, high = est.step_time_interval_s
@@ -90,6 +91,7 @@ def planned_vs_actual(plan: Plan, result: dict, billed_seconds: float) -> dict:
         "max_steps": result["max_steps"],
         "useful_token_fraction": m["useful_token_fraction"],
         "padded_tokens": m["padded_tokens"],
+        "memory_per_rank": per_rank,
         "rows": [
             {
                 "metric": r.metric,
@@ -100,6 +102,28 @@ def planned_vs_actual(plan: Plan, result: dict, billed_seconds: float) -> dict:
             }
             for r in rows
         ],
+    }
+
+
+def memory_per_rank(plan: Plan, measured: dict) -> dict | None:
+    """On GPU: each rank's measured peak (allocated and reserved, Paddle's allocator) next to
+    the plan's modelled peak per device, and the busiest rank's ratio; None where the run
+    did not record them (CPU records its peak RSS in the rows)."""
+    ranks = measured.get("peak_memory_per_rank")
+    if not ranks:
+        return None
+    modelled = plan.estimate.peak_memory_gb
+    top = max(ranks, key=lambda r: r["reserved_gb"])
+    return {
+        "modelled_gb_per_device": modelled,
+        "modelled_source": plan.estimate.source,
+        "ranks": ranks,
+        "busiest_rank": top["rank"],
+        "max_reserved_gb": top["reserved_gb"],
+        "max_allocated_gb": max(r["allocated_gb"] for r in ranks),
+        "max_reserved_over_modelled": top["reserved_gb"] / modelled if modelled else None,
+        "method": "paddle.device.cuda.max_memory_allocated / max_memory_reserved per rank "
+        "(measured)",
     }
 
 
@@ -134,6 +158,16 @@ def render(report: dict) -> str:
         f"{report['useful_token_fraction']:.1%}",
         tabulate(table, headers=head, tablefmt="github", disable_numparse=True),
     ]
+    mem = report.get("memory_per_rank")
+    if mem:
+        ratio = mem["max_reserved_over_modelled"]
+        lines.append(
+            f"peak memory per rank (measured, allocator reserved / allocated): busiest rank "
+            f"{mem['busiest_rank']} {_fmt(mem['max_reserved_gb'])} / "
+            f"{_fmt(mem['max_allocated_gb'])} GB over {len(mem['ranks'])} ranks; modelled "
+            f"{_fmt(mem['modelled_gb_per_device'])} GB per device"
+            + (f" (reserved / modelled {ratio:.3f})" if ratio else "")
+        )
     noise = report.get("step_time_noise")
     if noise:
         low, high = noise["planned_step_time_interval_s"]

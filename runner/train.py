@@ -272,6 +272,24 @@ def barrier(rank: RankInfo) -> None:
         dist.barrier()
 
 
+def gather_peak_memory(plan: Plan, rank: RankInfo) -> list[dict] | None:
+    """Every rank's measured peak memory on GPU (runner.metrics.device_peaks_gb), gathered to
+    all ranks in rank order: [{rank, allocated_gb, reserved_gb}]; None off GPU."""
+    from runner.metrics import device_peaks_gb, per_rank_peaks
+
+    mine = device_peaks_gb(plan.hardware.device)
+    if mine is None:
+        return None
+    if rank.world == 1:
+        return per_rank_peaks([mine])
+    import paddle
+    import paddle.distributed as dist
+
+    parts: list = []
+    dist.all_gather(parts, paddle.to_tensor(list(mine), dtype="float64"))
+    return per_rank_peaks([tuple(float(x) for x in t.numpy()) for t in parts])
+
+
 def agree_on_stop(flags: list[int], rank: RankInfo) -> list[int]:
     """Every rank must stop at the same step: take the max of each flag over all ranks."""
     if rank.world == 1:
@@ -694,6 +712,9 @@ def finish(run: Attempt, step: int, stop: Stop, last_saved: int) -> dict:
         "measured": meter.summary(),
         "last_step": asdict(meter.records[-1]) if meter.records else None,
     }
+    peaks = gather_peak_memory(plan, rank)  # a collective: every rank calls it
+    if peaks is not None:
+        result["measured"]["peak_memory_per_rank"] = peaks
     if rank.is_main:
         steady = meter.steady()
         if steady:

@@ -99,7 +99,7 @@ BAD_PLANS = [
         "tp-on-cpu",
         {"parallel": {"nproc_per_node": 2, "tensor_parallel_degree": 2}},
         "hardware.device",
-        "data parallel only",
+        "data parallel and sharding stage1 only",
     ),
     (
         "seq-longer-than-positions",
