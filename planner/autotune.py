@@ -89,8 +89,9 @@ class TuneSettings:
         min=0.5,
         max=0.999,
     )
-    repeat_sd: float = setting(
-        0.08, "Noise floor: sd of log(median step) between repeated probes.", min=0.001
+    repeat_sd: float = setting(0.01, "Floor of a probe's sd of log(median step).", min=0.0001)
+    spread_ratio: float = setting(
+        15.0, "Between-probe / within-probe variance of the median step.", min=1.0
     )
     load_inflation: float = setting(
         2.0, "Variance multiplier for a probe taken under load.", min=1.0
@@ -723,7 +724,11 @@ def noise_model(settings: TuneSettings):
     from planner.noise import NoiseModel
 
     return NoiseModel(
-        settings.repeat_sd, settings.load_inflation, settings.prior_sd, settings.confidence
+        settings.repeat_sd,
+        settings.load_inflation,
+        settings.spread_ratio,
+        settings.prior_sd,
+        settings.confidence,
     )
 
 
@@ -736,7 +741,7 @@ def beliefs(
 ) -> dict:
     """Posterior log cost per million tokens of `rows` (planner.noise): every probe a reading,
     the model calibrated on all probes so far as the prior."""
-    from planner.noise import belief, reading
+    from planner.noise import belief, reading, within_variance
 
     prior: dict[int, float] = {}
     if noise.prior_sd > 0 and rows:
@@ -749,16 +754,21 @@ def beliefs(
             step = scale * table["step_time_s"][i]
             prior[i] = float(np.log(max(cost_per_mtok_at(table, i, step), 1e-300)))
     out = {}
+    probes = {i: [r for r in readings.get(i) or [probed[i]] if r.ok] for i in rows}
+    withins = [
+        within_variance(r.step_times_s or [r.step_time_s]) for rs in probes.values() for r in rs
+    ]
+    pooled = float(np.median(withins)) if withins else 0.0
     for i in rows:
-        rs = [r for r in readings.get(i) or [probed[i]] if r.ok]
         obs = [
             reading(
                 float(np.log(cost_per_mtok_at(table, i, r.step_time_s))),
                 r.step_times_s or [r.step_time_s],
                 under_load=r.under_load,
                 noise=noise,
+                pooled=pooled,
             )
-            for r in rs
+            for r in probes[i]
         ]
         out[i] = belief(obs, prior.get(i), noise)
     return out

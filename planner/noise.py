@@ -3,12 +3,17 @@
 A probe reports the median of its steady-state steps (warm-up discarded), so a load spike
 during a few steps moves it little; what the median cannot remove is drift between probes (the
 machine's load changes between minutes). So one probe of a configuration is one noisy reading
-of its log cost per token, with a variance that is the larger of
+of its log cost per token, with a variance of
 
-- the within-probe spread of its steps (the MAD-based sd of log step times / sqrt(steps)), and
-- a repeat floor `repeat_sd`^2: how much the medians of repeated probes of one configuration
-  differ (learned from the recordings that were not held out, see bench/replay_quality.py),
-  times `load_inflation` for a probe flagged as taken under load (planner.probes.under_load).
+  `spread_ratio` x the within-probe variance of its median step (from the MAD of its log step
+  times; at least the median of that over every probe of the session, as 3-5 steps say little
+  on their own), at least `repeat_sd`^2, times `load_inflation` for a probe flagged as taken
+  under load (planner.probes.under_load).
+
+`spread_ratio` is how much more the medians of repeated probes of one configuration differ than
+their steps say (between-probe over within-probe variance: drift of the machine between
+minutes), learned from the recordings that were not held out (bench/replay_quality.py): on a
+machine whose steps are noisy, probes are noisy in proportion.
 
 Repeats of a configuration replace the floor with what they show: when their medians differ
 more than the floor says, every reading's variance grows by that ratio.
@@ -36,8 +41,9 @@ MAD_TO_SD = 1.4826  # sd of a normal distribution / its median absolute deviatio
 class NoiseModel:
     """How noisy a probe is taken to be, and how much the model's prior weighs."""
 
-    repeat_sd: float = 0.08  # sd of log(median step) between repeated probes of one config
+    repeat_sd: float = 0.01  # floor of a probe's sd of log(median step)
     load_inflation: float = 2.0  # variance multiplier for a probe taken under load
+    spread_ratio: float = 15.0  # between-probe / within-probe variance of the median step
     prior_sd: float = 0.0  # sd of the calibrated model's log cost error (0 = no prior)
     confidence: float = 0.9  # the pick must be cheaper than the runner-up with this probability
 
@@ -67,16 +73,23 @@ class Separation:
         return (self.interval[1] - self.interval[0]) / 2
 
 
-def reading(log_cost: float, step_times, *, under_load: bool, noise: NoiseModel):
-    """(log cost, variance) of one probe: its median-step log cost and the larger of its
-    within-probe spread and the repeat floor (inflated under load)."""
+def within_variance(step_times) -> float:
+    """Variance of a probe's median log step from its own steps (MAD-based; 0 for one step)."""
     steps = np.log(np.asarray(step_times, dtype=float))
-    within = 0.0
-    if len(steps) >= 2:
-        mad = float(np.median(np.abs(steps - np.median(steps))))
-        within = (MAD_TO_SD * mad) ** 2 * (math.pi / 2) / len(steps)  # var of a median
-    floor = noise.repeat_sd**2 * (noise.load_inflation if under_load else 1.0)
-    return log_cost, max(within, floor, 1e-12)
+    if len(steps) < 2:
+        return 0.0
+    mad = float(np.median(np.abs(steps - np.median(steps))))
+    return (MAD_TO_SD * mad) ** 2 * (math.pi / 2) / len(steps)
+
+
+def reading(
+    log_cost: float, step_times, *, under_load: bool, noise: NoiseModel, pooled: float = 0.0
+):
+    """(log cost, variance) of one probe (see the module docstring); `pooled` is the typical
+    within-probe variance of the session's probes."""
+    within = max(within_variance(step_times), pooled)
+    var = max(noise.spread_ratio * within, noise.repeat_sd**2)
+    return log_cost, var * (noise.load_inflation if under_load else 1.0)
 
 
 def belief(readings: list[tuple[float, float]], prior: float | None, noise: NoiseModel) -> Belief:
@@ -119,19 +132,17 @@ def ranked(beliefs: dict) -> list:
     return sorted(beliefs, key=lambda k: (beliefs[k].mean, k))
 
 
-def repeat_sd_from(recordings) -> float:
-    """The repeat floor learned from recordings: the pooled sd of log(median step) between the
-    recorded probes of one configuration (each probe's median over its measured steps)."""
-    deviations, dof = 0.0, 0
+def spread_ratio_from(recordings) -> float:
+    """Between-probe over within-probe variance of the median log step, learned from
+    recordings: the median over their configurations with 2+ recorded probes."""
+    ratios = []
     for rec in recordings:
         for config in rec.configs.values():
-            medians = [
-                math.log(float(np.median(p["steps_s"])))
-                for p in config.probes
-                if p["status"] == "ok" and p["steps_s"]
-            ]
-            if len(medians) >= 2:
-                m = np.array(medians)
-                deviations += float(np.sum((m - m.mean()) ** 2))
-                dof += len(m) - 1
-    return math.sqrt(deviations / dof) if dof else NoiseModel.repeat_sd
+            probes = [p for p in config.probes if p["status"] == "ok" and len(p["steps_s"]) >= 2]
+            if len(probes) < 2:
+                continue
+            medians = np.log([float(np.median(p["steps_s"])) for p in probes])
+            within = float(np.mean([within_variance(p["steps_s"]) for p in probes]))
+            if within > 0:
+                ratios.append(float(np.var(medians, ddof=1)) / within)
+    return float(np.median(ratios)) if ratios else NoiseModel.spread_ratio
