@@ -10,8 +10,9 @@ number of contenders, the model prior's weight) are tuned on the other recording
 the held-out one (`--recording FILE`); the probe noise model (planner.noise.spread_ratio_from) is
 learned from the other recordings too. Tuning: every candidate choice (the defaults and one
 change at a time, CHOICES) is replayed on every recording (`--tune-seeds` seeds, 4/8/16
-probes; score = mean of median and p90 regret); for each choice the value with the lowest mean
-score over the other recordings is kept. The scores are cached in
+probes; score = mean over the budgets of median + p90 regret); for each choice the value with
+the lowest mean score over the other recordings (each relative to the defaults' score) is
+kept. The scores are cached in
 bench/results/loro_scores.json (recomputed when a recording or the candidates change).
 
 Each method runs against `planner.replay.ReplayProbe`
@@ -350,16 +351,24 @@ def tuning_scores(paths: list[Path], *, seeds: int, jobs: int, log=print) -> dic
         for p in todo:
             known[p.name] = {"sha": _digest(p), "scores": scores[str(p)]}
         RESULTS.mkdir(parents=True, exist_ok=True)
+        latest = json.loads(SCORES.read_text()) if SCORES.exists() else {}
+        if latest.get("key") == key:  # another run's scores meanwhile: keep them too
+            cache["recordings"] = latest["recordings"] | known
         cache["candidates"] = candidates()
         SCORES.write_text(json.dumps(cache, indent=1))
     return {p.name: known[p.name]["scores"] for p in paths}
 
 
 def choose(scores: dict) -> dict:
-    """Per choice, the value with the lowest mean score over `scores`' recordings (the
-    defaults where there is none)."""
+    """Per choice, the value with the lowest mean score over `scores`' recordings, each
+    recording's scores relative to the defaults' (so that the noisiest recording does not
+    decide alone); the defaults where there is none."""
     cands = candidates()
-    mean = np.mean([scores[name] for name in scores], axis=0) if scores else None
+    mean = (
+        np.mean([np.array(scores[n]) / max(scores[n][0], 1e-9) for n in scores], axis=0)
+        if scores
+        else None
+    )
     choice = dict(cands[0])
     if mean is None:
         return choice
