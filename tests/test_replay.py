@@ -277,14 +277,14 @@ def config_key_of(space, i: int) -> str:
 def test_noise_aware_pick_keeps_its_stated_confidence():
     """On a synthetic noisy space with a known best (10% drift between probes, 3% between
     steps), the pick is stated with a probability and an interval of its lead over the
-    runner-up. Over 40 seeds: the pick is never truly worse than the runner-up by more than
+    runner-up. Over 24 seeds: the pick is never truly worse than the runner-up by more than
     the interval allows more often than its level says (one-sided, (1 - level) / 2, with a
     binomial allowance), and a pick stated as separated is truly cheaper than the runner-up
     at least `confidence` of the time; the known best is found in most seeds."""
     space, _ = synthetic_space()
     best = min(space.truth, key=space.truth.get)
     below, separated, wrong_separated, found = 0, 0, 0, 0
-    seeds = range(40)
+    seeds = range(24)
     level = None
     for seed in seeds:
         outcome = planner_pick(space, seed, probes=12, race=5, confidence=0.9, spread_ratio=20)
