@@ -81,14 +81,57 @@ RECORD_OVERRIDES = {
 RECORDING = REPO / "bench" / "recordings" / "cpu_space_v2.json.gz"
 
 
-def record_space():
-    """The recorded space: 112 configurations (1-2 processes x seq 64/128 x micro 4-32 x
-    accumulation 1-4 x recompute none/full, global batch 1k-8k tokens), fp32 only: on CPU
-    Paddle's AMP is a no-op, a bf16 run is the fp32 run."""
+# The other recorded spaces (`--record-space NAME`): a spec and its overrides each, so that
+# search choices can be tuned on some recordings and judged on another (leave one out).
+RECORD_SPACES = {
+    "cpu_space_v2": (SPEC, RECORD_OVERRIDES),
+    # the GPT space at another model and sequence size: gpt-mini (4 x 256, 4x gpt-tiny's
+    # parameters), seq 256, global batch 512-1024 tokens (a probe's steps stay short)
+    "gpt_mini_s256": (
+        SPEC,
+        {
+            "model.size": "gpt-mini",
+            "constraints.seq_lens": [256],
+            "constraints.global_batch_tokens_min": 512,
+            "constraints.global_batch_tokens_max": 1024,
+            "search.micro_batch_sizes": [1, 2, 4],
+            "search.accumulation_steps": [1, 2],
+        },
+    ),
+    # a Llama-family space (RoPE, SwiGLU, RMSNorm, GQA): llama-tiny, seq 128
+    "llama_tiny": (
+        SPEC.with_name("cpu_llama.toml"),
+        {
+            "constraints.seq_lens": [128],
+            "constraints.global_batch_tokens_max": 4096,
+            "search.micro_batch_sizes": [4, 8, 16],
+            "search.accumulation_steps": [1, 2],
+        },
+    ),
+    # 1 vs 2 processes and three recompute granularities, one sequence length (full_attn is
+    # left out: on CPU its probe fails in a served worker, "saved_tensors_hooks only one pair
+    # of hooks is allowed at a time", and every failure restarts the worker)
+    "procs_recompute": (
+        SPEC,
+        {
+            "constraints.seq_lens": [128],
+            "search.micro_batch_sizes": [4, 8, 16],
+            "search.accumulation_steps": [1, 2],
+            "search.recompute": ["none", "core_attn", "full"],
+        },
+    ),
+}
+
+
+def record_space(name: str = "cpu_space_v2"):
+    """A recorded space. The default: 112 configurations (1-2 processes x seq 64/128 x micro
+    4-32 x accumulation 1-4 x recompute none/full, global batch 1k-8k tokens), fp32 only: on
+    CPU Paddle's AMP is a no-op, a bf16 run is the fp32 run."""
     from planner.search import allowed_offers, evaluate_space
     from planner.spec import load_spec
 
-    spec = load_spec(str(SPEC), overrides=RECORD_OVERRIDES)
+    spec_path, overrides = RECORD_SPACES[name]
+    spec = load_spec(str(spec_path), overrides=overrides)
     table = evaluate_space(spec, allowed_offers(spec, shipped_profiles()), spec.job.target_tokens)
     return spec, table, spec.job.target_tokens
 
@@ -118,7 +161,8 @@ def record(args) -> int:
     from planner.replay import RecordedConfig, Recording, worker_startups
     from runner.probe import layout_key
 
-    spec, table, target = record_space()
+    spec, table, target = record_space(args.record_space)
+    spec_path, overrides = RECORD_SPACES[args.record_space]
     rows = [int(i) for i in np.flatnonzero(table["fits"])]
     if args.limit:
         rows = rows[: args.limit]
@@ -146,7 +190,13 @@ def record(args) -> int:
     while len(orders) < passes:
         orders.append(random.Random(args.seed + len(orders)).sample(rows, len(rows)))
     created = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    out = Path(args.out) if args.out else RECORDING
+    out = (
+        Path(args.out)
+        if args.out
+        else RECORDING.with_name(f"{args.record_space}.json.gz")
+        if args.record_space != "cpu_space_v2"
+        else RECORDING
+    )
     info = machine_info(probe.fingerprint) | {"loadavg_start": list(os.getloadavg())}
     started = time.time()
 
@@ -163,7 +213,7 @@ def record(args) -> int:
                 "orders": ["forward", "reverse", "shuffled"][:passes]
                 + ["shuffled"] * max(0, passes - 3),
             },
-            {"spec": str(SPEC.relative_to(REPO)), "overrides": RECORD_OVERRIDES},
+            {"spec": str(spec_path.relative_to(REPO)), "overrides": overrides},
             by_key,
             worker_startups(by_key),
         )
@@ -174,6 +224,7 @@ def record(args) -> int:
         for n, i in enumerate(orders[n_pass], 1):
             fresh = not probe.has_worker(plans[i])
             at = time.time() - started
+            load_before = os.getloadavg()[0]
             result = probe.run(plans[i])
             configs[i].probes.append(
                 {
@@ -186,6 +237,7 @@ def record(args) -> int:
                     "steps_s": [round(x, 5) for x in result.step_times_s],
                     "peak_memory_gb": round(result.peak_memory_gb, 4),
                     "loadavg_1m": round(os.getloadavg()[0], 2),
+                    "loadavg_1m_before": round(load_before, 2),
                 }
             )
             print(
@@ -334,6 +386,12 @@ def main() -> int:
         type=int,
         default=0,
         help="with --record: only the first N configurations (smoke test)",
+    )
+    parser.add_argument(
+        "--record-space",
+        default="cpu_space_v2",
+        choices=sorted(RECORD_SPACES),
+        help="with --record: which space (default: the shipped cpu_space_v2)",
     )
     parser.add_argument("--out", default="", help="with --record: output file")
     args = parser.parse_args()

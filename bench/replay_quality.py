@@ -1,8 +1,21 @@
-"""Search quality without machine noise: every tuning method replayed on the shipped recording.
+"""Search quality without machine noise: every tuning method replayed on recorded spaces.
 
-The recording (`bench/recordings/cpu_space_v2.json.gz`, written by
-`python bench/plan_quality.py --record`) holds every configuration of the CPU benchmark space
-probed in several interleaved passes. Each method runs against `planner.replay.ReplayProbe`
+A recording (`bench/recordings/*.json.gz`, written by `python bench/plan_quality.py --record
+[--record-space NAME]`) holds every configuration of a CPU space probed in several interleaved
+passes, with the load average per probe.
+
+Leave one recording out: the planner's search choices (model-seeded probes, alternation with
+the model, how many probes race, how long a racing probe is, the confidence asked for, the
+number of contenders, the model prior's weight) are tuned on the other recordings and scored on
+the held-out one (`--recording FILE`); the probe noise model (planner.noise.spread_ratio_from) is
+learned from the other recordings too. Tuning: every candidate choice (the defaults and one
+change at a time, CHOICES) is replayed on every recording (`--tune-seeds` seeds, 4/8/16
+probes; score = mean over the budgets of median + p90 regret); for each choice the value with
+the lowest mean score over the other recordings (each relative to the defaults' score) is
+kept. The scores are cached in
+bench/results/loro_scores.json (recomputed when a recording or the candidates change).
+
+Each method runs against `planner.replay.ReplayProbe`
 (the same interface as the live probe: a probe draws its steps from the configuration's
 recorded ones, deterministically per seed, and is charged the recorded wall cost), over many
 seeds, at several probe budgets:
@@ -20,7 +33,7 @@ seeds, at several probe budgets:
 
 Truth = the mean over every recorded measured step of a configuration; regret = true cost
 of the pick / the best true cost - 1. Prints one table (median / p90 / worst regret and
-probe wall seconds per method and budget) and writes bench/results/replay_quality.json.
+probe wall seconds per method and budget) and writes bench/results/replay_quality[_NAME].json.
 """
 
 from __future__ import annotations
@@ -28,7 +41,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import hashlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -44,7 +59,48 @@ sys.path.insert(0, str(REPO))
 from plan_quality import RECORDING, auto_tuner_walk, describe, shipped_profiles  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
+RECORDINGS = REPO / "bench" / "recordings"
+SCORES = RESULTS / "loro_scores.json"
 SHORT = {"steps": 3, "warmup": 1}  # a live probe's steps (bench/plan_quality.py)
+
+# The planner's search choices tuned by leave-one-recording-out: defaults, and the values
+# tried for each (one change at a time from the defaults).
+CHOICES = {
+    "prior_sd": (0.0, [0.15, 0.3]),  # the model prior's weight (0 = none)
+    "enqueue": (3, [2, 4]),  # model-seeded probes first
+    "guided": (True, [False]),  # every other probe the calibrated model's pick
+    "race_fraction": (1 / 3, [0.25, 0.5]),  # of the probes, kept for repeats of finalists
+    "race_steps_x": (3, [1]),  # a repeat's steps, x a probe's
+    "confidence": (0.9, [0.8, 0.95]),  # repeat until the pick is this sure
+    "finalists": (0, [2]),  # contenders + the pick (0 = 3 when 4+ probes race, else 2)
+}
+TUNE_BUDGETS = [4, 8, 16]
+
+
+def candidates() -> list[dict]:
+    base = {k: v[0] for k, v in CHOICES.items()}
+    out = [base]
+    for k, (_, alternatives) in CHOICES.items():
+        out += [base | {k: v} for v in alternatives]
+    return out
+
+
+def planner_overrides(choice: dict, budget: int, spread_ratio: float | None = None) -> dict:
+    """TuneSettings for one set of choices at a probe budget."""
+    race = max(1, round(choice["race_fraction"] * budget))
+    race = min(race, (budget - 1) // 2)
+    out = {
+        "prior_sd": choice["prior_sd"],
+        "enqueue": choice["enqueue"],
+        "guided": choice["guided"],
+        "race": race,
+        "race_steps": choice["race_steps_x"] * SHORT["steps"],
+        "confidence": choice["confidence"],
+        "finalists": choice["finalists"],
+    }
+    if spread_ratio is not None:
+        out["spread_ratio"] = spread_ratio
+    return out
 
 
 def load_space(path: Path, *, keep=None):
@@ -168,13 +224,27 @@ def summarise(values: list[float]) -> dict:
     }
 
 
-def evaluate(space, *, seeds: int, budgets: list[int], methods=None, log=print) -> dict:
-    """Every method x budget x seed; regret and probe wall cost summaries."""
+def evaluate(
+    space,
+    *,
+    seeds: int,
+    budgets: list[int],
+    methods=None,
+    log=print,
+    choice=None,
+    spread_ratio=None,
+) -> dict:
+    """Every method x budget x seed; regret and probe wall cost summaries. The planner runs
+    with `choice` (tuned on other recordings; None: TuneSettings' defaults)."""
     out = {}
     for name in methods or METHODS:
         for budget in budgets:
             started = time.perf_counter()
-            runs = [METHODS[name](space, seed, budget) for seed in range(seeds)]
+            if name == "planner" and choice is not None:
+                extra = planner_overrides(choice, budget, spread_ratio)
+                runs = [run_planner(space, seed, budget, **extra) for seed in range(seeds)]
+            else:
+                runs = [METHODS[name](space, seed, budget) for seed in range(seeds)]
             regrets = [space.regret(r["pick"]) for r in runs]
             entry = {
                 "method": name,
@@ -218,6 +288,99 @@ def evaluate(space, *, seeds: int, budgets: list[int], methods=None, log=print) 
     return out
 
 
+def recordings(folder: Path = RECORDINGS) -> list[Path]:
+    return sorted(folder.glob("*.json.gz"))
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def _score_one(task: tuple) -> tuple:
+    """Score of one candidate on one recording (a worker process's task)."""
+    path, index, seeds = task
+    from gptplan import quiet_third_party_warnings
+
+    quiet_third_party_warnings()
+    space = _space_cached(path)
+    choice = candidates()[index]
+    total = []
+    for budget in TUNE_BUDGETS:
+        extra = planner_overrides(choice, budget)
+        regrets = [
+            space.regret(run_planner(space, s, budget, **extra)["pick"]) for s in range(seeds)
+        ]
+        total.append(float(np.median(regrets)) + float(np.quantile(regrets, 0.9)))
+    return path, index, float(np.mean(total))
+
+
+_SPACES: dict = {}
+
+
+def _space_cached(path: str):
+    if path not in _SPACES:
+        _SPACES[path] = load_space(Path(path))
+    return _SPACES[path]
+
+
+def tuning_scores(paths: list[Path], *, seeds: int, jobs: int, log=print) -> dict:
+    """{recording name: [score per candidate]} (lower is better), cached in SCORES by each
+    recording's content, the candidates and the seeds."""
+    key = hashlib.sha256(json.dumps([candidates(), TUNE_BUDGETS, seeds]).encode()).hexdigest()
+    cache = json.loads(SCORES.read_text()) if SCORES.exists() else {}
+    if cache.get("key") != key:
+        cache = {"key": key, "seeds": seeds, "budgets": TUNE_BUDGETS, "recordings": {}}
+    known = cache["recordings"]
+    todo = [p for p in paths if known.get(p.name, {}).get("sha") != _digest(p)]
+    if todo:
+        log(
+            f"tuning: {len(candidates())} candidate choices x {len(todo)} recording(s) x "
+            f"{seeds} seeds x {TUNE_BUDGETS} probes ({jobs} process(es))"
+        )
+        tasks = [(str(p), i, seeds) for p in todo for i in range(len(candidates()))]
+        scores: dict = {str(p): [0.0] * len(candidates()) for p in todo}
+        if jobs > 1:
+            from concurrent.futures import ProcessPoolExecutor
+
+            with ProcessPoolExecutor(jobs) as pool:
+                for path, i, score in pool.map(_score_one, tasks):
+                    scores[path][i] = score
+        else:
+            for path, i, score in map(_score_one, tasks):
+                scores[path][i] = score
+        for p in todo:
+            known[p.name] = {"sha": _digest(p), "scores": scores[str(p)]}
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        latest = json.loads(SCORES.read_text()) if SCORES.exists() else {}
+        if latest.get("key") == key:  # another run's scores meanwhile: keep them too
+            cache["recordings"] = latest["recordings"] | known
+        cache["candidates"] = candidates()
+        SCORES.write_text(json.dumps(cache, indent=1))
+    return {p.name: known[p.name]["scores"] for p in paths}
+
+
+def choose(scores: dict) -> dict:
+    """Per choice, the value with the lowest mean score over `scores`' recordings, each
+    recording's scores relative to the defaults' (so that the noisiest recording does not
+    decide alone); the defaults where there is none."""
+    cands = candidates()
+    mean = (
+        np.mean([np.array(scores[n]) / max(scores[n][0], 1e-9) for n in scores], axis=0)
+        if scores
+        else None
+    )
+    choice = dict(cands[0])
+    if mean is None:
+        return choice
+    for k in CHOICES:
+        options = [
+            i for i, c in enumerate(cands) if all(c[j] == cands[0][j] for j in CHOICES if j != k)
+        ]
+        best = min(options, key=lambda i: (mean[i], i))
+        choice[k] = cands[best][k]
+    return choice
+
+
 def render(results: dict) -> str:
     rows = []
     for e in results.values():
@@ -249,28 +412,71 @@ def render(results: dict) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--recording", type=Path, default=RECORDING)
+    parser.add_argument(
+        "--recording", type=Path, default=RECORDING, help="the held-out recording (scored)"
+    )
     parser.add_argument("--seeds", type=int, default=100)
     parser.add_argument("--budgets", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=None)
     parser.add_argument("--quick", action="store_true", help="10 seeds")
+    parser.add_argument(
+        "--tune-seeds", type=int, default=10, help="seeds per candidate choice when tuning"
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=min(4, os.cpu_count() or 1), help="tuning processes"
+    )
+    parser.add_argument(
+        "--defaults",
+        action="store_true",
+        help="the planner with TuneSettings' defaults (no leave-one-out tuning)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     from gptplan import quiet_third_party_warnings
+    from planner.noise import spread_ratio_from
+    from planner.replay import Recording, RecordingError
 
     quiet_third_party_warnings()
     seeds = 10 if args.quick else args.seeds
     started = time.time()
-    space = load_space(args.recording)
+    try:
+        space = load_space(args.recording)
+    except RecordingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    held = args.recording.resolve()
+    others = [p for p in recordings() if p.resolve() != held]
+    choice, spread_ratio, tuned_on = None, None, []
+    if not args.defaults and others:
+        choice = choose(tuning_scores(others, seeds=args.tune_seeds, jobs=args.jobs))
+        spread_ratio = spread_ratio_from([Recording.load(p) for p in others])
+        tuned_on = [p.name for p in others]
+        print(
+            f"tuned on {', '.join(tuned_on)} (held out: {args.recording.name}): "
+            + ", ".join(
+                f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in choice.items()
+            )
+            + f"; probe noise: between/within-probe variance {spread_ratio:.1f}"
+        )
     rec = space.recording
     best = min(space.truth, key=space.truth.get)
+    loads = [p.get("loadavg_1m", 0.0) for c in rec.configs.values() for p in c.probes]
     print(
         f"recording {args.recording.name}: {len(space.rows)} configurations, "
         f"{rec.probe['passes']} passes x (1+{rec.probe['steps']}) steps, recorded "
-        f"{rec.created} on {rec.machine.get('fingerprint', '?')}; best (truth) "
+        f"{rec.created} on {rec.machine.get('fingerprint', '?')}, load average "
+        f"{np.median(loads):.1f} (median, {min(loads):.1f}-{max(loads):.1f}) on "
+        f"{rec.machine.get('cpus', '?')} cores; best (truth) "
         f"{describe(space.table, best)} at {space.best:.5f} USD/Mtok (measured)"
     )
-    results = evaluate(space, seeds=seeds, budgets=args.budgets, methods=args.methods)
+    results = evaluate(
+        space,
+        seeds=seeds,
+        budgets=args.budgets,
+        methods=args.methods,
+        choice=choice,
+        spread_ratio=spread_ratio,
+    )
     grid = [run_grid(space, seed, 0) for seed in range(seeds)]
     results["grid_1pass"] = {
         "method": "grid_1pass",
@@ -282,14 +488,21 @@ def main() -> int:
     }
     print(render(results))
     RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = args.recording.name.split(".")[0]
     out = args.out or RESULTS / (
-        "replay_quality_quick.json" if args.quick else "replay_quality.json"
+        f"replay_quality_{stem}_quick.json" if args.quick else f"replay_quality_{stem}.json"
     )
     out.write_text(
         json.dumps(
             {
                 "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                "command": "python bench/replay_quality.py" + (" --quick" if args.quick else ""),
+                "command": "python bench/replay_quality.py --recording "
+                + str(
+                    args.recording.resolve().relative_to(REPO)
+                    if args.recording.resolve().is_relative_to(REPO)
+                    else args.recording.name
+                )
+                + (" --quick" if args.quick else ""),
                 "recording": args.recording.name,
                 "recorded": rec.created,
                 "machine": rec.machine,
@@ -297,6 +510,9 @@ def main() -> int:
                 "seeds": seeds,
                 "probe": SHORT,
                 "truth": "mean of all recorded measured steps",
+                "tuned_on": tuned_on,
+                "choice": choice,
+                "spread_ratio": spread_ratio,
                 "best": describe(space.table, best),
                 "best_usd_per_mtok": space.best,
                 "bench_wall_s": time.time() - started,

@@ -14,11 +14,15 @@
 - Safe monotonic pruning only: OOM at micro-batch m implies OOM above m with the rest equal,
   and OOM with some recompute implies OOM with less. Priors such as "bigger is faster" are
   never used to skip a probe.
-- Short probes are noisy (10-40% on a shared CPU), so the last probes race the finalists
-  (`race`): they are probed in turn (A, B, A, B, ... in the same workers, so drift hits both)
-  until their confidence intervals separate or the racing budget is spent, as irace's racing
-  does; the pick uses the pooled measurements, and the outcome says whether it is
-  statistically distinguishable from the runner-up and by how much.
+- Short probes are noisy (10-40% on a shared CPU), so the pick is noise-aware
+  (planner.noise): every probe is a reading of its configuration's log cost per token with its
+  own variance (its steps' spread, a repeat floor learned from recordings, more under load),
+  combined with the calibrated model's prior. The last probes (`race`) repeat, with longer
+  probes, whichever of the pick and its closest contender is least certain (so in turn when
+  they are equally certain: A, B, A, B, ... in the same workers, drift hits both) until the
+  pick is cheaper than every contender with probability `confidence`; probes left over after
+  that explore. The outcome states the pick's cost and its lead over the runner-up with an
+  interval ("ahead of the runner-up by 4% +- 3%").
 - Measured step times calibrate the profile's efficiency curve (planner.calibration).
 - Faults (planner.study, planner.stopping): the study and the probe cache are checked when
   opened (a damaged SQLite study is moved aside and refilled from the probe cache); each
@@ -80,6 +84,22 @@ class TuneSettings:
         0, "Configurations entering the race (0 = 2, or 3 when at least 4 probes race).", min=0
     )
     race_steps: int = setting(0, "Measured steps per racing probe (0 = 3 x steps).", min=0)
+    confidence: float = setting(
+        0.9,
+        "Race until the pick is cheaper than the runner-up with this probability.",
+        min=0.5,
+        max=0.999,
+    )
+    repeat_sd: float = setting(0.01, "Floor of a probe's sd of log(median step).", min=0.0001)
+    spread_ratio: float = setting(
+        15.0, "Between-probe / within-probe variance of the median step.", min=1.0
+    )
+    load_inflation: float = setting(
+        2.0, "Variance multiplier for a probe taken under load.", min=1.0
+    )
+    prior_sd: float = setting(
+        0.0, "Weight of the calibrated model: sd of its log cost error (0 = no prior).", min=0
+    )
     rank_by: Literal["mean", "median"] = setting(
         "mean", "Finalists by the mean or median measured step."
     )
@@ -101,7 +121,8 @@ def tune_settings_from(table: dict) -> TuneSettings:
 class TuneOutcome:
     study_name: str
     storage: str
-    probed: dict[int, ProbeResult] = field(default_factory=dict)  # row -> result
+    probed: dict[int, ProbeResult] = field(default_factory=dict)  # row -> result (pooled)
+    readings: dict[int, list] = field(default_factory=dict)  # row -> every probe, unpooled
     reused: int = 0
     probes_run: int = 0  # real probe subprocesses started by this call
     probe_wall_s: float = 0.0
@@ -112,16 +133,20 @@ class TuneOutcome:
 
 @dataclass(frozen=True)
 class Race:
-    """How the finalists' race ended: who, how many rounds, and whether the pick is
-    statistically distinguishable (95%, Welch) from the runner-up, by how much."""
+    """How the finalists' race ended: who, how many repeats, and how sure the pick is against
+    the runner-up (planner.noise): the probability that it is the cheaper one and the
+    runner-up's extra cost with its interval at the stated level."""
 
     finalists: tuple  # rows, best first (after the race)
-    rounds: int
-    probes: int
-    separated: bool
-    difference: float  # runner-up's mean cost per token / the pick's - 1
-    interval: tuple  # 95% interval of that difference
-    p_value: float
+    rounds: int  # repeats of finalists
+    probes: int  # probes the race phase ran (repeats and exploration)
+    separated: bool  # probability >= the confidence asked for
+    difference: float  # runner-up's cost per token / the pick's - 1 (posterior means)
+    interval: tuple  # interval of that difference at `level`
+    p_value: float  # 1 - probability
+    probability: float = 0.0  # P(pick cheaper than the runner-up)
+    level: float = 0.8  # the interval's level, two-sided (2 x confidence - 1)
+    cost_per_mtok: float = 0.0  # the pick's cost per million training tokens (posterior)
 
     def to_dict(self) -> dict:
         return {
@@ -130,8 +155,11 @@ class Race:
             "probes": self.probes,
             "distinguishable": self.separated,
             "runner_up_more_expensive_by": self.difference,
-            "difference_interval_95": list(self.interval),
+            "difference_interval": list(self.interval),
+            "interval_level": self.level,
+            "probability_pick_cheaper": self.probability,
             "p_value": self.p_value,
+            "cost_per_mtok": self.cost_per_mtok,
         }
 
 
@@ -516,9 +544,7 @@ def _tune(s: _Session) -> TuneOutcome:
     race = settings.race if settings.race >= 0 else max(2, settings.probes // 3)
     race = race if settings.probes >= 2 * race + 1 else 0
     _explore(s, settings.probes - race)
-    s.outcome.race, raced = _race(
-        s.spec, s.table, s.target, settings, s.backend, s.outcome, race, s.progress
-    )
+    s.outcome.race, raced = _race(s, race)
     s.outcome.probes_run = s.probes_run + raced
     if s.outcome.race is not None:  # the race's winner: measured most, on the same terms
         s.outcome.best_row = s.outcome.race.finalists[0]
@@ -615,6 +641,7 @@ def _evaluate(s: _Session, trial) -> None:
             s.ooms.append(row)
         return _finish(s, trial, key, worst, 1.0, result.status, **attrs)
     s.outcome.probed[row] = result
+    s.outcome.readings.setdefault(row, []).append(result)
     cost, hours = measured_cost(table, row, result)
     budget, deadline = s.spec.constraints.budget, s.spec.constraints.deadline_hours
     violation = max(
@@ -684,59 +711,149 @@ def _finish(
         )
 
 
-def _race(
-    spec: Spec,
-    table: CandidateTable,
-    target: float,
-    settings: TuneSettings,
-    backend,
-    outcome: TuneOutcome,
-    budget: int,
-    progress,
-) -> tuple[Race | None, int]:
-    """Race the best measured configurations: each round probes every survivor once, in turn
-    (A, B, A, B, ...), pools the steps, and drops a survivor that is worse than the leader
-    with p < 0.05 (Welch); stops when one is left or `budget` probes (or the probe time) are
-    spent. Returns the race (None when fewer than two finalists) and the probes it ran."""
-
-    def cost(i):
-        return measured_cost(table, i, outcome.probed[i], settings.rank_by)[0]
-
-    within = [i for i, r in outcome.probed.items() if _within(spec, *measured_cost(table, i, r))]
-    finalists = sorted(within, key=cost)[: settings.finalists or (3 if budget >= 4 else 2)]
-    if len(finalists) < 2 or budget <= 0:
-        return None, 0
-    steps = settings.race_steps or 3 * settings.steps
-    alive, used, rounds = list(finalists), 0, 0
-    while used < budget and len(alive) > 1 and outcome.probe_wall_s < settings.probe_time_s:
-        for i in list(alive):
-            if used >= budget:
-                break
-            again = backend.run(candidate_plan(spec, table.row(i), target=target), steps=steps)
-            used += 1
-            outcome.probe_wall_s += again.wall_s
-            if not again.ok:  # failed now: out of the race, its earlier result stays
-                alive.remove(i)
-                continue
-            outcome.probed[i] = outcome.probed[i].pooled_with(again)
-            if progress is not None:
-                progress(outcome.probed[i], table, i, False)
-        rounds += 1
-        if len(alive) < 2:
-            break
-        leader = min(alive, key=cost)
-        alive = [leader] + [
-            j
-            for j in alive
-            if j != leader
-            and compare(table, leader, outcome.probed[leader], j, outcome.probed[j])[2] >= 0.05
-        ]
-    ranked_ = sorted(finalists, key=cost)
-    pick, other = ranked_[0], ranked_[1]
-    difference, interval, p = compare(
-        table, pick, outcome.probed[pick], other, outcome.probed[other]
+def cost_per_mtok_at(table: CandidateTable, i: int, step_s: float) -> float:
+    """Training cost per million tokens of row i at a step time (price x nodes x step /
+    tokens per step): what the pick is compared on, start-up and checkpoints aside."""
+    return float(
+        table["price_node_hour"][i]
+        * table["nodes"][i]
+        * step_s
+        / 3600
+        / table["tokens_per_step"][i]
+        * 1e6
     )
-    return Race(tuple(ranked_), rounds, used, p < 0.05, difference, interval, p), used
+
+
+def noise_model(settings: TuneSettings):
+    from planner.noise import NoiseModel
+
+    return NoiseModel(
+        settings.repeat_sd,
+        settings.load_inflation,
+        settings.spread_ratio,
+        settings.prior_sd,
+        settings.confidence,
+    )
+
+
+def beliefs(
+    table: CandidateTable,
+    readings: dict[int, list],
+    probed: dict[int, ProbeResult],
+    rows: list[int],
+    noise,
+) -> dict:
+    """Posterior log cost per million tokens of `rows` (planner.noise): every probe a reading,
+    the model calibrated on all probes so far as the prior."""
+    from planner.noise import belief, reading, within_variance
+
+    prior: dict[int, float] = {}
+    if noise.prior_sd > 0 and rows:
+        modelled = calibrated_costs(table, np.array(rows, dtype=int), probed)
+        for k, i in enumerate(rows):
+            # invert cost_at_step: the calibrated step time behind the modelled job cost
+            startup = table["hours"][i] - table["train_hours"][i] / table["useful_fraction"][i]
+            hours = modelled[k] / (table["price_node_hour"][i] * table["nodes"][i])
+            scale = (hours - startup) * table["useful_fraction"][i] / table["train_hours"][i]
+            step = scale * table["step_time_s"][i]
+            prior[i] = float(np.log(max(cost_per_mtok_at(table, i, step), 1e-300)))
+    out = {}
+    probes = {i: [r for r in readings.get(i) or [probed[i]] if r.ok] for i in rows}
+    withins = [
+        within_variance(r.step_times_s or [r.step_time_s]) for rs in probes.values() for r in rs
+    ]
+    pooled = float(np.median(withins)) if withins else 0.0
+    for i in rows:
+        obs = [
+            reading(
+                float(np.log(cost_per_mtok_at(table, i, r.step_time_s))),
+                r.step_times_s or [r.step_time_s],
+                under_load=r.under_load,
+                noise=noise,
+                pooled=pooled,
+            )
+            for r in probes[i]
+        ]
+        out[i] = belief(obs, prior.get(i), noise)
+    return out
+
+
+def _race(s: _Session, budget: int) -> tuple[Race | None, int]:
+    """Noise-aware finish (planner.noise): while the pick is not cheaper than each of its
+    closest contenders (`finalists` - 1 of them) with probability `confidence`, repeat the
+    less certain of the pick and the weakest-separated contender with a longer probe; once
+    separated, the probes left explore (the model and the sampler in turn). Stops when
+    `budget` probes or the probe time are spent. Returns the race (None when fewer than two
+    configurations were measured) and the repeats it ran."""
+    from planner.noise import ranked, separation
+
+    settings, table, outcome = s.settings, s.table, s.outcome
+    noise = noise_model(settings)
+    steps = settings.race_steps or 3 * settings.steps
+    contenders = (settings.finalists or (3 if budget >= 4 else 2)) - 1
+    level = 2 * noise.confidence - 1  # two-sided: its interval excludes 0 when separated
+    repeats = used = 0
+    out: set[int] = set()  # failed when repeated
+
+    def standing():
+        rows = [
+            i
+            for i, r in outcome.probed.items()
+            if i not in out and _within(s.spec, *measured_cost(table, i, r))
+        ]
+        b = beliefs(table, outcome.readings, outcome.probed, rows, noise)
+        order = ranked(b)
+        seps = {j: separation(b[order[0]], b[j], level) for j in order[1:]}
+        return b, order, seps
+
+    b, order, seps = standing()
+    if len(order) < 2 or budget <= 0:
+        return None, 0
+    while used < budget and outcome.probe_wall_s < settings.probe_time_s:
+        pick = order[0]
+        close = sorted(order[1:], key=lambda j: seps[j].probability)[: max(1, contenders)]
+        weakest = close[0]
+        if seps[weakest].probability >= noise.confidence:  # separated: explore the rest
+            before = s.probes_run
+            _explore(s, s.probes_run + 1)
+            if s.probes_run == before:
+                break  # nothing left to explore
+            used += 1
+        else:
+            i = pick if b[pick].var >= b[weakest].var else weakest
+            again = s.backend.run(
+                candidate_plan(s.spec, table.row(i), target=s.target), steps=steps
+            )
+            used += 1
+            repeats += 1
+            outcome.probe_wall_s += again.wall_s
+            if again.ok:
+                outcome.readings.setdefault(i, [outcome.probed[i]]).append(again)
+                outcome.probed[i] = outcome.probed[i].pooled_with(again)
+                if s.progress is not None:
+                    s.progress(outcome.probed[i], table, i, False)
+            else:  # failed now: out of the race (its earlier result stays in the study)
+                out.add(i)
+        b, order, seps = standing()
+        if len(order) < 2:
+            break
+    if len(order) < 2:
+        return None, repeats
+    pick, other = order[0], order[1]
+    sep = seps[other]
+    race = Race(
+        tuple(order[: max(2, contenders + 1)]),
+        repeats,
+        used,
+        sep.probability >= noise.confidence,
+        sep.difference,
+        sep.interval,
+        1 - sep.probability,
+        sep.probability,
+        level,
+        b[pick].cost,
+    )
+    return race, repeats
 
 
 def _within(spec: Spec, cost: float, hours: float) -> bool:

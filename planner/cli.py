@@ -418,6 +418,11 @@ def probe_logger(log):
                 f"{result.step_time_s * 1000:.0f} ms/step measured (median of "
                 f"{result.measured_steps}), {tbl['step_time_s'][row] * 1000:.0f} modelled "
                 f"({err:+.0%}), {result.peak_memory_gb:.2f} GB peak RSS"
+                + (
+                    f"; taken under load (load average {result.loadavg_1m:.1f}): counted as noisier"
+                    if result.under_load
+                    else ""
+                )
             )
         else:
             log(f"probe {count[0]}: {what}: {result.status.upper()} ({result.detail[:120]})")

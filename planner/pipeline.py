@@ -373,7 +373,7 @@ def optimize(
             f"{describe(table, decision.chosen, cur)}"
         )
         if outcome.race is not None:
-            notes.append(race_note(table, outcome.race))
+            notes.append(race_note(table, outcome.race, cur))
         if tuning.calibration is not None:
             notes.append(
                 f"calibration: {tuning.profile} fit error {tuning.calibration.fit_error:.1%}"

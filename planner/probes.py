@@ -49,6 +49,28 @@ def hardware_fingerprint() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12] + " " + text
 
 
+# A probe shares the machine when the 1-minute load average (runnable tasks, the probe's own
+# processes included) exceeds the cores by more than this: at least one task waited for a core
+# during the probe, so its steps are slower than an idle machine's (and noisier).
+LOAD_TOLERANCE = 0.5
+
+
+def machine_load() -> float:
+    """The 1-minute load average (0.0 where the platform has none)."""
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return 0.0
+
+
+def under_load(loadavg_1m: float, cpus: int | None = None) -> bool:
+    """Whether a probe measured at this 1-minute load average shared the CPUs with other work:
+    more runnable tasks than cores (plus LOAD_TOLERANCE). The probe's median step is robust to
+    a short spike; a flagged probe's measurement is still weighted as noisier (planner.noise)."""
+    cpus = cpus or os.cpu_count() or 1
+    return loadavg_1m > cpus + LOAD_TOLERANCE
+
+
 def config_key(plan: Plan) -> str:
     """What a probe's measurement depends on: model, shapes, precision, layout, device."""
     t, p, m = plan.training, plan.parallel, plan.model
@@ -92,6 +114,8 @@ class ProbeResult:
     mean_step_time_s: float = 0.0  # what a run pays for; step_time_s (median) ranks robustly
     step_times_s: tuple = ()  # every measured step (warm-up excluded), in order
     warmup_times_s: tuple = ()  # the discarded warm-up steps
+    loadavg_1m: float = 0.0  # the machine's 1-minute load average, the higher of before/after
+    under_load: bool = False  # taken while other work competed for the cores (under_load())
 
     def pooled_with(self, other: ProbeResult) -> ProbeResult:
         """Both measurements of one configuration, weighted by their measured steps."""
@@ -110,6 +134,8 @@ class ProbeResult:
             peak_memory_gb=max(self.peak_memory_gb, other.peak_memory_gb),
             step_times_s=tuple(self.step_times_s) + tuple(other.step_times_s),
             warmup_times_s=tuple(self.warmup_times_s) + tuple(other.warmup_times_s),
+            loadavg_1m=max(self.loadavg_1m, other.loadavg_1m),
+            under_load=self.under_load or other.under_load,
         )
 
     @property
@@ -194,11 +220,12 @@ class LocalProbe:
         plan_path, out = folder / "plan.toml", folder / "result.json"
         write_plan(plan, plan_path)
         steps = steps or self.steps
+        load = machine_load()
         if self.persistent:
             rc, timed_out, wall, log = self._run_served(plan, plan_path, out, steps)
         else:
             rc, timed_out, wall, log = self._run_fresh(plan, plan_path, out, folder, steps)
-        return self._classify(key, out, rc, timed_out, wall, log)
+        return self._classify(key, out, rc, timed_out, wall, log, load=max(load, machine_load()))
 
     def _run_fresh(self, plan, plan_path, out, folder, steps):
         command = probe_command(
@@ -297,7 +324,7 @@ class LocalProbe:
         return running
 
     def _classify(
-        self, key: str, out: Path, rc, timed_out: bool, wall: float, log: Path
+        self, key: str, out: Path, rc, timed_out: bool, wall: float, log: Path, load: float = 0.0
     ) -> ProbeResult:
         data = json.loads(out.read_text()) if out.exists() else None
         if timed_out:
@@ -342,6 +369,8 @@ class LocalProbe:
             mean_step_time_s=data["mean_step_time_s"],
             step_times_s=tuple(data["step_times_s"][data["warmup_steps"] :]),
             warmup_times_s=tuple(data["step_times_s"][: data["warmup_steps"]]),
+            loadavg_1m=round(load, 2),
+            under_load=under_load(load),
         )
 
 

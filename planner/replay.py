@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from gptplan.plan import Plan
-from planner.probes import ProbeResult, config_key
+from planner.probes import ProbeResult, config_key, under_load
 from runner.probe import layout_key
 
 FORMAT = "gptplan-probe-recording"
@@ -47,7 +47,7 @@ class RecordedConfig:
     layout: list  # runner.probe.layout_key of its plan (worker sharing)
     probes: list[dict] = field(default_factory=list)
     # each: {"pass", "status", "wall_s", "new_worker", "warmup_s": [...], "steps_s": [...],
-    #        "peak_memory_gb", "loadavg_1m", "at_s"}
+    #        "peak_memory_gb", "loadavg_1m" (after it), "loadavg_1m_before", "at_s"}
 
     @property
     def ok(self) -> bool:
@@ -230,8 +230,10 @@ class ReplayProbe:
         # recorded probe keep its phase of machine drift; longer requests chain probes
         chosen: list[float] = []
         warm: list[float] = []
+        load = 0.0
         while len(chosen) < steps:
             rec = config.probes[int(rng.integers(len(config.probes)))]
+            load = max(load, rec.get("loadavg_1m", 0.0), rec.get("loadavg_1m_before", 0.0))
             if not warm:
                 warm = list(rec["warmup_s"][: self.warmup]) or [rec["steps_s"][0]]
                 while len(warm) < self.warmup:
@@ -257,6 +259,8 @@ class ReplayProbe:
             mean_step_time_s=float(measured.mean()),
             step_times_s=tuple(chosen),
             warmup_times_s=tuple(warm),
+            loadavg_1m=load,
+            under_load=under_load(load, self.recording.machine.get("cpus")),
         )
 
     def close(self) -> None:

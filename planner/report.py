@@ -481,7 +481,7 @@ def render_choice(result) -> str:
         )
     race = result.tuning.outcome.race if result.tuning else None
     if race is not None and result.chosen_source == "probe":
-        lines.append("        " + race_note(result.table, race))
+        lines.append("        " + race_note(result.table, race, cur))
     if result.chosen_source == "model":
         lines.append(
             sensitivity_line(
@@ -561,16 +561,24 @@ def render_memory(result) -> str:
     return "\n".join(lines)
 
 
-def race_note(table, race) -> str:
-    """One sentence on the finalists' race: distinguishable or not, and by how much."""
+def race_note(table, race, currency: str = "") -> str:
+    """One sentence on the pick against the runner-up (planner.autotune's noise-aware race):
+    its cost per million tokens, its lead with an interval, and how sure that is."""
     pick, other = race.finalists[0], race.finalists[1]
     lo, hi = race.interval
-    verdict = "distinguishable" if race.separated else "NOT distinguishable"
+    half = (hi - lo) / 2
+    verdict = "separated from" if race.separated else "NOT separated from"
+    cost = (
+        f"best at {race.cost_per_mtok:.3g} {currency}/Mtok, ".replace(" /", "/")
+        if race.cost_per_mtok
+        else ""
+    )
     return (
-        f"race of {len(race.finalists)} finalists, {race.rounds} round(s), {race.probes} "
-        f"probe(s): the pick {short_config(table, pick)} is {verdict} from the runner-up "
-        f"{short_config(table, other)} (runner-up {race.difference:+.1%} per token, 95% "
-        f"interval {lo:+.1%} .. {hi:+.1%}, p = {race.p_value:.2g}; measured)"
+        f"{cost}{short_config(table, pick)} ahead of the runner-up "
+        f"{short_config(table, other)} by {race.difference:.0%} +- {half:.0%} "
+        f"({race.level:.0%} interval {lo:+.1%} .. {hi:+.1%}; cheaper with probability "
+        f"{race.probability:.2f}, {verdict} it at {(1 + race.level) / 2:.0%}; "
+        f"{race.rounds} repeat probe(s) of finalists; measured)"
     )
 
 

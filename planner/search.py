@@ -329,8 +329,11 @@ def _accumulations(lo: np.ndarray, hi: np.ndarray, pp: np.ndarray) -> tuple[np.n
     candidates = [lo, hi, np.where((pp > 1) & (mult >= lo), mult, lo)]
     r = np.concatenate([np.flatnonzero(ok)] * len(candidates))
     v = np.concatenate([c[ok] for c in candidates])
-    pairs = np.unique(np.stack([r, v]), axis=1)
-    return pairs[0], pairs[1]
+    # distinct (row, value) pairs in (row, value) order: one integer key per pair (a 1-D
+    # unique, several times faster than np.unique(..., axis=1) on the stacked pairs)
+    width = int(v.max(initial=0)) + 1
+    keys = np.unique(r.astype(np.int64) * width + v)
+    return keys // width, keys % width
 
 
 def tensor_parallel_divides(m, tp):
@@ -393,6 +396,18 @@ def evaluate_offer(
     spec: Spec, choice: OfferChoice, index: int, target: float
 ) -> dict[str, np.ndarray]:
     """All valid candidates on one offer, evaluated. Cheap integer rules filter first."""
+    return _joined(_offer_parts(spec, choice, index, target))
+
+
+def _joined(parts: list[dict]) -> dict[str, np.ndarray]:
+    if not parts:
+        return {}
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def _offer_parts(spec: Spec, choice: OfferChoice, index: int, target: float) -> list[dict]:
+    """evaluate_offer's rows as parts (on-demand, spot) that share the columns they have in
+    common: evaluate_space copies every column once, into the whole table."""
     from gptplan.plan import tensor_parallel_fits_node
 
     m = spec.model_section()
@@ -422,7 +437,7 @@ def evaluate_offer(
         nodes = [n for n in nodes if n == 1]
     vpps = sorted(set(s.virtual_pp) | {1})
     if not (precisions and tps and pps and stages and nodes):
-        return {}
+        return []
     g = _grid(
         nodes=nodes,
         precision_code=precisions,
@@ -464,7 +479,7 @@ def evaluate_offer(
     g = {k: v[ok] for k, v in g.items()}
     batch_ranks = batch_ranks[ok]
     if not len(g["nodes"]):
-        return {}
+        return []
     # sharding degree: all batch ranks, or (hybrid) the batch ranks inside one node with data
     # parallel across nodes (sharding_parallel_degree < batch ranks)
     in_node = np.maximum(1, gpn // (g["tp"] * g["pp"]))
@@ -487,7 +502,7 @@ def evaluate_offer(
         g = {k: v[keep] for k, v in g.items()}
         batch_ranks = batch_ranks[keep]
         if not len(batch_ranks):
-            return {}
+            return []
     g["flash"] = np.full(len(batch_ranks), 0)
     if s.flash_attention and prof.flash_attention and m.hidden_size // m.num_attention_heads <= 256:
         g["flash"] = (g["precision_code"] > 0).astype(int)  # fp16/bf16 only
@@ -798,7 +813,7 @@ def may_fit_note(memory_gb: float, prof: Profile, memory_headroom: float) -> str
     )
 
 
-def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) -> dict:
+def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) -> list[dict]:
     """Duplicate rows for spot and on-demand and add time, money and energy. Spot rows carry
     their expected preemptions (the offer's interruption rate, planner.pricebook) and what the
     same plan costs on-demand; with spot.fallback_wait_hours they are priced as spot with
@@ -849,16 +864,18 @@ def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) ->
             r["world"] * prof.tdp_w * hours / 1000 * (offer.pue if offer.kind == "on_prem" else 1.0)
         )
         parts.append(r)
-    if not parts:
-        return {}
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    return parts
 
 
 def evaluate_space(spec: Spec, offers: list[OfferChoice], target: float) -> CandidateTable:
-    tables = [evaluate_offer(spec, choice, i, target) for i, choice in enumerate(offers)]
-    # diagnostics of single evaluations (planner explain, the published-run fit) stay out of
-    # the big table: concatenating a million rows is memory-bound
-    tables = [{k: v for k, v in t.items() if k not in DIAGNOSTIC_COLUMNS} for t in tables if t]
+    # every offer's parts (on-demand, spot), joined once into the whole table: one copy of
+    # each column; diagnostics of single evaluations (planner explain, the published-run
+    # fit) stay out of the big table: concatenating a million rows is memory-bound
+    tables = [
+        {k: v for k, v in part.items() if k not in DIAGNOSTIC_COLUMNS}
+        for i, choice in enumerate(offers)
+        for part in _offer_parts(spec, choice, i, target)
+    ]
     params = float(cm.ModelShape.from_section(spec.model_section()).params_total)
     family = spec.model_section().family
     if not tables:
@@ -905,11 +922,28 @@ def feasible_mask(spec: Spec, table: CandidateTable) -> np.ndarray:
     return ok
 
 
+def cost_order(table: CandidateTable) -> np.ndarray:
+    """Every row, cheapest first, faster first among equal cost: sorted once per table (the
+    search ranks the same table under several masks) and kept while its cost and hours
+    columns are the same arrays."""
+    cost, hours = table["cost"], table["hours"]
+    cached = getattr(table, "_cost_order", None)
+    if cached is not None and cached[0] is cost and cached[1] is hours:
+        return cached[2]
+    order = np.lexsort((hours, cost))
+    try:
+        table._cost_order = (cost, hours, order)  # type: ignore[attr-defined]
+    except AttributeError:
+        pass
+    return order
+
+
 def ranked(table: CandidateTable, mask: np.ndarray) -> np.ndarray:
     """Row indices under `mask`, cheapest first, faster first among equal cost."""
-    idx = np.flatnonzero(mask)
-    order = np.lexsort((table["hours"][idx], table["cost"][idx]))
-    return idx[order]
+    if not len(table):
+        return np.zeros(0, dtype=int)
+    order = cost_order(table)
+    return order[np.asarray(mask, dtype=bool)[order]]
 
 
 def pareto_front(table: CandidateTable, mask: np.ndarray) -> np.ndarray:

@@ -369,3 +369,35 @@ def test_cpu_offers_no_bf16_candidate():
     )
     offers = allowed_offers(spec, load_profiles())
     assert offers and all(o.profile.precisions == ["fp32"] for o in offers)
+
+
+def test_fast_ranking_and_accumulations_equal_the_plain_ones():
+    """The search's speed-ups change no result: the cached cost order ranks every mask like a
+    fresh two-key sort (ties in cost are common: spot and on-demand rows), the 1-D unique of
+    accumulation pairs equals np.unique over the stacked pairs, and evaluate_offer (parts
+    joined) equals evaluate_space's rows of that offer."""
+    from planner.search import _accumulations, evaluate_offer, ranked
+
+    spec = small_spec()
+    offers = allowed_offers(spec, load_profiles())[:3]
+    table = evaluate_space(spec, offers, 1e9)
+    rng = np.random.default_rng(0)
+    for mask in (table["fits"], rng.random(len(table)) < 0.3, np.ones(len(table), bool)):
+        idx = np.flatnonzero(mask)
+        plain = idx[np.lexsort((table["hours"][idx], table["cost"][idx]))]
+        assert np.array_equal(ranked(table, mask), plain)
+    lo = rng.integers(1, 6, 500)
+    hi = lo + rng.integers(-1, 40, 500)
+    pp = rng.choice([1, 2, 4], 500)
+    rows, acc = _accumulations(lo, hi, pp)
+    ok = hi >= lo
+    mult = (hi // np.maximum(pp, 1)) * pp
+    cands = [lo, hi, np.where((pp > 1) & (mult >= lo), mult, lo)]
+    r = np.concatenate([np.flatnonzero(ok)] * 3)
+    v = np.concatenate([c[ok] for c in cands])
+    pairs = np.unique(np.stack([r, v]), axis=1)
+    assert np.array_equal(rows, pairs[0]) and np.array_equal(acc, pairs[1])
+    one = evaluate_offer(spec, offers[1], 1, 1e9)
+    mine = table["offer"] == 1
+    for k in ("cost", "hours", "micro", "acc", "spot", "memory_gb"):
+        assert np.array_equal(one[k], table[k][mine])
