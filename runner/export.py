@@ -178,16 +178,34 @@ def repair_run_tokenizer(plan: Plan, run_dir: Path, problem: str, *, log=print) 
     return _write_run_tokenizer(plan, out, model_file=model_file, source_identity=identity)
 
 
-def resolve_checkpoint(run_dir: Path, checkpoint: str | None = None) -> Path:
-    """The newest complete checkpoint, or the one named by step number or folder."""
+def resolve_checkpoint(run_dir: Path, checkpoint: str | None = None, *, log=print) -> Path:
+    """The newest complete checkpoint that matches its manifest (a damaged newer one is
+    skipped with one line; the run's next `runner execute` moves it aside), or the one named
+    by step number or folder (refused, one line, if it is damaged)."""
     root = Path(run_dir) / "checkpoints"
     found = ckpt.complete_checkpoints(root)
     if not found:
         raise UserError(f"no complete checkpoint in {root}", key="RUN_DIR")
     if checkpoint is None:
-        return found[-1][1]
+        for _, path in reversed(found):
+            problem = ckpt.verify(path)
+            if problem is None:
+                return path
+            log(f"checkpoint {path} is damaged ({problem}); using the previous complete one")
+        raise UserError(
+            f"no checkpoint in {root} matches its manifest (each is damaged); rerun "
+            "`runner execute` on the plan to train again",
+            key="RUN_DIR",
+        )
     for step, path in found:
         if checkpoint in (str(step), path.name, str(path)):
+            problem = ckpt.verify(path)
+            if problem:
+                raise UserError(
+                    f"{path} is damaged ({problem}); name another checkpoint (allowed: "
+                    f"{', '.join(str(s) for s, _ in found)})",
+                    key="--checkpoint",
+                )
             return path
     raise UserError(
         f"{checkpoint!r} is not a complete checkpoint of this run; allowed: "
