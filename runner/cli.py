@@ -856,6 +856,8 @@ def finish_other_node(ex: Execution, rc: int) -> int:
         f"{result['max_steps']} steps; metrics, checkpoints, billing and the report are "
         f"written by node 0 (into {ex.run_dir} on node 0)"
     )
+    if result["stop_reason"] == "loss diverged":  # runner.divergence: node 0 says more
+        return 1
     interrupted = not result["finished"] and result["stop_reason"] == STOP_SIGNAL
     return signals.EXIT_SIGNALLED if interrupted else 0
 
