@@ -375,8 +375,6 @@ class StopRules:
     alerted: bool = False
 
     def decide(self, step: int, *, checkpoint_due: bool, diverged: bool = False) -> Stop:
-        if diverged:  # the loss is the mean over ranks: every rank sees the same divergence
-            return Stop(STOP_DIVERGED)
         flags = dict.fromkeys(STOP_ORDER, 0)
         flags[STOP_SIGNAL] = int(bool(self.notice.received))
         if self.rank.is_main and step < self.plan.training.max_steps:
@@ -389,7 +387,12 @@ class StopRules:
             and free_bytes(self.root) < self.checkpoint_bytes
         ):
             flags[STOP_DISK] = 1  # stop cleanly (last good checkpoint kept), never half-write
-        agreed = agree_on_stop([flags[k] for k in STOP_ORDER], self.rank)
+        # the divergence guard's verdict (on the loss averaged over ranks) goes first
+        *agreed, any_diverged = agree_on_stop(
+            [*(flags[k] for k in STOP_ORDER), int(diverged)], self.rank
+        )
+        if any_diverged:
+            return Stop(STOP_DIVERGED)
         if step >= self.plan.training.max_steps and not agreed[STOP_ORDER.index(STOP_DISK)]:
             return Stop()
         return Stop(next((k for k, f in zip(STOP_ORDER, agreed, strict=True) if f), ""))
