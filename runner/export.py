@@ -53,7 +53,9 @@ def save_run_tokenizer(plan: Plan, meta: dict, run_dir: Path, *, log=print) -> P
                 f"it is tokenizer {recorded}, the data is now tokenized by "
                 f"{meta.get('tokenizer_identity')}"
             )
-        _move_copy_aside(out, problem, log=log)
+            _move_copy_aside(out, problem, log=log, state="out of date")
+        else:
+            _move_copy_aside(out, problem, log=log)
     model_file = meta.get("tokenizer_model") or None
     return _write_run_tokenizer(
         plan,
@@ -100,12 +102,12 @@ def run_tokenizer_problem(folder: Path) -> str | None:
     return None
 
 
-def _move_copy_aside(out: Path, problem: str, *, log) -> None:
+def _move_copy_aside(out: Path, problem: str, *, log, state: str = "damaged") -> None:
     from runner.billing import move_damaged
 
     run_dir = out.parent
     target = move_damaged(out, run_dir)
-    log(f"{out} is damaged ({problem}); moved to {target}, saved again from the tokenizer cache")
+    log(f"{out} is {state} ({problem}); moved to {target}, saved again from the tokenizer cache")
 
 
 def _source_model(plan: Plan, manifest: dict) -> tuple[Path | None, str | None]:
