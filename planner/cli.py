@@ -725,6 +725,7 @@ def cmd_history(args) -> int:
         ax.set_xlabel("trial")
         ax.set_ylabel(f"best measured cost, {spec.constraints.currency}")
         fig.tight_layout()
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(args.plot, dpi=120)
         print(f"wrote {args.plot}")
     return 0

@@ -3,6 +3,8 @@ beyond picking rows and formatting; every number is labelled modelled or measure
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from tabulate import tabulate
 
@@ -709,5 +711,6 @@ def plot_pareto(
     ax.grid(True, which="both", alpha=0.2)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)  # every folder written into is made
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -42,11 +42,26 @@ def open_storage(url: str):
     if url == ":memory:":  # replay benchmarks: thousands of short studies
         return optuna.storages.InMemoryStorage()
     if "://" in url:
+        if url.startswith(SQLITE):  # every folder a command writes into is created
+            _create_folder_of(Path(url[len(SQLITE) :]), key="--storage")
         return _rdb_storage(url)
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
+    _create_folder_of(Path(url), key="--storage")
     return JournalStorage(JournalFileBackend(url))
+
+
+def _create_folder_of(path: Path, *, key: str) -> None:
+    """The folder a storage file goes into, created (one line when it cannot be)."""
+    from gptplan.diskspace import guard_disk_writes
+    from gptplan.tomlconf import folder_problem
+
+    problem = folder_problem(str(path.parent))
+    if problem:
+        raise UserError(problem, key=key)
+    with guard_disk_writes(path.parent):
+        path.parent.mkdir(parents=True, exist_ok=True)
 
 
 def _rdb_storage(url: str, attempts: int = 8):

@@ -4,7 +4,8 @@ Layout of one checkpoint folder:
   model.<shard>.pdparams       model state of one tensor/pipeline shard (paddle.save: a pickle)
   optimizer.<shard>.pdopt      optimizer state (AdamW moments, beta powers) of that shard
   scaler.pdstate               fp16 loss-scaler state (fp16 only)
-  state.json                   step, consumed samples, accounting
+  state.json                   step, consumed samples, accounting, loss and the divergence
+                               guard's state (runner.divergence)
   manifest.json                size and xxhash (XXH3-64) of every file above; written last
 A folder without the `.tmp` suffix and with manifest.json is complete; anything else is
 ignored and removed. On resume the newest complete checkpoint is verified against its manifest;
@@ -240,9 +241,21 @@ def commit(tmp: Path, state: dict, *, keep_last: int) -> Path:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-    for _, old in complete_checkpoints(final.parent)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+    rotate(final.parent, keep_last=keep_last)
     return final
+
+
+def rotate(root: Path, *, keep_last: int) -> None:
+    """Drop checkpoints older than the newest `keep_last`, except the newest one taken before
+    the loss began to rise and the one with the lowest loss (runner.divergence): checkpoints
+    of a diverging run never rotate the last good model out."""
+    from runner.divergence import protected
+
+    found = complete_checkpoints(root)
+    keep = protected(found)
+    for _, old in found[:-keep_last]:
+        if old not in keep:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def load_shard(path: Path, shard: ShardId) -> tuple[dict, dict, dict | None]:

@@ -56,6 +56,17 @@ def _execute_args(ex: argparse.ArgumentParser) -> None:
         help="ignore existing checkpoints (the old run folder is kept, renamed)",
     )
     ex.add_argument(
+        "--accept-new-data",
+        action="store_true",
+        help="resume although the prepared corpus differs from the one the checkpoint was "
+        "trained on (default: refused, exit 2)",
+    )
+    ex.add_argument(
+        "--ignore-divergence",
+        action="store_true",
+        help="train on when the loss diverges (default: stop with exit 1, runner.divergence)",
+    )
+    ex.add_argument(
         "--local",
         action="store_true",
         help="rehearse on this machine: its devices, a few steps, settings shrunk "
@@ -424,6 +435,10 @@ def read_resume_state(ex: Execution) -> None:
     the journal; other nodes only read it for the budget check."""
     writer = ex.node_rank == 0 and not ex.args.dry_run
     ex.latest, ex.state = check_resume(ex.plan, ex.run_dir, ex.plan_file, repair=writer)
+    if ex.step < ex.plan.training.max_steps:
+        from runner import divergence
+
+        divergence.check_resume(ex.state, ex.latest, ex.run_dir, ignore=ex.args.ignore_divergence)
     ex.billing = Billing(ex.run_dir, repair=writer)
     if ex.billing.notice:
         print(ex.billing.notice)
@@ -522,6 +537,13 @@ def prepare(ex: Execution) -> None:
         f"{data.meta['tokens_per_character']:.3f} tokens/char, measured) in {data.path}"
     )
     args = ex.args
+    from runner.datacache import check_resume_data
+
+    accepted = check_resume_data(
+        ex.state, ex.latest, data.path, accept=args.accept_new_data, plan_file=str(args.plan)
+    )
+    if accepted:
+        print(accepted)
     ex.corpus_problem = check_before_launch(
         ex.original or plan,
         data.num_tokens,
@@ -578,19 +600,30 @@ def launch(ex: Execution) -> Outcome:
     if not ex.needs_launch:
         from runner.train import train
 
-        train(ex.plan, data_dir=ex.data.path, run_dir=ex.run_dir)
+        train(
+            ex.plan,
+            data_dir=ex.data.path,
+            run_dir=ex.run_dir,
+            ignore_divergence=ex.args.ignore_divergence,
+        )
         return Outcome(0)
     from runner.rehearsal import rank_memory_limit_bytes
     from runner.supervise import oom_kills, supervised
 
     limit = rank_memory_limit_bytes(ex.plan, limit_gb=ex.args.memory_limit_gb)
     before = oom_kills()
-    group = run_launched(ex, supervised(ex.commands[ex.node_rank], ex.log_dir / "ranks", limit))
+    command = ex.commands[ex.node_rank]
+    if ex.args.ignore_divergence:
+        from runner.divergence import IGNORE_ENV
+
+        command = dataclasses.replace(command, env=command.env | {IGNORE_ENV: "1"})
+    group = run_launched(ex, supervised(command, ex.log_dir / "ranks", limit))
     return Outcome(group.rc, group, before)
 
 
 def conclude(ex: Execution, outcome: Outcome) -> int:
     """The attempt's result: why it failed, or the bill, report and export."""
+    from runner.divergence import STOP_DIVERGED, stopped_line
     from runner.train import STOP_DISK, STOP_SIGNAL
 
     stalled = outcome.group.stalled if outcome.group is not None else None
@@ -610,6 +643,9 @@ def conclude(ex: Execution, outcome: Outcome) -> int:
     if isinstance(result.get("loop_ended_at"), (int, float)):
         ex.billing.note(shutdown_s=max(0.0, time.time() - result["loop_ended_at"]))
     status = report(ex, result)
+    if result["stop_reason"] == STOP_DIVERGED:
+        print(stopped_line(result, ex.run_dir, ex.billing.total_seconds()), file=sys.stderr)
+        return 1
     if result["stop_reason"] == STOP_DISK:
         print(
             f"error: stopped for lack of disk space in {ex.run_dir / 'checkpoints'} (a "
@@ -878,6 +914,8 @@ def finish_other_node(ex: Execution, rc: int) -> int:
         f"{result['max_steps']} steps; metrics, checkpoints, billing and the report are "
         f"written by node 0 (into {ex.run_dir} on node 0)"
     )
+    if result["stop_reason"] == "loss diverged":  # runner.divergence: node 0 says more
+        return 1
     interrupted = not result["finished"] and result["stop_reason"] == STOP_SIGNAL
     return signals.EXIT_SIGNALLED if interrupted else 0
 

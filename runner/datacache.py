@@ -154,6 +154,71 @@ def content_key(folder: Path) -> int:
     return int(hashlib.sha256(blob.encode()).hexdigest()[:15], 16)
 
 
+def data_identity(folder: Path) -> dict:
+    """What a checkpoint records of the data it was trained on: the content key (the
+    manifest's chunk hashes of tokens.bin and docs.npy, `content_key`), the counts, the
+    tokenizer's identity and the corpus's own content hash, so a resume can say what changed."""
+    folder = Path(folder)
+    meta = _read_json(folder / "meta.json") or {}
+    corpus = meta.get("corpus") if isinstance(meta.get("corpus"), dict) else {}
+    return {
+        "content_key": f"{content_key(folder):016x}",
+        "num_tokens": meta.get("num_tokens"),
+        "num_documents": meta.get("num_documents"),
+        "tokenizer_identity": meta.get("tokenizer_identity"),
+        "corpus_sha256": corpus.get("sha256"),
+        "corpus_bytes": corpus.get("bytes"),
+        "entry": folder.name,
+    }
+
+
+def data_change(old: dict, new: dict) -> str | None:
+    """None if `new` is the data `old` describes, else what changed (one phrase)."""
+    if not isinstance(old, dict) or not old.get("content_key"):
+        return None  # a checkpoint from before data identities were recorded
+    if old.get("content_key") == new.get("content_key"):
+        return None
+    parts = []
+    for key, label in (
+        ("corpus_bytes", "corpus bytes"),
+        ("corpus_sha256", "corpus content hash"),
+        ("tokenizer_identity", "tokenizer"),
+        ("num_documents", "documents"),
+        ("num_tokens", "tokens"),
+    ):
+        a, b = old.get(key), new.get(key)
+        if a != b:
+            both_int = isinstance(a, int) and isinstance(b, int)
+            parts.append(f"{label} {a:,} -> {b:,}" if both_int else f"{label} {a!r} -> {b!r}")
+    parts.append(f"content key {old.get('content_key')} -> {new.get('content_key')}")
+    return ", ".join(parts)
+
+
+def check_resume_data(
+    state: dict | None, latest: Path | None, folder: Path, *, accept: bool, plan_file: str
+) -> str | None:
+    """The data is part of the trajectory: a resume on other prepared data than its checkpoint
+    was trained on is refused (exit 2) unless `accept` (--accept-new-data); then the line to
+    print is returned."""
+    if state is None or latest is None:
+        return None
+    change = data_change(state.get("data"), data_identity(folder))
+    if change is None:
+        return None
+    if accept:
+        return (
+            f"--accept-new-data: resuming from {latest.name} on other data than it was trained "
+            f"on ({change})"
+        )
+    raise DataError(
+        f"the prepared corpus changed since {latest} was written ({change}); a resume would "
+        "mix two corpora: rerun with --fresh to start over (the old run is kept, renamed) or "
+        "with --accept-new-data to train on from that checkpoint with the new data",
+        file=plan_file,
+        key="job.corpus",
+    )
+
+
 def open_prepared(path: str | Path) -> PreparedData:
     """The prepared data in `path` (the runner verified it before launching the ranks)."""
     path = Path(path)

@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from gptplan import userdata
 from gptplan.errors import UserError
 from gptplan.plan import Plan
 from runner import checkpoint as ckpt
@@ -38,42 +39,176 @@ def _replace_dir(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def save_run_tokenizer(plan: Plan, meta: dict, run_dir: Path) -> Path:
-    """Save the job's tokenizer (PaddleNLP format) into the run dir, once."""
+def save_run_tokenizer(plan: Plan, meta: dict, run_dir: Path, *, log=print) -> Path:
+    """Save the job's tokenizer (PaddleNLP format) into the run dir, once; a copy that no
+    longer matches its checksums, or that is of another tokenizer than the data's, is moved
+    into damaged/ and saved again (one line)."""
+    out = Path(run_dir) / TOKENIZER_DIR
+    if (out / "tokenizer_config.json").exists():
+        problem = run_tokenizer_problem(out)
+        if problem is None:
+            recorded = _read_copy_manifest(out).get("source_identity")
+            if recorded == meta.get("tokenizer_identity") or recorded is None:
+                return out
+            problem = (
+                f"it is tokenizer {recorded}, the data is now tokenized by "
+                f"{meta.get('tokenizer_identity')}"
+            )
+            _move_copy_aside(out, problem, log=log, state="out of date")
+        else:
+            _move_copy_aside(out, problem, log=log)
+    model_file = meta.get("tokenizer_model") or None
+    return _write_run_tokenizer(
+        plan,
+        out,
+        model_file=Path(model_file) if model_file else None,
+        source_identity=meta.get("tokenizer_identity"),
+    )
+
+
+COPY_MANIFEST = "gptplan_tokenizer.json"  # in the run's tokenizer copy: checksums, source
+
+
+def _file_hash(path: Path) -> str:
+    import xxhash
+
+    return xxhash.xxh3_64(path.read_bytes()).hexdigest()
+
+
+def _read_copy_manifest(folder: Path) -> dict:
+    import json
+
+    try:
+        data = json.loads((folder / COPY_MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def run_tokenizer_problem(folder: Path) -> str | None:
+    """None if the run's tokenizer copy matches the checksums written with it, else what is
+    wrong (one phrase). A copy from before checksums were written is taken as it is."""
+    folder = Path(folder)
+    if not (folder / COPY_MANIFEST).exists():
+        return None if (folder / "tokenizer_config.json").is_file() else "it is incomplete"
+    files = _read_copy_manifest(folder).get("files")
+    if not isinstance(files, dict) or not files:
+        return f"{COPY_MANIFEST} is unreadable"
+    for name, digest in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if _file_hash(path) != digest:
+            return f"{name} does not match its checksum"
+    return None
+
+
+def _move_copy_aside(out: Path, problem: str, *, log, state: str = "damaged") -> None:
+    from runner.billing import move_damaged
+
+    run_dir = out.parent
+    target = move_damaged(out, run_dir)
+    log(f"{out} is {state} ({problem}); moved to {target}, saved again from the tokenizer cache")
+
+
+def _source_model(plan: Plan, manifest: dict) -> tuple[Path | None, str | None]:
+    """The tokenizer the run's copy was saved from: the cache's model file recorded with the
+    copy if it still holds that tokenizer, else the cache entry of the plan's job.* (trained
+    again if the cache is gone: the same corpus gives the same tokenizer)."""
+    from gptplan.tokenizer import ensure_tokenizer, model_file_of, tokenizer_problem
+
+    recorded = manifest.get("source_model")
+    if recorded and Path(recorded).exists():
+        directory = Path(recorded).parent
+        if tokenizer_problem(directory) is None:
+            return Path(recorded), manifest.get("source_identity")
+    if plan.job.tokenizer != "sentencepiece":
+        return None, None
+    directory = ensure_tokenizer(
+        tokenizer=plan.job.tokenizer,
+        vocab_size=plan.job.tokenizer_vocab_size or plan.model.vocab_size,
+        cache_dir=userdata.cache_dir(plan.job.cache_dir),
+        patterns=plan.job.corpus,
+        max_documents=plan.job.max_documents,
+    )
+    if directory is None:
+        return None, None
+    from gptplan.tokenizer import read_manifest
+
+    return model_file_of(directory), read_manifest(directory).get("identity")
+
+
+def _write_run_tokenizer(
+    plan: Plan, out: Path, *, model_file: Path | None, source_identity: str | None
+) -> Path:
+    import json
+
+    from gptplan.diskspace import guard_disk_writes
     from gptplan.tokenizer import load_tokenizer
 
     quiet_paddlenlp()
-    out = Path(run_dir) / TOKENIZER_DIR
-    if (out / "tokenizer_config.json").exists():
-        return out
-    model_file = meta.get("tokenizer_model") or None
-    tok = load_tokenizer(
-        plan.job.tokenizer, model_file=Path(model_file) if model_file else None
-    ).tokenizer
+    tok = load_tokenizer(plan.job.tokenizer, model_file=model_file).tokenizer
     sp = getattr(tok, "sp", None)
     if "pad_token" not in tok.special_tokens_map and sp is not None and sp.pad_id() >= 0:
         tok.pad_token = sp.id_to_piece(sp.pad_id())  # so that a reloaded tokenizer pads
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tokenizer.", dir=out.parent))
-    try:
-        tok.save_pretrained(str(tmp))
-        _replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with guard_disk_writes(out.parent, needed_bytes=1 << 20):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tokenizer.", dir=out.parent))
+        try:
+            tok.save_pretrained(str(tmp))
+            files = {p.name: _file_hash(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+            manifest = {
+                "files": files,
+                "source_identity": source_identity,
+                "source_model": str(model_file) if model_file else None,
+                "tokenizer": plan.job.tokenizer,
+            }
+            (tmp / COPY_MANIFEST).write_text(json.dumps(manifest, indent=1))
+            _replace_dir(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return out
 
 
-def resolve_checkpoint(run_dir: Path, checkpoint: str | None = None) -> Path:
-    """The newest complete checkpoint, or the one named by step number or folder."""
+def repair_run_tokenizer(plan: Plan, run_dir: Path, problem: str, *, log=print) -> Path:
+    """Move a damaged tokenizer copy aside and save it again from the cache (one line)."""
+    out = Path(run_dir) / TOKENIZER_DIR
+    manifest = _read_copy_manifest(out)
+    if out.exists() or out.is_symlink():
+        _move_copy_aside(out, problem, log=log)
+    model_file, identity = _source_model(plan, manifest)
+    return _write_run_tokenizer(plan, out, model_file=model_file, source_identity=identity)
+
+
+def resolve_checkpoint(run_dir: Path, checkpoint: str | None = None, *, log=print) -> Path:
+    """The newest complete checkpoint that matches its manifest (a damaged newer one is
+    skipped with one line; the run's next `runner execute` moves it aside), or the one named
+    by step number or folder (refused, one line, if it is damaged)."""
     root = Path(run_dir) / "checkpoints"
     found = ckpt.complete_checkpoints(root)
     if not found:
         raise UserError(f"no complete checkpoint in {root}", key="RUN_DIR")
     if checkpoint is None:
-        return found[-1][1]
+        for _, path in reversed(found):
+            problem = ckpt.verify(path)
+            if problem is None:
+                return path
+            log(f"checkpoint {path} is damaged ({problem}); using the previous complete one")
+        raise UserError(
+            f"no checkpoint in {root} matches its manifest (each is damaged); rerun "
+            "`runner execute` on the plan to train again",
+            key="RUN_DIR",
+        )
     for step, path in found:
         if checkpoint in (str(step), path.name, str(path)):
+            problem = ckpt.verify(path)
+            if problem:
+                raise UserError(
+                    f"{path} is damaged ({problem}); name another checkpoint (allowed: "
+                    f"{', '.join(str(s) for s, _ in found)})",
+                    key="--checkpoint",
+                )
             return path
     raise UserError(
         f"{checkpoint!r} is not a complete checkpoint of this run; allowed: "
@@ -108,21 +243,39 @@ def load_trained_model(plan: Plan, checkpoint: Path):
     return net
 
 
-def load_run_tokenizer(run_dir: Path):
+def load_run_tokenizer(run_dir: Path, plan: Plan | None = None, *, log=print):
+    """The run's tokenizer copy, verified against its checksums first; a damaged or missing
+    copy is saved again from the tokenizer cache (or trained again from the plan's corpus)
+    with one line, so an export never fails on it."""
     from paddlenlp.transformers import AutoTokenizer
 
-    quiet_paddlenlp()
-    path = Path(run_dir) / TOKENIZER_DIR
-    if not (path / "tokenizer_config.json").exists():
-        raise UserError(
-            f"{path} is missing (runs started before this runner version do not "
-            "keep their tokenizer); run `runner execute` on the plan again to "
-            "save it",
-            key="RUN_DIR",
-        )
     from gptplan.tokenizer import _quiet_jieba
 
+    quiet_paddlenlp()
     _quiet_jieba()
+    run_dir = Path(run_dir)
+    path = run_dir / TOKENIZER_DIR
+    if plan is None and (run_dir / "plan.toml").is_file():
+        from gptplan.plan import load_plan
+
+        plan = load_plan(run_dir / "plan.toml")
+    problem = (
+        run_tokenizer_problem(path)
+        if (path / "tokenizer_config.json").exists()
+        else "it is missing"
+    )
+    if problem is None:
+        try:
+            return AutoTokenizer.from_pretrained(str(path))
+        except Exception as exc:  # noqa: BLE001 - any file of the copy may be garbled
+            problem = f"it does not load: {type(exc).__name__}"
+    if plan is None:
+        raise UserError(
+            f"{path}: {problem}, and {run_dir / 'plan.toml'} is missing to save it again; "
+            "run `runner execute` on the plan again",
+            key="RUN_DIR",
+        )
+    repair_run_tokenizer(plan, run_dir, problem, log=log)
     return AutoTokenizer.from_pretrained(str(path))
 
 
@@ -142,7 +295,7 @@ def export_pretrained(
     """Write model + tokenizer with `save_pretrained` (PaddleNLP format); returns the folder."""
     run_dir = Path(run_dir)
     path = resolve_checkpoint(run_dir, checkpoint)
-    tokenizer = load_run_tokenizer(run_dir)
+    tokenizer = load_run_tokenizer(run_dir, plan)
     net = load_trained_model(plan, path)
     set_special_ids(net, tokenizer)
     out = Path(out_dir) if out_dir else run_dir / PRETRAINED_DIR

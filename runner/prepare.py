@@ -36,6 +36,7 @@ from gptplan.corpus import (
     split_long,
     total_bytes,
 )
+from gptplan.diskspace import guard_disk_writes
 from gptplan.errors import DataError
 from gptplan.plan import Plan
 from gptplan.progress import bar as progress_bar
@@ -175,15 +176,16 @@ def prepare_data(
     dedupe = default_dedupe(job.corpus)
     corpus_key = source_key(paths, max_documents=job.max_documents, dedupe=dedupe)
     workers = workers or default_workers()
-    directory = ensure_tokenizer(
-        tokenizer=job.tokenizer,
-        vocab_size=job.tokenizer_vocab_size or plan.model.vocab_size,
-        cache_dir=userdata.cache_dir(job.cache_dir),
-        patterns=job.corpus,
-        max_documents=job.max_documents,
-        workers=workers,
-        log=log,
-    )
+    with guard_disk_writes(userdata.cache_dir(job.cache_dir) / "tokenizers", needed_bytes=None):
+        directory = ensure_tokenizer(
+            tokenizer=job.tokenizer,
+            vocab_size=job.tokenizer_vocab_size or plan.model.vocab_size,
+            cache_dir=userdata.cache_dir(job.cache_dir),
+            patterns=job.corpus,
+            max_documents=job.max_documents,
+            workers=workers,
+            log=log,
+        )
     info = _tokenizer_info(job.tokenizer, directory)
     check_vocab(info["vocab_size"], plan.model.vocab_size)
     key = hashlib.sha256(f"{corpus_key}|{info['identity']}|{FORMAT}{VERSION}".encode()).hexdigest()[
@@ -198,7 +200,13 @@ def prepare_data(
             f"modification times; tokenizer {info['identity']}; every chunk matches its hash)"
         )
         return found
-    with cachedirs.writing(out.parent, key) as tmp:
+    # ENOSPC anywhere in preparing (tokens.bin, docs.npy, the manifest) is one line naming
+    # the folder and the bytes the entry needs (modelled: job.corpus_tokens when the planner
+    # measured them, else at most one token id per corpus byte)
+    with (
+        guard_disk_writes(out.parent, needed_bytes=entry_bytes(plan, paths, info)),
+        cachedirs.writing(out.parent, key) as tmp,
+    ):
         meta = _stream_prepare(
             paths,
             tmp,
@@ -214,6 +222,16 @@ def prepare_data(
         cachedirs.publish(tmp, out)
     _record_throughput(userdata.cache_dir(job.cache_dir), meta)
     return PreparedData(out, meta)
+
+
+def entry_bytes(plan: Plan, paths, info: dict) -> int:
+    """Bytes a cache entry needs (modelled): token ids of the corpus plus slack for docs.npy
+    and meta.json; from the planner's job.corpus_tokens, else one token per corpus byte (an
+    upper bound: no tokenizer makes more tokens than bytes)."""
+    itemsize = 2 if info["vocab_size"] < 65535 else 4
+    size = total_bytes(paths)
+    tokens = min(plan.job.corpus_tokens, size) if plan.job.corpus_tokens > 0 else size
+    return int(tokens * itemsize + size // 8 + (1 << 20))
 
 
 def _verified(out: Path, *, log) -> PreparedData | None:

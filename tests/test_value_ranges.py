@@ -179,3 +179,131 @@ def test_negative_counts_on_the_command_line_are_refused(flag, value):
     lines = [line for line in err.splitlines() if line.strip()]
     assert rc == 2 and len(lines) == 1, err
     assert lines[0].startswith(f"error: {flag}: {value}") and "must be >" in lines[0]
+
+
+# ---- issue 29: values outside sense are refused as a rule class ---------------------------
+
+
+@pytest.mark.parametrize(
+    "section,key,value",
+    [
+        ("training", "learning_rate", 1e30),
+        ("estimate", "cost_per_million_tokens", 1e18),
+        ("provenance", "probes", 10**18),
+        ("job", "target_tokens", 10**18),
+        ("training", "max_steps", 10**18),
+    ],
+)
+def test_values_outside_sense_are_one_line(tmp_path, section, key, value):
+    """Each was loaded before issue 29 (no upper bound)."""
+    message = refused(tmp_path / "plan.toml", section, key, value)
+    assert "must be >= 0 and <= " in message or "must be >= 1 and <= " in message
+
+
+def numeric_settings():
+    """(section, key, metadata, type) of every number a plan holds."""
+    import dataclasses as dc
+    import typing
+
+    from gptplan.plan import SECTIONS
+
+    for section, cls in SECTIONS.items():
+        hints = typing.get_type_hints(cls)
+        for field in dc.fields(cls):
+            if hints[field.name] in (int, float):
+                yield section, field.name, field.metadata, hints[field.name]
+
+
+def test_every_number_of_the_plan_has_a_sane_upper_bound():
+    """The rule class: no numeric setting is unbounded (gptplan.tomlconf.DEFAULT_MAX unless
+    the schema states a tighter range); the spec and autotune settings use the same helper."""
+    import dataclasses as dc
+    import typing
+
+    from gptplan.tomlconf import DEFAULT_MAX
+    from planner import spec as specs
+    from planner.autotune import TuneSettings
+
+    unbounded = [f"{s}.{k}" for s, k, meta, _ in numeric_settings() if meta.get("max") is None]
+    assert not unbounded
+
+    def spec_fields(cls, prefix):
+        hints = typing.get_type_hints(cls)
+        for field in dc.fields(cls):
+            tp = hints[field.name]
+            if dc.is_dataclass(tp):
+                yield from spec_fields(tp, f"{prefix}{field.name}.")
+            elif tp in (int, float):
+                yield f"{prefix}{field.name}", field.metadata
+
+    classes = (
+        specs.JobSpec,
+        specs.ModelSpec,
+        specs.ConstraintSpec,
+        specs.SearchSpec,
+        specs.SpotSpec,
+        specs.TrainingSpec,
+        TuneSettings,
+    )
+    for cls in classes:
+        for name, meta in spec_fields(cls, f"{cls.__name__}."):
+            assert meta.get("max") is not None and meta["max"] <= DEFAULT_MAX, name
+
+
+def test_every_number_above_its_bound_is_refused(tmp_path):
+    """Exhaustive over the plan's numeric settings: ten times the bound is one line naming the
+    key (no key is only bounded on paper)."""
+    path = tmp_path / "plan.toml"
+    for section, key, meta, tp in numeric_settings():
+        value = tp(meta["max"] * 10)
+        message = refused(path, section, key, value)
+        assert "<=" in message, (section, key, message)
+
+
+def test_interval_must_hold_its_value(tmp_path):
+    """p10 <= value <= p90 wherever an interval is given; both ends 0 = no interval."""
+    base = {"hours": 5.0, "hours_p10": 4.0, "hours_p90": 0.0}
+    path = tmp_path / "plan.toml"
+    data = merge(BASE_PLAN, {"estimate": base})
+    path.write_text(tomli_w.dumps(data))
+    with pytest.raises(UserError) as info:
+        load_plan(path)
+    message = str(info.value)
+    assert "estimate.hours_p90" in message and "below estimate.hours = 5.0" in message
+    for bad, key in (
+        ({"cost": 10.0, "cost_p10": 11.0, "cost_p90": 20.0}, "estimate.cost_p10"),
+        (
+            {"tokens_per_second": 100.0, "tokens_per_second_p10": 50.0},
+            "estimate.tokens_per_second_p90",
+        ),
+    ):
+        with pytest.raises(UserError, match=key):
+            plan_from_dict(merge(BASE_PLAN, {"estimate": bad}))
+    plan_from_dict(merge(BASE_PLAN, {"estimate": {"hours": 5.0}}))  # no interval
+    plan_from_dict(
+        merge(BASE_PLAN, {"estimate": {"hours": 5.0, "hours_p10": 4.0, "hours_p90": 6.0}})
+    )
+
+
+def test_shipped_plans_hold_their_intervals():
+    for path in sorted((REPO / "plans").glob("*.toml")):
+        load_plan(path)
+
+
+@pytest.mark.parametrize("value", ["1e18", "1000000000000000000"])
+def test_planner_set_outside_sense_is_one_line(value):
+    rc, err = planner(
+        "estimate", "--spec", str(CPU_SPEC), "--set", f"constraints.max_nodes={value}"
+    )
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 2 and len(lines) == 1, err
+    assert "constraints.max_nodes" in lines[0]
+
+
+def test_runner_set_outside_sense_is_one_line(tmp_path):
+    from runner.overrides import load_plan_with
+
+    path = tmp_path / "plan.toml"
+    path.write_text(tomli_w.dumps(BASE_PLAN))
+    with pytest.raises(UserError, match="training.learning_rate"):
+        load_plan_with(path, ["training.learning_rate=1e30"])
