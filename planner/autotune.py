@@ -643,12 +643,7 @@ def _evaluate(s: _Session, trial) -> None:
     s.outcome.probed[row] = result
     s.outcome.readings.setdefault(row, []).append(result)
     cost, hours = measured_cost(table, row, result)
-    budget, deadline = s.spec.constraints.budget, s.spec.constraints.deadline_hours
-    violation = max(
-        0.0,
-        (cost - budget) / budget if budget else 0.0,
-        (hours - deadline) / deadline if deadline else 0.0,
-    )
+    violation = _violation(s.spec, cost, hours)
     return _finish(
         s,
         trial,
@@ -659,6 +654,16 @@ def _evaluate(s: _Session, trial) -> None:
         measured_cost=cost,
         measured_hours=hours,
         **attrs,
+    )
+
+
+def _violation(spec: Spec, cost: float, hours: float) -> float:
+    """How far a measured cost and time pass the budget and deadline (0 within both)."""
+    budget, deadline = spec.constraints.budget, spec.constraints.deadline_hours
+    return max(
+        0.0,
+        (cost - budget) / budget if budget else 0.0,
+        (hours - deadline) / deadline if deadline else 0.0,
     )
 
 
@@ -785,9 +790,7 @@ def _race(s: _Session, budget: int) -> tuple[Race | None, int]:
     separated, the probes left explore (the model and the sampler in turn). Stops when
     `budget` probes or the probe time are spent. Returns the race (None when fewer than two
     configurations were measured) and the repeats it ran."""
-    from planner.noise import ranked, separation
-
-    settings, table, outcome = s.settings, s.table, s.outcome
+    settings, outcome = s.settings, s.outcome
     noise = noise_model(settings)
     steps = settings.race_steps or 3 * settings.steps
     contenders = (settings.finalists or (3 if budget >= 4 else 2)) - 1
@@ -796,15 +799,7 @@ def _race(s: _Session, budget: int) -> tuple[Race | None, int]:
     out: set[int] = set()  # failed when repeated
 
     def standing():
-        rows = [
-            i
-            for i, r in outcome.probed.items()
-            if i not in out and _within(s.spec, *measured_cost(table, i, r))
-        ]
-        b = beliefs(table, outcome.readings, outcome.probed, rows, noise)
-        order = ranked(b)
-        seps = {j: separation(b[order[0]], b[j], level) for j in order[1:]}
-        return b, order, seps
+        return _standing(s, out, noise, level)
 
     b, order, seps = standing()
     if len(order) < 2 or budget <= 0:
@@ -820,27 +815,15 @@ def _race(s: _Session, budget: int) -> tuple[Race | None, int]:
                 break  # nothing left to explore
             used += 1
         else:
-            i = pick if b[pick].var >= b[weakest].var else weakest
-            again = s.backend.run(
-                candidate_plan(s.spec, table.row(i), target=s.target), steps=steps
-            )
+            _repeat(s, pick if b[pick].var >= b[weakest].var else weakest, steps, out)
             used += 1
             repeats += 1
-            outcome.probe_wall_s += again.wall_s
-            if again.ok:
-                outcome.readings.setdefault(i, [outcome.probed[i]]).append(again)
-                outcome.probed[i] = outcome.probed[i].pooled_with(again)
-                if s.progress is not None:
-                    s.progress(outcome.probed[i], table, i, False)
-            else:  # failed now: out of the race (its earlier result stays in the study)
-                out.add(i)
         b, order, seps = standing()
         if len(order) < 2:
             break
     if len(order) < 2:
         return None, repeats
-    pick, other = order[0], order[1]
-    sep = seps[other]
+    sep = seps[order[1]]
     race = Race(
         tuple(order[: max(2, contenders + 1)]),
         repeats,
@@ -851,9 +834,42 @@ def _race(s: _Session, budget: int) -> tuple[Race | None, int]:
         1 - sep.probability,
         sep.probability,
         level,
-        b[pick].cost,
+        b[order[0]].cost,
     )
     return race, repeats
+
+
+def _standing(s: _Session, out: set[int], noise, level: float):
+    """The race's standing: beliefs about every measured configuration within the budget and
+    deadline (but those that failed when repeated), their order, and the pick's separation
+    from each of the others."""
+    from planner.noise import ranked, separation
+
+    outcome, table = s.outcome, s.table
+    rows = [
+        i
+        for i, r in outcome.probed.items()
+        if i not in out and _within(s.spec, *measured_cost(table, i, r))
+    ]
+    b = beliefs(table, outcome.readings, outcome.probed, rows, noise)
+    order = ranked(b)
+    seps = {j: separation(b[order[0]], b[j], level) for j in order[1:]}
+    return b, order, seps
+
+
+def _repeat(s: _Session, i: int, steps: int, out: set[int]) -> None:
+    """Probe configuration `i` again for `steps` steps and pool the reading with its earlier
+    ones; one that fails now leaves the race (its earlier result stays in the study)."""
+    outcome, table = s.outcome, s.table
+    again = s.backend.run(candidate_plan(s.spec, table.row(i), target=s.target), steps=steps)
+    outcome.probe_wall_s += again.wall_s
+    if again.ok:
+        outcome.readings.setdefault(i, [outcome.probed[i]]).append(again)
+        outcome.probed[i] = outcome.probed[i].pooled_with(again)
+        if s.progress is not None:
+            s.progress(outcome.probed[i], table, i, False)
+    else:
+        out.add(i)
 
 
 def _within(spec: Spec, cost: float, hours: float) -> bool:

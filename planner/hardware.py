@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -206,9 +207,22 @@ def price_files(directory: Path = PROFILE_DIR) -> list[Path]:
     return files
 
 
-def _price_order(offer: Offer) -> object:
-    from planner.pricebook import price_date
+_DATE = re.compile(r"^(\d{4})(?:-(\d{2}))?(?:-(\d{2}))?$")
 
+
+def price_date(as_of: str) -> dt.date | None:
+    """'2025-06-15', '2025-06' (the 15th) or '2025' (1 July); anything else is undated."""
+    m = _DATE.match((as_of or "").strip())
+    if not m:
+        return None
+    year, month, day = m.group(1), m.group(2), m.group(3)
+    try:
+        return dt.date(int(year), int(month or 7), int(day or (15 if month else 1)))
+    except ValueError:
+        return None
+
+
+def _price_order(offer: Offer) -> object:
     return price_date(offer.as_of) or dt.date.min  # undated: older than any dated price
 
 

@@ -9,14 +9,13 @@ expected preemptions into the cost and widen its interval (planner.search, plann
 from __future__ import annotations
 
 import datetime as dt
-import re
 import statistics
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from gptplan.tomlconf import read_toml
-from planner.hardware import PROFILE_DIR, Offer, ProfileError
+from planner.hardware import PROFILE_DIR, Offer, ProfileError, price_date  # noqa: F401
 
 STALE_AFTER_DAYS = 180  # prices older than this are flagged (spec can change it)
 OUTLIER_BELOW_MEDIAN = 0.5  # a spot price below half the same GPU's other spot prices ...
@@ -26,7 +25,6 @@ OUTLIER_MIN_OTHER_PROVIDERS = 2  # ... of at least this many other providers (ou
 # P4/P5 on-demand prices by up to 45% in mid-2025).
 SPOT_PRICE_SPREAD = (0.7, 1.3)
 STALE_ON_DEMAND_SPREAD = (0.55, 1.0)
-_DATE = re.compile(r"^(\d{4})(?:-(\d{2}))?(?:-(\d{2}))?$")
 
 
 @dataclass(frozen=True)
@@ -56,18 +54,6 @@ class PriceFacts:
         if self.age_days is None:
             return "undated"
         return f"{self.age_days} d" + (" STALE" if self.stale else "")
-
-
-def price_date(as_of: str) -> dt.date | None:
-    """'2025-06-15', '2025-06' (the 15th) or '2025' (1 July); anything else is undated."""
-    m = _DATE.match((as_of or "").strip())
-    if not m:
-        return None
-    year, month, day = m.group(1), m.group(2), m.group(3)
-    try:
-        return dt.date(int(year), int(month or 7), int(day or (15 if month else 1)))
-    except ValueError:
-        return None
 
 
 def price_age_days(as_of: str, today: dt.date | None = None) -> int | None:

