@@ -393,3 +393,26 @@ def _finish(data: dict, declared_bytes: float) -> CorpusStatistics:
 
 def as_dict(stats: CorpusStatistics) -> dict:
     return asdict(stats)
+
+
+def spec_corpus_statistics(spec, *, log=lambda *a: None) -> CorpusStatistics:
+    """corpus_statistics of a spec's job (corpus, tokenizer, the vocabulary it asks for, the
+    cache in the user data directory, a stated tokens_per_char), for the planner and explain
+    alike; corpus/tokenizer errors name the spec they came from."""
+    from gptplan import userdata
+
+    try:
+        return corpus_statistics(
+            corpus=spec.job.corpus,
+            tokenizer=spec.job.tokenizer,
+            vocab_size=spec.asked_vocab_size(),
+            cache_dir=str(userdata.cache_dir(spec.job.cache_dir)),
+            sample_documents=spec.job.sample_documents,
+            declared_bytes=spec.job.corpus_bytes,
+            seq_lens=spec.constraints.seq_lens,
+            tokens_per_char=spec.job.tokens_per_char,
+            log=log,
+        )
+    except UserError as exc:
+        exc.file = exc.file or spec.path
+        raise

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 
-from gptplan import userdata
 from gptplan.plan import Plan, load_plan
 from gptplan.tomlconf import read_toml
 from planner import costmodel as cm
@@ -197,18 +196,9 @@ def explain_plan(plan_path, *, spec_path: str | None = None, claims: bool | None
 
 
 def _corpus_stats(spec):
-    from planner.corpus_stats import corpus_statistics
+    from planner.corpus_stats import spec_corpus_statistics
 
-    return corpus_statistics(
-        corpus=spec.job.corpus,
-        tokenizer=spec.job.tokenizer,
-        vocab_size=spec.asked_vocab_size(),
-        cache_dir=str(userdata.cache_dir(spec.job.cache_dir)),
-        sample_documents=spec.job.sample_documents,
-        declared_bytes=spec.job.corpus_bytes,
-        seq_lens=spec.constraints.seq_lens,
-        log=lambda *a: None,
-    )
+    return spec_corpus_statistics(spec)
 
 
 def _claim(name, article, model, verdict, tolerance="") -> dict:

@@ -137,23 +137,9 @@ def plan_space(spec, *, log: Callable = print, on_stats: Callable | None = None)
 def measure_corpus(spec, *, log: Callable = _quiet):
     """The corpus statistics (planner.corpus_stats) of the spec, and the model's vocab_size set
     from the tokenizer they measured (set_planned_vocab)."""
-    from planner.corpus_stats import corpus_statistics
+    from planner.corpus_stats import spec_corpus_statistics
 
-    try:
-        stats = corpus_statistics(
-            corpus=spec.job.corpus,
-            tokenizer=spec.job.tokenizer,
-            vocab_size=spec.asked_vocab_size(),
-            cache_dir=str(userdata.cache_dir(spec.job.cache_dir)),
-            sample_documents=spec.job.sample_documents,
-            declared_bytes=spec.job.corpus_bytes,
-            seq_lens=spec.constraints.seq_lens,
-            tokens_per_char=spec.job.tokens_per_char,
-            log=log,
-        )
-    except UserError as exc:  # corpus/tokenizer errors name the spec they came from
-        exc.file = exc.file or spec.path
-        raise
+    stats = spec_corpus_statistics(spec, log=log)
     set_planned_vocab(spec, stats, log=log)
     return stats
 
