@@ -55,17 +55,7 @@ def _execute_args(ex: argparse.ArgumentParser) -> None:
         action="store_true",
         help="ignore existing checkpoints (the old run folder is kept, renamed)",
     )
-    ex.add_argument(
-        "--accept-new-data",
-        action="store_true",
-        help="resume although the prepared corpus differs from the one the checkpoint was "
-        "trained on (default: refused, exit 2)",
-    )
-    ex.add_argument(
-        "--ignore-divergence",
-        action="store_true",
-        help="train on when the loss diverges (default: stop with exit 1, runner.divergence)",
-    )
+    _resume_policy_args(ex)
     ex.add_argument(
         "--local",
         action="store_true",
@@ -104,6 +94,21 @@ def _execute_args(ex: argparse.ArgumentParser) -> None:
         action="store_true",
         help="show the launcher's and ranks' own output (default: only the "
         "runner's lines; the rest is in the attempt's log folder)",
+    )
+
+
+def _resume_policy_args(ex: argparse.ArgumentParser) -> None:
+    """What a resume does with changed data or a diverged loss (refused by default)."""
+    ex.add_argument(
+        "--accept-new-data",
+        action="store_true",
+        help="resume although the prepared corpus differs from the one the checkpoint was "
+        "trained on (default: refused, exit 2)",
+    )
+    ex.add_argument(
+        "--ignore-divergence",
+        action="store_true",
+        help="train on when the loss diverges (default: stop with exit 1, runner.divergence)",
     )
 
 

