@@ -214,37 +214,6 @@ def measured_cost(
     return cost_at_step(table, i, step)
 
 
-def _cost_samples(table: CandidateTable, i: int, result: ProbeResult) -> np.ndarray:
-    """Per-step cost samples of row i (cost of the whole job at each measured step time)."""
-    steps = np.asarray(result.step_times_s or [result.step_time_s], dtype=float)
-    scale = measured_cost(table, i, result, "mean")[0] / max(
-        result.mean_step_time_s or result.step_time_s, 1e-12
-    )
-    return steps * scale
-
-
-def compare(
-    table: CandidateTable, a: int, ra: ProbeResult, b: int, rb: ProbeResult
-) -> tuple[float, tuple[float, float], float]:
-    """(b's mean cost / a's - 1, its 95% interval, Welch p-value) from the step samples."""
-    from scipy import stats
-
-    x, y = _cost_samples(table, a, ra), _cost_samples(table, b, rb)
-    mx, my = float(x.mean()), float(y.mean())
-    if len(x) < 2 or len(y) < 2:
-        return my / mx - 1, (-np.inf, np.inf), 1.0
-    vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
-    se = float(np.sqrt(vx + vy))
-    if se == 0:
-        return my / mx - 1, (my / mx - 1, my / mx - 1), 0.0 if mx != my else 1.0
-    dof = (vx + vy) ** 2 / (
-        (vx**2 / (len(x) - 1) if len(x) > 1 else 0) + (vy**2 / (len(y) - 1) if len(y) > 1 else 0)
-    )
-    t = float(stats.t.ppf(0.975, dof))
-    p = float(2 * stats.t.sf(abs(my - mx) / se, dof))
-    return my / mx - 1, ((my - mx - t * se) / mx, (my - mx + t * se) / mx), p
-
-
 def calibrated_costs(
     table: CandidateTable, rows: np.ndarray, probed: dict[int, ProbeResult]
 ) -> np.ndarray:
