@@ -204,3 +204,17 @@ def _user_data_per_test(tmp_path_factory, shared_cache, monkeypatch):
     """Each test its own user data and calibration directories (what one test calibrates or
     imports, the next does not see)."""
     _hermetic(monkeypatch.setenv, tmp_path_factory.mktemp("data"), shared_cache)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Processes of process group `pgid` still there (zombies left out)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                out.append(int(entry))
+    return out

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import group_members
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -226,19 +227,6 @@ def _pool_workers(pid: int) -> list[int]:
     return out
 
 
-def _group(pgid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                out.append(int(entry))
-    return out
-
-
 @pytest.mark.e2e
 @pytest.mark.parametrize("phase", ["tokenizer training", "data preparation"])
 def test_notice_while_pool_workers_run_exits_143(tmp_path, shared_cache, finished_run, phase):
@@ -276,7 +264,7 @@ def test_notice_while_pool_workers_run_exits_143(tmp_path, shared_cache, finishe
         sent = time.time()
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=NOTICE_BOUND_S)
-        while _group(proc.pid) and time.time() - sent < NOTICE_BOUND_S:
+        while group_members(proc.pid) and time.time() - sent < NOTICE_BOUND_S:
             time.sleep(0.05)
         took = time.time() - sent
     finally:
@@ -285,7 +273,7 @@ def test_notice_while_pool_workers_run_exits_143(tmp_path, shared_cache, finishe
     print(f"SIGTERM during {phase}: exit {proc.returncode}, nothing left after {took:.1f} s")
     assert proc.returncode == 143, out[-3000:]
     assert "Traceback" not in out
-    assert not _group(proc.pid), "processes of the runner's group outlived it"
+    assert not group_members(proc.pid), "processes of the runner's group outlived it"
     trained = list(cache.glob("tokenizers/*/tokenizer.json"))
     if phase == "tokenizer training":
         assert not trained, "the notice came after the tokenizer was trained"

@@ -16,10 +16,9 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import group_members, run_cli
 from test_multinode import free_port
 from test_train_e2e import metrics
 
@@ -30,20 +29,6 @@ pytestmark = pytest.mark.e2e
 STEPS = 12  # BASE_PLAN's
 STALL_FLOOR_S = 3.0
 STALL_BOUND_S = 30.0  # SIGSTOP to the runner's exit: floor + 10 x the slowest step + teardown
-
-
-def group_members(pgid: int) -> list[int]:
-    """Processes of process group `pgid` still there (zombies included)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                out.append(int(entry))
-    return out
 
 
 def one_error_line(proc: subprocess.CompletedProcess | tuple[int, str, str]) -> str:
