@@ -7,8 +7,10 @@ from here, so each formula exists once.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-from gptplan.plan import ModelSection
+if TYPE_CHECKING:  # annotations only: gptplan.plan's validate imports this module
+    from gptplan.plan import ModelSection
 
 
 @dataclass(frozen=True)

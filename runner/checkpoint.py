@@ -21,6 +21,7 @@ Checkpoints are pickles: load only checkpoints you wrote yourself.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -247,15 +248,53 @@ def commit(tmp: Path, state: dict, *, keep_last: int) -> Path:
 
 def rotate(root: Path, *, keep_last: int) -> None:
     """Drop checkpoints older than the newest `keep_last`, except the newest one taken before
-    the loss began to rise and the one with the lowest loss (runner.divergence): checkpoints
+    the loss began to rise and the one with the lowest loss (`protected`): checkpoints
     of a diverging run never rotate the last good model out."""
-    from runner.divergence import protected
-
     found = complete_checkpoints(root)
     keep = protected(found)
     for _, old in found[:-keep_last]:
         if old not in keep:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def is_good(state: dict) -> bool:
+    """A checkpoint taken while the loss was not rising (and of a finite loss)."""
+    loss = state.get("loss")
+    finite = not isinstance(loss, (int, float)) or math.isfinite(loss)
+    return finite and state.get("diverging_since") is None
+
+
+def checkpoint_state(folder: Path) -> dict | None:
+    """A checkpoint's state.json (step, loss, the divergence guard's state); None when it
+    cannot be read."""
+    try:
+        state = json.loads((Path(folder) / "state.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def protected(found: list[tuple[int, Path]]) -> set[Path]:
+    """Checkpoints the keep_last rotation must keep besides the newest N: the newest good one
+    (before a rise) and the one with the lowest finite loss."""
+    keep: set[Path] = set()
+    best: tuple[float, Path] | None = None
+    newest_good = None
+    for _, folder in found:
+        state = checkpoint_state(folder)
+        if state is None:
+            continue
+        if is_good(state):
+            newest_good = folder
+        loss = state.get("loss")
+        if isinstance(loss, (int, float)) and math.isfinite(loss):
+            if best is None or loss <= best[0]:
+                best = (float(loss), folder)
+    if newest_good is not None:
+        keep.add(newest_good)
+    if best is not None:
+        keep.add(best[1])
+    return keep
 
 
 def load_shard(path: Path, shard: ShardId) -> tuple[dict, dict, dict | None]:

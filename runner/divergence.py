@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gptplan.errors import UserError
+from runner.checkpoint import checkpoint_state, complete_checkpoints, is_good
 
 FACTOR = 2.0  # a loss above this multiple of its running minimum is rising ...
 PATIENCE = 3  # ... and has diverged after this many consecutive such steps
@@ -89,55 +90,13 @@ class DivergenceGuard:
         }
 
 
-def is_good(state: dict) -> bool:
-    """A checkpoint taken while the loss was not rising (and of a finite loss)."""
-    loss = state.get("loss")
-    finite = not isinstance(loss, (int, float)) or math.isfinite(loss)
-    return finite and state.get("diverging_since") is None
-
-
 def last_good(root: Path) -> tuple[Path, dict] | None:
     """The newest complete checkpoint taken before a rise began, and its state."""
-    from runner import checkpoint as ckpt
-
-    for _, folder in reversed(ckpt.complete_checkpoints(root)):
-        state = _state(folder)
+    for _, folder in reversed(complete_checkpoints(root)):
+        state = checkpoint_state(folder)
         if state is not None and is_good(state):
             return folder, state
     return None
-
-
-def _state(folder: Path) -> dict | None:
-    import json
-
-    try:
-        state = json.loads((Path(folder) / "state.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    return state if isinstance(state, dict) else None
-
-
-def protected(found: list[tuple[int, Path]]) -> set[Path]:
-    """Checkpoints the keep_last rotation must keep besides the newest N: the newest good one
-    (before a rise) and the one with the lowest finite loss."""
-    keep: set[Path] = set()
-    best: tuple[float, Path] | None = None
-    newest_good = None
-    for _, folder in found:
-        state = _state(folder)
-        if state is None:
-            continue
-        if is_good(state):
-            newest_good = folder
-        loss = state.get("loss")
-        if isinstance(loss, (int, float)) and math.isfinite(loss):
-            if best is None or loss <= best[0]:
-                best = (float(loss), folder)
-    if newest_good is not None:
-        keep.add(newest_good)
-    if best is not None:
-        keep.add(best[1])
-    return keep
 
 
 def advice(run_dir: Path) -> str:

@@ -11,13 +11,14 @@ usually die of it (a gloo timeout or connection error on their side).
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from gptplan.memory import GB
 from gptplan.plan import Plan
+from runner.logtail import clean_tail
 from runner.supervise import read_status
+from runner.watchdog import last_reported_step
 
 OOM_TEXT = (
     "MemoryError",
@@ -32,20 +33,6 @@ PEER_LOST_TEXT = (
     "Connection closed by peer",
     "Broken pipe",
 )
-_NOISE = [
-    re.compile(p)
-    for p in (
-        r"^\[\d{4}-\d\d-\d\d [\d:,]+\] \[\s*(INFO|WARNING|DEBUG)\]",  # paddle/paddlenlp loggers
-        r"^[IWD]\d{4} \d\d:\d\d:\d\d",  # glog info/warning
-        r"^=+( Modified FLAGS detected =+)?$",
-        r"^FLAGS\(name=",
-        r"^-{5,}",  # the FLAGS banner
-        r"^\S+\.py:\d+: \w*Warning: ",
-        r"^\s+warnings\.warn\(",  # Python warnings
-        r"^LAUNCH (INFO|WARNING)",
-        r"^\s*$",
-    )
-]
 
 
 @dataclass(frozen=True)
@@ -67,12 +54,6 @@ def _gb(value: float) -> str:
     """Bytes as GB with 3 significant figures: 0.903 GB, 12.0 GB, 25.3 GB."""
     gb = value / GB
     return f"{gb:.1f}" if gb >= 10 else f"{gb:.2f}" if gb >= 1 else f"{gb:.3f}"
-
-
-def clean_tail(text: str, lines: int = 12) -> list[str]:
-    """The last `lines` lines that are not Paddle banners, info logs or warnings."""
-    kept = [line for line in text.splitlines() if not any(p.search(line) for p in _NOISE)]
-    return kept[-lines:]
 
 
 def _is_consequence(record: dict, log_dir: Path) -> bool:
@@ -127,8 +108,6 @@ def diagnose(
     culprit = _culprit(records, log_dir)
     if culprit is None:
         tail = _tail(log_dir, None)
-        from runner.watchdog import last_reported_step
-
         step = last_reported_step(status_dir)
         if step is not None:  # what the ranks reported, not what they did not
             when = f"after step {step} (no rank's own end was recorded)"

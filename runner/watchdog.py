@@ -30,6 +30,7 @@ import signal
 import time
 from pathlib import Path
 
+from runner.logtail import clean_tail
 from runner.supervise import STATUS_DIR_ENV, read_status
 
 STALL_MULTIPLE = 10.0  # x the slowest step or checkpoint measured in this attempt
@@ -252,8 +253,6 @@ class Watchdog:
         return ", ".join(parts) or "no rank started"
 
     def _tail(self, ranks: list[int]) -> str:
-        from runner.failure import clean_tail
-
         first = self.node_rank * self.nproc_per_node
         others = [r for r in range(first, first + self.nproc_per_node) if r not in ranks]
         for rank in [*ranks, *others]:  # the silent rank's own log first (rank 0's has steps)

@@ -11,7 +11,8 @@ import pytest
 from conftest import run_cli
 
 from runner import checkpoint as ckpt
-from runner.divergence import FACTOR, PATIENCE, DivergenceGuard, last_good, protected
+from runner.checkpoint import protected
+from runner.divergence import FACTOR, PATIENCE, DivergenceGuard, last_good
 
 
 def test_guard_stops_after_patience_steps_above_the_factor():

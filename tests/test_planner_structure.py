@@ -1,6 +1,6 @@
-"""The planner's structure (issue 19): no import cycle between its modules (imports inside
-functions included), no dead code, no private Optuna API, short functions in autotune, and an
-Optuna version bound that admits only the APIs the code uses."""
+"""The project's structure (issues 19, 28): no import cycle between the modules of gptplan,
+runner and planner (imports inside functions included), no dead code, no private Optuna API,
+short functions, and an Optuna version bound that admits only the APIs the code uses."""
 
 from __future__ import annotations
 
@@ -14,14 +14,44 @@ from test_import_boundaries import imported_modules
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def planner_graph() -> dict[str, set[str]]:
+PACKAGES = ("gptplan", "runner", "planner")
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def type_checking_lines(path: Path) -> set[int]:
+    """Lines of the imports under `if TYPE_CHECKING:`: annotations only, never executed, so
+    no import cycle at run time."""
+    lines: set[int] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for inner in node.body:
+                lines.update(range(inner.lineno, (inner.end_lineno or inner.lineno) + 1))
+    return lines
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (anywhere in the file but under
+    TYPE_CHECKING), over every module of the three packages."""
+    paths = sorted(p for package in PACKAGES for p in (root / package).rglob("*.py"))
+    modules = {module_name(p, root) for p in paths}
     graph: dict[str, set[str]] = {}
-    for path in sorted((ROOT / "planner").glob("*.py")):
-        name = f"planner.{path.stem}"
+    for path in paths:
+        name, skip = module_name(path, root), type_checking_lines(path)
         targets = set()
-        for _, module in imported_modules(path):
-            if module.startswith("planner.") and module != name:
-                targets.add(".".join(module.split(".")[:2]))
+        for line, module in imported_modules(path):
+            # `from gptplan.families.gpt import X` names gptplan.families.gpt; `from gptplan
+            # import plan` names gptplan.plan (imported_modules adds it); a package alone
+            # (`import gptplan`) runs its __init__
+            known = [m for m in modules if module == m or module.startswith(m + ".")]
+            if line in skip or not known:
+                continue
+            target = max(known, key=len)
+            if target != name:
+                targets.add(target)
         graph[name] = targets
     return graph
 
@@ -52,9 +82,25 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_planner_modules_import_no_cycle():
-    cycle = find_cycle(planner_graph())
+def test_modules_of_all_packages_import_no_cycle():
+    graph = import_graph()
+    assert {"gptplan.plan", "runner.cli", "planner.search"} <= set(graph)
+    cycle = find_cycle(graph)
     assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_cycle_check_sees_a_cycle_through_an_import_inside_a_function(tmp_path):
+    (tmp_path / "gptplan").mkdir()
+    (tmp_path / "gptplan" / "a.py").write_text("from gptplan.b import f\n")
+    (tmp_path / "gptplan" / "b.py").write_text("def f():\n    from gptplan import a\n")
+    (tmp_path / "gptplan" / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gptplan import a\n"
+    )
+    for package in ("runner", "planner"):
+        (tmp_path / package).mkdir()
+    graph = import_graph(tmp_path)
+    assert graph["gptplan.c"] == set()  # annotations only
+    assert find_cycle(graph) == ["gptplan.a", "gptplan.b", "gptplan.a"]
 
 
 def test_dead_code_is_gone():
