@@ -16,6 +16,11 @@ import time
 DELAY_S = 5.0
 
 
+def quiet(*_args, **_kwargs) -> None:
+    """A `log` callable that writes nothing (the default where no one is watching)."""
+    return None
+
+
 def stderr_is_terminal() -> bool:
     isatty = getattr(sys.stderr, "isatty", None)
     try:

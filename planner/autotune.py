@@ -40,6 +40,7 @@ import numpy as np
 
 from gptplan import userdata
 from gptplan.plan import SEED_MAX
+from gptplan.progress import quiet
 from gptplan.tomlconf import from_table, setting
 from planner.planwriter import candidate_plan
 from planner.probes import LocalProbe, ProbeCache, ProbeResult, config_key
@@ -347,7 +348,7 @@ def tune(
             backend=backend,
             cache=cache,
             progress=progress,
-            log=log or _quiet,
+            log=log or quiet,
         )
         return _tune(session)
     except Stopped as stop:
@@ -357,10 +358,6 @@ def tune(
     finally:
         if owned:
             backend.close()
-
-
-def _quiet(*_args, **_kwargs) -> None:
-    return None
 
 
 @dataclass

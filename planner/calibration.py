@@ -185,10 +185,6 @@ def fit(
     )
 
 
-def apply(profile: Profile, calibration: Calibration) -> Profile:
-    return dataclasses.replace(profile, efficiency_by_precision=dict(calibration.by_precision))
-
-
 def write(calibration: Calibration, directory: Path | None = None) -> Path:
     """<directory or the user data directory's calibration/>/<profile>.toml: an
     [efficiency_<precision>] table per fitted precision (never into the package)."""

@@ -365,10 +365,6 @@ def _dispatch(args) -> int:
 # ---- optimize ----------------------------------------------------------------------------------
 
 
-def _quiet(*_args, **_kwargs) -> None:
-    return None
-
-
 TUNE_FLAGS = {
     "probes": "--probes",
     "probe_time_s": "--probe-time",

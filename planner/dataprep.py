@@ -16,6 +16,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from gptplan import money
+from gptplan.money import SECONDS_PER_HOUR
 from gptplan.tomlconf import read_toml
 from planner.hardware import PROFILE_DIR
 
@@ -41,7 +43,7 @@ class DataPrepEstimate:
                 f"{self.bytes_per_second_per_core / 1e6:.2f} MB/s per core "
                 f"({self.throughput_source}); the node's CPU count is unknown "
                 f"({self.node_cpus_source}), so "
-                f"{self.corpus_bytes / self.bytes_per_second_per_core / 3600:,.1f} "
+                f"{self.corpus_bytes / self.bytes_per_second_per_core / SECONDS_PER_HOUR:,.1f} "
                 "core-hours"
             )
         cost = (
@@ -96,8 +98,11 @@ def estimate(
 ) -> DataPrepEstimate:
     rate, rate_source = _measured_rate(cache_dir, scheme)
     cpus, cpus_source = node_cpus(provider, instance)
-    hours = corpus_bytes / (rate * cpus) / 3600 if cpus else None
-    cost = hours * nodes * price_node_hour if hours is not None and price_node_hour else None
+    seconds = corpus_bytes / (rate * cpus) if cpus else None
+    hours = seconds / SECONDS_PER_HOUR if seconds is not None else None
+    cost = None
+    if seconds is not None and price_node_hour:
+        cost = money.cost(price_per_node_hour=price_node_hour, nodes=nodes, seconds=seconds)
     return DataPrepEstimate(
         corpus_bytes, rate, rate_source, cpus, cpus_source, hours, cost, currency
     )

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from gptplan import userdata
+from gptplan.plan import PRECISIONS, Device
 
 # Profile folder, calibration folder and the [efficiency] table are shared with the runner's
 # local rehearsal (gptplan.profile), so both read a profile the same way.
@@ -108,7 +109,7 @@ class Offer:
 class Profile:
     name: str = setting("", "Profile name (file stem).")
     vendor: str = setting("", "Vendor.")
-    device: Literal["cpu", "gpu", "xpu", "npu"] = setting("gpu", "Device type.")
+    device: Device = setting("gpu", "Device type.")
     memory_gb: float = setting(0.0, "Memory per device, GB.", min=0)
     memory_bandwidth_gbytes_per_s: float = setting(0.0, "Memory bandwidth, GB/s.", min=0)
     intra_node_gbytes_per_s: float = setting(
@@ -150,7 +151,7 @@ class Profile:
     def precisions(self) -> list[str]:
         return [
             p
-            for p in ("fp32", "fp16", "bf16")
+            for p in PRECISIONS
             if self.peak_tflops.get(p) or (p == "fp32" and self.peak_tflops.get("tf32"))
         ]
 
@@ -224,17 +225,6 @@ def price_date(as_of: str) -> dt.date | None:
 
 def _price_order(offer: Offer) -> object:
     return price_date(offer.as_of) or dt.date.min  # undated: older than any dated price
-
-
-def supersedes(new: Offer, old: Offer) -> bool:
-    """`new` is a newer price of `old`'s key (cloud, instance, region): same provider and
-    instance, same region or `old` recorded none, and a later date (undated = oldest)."""
-    return (
-        new.kind == old.kind == "cloud"
-        and (new.provider, new.instance) == (old.provider, old.instance)
-        and (new.region == old.region or not old.region)
-        and _price_order(new) > _price_order(old)
-    )
 
 
 def current_prices(offers: list[Offer]) -> tuple[list[Offer], list[tuple[Offer, Offer]]]:

@@ -19,6 +19,7 @@ import numpy as np
 
 from gptplan import userdata
 from gptplan.errors import UserError
+from gptplan.progress import quiet
 
 MEASURED_FIELDS = [
     "tokens_per_second",
@@ -31,10 +32,6 @@ MEASURED_FIELDS = [
     "step_time_interval_s",
     "step_time_spread",
 ]
-
-
-def _quiet(*_args, **_kwargs) -> None:
-    return None
 
 
 @dataclass
@@ -134,7 +131,7 @@ def plan_space(spec, *, log: Callable = print, on_stats: Callable | None = None)
     return stats, target, decision, timings
 
 
-def measure_corpus(spec, *, log: Callable = _quiet):
+def measure_corpus(spec, *, log: Callable = quiet):
     """The corpus statistics (planner.corpus_stats) of the spec, and the model's vocab_size set
     from the tokenizer they measured (set_planned_vocab)."""
     from planner.corpus_stats import spec_corpus_statistics
@@ -144,7 +141,7 @@ def measure_corpus(spec, *, log: Callable = _quiet):
     return stats
 
 
-def set_planned_vocab(spec, stats, *, log: Callable = _quiet) -> None:
+def set_planned_vocab(spec, stats, *, log: Callable = quiet) -> None:
     """The model's vocab_size is the run's tokenizer's size, padded to whole 128 x tp tiles
     (gptplan.tokenizer.padded_vocab); the padding rows are masked in training and sampling."""
     from gptplan.tokenizer import padded_vocab
@@ -172,7 +169,7 @@ def tune_locally(
     *,
     local_profile: str,
     work_dir: Path,
-    log: Callable = _quiet,
+    log: Callable = quiet,
     on_probe: Callable | None = None,
     write_calibration: bool = True,
 ) -> Tuning | None:
@@ -296,7 +293,7 @@ def optimize(
     settings=None,
     local_profile: str = "",
     work_dir: Path | None = None,
-    log: Callable = _quiet,
+    log: Callable = quiet,
     on_stats: Callable | None = None,
     on_probe: Callable | None = None,
 ) -> OptimizeResult:

@@ -166,7 +166,7 @@ def candidate_plan(
         hardware=HardwareSection(
             profile=prof.name,
             offer=offer.key,
-            device=prof.device if prof.device in ("cpu", "gpu", "xpu", "npu") else "gpu",
+            device=prof.device,
             precisions=prof.precisions,
             peak_tflops=prof.peak_for(precision),
             memory_gb=prof.memory_gb,

@@ -49,12 +49,6 @@ class PriceFacts:
     spot_spread: tuple[float, float] = SPOT_PRICE_SPREAD  # low/high ratio to the price
     on_demand_spread: tuple[float, float] = (1.0, 1.0)
 
-    @property
-    def age_text(self) -> str:
-        if self.age_days is None:
-            return "undated"
-        return f"{self.age_days} d" + (" STALE" if self.stale else "")
-
 
 def price_age_days(as_of: str, today: dt.date | None = None) -> int | None:
     when = price_date(as_of)

@@ -170,10 +170,6 @@ def import_warnings(offers: list[dict]) -> list[str]:
     return warnings
 
 
-def _key(row: dict) -> tuple:
-    return (row["provider"], row["instance"], row.get("region", ""))
-
-
 def import_catalog(
     path: Path,
     *,

@@ -27,7 +27,7 @@ import numpy as np
 
 from gptplan.memory import ModelShape
 from gptplan.modelfacts import parameter_count
-from gptplan.plan import PRECISIONS, ModelSection
+from gptplan.plan import PRECISIONS, RECOMPUTE_MODES, SHARDING_STAGES, ModelSection
 from gptplan.steptime import FP8_PRECISION_CODE, Device, Rates, step_time_parts
 from planner.hardware import PROFILE_DIR, Profile, ProfileError, load_profiles
 
@@ -39,8 +39,6 @@ GENERATIONS = {"ampere": ("a100-40gb", "a100-80gb"), "hopper": ("h100-80gb", "h2
 # The planner's precisions, plus "fp8" for published Transformer Engine runs (GEMMs in FP8, the
 # rest bf16; gptplan.steptime.FP8_PRECISION_CODE): rows only, never a plan's choice.
 PRECISION_CODES = {**{p: i for i, p in enumerate(PRECISIONS)}, "fp8": FP8_PRECISION_CODE}
-RECOMPUTE = ("none", "core_attn", "full_attn", "full")
-SHARDING = ("", "stage1", "stage2", "stage3")
 # The prior each constant is pulled towards (weakly: PRIOR_SIGMA in log space), and bounds.
 PRIOR = {"gemm_max": 0.7, "kernel_overhead_us": 5.0, "overlap": 0.5, "attention_fraction": 0.7}
 PRIOR_SIGMA = 5.0  # log units: only breaks ties a few rows cannot settle
@@ -131,8 +129,8 @@ def _row(rec: dict, profiles: dict[str, Profile]) -> Row:
         raise ValueError(f"gpu_profile {rec['gpu_profile']!r} is not a hardware profile")
     for key, allowed in (
         ("precision", PRECISION_CODES),
-        ("sharding", SHARDING),
-        ("recompute", RECOMPUTE),
+        ("sharding", SHARDING_STAGES),
+        ("recompute", RECOMPUTE_MODES),
     ):
         if rec[key] not in allowed:
             raise ValueError(f"{key} {rec[key]!r}; allowed: {', '.join(map(repr, allowed))}")
@@ -217,8 +215,8 @@ def _columns(rows: list[Row]) -> dict:
         "sp": col("sequence_parallel"),
         "flash": col("flash_attention"),
         "precision_code": col("precision", PRECISION_CODES.__getitem__),
-        "stage_code": col("sharding", SHARDING.index),
-        "recompute_code": col("recompute", RECOMPUTE.index),
+        "stage_code": col("sharding", SHARDING_STAGES.index),
+        "recompute_code": col("recompute", RECOMPUTE_MODES.index),
     }
     profs = [p for _, _, p in recs]
 

@@ -167,18 +167,6 @@ def journal_paths(run_dir: Path, node_rank: int = 0) -> tuple[Path, Path]:
     return Path(run_dir) / f"{stem}.json", Path(run_dir) / f"{stem}.copy.json"
 
 
-def node_journals(run_dir: Path) -> dict[int, float]:
-    """Seconds each node R > 0 recorded in its own journal, by node rank."""
-    out = {}
-    for path in sorted(Path(run_dir).glob("billing.node*.json")):
-        stamp = NODE_STAMP.search(path.name)
-        if stamp is None or path.name.endswith(".copy.json") or int(stamp.group(1)) == 0:
-            continue
-        node = int(stamp.group(1))
-        out[node] = Billing(run_dir, node_rank=node).total_seconds()
-    return out
-
-
 class Billing:
     """The run's billing journal. `repair=True` (the runner of node 0, holding the run
     directory's lock) may rewrite damaged copies; everyone may append."""

@@ -199,3 +199,25 @@ def test_training_line_says_peak_unknown_instead_of_zero_mfu():
     assert "MFU peak unknown" in log_line(unknown, rec) and "0.00%" not in log_line(unknown, rec)
     known = plan_from_dict(BASE_PLAN)
     assert "MFU 0.00%" in log_line(known, rec)
+
+
+def test_data_preparation_is_priced_by_gptplan_money(tmp_path, monkeypatch):
+    """Issue 28: money = price x nodes x time is written once (gptplan.money.cost)."""
+    from gptplan import money
+
+    calls = []
+    monkeypatch.setattr(money, "cost", lambda **kw: calls.append(kw) or 123.0)
+    est = dataprep.estimate(
+        corpus_bytes=7.2e9,
+        scheme="cpm",
+        cache_dir=str(tmp_path),
+        provider="aws",
+        instance="p4de.24xlarge",
+        nodes=3,
+        price_node_hour=10.0,
+        currency="USD",
+    )
+    assert est.cost == 123.0
+    assert calls == [
+        {"price_per_node_hour": 10.0, "nodes": 3, "seconds": pytest.approx(est.hours * 3600)}
+    ]

@@ -108,6 +108,27 @@ def test_dead_code_is_gone():
     probes = (ROOT / "planner" / "probes.py").read_text()
     assert "_powers_of_two_up_to" not in search
     assert "ProbeBackend" not in probes
+    # issue 28: functions nothing called (tests and bench/ included)
+    gone = {
+        "planner/calibration.py": "def apply(",
+        "planner/pricebook.py": "def age_text(",
+        "planner/hardware.py": "def supersedes(",
+        "planner/prices.py": "def _key(",
+        "planner/cli.py": "def _quiet(",
+        "runner/billing.py": "def node_journals(",
+    }
+    for path, definition in gone.items():
+        assert definition not in (ROOT / path).read_text(), path
+
+
+def test_the_quiet_log_is_defined_once():
+    defined = [
+        path.relative_to(ROOT).as_posix()
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if "def _quiet(" in path.read_text() or "def quiet(" in path.read_text()
+    ]
+    assert defined == ["gptplan/progress.py"], defined
 
 
 def test_no_private_optuna_api():
