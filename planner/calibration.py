@@ -20,6 +20,7 @@ import datetime as dt
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tomli_w
@@ -111,16 +112,16 @@ def fit(
         prior = profile.efficiency_for(precision)
         tokens = np.array([p[0] for p in points], dtype=float)
         hidden = np.array([p[1] for p in points], dtype=float)
-        achieved = np.array([p[2] for p in points])
+        measured = np.array([p[2] for p in points])
         distinct = len(set(tokens.tolist()))
         half_hidden = prior.half_hidden
         if profile.sm_count:  # the tile model sets the shape effects: only the level is fitted
             distinct, half_hidden = 1, 0.0
 
         def residual(
-            params, tokens=tokens, hidden=hidden, half_hidden=half_hidden, achieved=achieved
+            params, tokens=tokens, hidden=hidden, half_hidden=half_hidden, measured=measured
         ):  # bound now: the fit runs in this iteration
-            return np.log(_curve(params, tokens, hidden, half_hidden)) - np.log(achieved)
+            return np.log(_curve(params, tokens, hidden, half_hidden)) - np.log(measured)
 
         emax, half, inverse = (
             min(0.99, prior.max),
@@ -171,7 +172,7 @@ def fit(
             ratios.append(predicted / r.step_time_s)  # measured/modelled tokens/s
     fit_error = statistics.median(errors) if errors else 0.0
     # the interval of a calibrated profile is the probes' measured spread around the fit
-    spread = (
+    spread: dict[str, Any] = (
         {"throughput_p10": round(min(ratios), 4), "throughput_p90": round(max(ratios), 4)}
         if len(ratios) >= 2 and min(ratios) < 1 < max(ratios)
         else {}

@@ -856,7 +856,7 @@ def cmd_profiles(args) -> int:
     from planner.search import region_choices
 
     wide = getattr(args, "wide", False)
-    rows = []
+    rows: list[dict[str, object]] = []
     for prof in load_profiles().values():
         name = prof.name + ("" if prof.verified else " *")
         peaks = "/".join(

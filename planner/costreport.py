@@ -77,7 +77,8 @@ def _fold_precisions(table: CandidateTable, rows: list[int], keep) -> list[tuple
     row ('fp16/bf16'): the model cannot tell them apart."""
     from planner.search import PRECISIONS
 
-    out, where = [], {}
+    out: list[tuple[int, list[str]]] = []
+    where: dict[tuple, int] = {}
     for i in rows:
         key = (
             int(table["offer"][i]),

@@ -79,7 +79,7 @@ def uncertainty_terms(
     }
     total = sum(terms.values())
     shares = {k: v / total for k, v in terms.items()}
-    dominant = max(shares, key=shares.get)
+    dominant = max(shares, key=lambda k: shares[k])
     eff = profile.efficiency_for(precision)
     lo, hi = eff.interval_ratios(params_total)
     outside = coverage.row_reasons(profile, precision, params_total, family, row)

@@ -223,7 +223,7 @@ def price_date(as_of: str) -> dt.date | None:
         return None
 
 
-def _price_order(offer: Offer) -> object:
+def _price_order(offer: Offer) -> dt.date:
     return price_date(offer.as_of) or dt.date.min  # undated: older than any dated price
 
 
@@ -232,7 +232,7 @@ def current_prices(offers: list[Offer]) -> tuple[list[Offer], list[tuple[Offer, 
     its key drops out (returned as (old, newer) pairs for `planner prices history`). A row
     that recorded no region is replaced by a newer row of any region. Of two rows of one key
     and date, the one read later (an import over the shipped list) is current."""
-    groups: dict[tuple, list[tuple[object, int, Offer]]] = {}
+    groups: dict[tuple, list[tuple[dt.date, int, Offer]]] = {}
     for i, o in enumerate(offers):
         groups.setdefault((o.kind, o.provider, o.instance), []).append((_price_order(o), i, o))
     current, replaced = [], []

@@ -14,12 +14,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gptplan import userdata
 from gptplan.errors import UserError
 from gptplan.progress import quiet
+
+if TYPE_CHECKING:  # annotations only (these modules import heavier ones, or this one)
+    from gptplan.plan import Plan
+    from planner.autotune import TuneOutcome
+    from planner.calibration import Calibration
+    from planner.corpus_stats import CorpusStatistics
+    from planner.search import CandidateTable, Decision
+    from planner.spec import Spec
 
 MEASURED_FIELDS = [
     "tokens_per_second",
@@ -40,28 +49,28 @@ class Tuning:
 
     profile: str
     local_rows: np.ndarray
-    outcome: object  # planner.autotune.TuneOutcome
-    calibration: object | None  # planner.calibration.Calibration
+    outcome: TuneOutcome
+    calibration: Calibration | None
     calibration_path: Path | None
     calibrated_cost: dict[int, float]  # row -> cost under the calibrated model
 
 
 @dataclass
 class OptimizeResult:
-    spec: object
-    stats: object
+    spec: Spec
+    stats: CorpusStatistics
     target: float
-    decision: object  # planner.search.Decision (the model's search)
+    decision: Decision  # the model's search
     timings: dict
     chosen: int | None = None  # the one decision: a row of decision.table
     chosen_source: str = "model"  # "model" | "probe"
     tuning: Tuning | None = None
-    plan: object | None = None  # gptplan.plan.Plan to write (None: no plan)
+    plan: Plan | None = None  # the plan to write (None: no plan)
     notes: list[str] = field(default_factory=list)
     data: dict = field(default_factory=dict)  # planner.dataprep.report(...)["json"]
 
     @property
-    def table(self):
+    def table(self) -> CandidateTable:
         return self.decision.table
 
     @property
@@ -312,6 +321,7 @@ def optimize(
     )["json"]
     if decision.chosen is None:
         return result
+    chosen: int = decision.chosen
     notes = decision_notes(decision, lambda i: describe(decision.table, i, cur))
     if settings is not None and settings.probes > 0:
         t0 = time.perf_counter()
@@ -326,29 +336,29 @@ def optimize(
             on_probe=on_probe,
         )
         timings["tuning_s"] = time.perf_counter() - t0
-        outcome = result.tuning.outcome if result.tuning else None
-        if outcome is not None and outcome.best_row is None:
+        best = result.tuning.outcome.best_row if result.tuning else None
+        if result.tuning is not None and best is None:
             result.notes.append(
                 "no probed configuration met the constraints: keeping the model's choice"
             )
-        elif outcome is not None:
-            result.chosen, result.chosen_source = outcome.best_row, "probe"
+        elif best is not None:
+            chosen = result.chosen = best
+            result.chosen_source = "probe"
     table = decision.table
     data = dataprep.report(
         stats,
         target,
-        table.row(result.chosen),
+        table.row(chosen),
         cache_dir=str(userdata.cache_dir(spec.job.cache_dir)),
         currency=cur,
     )
     result.data = data["json"]
     notes += data["notes"]
     result.notes += data["notes"][:1]  # the preparation line (the warning is shown with stats)
-    if result.chosen_source == "probe":
-        best = result.chosen
-        tuning = result.tuning
+    tuning = result.tuning
+    if result.chosen_source == "probe" and tuning is not None:
         outcome = tuning.outcome
-        row = measured_row(table, best, outcome.probed[best], target)
+        row = measured_row(table, chosen, outcome.probed[chosen], target)
         notes.append(
             f"autotuned: study {outcome.study_name}, {len(outcome.probed)} "
             f"configurations measured, {outcome.probes_run} probes, "
@@ -372,6 +382,6 @@ def optimize(
         )
     else:
         result.plan = candidate_plan(
-            spec, table.row(result.chosen), target=target, notes=notes, stats=stats
+            spec, table.row(chosen), target=target, notes=notes, stats=stats
         )
     return result

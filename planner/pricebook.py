@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import datetime as dt
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gptplan.tomlconf import read_toml
 from planner.hardware import PROFILE_DIR, Offer, ProfileError, price_date  # noqa: F401
+
+if TYPE_CHECKING:  # annotations only: planner.search imports this module
+    from planner.search import OfferChoice
 
 STALE_AFTER_DAYS = 180  # prices older than this are flagged (spec can change it)
 OUTLIER_BELOW_MEDIAN = 0.5  # a spot price below half the same GPU's other spot prices ...
@@ -119,15 +124,15 @@ def spot_risk(offer: Offer, *, override: float = 0.0, directory: Path = PROFILE_
     return SpotRisk(0.03, 0.003, 0.15, 0.5, "built-in default (no spot/interruptions.toml)")
 
 
-def _per_gpu_spot(choice) -> float:
+def _per_gpu_spot(choice: OfferChoice) -> float:
     return choice.offer.spot_per_hour * choice.rate / choice.offer.gpus_per_node
 
 
-def _spot_ratio(choice) -> float:
+def _spot_ratio(choice: OfferChoice) -> float:
     return choice.offer.spot_per_hour / choice.offer.on_demand_per_hour
 
 
-def outlier_notes(choices) -> dict[int, str]:
+def outlier_notes(choices: Sequence[OfferChoice]) -> dict[int, str]:
     """Offers whose spot price is an outlier, with the explanation. The rule compares a spot
     price with its own on-demand price and with the same GPU's offers from other providers
     (each provider counted once, by its lowest spot price per GPU-hour, so many regions or
@@ -142,7 +147,7 @@ def outlier_notes(choices) -> dict[int, str]:
     for i, c in enumerate(choices):
         if not c.offer.has_spot or c.offer.on_demand_per_hour <= 0:
             continue
-        best: dict[str, object] = {}
+        best: dict[str, OfferChoice] = {}
         for o in choices:
             if (
                 o.offer.provider == c.offer.provider

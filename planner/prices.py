@@ -193,8 +193,9 @@ def import_catalog(
             key="--as-of",
         )
     name = path.stem if name is None else name
-    if name_problem(name):
-        raise ProfileError(name_problem(name), key="--name")
+    problem = name_problem(name)
+    if problem:
+        raise ProfileError(problem, key="--name")
     # SkyPilot's own layout is catalogs/<version>/<cloud>/vms.csv: the folder names the cloud
     default = path.parent.name if path.stem == "vms" and path.parent.name else path.stem
     provider = provider or default.split("_")[0].split("-")[0].lower()
@@ -274,7 +275,7 @@ def price_history(instance: str, directory: Path | None = None) -> list[dict]:
     out.sort(
         key=lambda r: (
             r["status"] != "current",
-            -(price_date(r["as of"]) or dt.date.min).toordinal(),
+            -(price_date(str(r["as of"])) or dt.date.min).toordinal(),
         )
     )
     return out

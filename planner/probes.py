@@ -387,15 +387,15 @@ class ProbeCache:
         self.results: dict[tuple[str, str], ProbeResult] = {}
         self.notes: list[str] = []
         if self.path is not None and self.path.exists():
-            self._load()
+            self._load(self.path)
 
-    def _load(self) -> None:
+    def _load(self, path: Path) -> None:
         try:
-            text = self.path.read_bytes().decode("utf-8", errors="replace")
+            text = path.read_bytes().decode("utf-8", errors="replace")
         except OSError as exc:
             raise UserError(
                 f"cannot read the probe cache: {exc.strerror}; move it away to start a new one",
-                file=str(self.path),
+                file=str(path),
             ) from None
         good, bad = [], []
         for number, line in enumerate(text.splitlines(), 1):
@@ -408,7 +408,7 @@ class ProbeCache:
         if not bad and (not text or text.endswith("\n")):
             return
         try:
-            write_text_atomic(self.path, "".join(line + "\n" for line in good))
+            write_text_atomic(path, "".join(line + "\n" for line in good))
             fixed = "rewrote it without them"
         except OSError as exc:
             fixed = f"could not rewrite it ({exc.strerror})"

@@ -22,6 +22,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -70,8 +71,8 @@ class Row:
     tp: int = 1
     pp: int = 1
     record: dict = field(default_factory=dict, repr=False, compare=False)  # the CSV row
-    model: ModelSection | None = field(default=None, repr=False, compare=False)
-    prof: Profile | None = field(default=None, repr=False, compare=False)
+    model: ModelSection = field(default_factory=ModelSection, repr=False, compare=False)
+    prof: Profile = field(default_factory=Profile, repr=False, compare=False)
 
 
 def _size_class(params: float) -> str:
@@ -199,8 +200,8 @@ def _columns(rows: list[Row]) -> dict:
         return np.array([fn(rec[key]) for rec, _, _ in recs])
 
     shapes = [ModelShape.from_section(m) for _, m, _ in recs]
-    shape = ModelShape(
-        **{f: np.array([getattr(sh, f) for sh in shapes]) for f in ModelShape.__dataclass_fields__}
+    shape = _shape_columns(
+        {f: np.array([getattr(sh, f) for sh in shapes]) for f in ModelShape.__dataclass_fields__}
     )
     g = {
         "nodes": col("nodes"),
@@ -253,6 +254,12 @@ def _columns(rows: list[Row]) -> dict:
     }
 
 
+def _shape_columns(columns: dict[str, Any]) -> ModelShape:
+    """A ModelShape of numpy columns, one entry per row (gptplan.memory's formulas take
+    numbers or arrays alike)."""
+    return ModelShape(**columns)
+
+
 def _subset(cols: dict, mask) -> dict:
     idx = (
         np.flatnonzero(np.broadcast_to(mask, cols["measured"].shape))
@@ -260,7 +267,7 @@ def _subset(cols: dict, mask) -> dict:
         else np.asarray(mask)
     )
     sh = cols["shape"]
-    shape = ModelShape(**{f: np.asarray(getattr(sh, f))[idx] for f in sh.__dataclass_fields__})
+    shape = _shape_columns({f: np.asarray(getattr(sh, f))[idx] for f in sh.__dataclass_fields__})
     return {
         "shape": shape,
         "g": {k: v[idx] for k, v in cols["g"].items()},
@@ -345,7 +352,8 @@ def fit(cols: dict, mask: np.ndarray | None = None) -> Fit:
         loss="soft_l1",
         f_scale=0.1,
     )
-    return Fit(*(float(v) for v in np.exp(res.x)), rows=len(cols["measured"]))
+    gemm_max, overhead_us, overlap, attention = (float(v) for v in np.exp(res.x))
+    return Fit(gemm_max, overhead_us, overlap, attention, rows=len(cols["measured"]))
 
 
 def relative_errors(cols: dict, f: Fit) -> np.ndarray:

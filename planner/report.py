@@ -3,6 +3,7 @@ beyond picking rows and formatting; every number is labelled modelled or measure
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -111,7 +112,7 @@ def collapse(table: CandidateTable, rows, keep=()) -> list[tuple[int, list[int]]
         if sig in groups and i not in keep:
             groups[sig][1].append(i)
             continue
-        entry = (i, [])
+        entry: tuple[int, list[int]] = (i, [])
         order.append(entry)
         groups.setdefault(sig, entry)
     return order
@@ -138,7 +139,7 @@ def candidate_record(
     chosen: int | None,
     measured=None,
     calibrated_cost: float | None = None,
-    variants: list[int] = (),
+    variants: Sequence[int] = (),
 ) -> dict:
     """One candidate as raw numbers under snake_case keys that carry their unit; modelled,
     calibrated and measured numbers under separate keys. Formatting is the renderer's."""

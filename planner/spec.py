@@ -12,7 +12,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import tomli
 
@@ -310,7 +310,7 @@ def spec_from_dict(data: dict, *, file: str) -> Spec:
     for key in data:
         if key not in allowed:
             raise unknown_key_error(key, allowed, file=file, prefix="", error=SpecError)
-    sections = {
+    sections: dict[str, Any] = {
         name: from_table(cls, data.get(name, {}), file=file, section=name, error=SpecError)
         for name, cls in SECTIONS.items()
     }
