@@ -732,28 +732,19 @@ def cmd_history(args) -> int:
 
 def plan_as_overrides(plan) -> dict:
     """Pin every searched dimension, and the model, to the plan's value."""
+    import dataclasses
+
     from gptplan.modelfacts import MODEL_SIZES, kv_heads
+    from planner.spec import ModelSpec
 
     p, t, hw = plan.parallel, plan.training, plan.hardware
     provider, _, instance = hw.offer.partition("/")
     m = plan.model
+    # every field the spec's [model] table sets besides the size's name, as the plan has it
     model = {
-        f"model.{key}": getattr(m, key)
-        for key in (
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-            "hidden_dropout_prob",
-            "attention_probs_dropout_prob",
-            "family",
-            "num_key_value_heads",
-            "rms_norm_eps",
-            "rope_theta",
-            "tie_word_embeddings",
-        )
+        f"model.{f.name}": getattr(m, f.name)
+        for f in dataclasses.fields(ModelSpec)
+        if f.name != "size"
     }
     # the size's name (for display) only where it cannot bring back KV heads the plan dropped
     named = MODEL_SIZES.get(m.name)

@@ -74,6 +74,7 @@ def under_load(loadavg_1m: float, cpus: int | None = None) -> bool:
 def config_key(plan: Plan) -> str:
     """What a probe's measurement depends on: model, shapes, precision, layout, device."""
     t, p, m = plan.training, plan.parallel, plan.model
+    device, *layout = layout_key(plan)  # what a probe worker fixes at start-up
     parts = [
         m.vocab_size,
         m.hidden_size,
@@ -85,16 +86,10 @@ def config_key(plan: Plan) -> str:
         t.gradient_accumulation_steps,
         t.precision,
         t.fp16_opt_level,
-        p.nnodes,
-        p.nproc_per_node,
-        p.data_parallel_degree,
-        p.tensor_parallel_degree,
-        p.pipeline_parallel_degree,
-        p.sharding,
-        p.sharding_parallel_degree,
+        *layout,
         p.recompute,
         p.sequence_parallel,
-        plan.hardware.device,
+        device,
     ]
     return "|".join(str(x) for x in parts)
 

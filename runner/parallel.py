@@ -137,6 +137,32 @@ def is_loopback(master: str) -> bool:
     return host == "localhost" or host.startswith("127.") or host == "::1"
 
 
+def launcher_argv(
+    plan: Plan, *, nnodes: int, log_dir: Path, python: str = sys.executable
+) -> list[str]:
+    """`python -m runner.paddle_launch` (paddle.distributed.launch) for `nnodes` nodes of the
+    plan's processes per node, on its devices; the caller adds a node's --master/--rank and
+    the entry script."""
+    p = plan.parallel
+    argv = [
+        python,
+        "-m",
+        LAUNCH_MODULE,
+        "--nnodes",
+        str(nnodes),
+        "--nproc_per_node",
+        str(p.nproc_per_node),
+        "--log_dir",
+        str(log_dir),
+        # a failed rank ends the run; resuming is the runner's job, from a checkpoint
+        "--max_restart",
+        "0",
+    ]
+    if plan.hardware.device in ("gpu", "xpu"):
+        argv += ["--devices", ",".join(str(i) for i in range(p.nproc_per_node))]
+    return argv
+
+
 def launch_commands(
     plan: Plan,
     *,
@@ -152,24 +178,9 @@ def launch_commands(
     p = plan.parallel
     commands = []
     for node in range(p.nnodes):
-        argv = [
-            python,
-            "-m",
-            LAUNCH_MODULE,
-            "--nnodes",
-            str(p.nnodes),
-            "--nproc_per_node",
-            str(p.nproc_per_node),
-            "--log_dir",
-            str(log_dir),
-            # a failed rank ends the run; resuming is the runner's job, from a checkpoint
-            "--max_restart",
-            "0",
-        ]
+        argv = launcher_argv(plan, nnodes=p.nnodes, log_dir=log_dir, python=python)
         if p.nnodes > 1:
             argv += ["--master", master or p.master or "<NODE0_IP>:8090", "--rank", str(node)]
-        if plan.hardware.device in ("gpu", "xpu"):
-            argv += ["--devices", ",".join(str(i) for i in range(p.nproc_per_node))]
         argv += [str(ENTRY_SCRIPT), *worker_args(plan_path, data_dir, run_dir)]
         env = thread_env(plan)
         if p.nnodes > 1 and env and is_loopback(master or p.master):

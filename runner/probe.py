@@ -217,7 +217,7 @@ def serve_command(plan, *, queue_dir: Path, log_dir: Path, parent_pid: int):
 
 def _command(plan, args: list[str], log_dir: Path):
     """In-process module for one device, paddle.distributed.launch for several."""
-    from runner.parallel import ENTRY_SCRIPT, LAUNCH_MODULE, LaunchCommand, thread_env
+    from runner.parallel import ENTRY_SCRIPT, LaunchCommand, launcher_argv, thread_env
     from runner.supervise import machine_share_bytes, supervision_env
 
     # Every probe rank is supervised (runner.supervise): limited to its share of this machine
@@ -229,22 +229,7 @@ def _command(plan, args: list[str], log_dir: Path):
         return LaunchCommand(
             0, [sys.executable, "-m", "runner.probe", *args], thread_env(plan) | env
         )
-    p = plan.parallel
-    argv = [
-        sys.executable,
-        "-m",
-        LAUNCH_MODULE,
-        "--nnodes",
-        "1",
-        "--nproc_per_node",
-        str(p.nproc_per_node),
-        "--log_dir",
-        str(log_dir),
-        "--max_restart",
-        "0",
-    ]
-    if plan.hardware.device in ("gpu", "xpu"):
-        argv += ["--devices", ",".join(str(i) for i in range(p.nproc_per_node))]
+    argv = launcher_argv(plan, nnodes=1, log_dir=log_dir)
     return LaunchCommand(0, argv + [str(ENTRY_SCRIPT), "probe", *args], thread_env(plan) | env)
 
 
