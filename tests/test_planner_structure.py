@@ -9,7 +9,6 @@ import re
 from pathlib import Path
 
 import pytest
-from test_import_boundaries import imported_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,35 +21,42 @@ def module_name(path: Path, root: Path = ROOT) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def type_checking_lines(path: Path) -> set[int]:
-    """Lines of the imports under `if TYPE_CHECKING:`: annotations only, never executed, so
-    no import cycle at run time."""
-    lines: set[int] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for inner in node.body:
-                lines.update(range(inner.lineno, (inner.end_lineno or inner.lineno) + 1))
-    return lines
+def runtime_imports(path: Path) -> list[str]:
+    """Every module a file imports (inside functions too; `from a import b` names a and a.b),
+    except under `if TYPE_CHECKING:`: annotations only, never executed, so no import cycle."""
+    found = []
+    stack: list[ast.AST] = [ast.parse(path.read_text(encoding="utf-8"))]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+            stack += node.orelse  # the body runs for the type checker only
+        elif isinstance(node, (ast.stmt, ast.Module, ast.excepthandler, ast.match_case)):
+            stack += [
+                child
+                for child in ast.iter_child_nodes(node)
+                if isinstance(child, ast.stmt | ast.excepthandler | ast.match_case)
+            ]
+    return found
 
 
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
-    """Module -> the project modules it imports (anywhere in the file but under
-    TYPE_CHECKING), over every module of the three packages."""
+    """Module -> the project modules it imports at run time, over every module of the three
+    packages."""
     paths = sorted(p for package in PACKAGES for p in (root / package).rglob("*.py"))
     modules = {module_name(p, root) for p in paths}
     graph: dict[str, set[str]] = {}
     for path in paths:
-        name, skip = module_name(path, root), type_checking_lines(path)
+        name = module_name(path, root)
         targets = set()
-        for line, module in imported_modules(path):
-            # `from gptplan.families.gpt import X` names gptplan.families.gpt; `from gptplan
-            # import plan` names gptplan.plan (imported_modules adds it); a package alone
-            # (`import gptplan`) runs its __init__
-            known = [m for m in modules if module == m or module.startswith(m + ".")]
-            if line in skip or not known:
-                continue
-            target = max(known, key=len)
-            if target != name:
+        for module in runtime_imports(path):
+            parts = module.split(".")  # the longest prefix that is a module of the project
+            prefixes = (".".join(parts[:k]) for k in range(len(parts), 0, -1))
+            target = next((m for m in prefixes if m in modules), None)
+            if target is not None and target != name:
                 targets.add(target)
         graph[name] = targets
     return graph
