@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
+import typing
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,22 @@ def test_optuna_bound_matches_the_api_used():
     assert ">=5" in bound and "<6" in bound, bound
     pin = re.search(r"^optuna==(\S+)", (ROOT / "constraints.txt").read_text(), re.M).group(1)
     assert pin.split(".")[0] == "5", pin
+
+
+def test_each_vocabulary_is_written_once():
+    """Issue 28: the recompute modes, sharding stages and device kinds are listed in
+    gptplan/plan.py only (as a tuple or a Literal); every other module imports them."""
+    from gptplan.plan import RECOMPUTE_MODES, SHARDING_STAGES, Device
+
+    vocabularies = [set(RECOMPUTE_MODES), set(SHARDING_STAGES), set(typing.get_args(Device))]
+    copies = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if not isinstance(node, (ast.Tuple, ast.List)):
+                    continue
+                words = {e.value for e in node.elts if isinstance(e, ast.Constant)}
+                if len(words) == len(node.elts) and words in vocabularies:
+                    copies.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert all(c.startswith("gptplan/plan.py:") for c in copies), copies
+    assert len(copies) >= len(vocabularies), copies  # the scan finds the originals
