@@ -34,7 +34,7 @@ from planner.search import PRECISIONS, CandidateTable
 @dataclass(frozen=True)
 class Calibration:
     profile: str
-    by_precision: dict  # precision -> Efficiency
+    by_precision: dict[str, Efficiency]  # precision -> its calibrated efficiency
     points: int
     fit_error: float  # median |predicted - measured| / measured, step time
     worst_error: float
@@ -97,7 +97,7 @@ def fit(
 ) -> Calibration | None:
     from scipy.optimize import least_squares
 
-    by_precision = {}
+    by_precision: dict[str, Efficiency] = {}
     for code, precision in enumerate(PRECISIONS):
         rows = [(i, r) for i, r in probed.items() if r.ok and table["precision_code"][i] == code]
         points = []
