@@ -5,6 +5,7 @@ short functions, and an Optuna version bound that admits only the APIs the code 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import typing
 from pathlib import Path
@@ -22,11 +23,17 @@ def module_name(path: Path, root: Path = ROOT) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once for the tests of this file."""
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
 def runtime_imports(path: Path) -> list[str]:
     """Every module a file imports (inside functions too; `from a import b` names a and a.b),
     except under `if TYPE_CHECKING:`: annotations only, never executed, so no import cycle."""
     found = []
-    stack: list[ast.AST] = [ast.parse(path.read_text(encoding="utf-8"))]
+    stack: list[ast.AST] = [parsed(path)]
     while stack:
         node = stack.pop()
         if isinstance(node, ast.Import):
@@ -146,7 +153,7 @@ def test_no_private_optuna_api():
 
 
 def function_lengths(path: Path) -> dict[str, int]:
-    tree = ast.parse(path.read_text())
+    tree = parsed(path)
     return {
         node.name: node.end_lineno - node.lineno + 1
         for node in ast.walk(tree)
@@ -184,7 +191,7 @@ def test_each_vocabulary_is_written_once():
     copies = []
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            for node in ast.walk(parsed(path)):
                 if not isinstance(node, (ast.Tuple, ast.List)):
                     continue
                 words = {e.value for e in node.elts if isinstance(e, ast.Constant)}
