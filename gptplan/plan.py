@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from gptplan import precision as precisions
 from gptplan.errors import PlanError
 from gptplan.tomlconf import (
     from_table,
@@ -46,8 +47,9 @@ MAX_HOURS = 1e6
 MAX_PROBES = 1_000_000
 
 # The vocabulary tables: the one place the names live. The order is the code order the
-# planner's vectorised search uses (cheapest recompute and least sharding first).
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
+# planner's vectorised search uses (cheapest recompute and least sharding first). Precisions
+# are rows of gptplan.precision (codes are the rows' own); these are the ones a plan may choose.
+PRECISIONS: tuple[str, ...] = precisions.PLANNABLE
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "core_attn", "full_attn", "full")
 SHARDING_STAGES: tuple[str, ...] = ("", "stage1", "stage2", "stage3")
 FAMILIES: tuple[str, ...] = ("gpt", "llama")
@@ -511,6 +513,11 @@ def plan_from_dict(data: dict, *, file: str = "<plan>") -> Plan:
     problem = name_problem(name)
     if problem:
         raise PlanError(problem, file=file, key="name")
+    chosen = data["training"].get("precision") if isinstance(data.get("training"), dict) else None
+    if isinstance(chosen, str) and chosen in precisions.TABLE.by_name:  # known, maybe unplannable
+        refused = precisions.refusal(chosen)
+        if refused:
+            raise PlanError(refused, file=file, key="training.precision")
     sections: dict[str, Any] = {
         section: from_table(cls, data.get(section, {}), file=file, section=section, error=PlanError)
         for section, cls in SECTIONS.items()
@@ -646,12 +653,10 @@ def validate(plan: Plan, *, file: str = "<plan>") -> None:
             f"{h.profile!r}; allowed: {', '.join(h.precisions)}",
         )
     for precision in h.precisions:
-        if precision not in PRECISIONS:
-            fail(
-                "hardware.precisions",
-                f"{precision!r} is not a precision; allowed: {allowed(PRECISIONS)}",
-            )
-    if t.fp16_opt_level == "O2" and t.precision == "fp32":
+        refused = precisions.refusal(precision)
+        if refused:
+            fail("hardware.precisions", refused)
+    if t.fp16_opt_level == "O2" and not precisions.row(t.precision).mixed:
         fail("training.fp16_opt_level", "'O2' needs precision fp16 or bf16; use 'O1' for fp32")
 
     tp, pp, dp, sd = (
@@ -728,7 +733,9 @@ def validate(plan: Plan, *, file: str = "<plan>") -> None:
             f"{t.gradient_accumulation_steps} a multiple of {pp} and at least {2 * pp}; "
             "or set it to 1",
         )
-    if t.use_flash_attention and (h.device != "gpu" or t.precision == "fp32"):
+    if t.use_flash_attention and (
+        h.device != "gpu" or not precisions.row(t.precision).flash_attention
+    ):
         fail(
             "training.use_flash_attention",
             "true needs device 'gpu' and precision fp16 or "

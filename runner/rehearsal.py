@@ -25,11 +25,12 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from gptplan import precision
 from gptplan.errors import HardwareError
 from gptplan.memory import GB, ModelShape, memory_per_device_bytes
 from gptplan.modelfacts import training_flops_per_token
 from gptplan.plan import SHARDING_STAGES, EstimateSection, Plan
-from gptplan.profile import PerformanceData, ProfileError, read_performance
+from gptplan.profile import DeviceProfile, ProfileError, read_performance
 from gptplan.steptime import RECOMPUTE_CODES, data_parallel_step_time_s
 from runner.launch import local_precisions
 from runner.parallel import local_device_count
@@ -65,7 +66,7 @@ class Rehearsal:
     profile: str
 
 
-def local_performance(plan: Plan) -> PerformanceData | None:
+def local_performance(plan: Plan) -> DeviceProfile | None:
     """The profile that describes this machine's devices (cpu.toml on a CPU machine)."""
     name = "cpu" if plan.hardware.device == "cpu" else plan.hardware.profile
     try:
@@ -74,7 +75,7 @@ def local_performance(plan: Plan) -> PerformanceData | None:
         return None
 
 
-def modelled_memory_bytes(plan: Plan, perf: PerformanceData | None) -> float:
+def modelled_memory_bytes(plan: Plan, perf: DeviceProfile | None) -> float:
     """Peak bytes per rank of `plan`, from gptplan.memory's formulas."""
     t, p = plan.training, plan.parallel
     eff = perf.efficiency_for(t.precision) if perf else None
@@ -90,7 +91,7 @@ def modelled_memory_bytes(plan: Plan, perf: PerformanceData | None) -> float:
             shard_degree=p.sharding_parallel_degree,
             recompute_code=RECOMPUTE_CODES[p.recompute],
             seq_parallel=p.sequence_parallel,
-            mixed_precision=t.precision != "fp32",
+            precision_code=precision.code(t.precision),
             overhead_gb=eff.memory_overhead_gb if eff else 0.0,
             fragmentation=eff.fragmentation if eff else 1.0,
             flash_attention=t.use_flash_attention,
@@ -123,7 +124,7 @@ def _with_training(plan: Plan, **fields) -> Plan:
 
 
 def fit_memory(
-    plan: Plan, perf: PerformanceData | None, budget_bytes: float
+    plan: Plan, perf: DeviceProfile | None, budget_bytes: float
 ) -> tuple[Plan, dict[str, str]]:
     """Halve micro-batch, then seq_len, until the modelled memory fits; keep tokens per step."""
     t = plan.training
@@ -166,7 +167,7 @@ def fit_memory(
 
 
 def fit_time(
-    plan: Plan, perf: PerformanceData, pinned: frozenset[str]
+    plan: Plan, perf: DeviceProfile, pinned: frozenset[str]
 ) -> tuple[Plan, dict[str, str]]:
     """Lower accumulation, then micro-batch, until a step is modelled at <= STEP_TARGET_S."""
     before = data_parallel_step_time_s(plan, perf)
