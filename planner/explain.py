@@ -259,7 +259,7 @@ def article_claims(spec, plan, choice, here, pins, target, stats, profiles) -> l
 
 
 def _amp_claims(d, spec, plan, choice, here, pins, target) -> list[dict]:
-    if plan.training.precision == "fp32":
+    if not precision.row(plan.training.precision).mixed:
         return []
     fp32 = _one(spec, choice, target, **(pins | {"precisions": ["fp32"]}))
     # like for like: flash attention needs 16 bit, so AMP's own saving is measured with the

@@ -361,10 +361,9 @@ def localize(plan: Plan) -> tuple[Plan, list[str]]:
     precisions = local_precisions() if device == "cpu" else plan.hardware.precisions
     new_t = t
     if t.precision not in precisions:
-        fallback = "bf16" if "bf16" in precisions and t.precision != "fp32" else "fp32"
-        new_t = dataclasses.replace(
-            t, precision=fallback, fp16_opt_level=t.fp16_opt_level if fallback != "fp32" else "O1"
-        )
+        fallback = "bf16" if "bf16" in precisions and precision.row(t.precision).mixed else "fp32"
+        level = t.fp16_opt_level if precision.row(fallback).mixed else "O1"
+        new_t = dataclasses.replace(t, precision=fallback, fp16_opt_level=level)
         changes.append(f"training.precision: {t.precision!r} -> {fallback!r}")
     hw = plan.hardware
     new_hw = dataclasses.replace(
