@@ -78,6 +78,32 @@ def test_fleet_amp_settings_follow_the_table(name):
     assert amp["use_dynamic_loss_scaling"] is row.loss_scaling
 
 
+@pytest.mark.parametrize("name,level", [("fp32", "O1"), ("fp16", "O2"), ("bf16", "O1")])
+def test_the_trainer_casts_and_scales_by_the_table(name, level, monkeypatch):
+    """runner.train's auto_cast dtype/level and GradScaler (AMP is a no-op on this CPU, so
+    the call itself is checked)."""
+    import paddle
+
+    from runner.train import amp_context, build_scaler
+
+    calls = []
+    monkeypatch.setattr(paddle.amp, "auto_cast", lambda **kw: calls.append(kw))
+    plan = plan_from_dict(
+        merge(
+            BASE_PLAN,
+            {
+                "training": {"precision": name, "fp16_opt_level": level},
+                "hardware": {"precisions": list(PRECISIONS)},
+            },
+        )
+    )
+    amp_context(plan)
+    row = precision.row(name)
+    expected = [{"enable": True, "level": level, "dtype": row.paddle_dtype}] if row.mixed else []
+    assert calls == expected
+    assert (build_scaler(plan) is not None) is row.loss_scaling
+
+
 def test_bf16_is_coded_as_bf16_in_the_rehearsal_step_time(monkeypatch):
     """gptplan.steptime used to code every 16-bit plan as fp16 (precision != 'fp32')."""
     from gptplan import steptime
