@@ -605,7 +605,9 @@ def evaluate_layouts(
 
     def by_precision(attr: str) -> np.ndarray:
         return precision_table.TABLE.column(
-            lambda r: getattr(efficiency if efficiency else prof.efficiency_for(r.name), attr)
+            lambda r: getattr(
+                efficiency if efficiency is not None else prof.efficiency_for(r.name), attr
+            )
         )[g["precision_code"]]
 
     g.setdefault("rc_layers", np.zeros(len(g["tp"]), dtype=int))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from gptplan import precision
 from gptplan.errors import HardwareError
@@ -71,8 +72,10 @@ def local_performance(plan: Plan) -> DeviceProfile | None:
     name = "cpu" if plan.hardware.device == "cpu" else plan.hardware.profile
     try:
         return read_performance(name)
-    except ProfileError:
-        return None
+    except ProfileError as exc:
+        if exc.file and Path(exc.file).is_file():
+            raise  # a malformed profile or calibration: one clear line, exit 2
+        return None  # no profile of that name here: the rehearsal is not modelled
 
 
 def modelled_memory_bytes(plan: Plan, perf: DeviceProfile | None) -> float:

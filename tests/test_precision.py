@@ -230,3 +230,18 @@ def _planner_load(folder: Path):
     from planner.hardware import load_profile
 
     return load_profile(folder / "x.toml")
+
+
+def test_the_rehearsal_stops_on_a_malformed_profile_and_skips_a_missing_one(tmp_path, monkeypatch):
+    """A malformed profile or calibration was silently 'not modelled' in the rehearsal (and
+    a malformed number a traceback); now it is the strict reader's one line."""
+    from runner.rehearsal import local_performance
+
+    monkeypatch.setenv("GPTPLAN_CALIBRATION_DIR", str(tmp_path))
+    (tmp_path / "cpu.toml").write_text("[efficiency]\nmax = 7\n")
+    plan = plan_from_dict(BASE_PLAN)
+    with pytest.raises(ProfileError) as info:
+        local_performance(plan)
+    assert info.value.file == str(tmp_path / "cpu.toml") and info.value.key == "efficiency.max"
+    gpu = {"hardware": {"device": "gpu", "profile": "no-such-gpu"}}
+    assert local_performance(plan_from_dict(merge(BASE_PLAN, gpu))) is None
