@@ -19,10 +19,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
+AmpLevel = Literal["O1", "O2"]
+PaddleDtype = Literal["float32", "float16", "bfloat16"]
 FP32_BYTES = 4.0  # an fp32 element: master weights, AdamW moments, fp32 logits and softmax
 
 
@@ -32,8 +34,8 @@ class PrecisionRow:
     code: int  # stable code in vectorised tables; never reused, never renumbered
     bytes_per_element: float  # weights, gradients and activations in the compute dtype
     gemm_bytes_per_element: float  # operands of the linear layers' GEMMs
-    paddle_dtype: str  # paddle.amp / fleet amp dtype ("float32": no AMP)
-    amp_levels: tuple[str, ...]  # training.fp16_opt_level values the runner applies; () = none
+    paddle_dtype: PaddleDtype  # paddle.amp / fleet amp dtype ("float32": no AMP)
+    amp_levels: tuple[AmpLevel, ...]  # training.fp16_opt_level values applied; () = no AMP
     master_weights: bool  # at O2 the optimizer keeps fp32 master weights (multi_precision)
     loss_scaling: bool  # dynamic loss scaling (paddle.amp.GradScaler)
     gemm_peak: tuple[str, ...]  # [peak_tflops] keys of the linear GEMMs, first present wins
@@ -189,15 +191,18 @@ def of_codes(field: str, codes: Any) -> np.ndarray:
     return column(field)[np.asarray(codes, dtype=int)]
 
 
-def paddle_dtype(name: str) -> str:
+def paddle_dtype(name: str) -> PaddleDtype:
     """The dtype paddle.amp and fleet's amp config take for precision `name`."""
     return row(name).paddle_dtype
 
 
-def amp_level(name: str, fp16_opt_level: str) -> str:
-    """The AMP level the runner applies: the plan's fp16_opt_level for a mixed precision, ''
+def amp_level(name: str, fp16_opt_level: str) -> AmpLevel | None:
+    """The AMP level the runner applies: the plan's fp16_opt_level for a mixed precision, None
     (no AMP) for fp32."""
-    return fp16_opt_level if fp16_opt_level in row(name).amp_levels else ""
+    for level in row(name).amp_levels:
+        if level == fp16_opt_level:
+            return level
+    return None
 
 
 def peak_tflops(peaks: Mapping[str, float], keys: tuple[str, ...]) -> float:

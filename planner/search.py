@@ -139,17 +139,14 @@ class CandidateTable:
         calibration spread (planner.costmodel.interval_from_throughput), so a million-row
         table need not carry six more columns."""
         idx = np.arange(len(self)) if idx is None else np.asarray(idx, dtype=int)
-        ratios = np.array(  # [offer, precision code, (p10, p90)]
-            [
-                precision_table.TABLE.column(
-                    lambda r, c=c: c.profile.efficiency_for(r.name).interval_ratios(
-                        self.params_total
-                    ),
-                    fill=(1.0, 1.0),
-                )
-                for c in self.offers
-            ]
-        )
+
+        def by_code(c: OfferChoice) -> np.ndarray:  # [precision code, (p10, p90)]
+            return precision_table.TABLE.column(
+                lambda r: c.profile.efficiency_for(r.name).interval_ratios(self.params_total),
+                fill=(1.0, 1.0),
+            )
+
+        ratios = np.array([by_code(c) for c in self.offers])
         lo, hi = ratios[..., 0], ratios[..., 1]
         offer, prec = self["offer"][idx], self["precision_code"][idx]
         p10, p90 = coverage.widen(lo[offer, prec], hi[offer, prec], *self.outside_count(idx))

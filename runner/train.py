@@ -150,7 +150,7 @@ def amp_context(plan: Plan):
 
     t = plan.training
     level = precision.amp_level(t.precision, t.fp16_opt_level)
-    if not level:
+    if level is None:
         return contextlib.nullcontext()
     return paddle.amp.auto_cast(enable=True, level=level, dtype=precision.paddle_dtype(t.precision))
 
