@@ -164,7 +164,7 @@ class Table:
 
 ROWS: tuple[PrecisionRow, ...] = (FP32, FP16, BF16, FP8)
 TABLE = Table(ROWS)
-# What a plan or a spec may choose, in code order (the search's order, cheapest state first).
+# What a plan or a spec may choose, in the table's order (cheapest model state first).
 PLANNABLE: tuple[str, ...] = TABLE.plannable
 
 
