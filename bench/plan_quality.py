@@ -37,6 +37,8 @@ from pathlib import Path
 import numpy as np
 from tabulate import tabulate
 
+from gptplan import precision as precision_table
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 SPEC = REPO / "planner" / "specs" / "cpu_demo.toml"
@@ -602,12 +604,12 @@ def main() -> int:
     after = [
         ape(
             calibration.predicted_step(
-                table, i, fitted.by_precision[("fp32", "fp16", "bf16")[table["precision_code"][i]]]
+                table, i, fitted.by_precision[precision_table.name_of(table["precision_code"][i])]
             ),
             ok[i].step_time_s,
         )
         for i in test
-        if ("fp32", "fp16", "bf16")[table["precision_code"][i]] in fitted.by_precision
+        if precision_table.name_of(table["precision_code"][i]) in fitted.by_precision
     ]
     memory = [ape(table["memory_gb"][i], ok[i].peak_memory_gb) for i in keys]
     accuracy = {

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gptplan import precision
 from gptplan.modelfacts import parameter_count
 from gptplan.plan import ModelSection
 
@@ -114,16 +115,15 @@ def activation_coefficients(m: ModelSection) -> tuple[float, float, float, float
 # ---- memory ------------------------------------------------------------------------------------
 
 
-def model_state_bytes_per_param(mixed_precision, stage_code, shard_degree):
-    """[Z20] bytes per parameter for weights + grads + AdamW states on one rank.
+def model_state_bytes_per_param(precision_code, stage_code, shard_degree):
+    """[Z20] bytes per parameter for weights + grads + AdamW states on one rank, by the
+    precision's row (gptplan.precision; codes, numbers or arrays).
 
     Mixed precision (fp16/bf16): 2 + 2 + 12 (fp32 master, momentum, variance). fp32: 4 + 4 + 8.
     stage1 shards optimizer states, stage2 also grads, stage3 also weights, over shard_degree.
     """
-    mixed = np.asarray(mixed_precision, dtype=bool)
-    w = np.where(mixed, 2.0, 4.0)
-    g = np.where(mixed, 2.0, 4.0)
-    o = np.where(mixed, 12.0, 8.0)
+    w = g = precision.of_codes("bytes_per_element", precision_code)
+    o = precision.of_codes("optimizer_bytes_per_param", precision_code)
     d = np.asarray(shard_degree, dtype=float)
     stage = np.asarray(stage_code)
     return np.select(
@@ -211,7 +211,7 @@ def memory_terms(
     shard_degree,
     recompute_code,
     seq_parallel,
-    mixed_precision,
+    precision_code,
     overhead_gb,
     fragmentation,
     flash_attention=False,
@@ -250,18 +250,17 @@ def memory_terms(
     """
     t = np.asarray(tp, dtype=float)
     p = np.asarray(pp, dtype=float)
-    mixed = np.asarray(mixed_precision, dtype=bool)
     # uneven stages (layers not divisible by pp): the biggest stage holds ceil(L/p) layers
     stage_layers = np.ceil(np.asarray(shape.layers, dtype=float) / p)
     params_per_device = shape.params_total / (t * p) * stage_layers * p / shape.layers
     d = np.asarray(shard_degree, dtype=float)
     stage = np.asarray(stage_code)
-    w = np.where(mixed, 2.0, 4.0)
-    o = np.where(mixed, 12.0, 8.0)
+    w = precision.of_codes("bytes_per_element", precision_code)  # gptplan.precision's rows
+    o = precision.of_codes("optimizer_bytes_per_param", precision_code)
     weights = params_per_device * w / np.where(stage >= 3, d, 1.0)
     gradients = params_per_device * w / np.where(stage >= 2, d, 1.0)
     optimizer = params_per_device * o / np.where(stage >= 1, d, 1.0)
-    act_bytes = np.where(mixed, 2.0, 4.0)
+    act_bytes = w
     args = (shape, seq_len, micro_batch, tp, seq_parallel)
     per_layer = activation_bytes_per_layer(*args, recompute_code, act_bytes, flash_attention)
     k = np.minimum(np.asarray(recompute_layers, dtype=float), stage_layers)
@@ -278,7 +277,7 @@ def memory_terms(
         v > 1, 1.0 + (p - 1.0) / (p * v), 1.0
     )
     activations = stage_acts * in_flight
-    per_logit = np.where(mixed, 10.0, 12.0)
+    per_logit = precision.of_codes("logit_bytes", precision_code)
     logits = per_logit * np.asarray(micro_batch) * np.asarray(seq_len) * shape.vocab / t
     allocator = (activations + logits) * (np.asarray(fragmentation, dtype=float) - 1.0)
     world = t * p * d * np.asarray(dp, dtype=float)
@@ -326,7 +325,7 @@ def layout_memory_bytes(
         shard_degree=g["shard_degree"],
         recompute_code=g["recompute_code"],
         seq_parallel=g["sp"],
-        mixed_precision=np.asarray(g["precision_code"]) > 0,
+        precision_code=g["precision_code"],
         overhead_gb=overhead_gb,
         fragmentation=fragmentation,
         flash_attention=g["flash"],

@@ -7,6 +7,8 @@ optimizer prices a candidate the same way).
 
 from __future__ import annotations
 
+from gptplan import precision as precisions
+
 SECONDS_PER_HOUR = 3600.0
 
 # Checkpoint bytes per parameter: fp32 weights (4) + AdamW's two fp32 moments (8). Under O2
@@ -35,7 +37,7 @@ def checkpoint_bytes(params, *, master_weights=False):
 
 def keeps_master_weights(precision: str, fp16_opt_level: str) -> bool:
     """O2 with a 16-bit precision keeps fp32 master weights next to the 16-bit ones."""
-    return precision != "fp32" and fp16_opt_level == "O2"
+    return precisions.row(precision).master_weights and fp16_opt_level == "O2"
 
 
 # The runner's ceiling for a planned run: the plan's own p90 cost times this factor, never more

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from gptplan import precision as precisions
 from gptplan.errors import PlanError
 from gptplan.tomlconf import (
     from_table,
@@ -47,8 +48,9 @@ MAX_HOURS = 1e6
 MAX_PROBES = 1_000_000
 
 # The vocabulary tables: the one place the names live. The order is the code order the
-# planner's vectorised search uses (cheapest recompute and least sharding first).
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
+# planner's vectorised search uses (cheapest recompute and least sharding first). Precisions
+# are rows of gptplan.precision (codes are the rows' own); these are the ones a plan may choose.
+PRECISIONS: tuple[str, ...] = precisions.PLANNABLE
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "core_attn", "full_attn", "full")
 SHARDING_STAGES: tuple[str, ...] = ("", "stage1", "stage2", "stage3")
 FAMILIES: tuple[str, ...] = ("gpt", "llama")
@@ -512,6 +514,11 @@ def plan_from_dict(data: dict, *, file: str = "<plan>") -> Plan:
     problem = name_problem(name)
     if problem:
         raise PlanError(problem, file=file, key="name")
+    chosen = data["training"].get("precision") if isinstance(data.get("training"), dict) else None
+    if isinstance(chosen, str) and chosen in precisions.TABLE.by_name:  # known, maybe unplannable
+        refused = precisions.refusal(chosen)
+        if refused:
+            raise PlanError(refused, file=file, key="training.precision")
     sections: dict[str, Any] = {
         section: from_table(cls, data.get(section, {}), file=file, section=section, error=PlanError)
         for section, cls in SECTIONS.items()
@@ -861,11 +868,10 @@ def _precision_check(plan: Plan) -> Problem:
             f"{h.profile!r}; allowed: {', '.join(h.precisions)}"
         )
     for precision in h.precisions:
-        if precision not in PRECISIONS:
-            return "hardware.precisions", (
-                f"{precision!r} is not a precision; allowed: {allowed(PRECISIONS)}"
-            )
-    if t.fp16_opt_level == "O2" and t.precision == "fp32":
+        refused = precisions.refusal(precision)
+        if refused:
+            return "hardware.precisions", refused
+    if t.fp16_opt_level == "O2" and not precisions.row(t.precision).mixed:
         return "training.fp16_opt_level", "'O2' needs precision fp16 or bf16; use 'O1' for fp32"
     return OK
 
@@ -888,7 +894,9 @@ def _recompute_layers_check(plan: Plan) -> Problem:
 
 def _flash_attention_check(plan: Plan) -> Problem:
     t, h = plan.training, plan.hardware
-    if t.use_flash_attention and (h.device != "gpu" or t.precision == "fp32"):
+    if t.use_flash_attention and (
+        h.device != "gpu" or not precisions.row(t.precision).flash_attention
+    ):
         return "training.use_flash_attention", (
             "true needs device 'gpu' and precision fp16 or "
             f"bf16 (is {h.device!r}, {t.precision!r}); set it to false"

@@ -1,17 +1,21 @@
-"""Reading a hardware profile's performance data (hardware_profiles/<name>.toml) in the runner.
+"""Reading a hardware profile (hardware_profiles/<name>.toml): the one strict reader.
 
-The planner owns profiles and offers (planner.hardware); the runner needs a profile's numbers
-for one thing: modelling a local rehearsal (`runner execute --local`) on this machine's profile
-(peak FLOP/s, efficiency curve, memory overhead, links). The `Efficiency` table and the way a
-machine's calibration overrides it are defined here, once, and planner.hardware uses them, so
-the planner and the runner read the same file the same way.
+A profile is one accelerator: specs, peak TFLOPS per [peak_tflops] key, the efficiency tables
+and the priced [[offers]]. This module reads the device part (DeviceProfile, peak_for and
+efficiency_for, a machine's calibration) for both tools: the runner models a local rehearsal
+(`runner execute --local`) with it, and planner.hardware builds its Profile (the device plus
+its checked offers) from `read_profile_file`, so the planner and the runner read the same file
+the same way, and bad input is one line naming the file, the key and the allowed values.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, TypeVar
 
+from gptplan import precision as precisions
 from gptplan import userdata
 from gptplan.errors import UserError
 from gptplan.tomlconf import from_table, read_toml, setting
@@ -22,7 +26,11 @@ PROFILE_DIR = Path(__file__).resolve().parents[1] / "hardware_profiles"
 # Machine-specific calibrations live in the user data directory (gptplan.userdata), never in
 # the package; GPTPLAN_CALIBRATION_DIR moves them alone (shared setups).
 LOCAL_CALIBRATION_ENV = userdata.CALIBRATION_ENV
-CALIBRATION_TABLES = ("efficiency", "efficiency_fp32", "efficiency_fp16", "efficiency_bf16")
+CALIBRATION_TABLES = ("efficiency", *(f"efficiency_{p}" for p in precisions.PLANNABLE))
+# Keys of a profile's [peak_tflops]: the peak keys of gptplan.precision's rows. fp8 serves only
+# the fit to published FP8 runs (planner.published): `precisions`, what a plan may choose,
+# never lists it.
+PEAK_KEYS = tuple(dict.fromkeys(k for r in precisions.ROWS for k in r.gemm_peak + r.other_peak))
 
 
 class ProfileError(UserError):
@@ -172,60 +180,111 @@ def calibration_tables(path: Path) -> tuple[Efficiency | None, dict[str, Efficie
 
 
 @dataclass(frozen=True)
-class PerformanceData:
-    """What the runner models a step with: one profile's peaks, links and efficiency."""
+class DeviceProfile:
+    """One accelerator as its hardware profile describes it (hardware_profiles/<name>.toml):
+    specs, peak TFLOPS per [peak_tflops] key and the efficiency tables. The planner's Profile
+    adds the priced [[offers]]; the runner models a local rehearsal with this alone."""
 
-    name: str
-    memory_gb: float
-    memory_bandwidth_gbytes_per_s: float
-    intra_node_gbytes_per_s: float
-    sm_count: int = 0
-    peak_tflops: dict = field(default_factory=dict)
+    name: str = setting("", "Profile name (file stem).")
+    vendor: str = setting("", "Vendor.")
+    device: Literal["cpu", "gpu", "xpu", "npu"] = setting("gpu", "Device type.")
+    memory_gb: float = setting(0.0, "Memory per device, GB.", min=0)
+    memory_bandwidth_gbytes_per_s: float = setting(0.0, "Memory bandwidth, GB/s.", min=0)
+    intra_node_gbytes_per_s: float = setting(
+        0.0, "Device-to-device bandwidth in a node, GB/s.", min=0
+    )
+    intra_node_link: str = setting("", "Link type.")
+    tdp_w: float = setting(0.0, "Board power, W.", min=0)
+    sm_count: int = setting(
+        0,
+        "Streaming multiprocessors (NVIDIA datasheets/whitepapers): the "
+        "GEMM tile/wave model; 0 = none (CPUs, NPUs: the calibrated "
+        "whole-layer curve).",
+        min=0,
+    )
+    verified: bool = setting(True, "False when figures are unverified leads.")
+    flash_attention: bool = setting(
+        False,
+        "Paddle's flash attention kernels run here (CUDA "
+        "compute capability >= 8.0: Ampere and newer).",
+    )
+    source: str = setting("", "Where the specs come from.")
+    peak_tflops: dict[str, float] = field(default_factory=dict)  # [peak_tflops] key -> TFLOPS
     efficiency: Efficiency = field(default_factory=Efficiency)
-    efficiency_by_precision: dict = field(default_factory=dict)
-    file: str = ""
+    efficiency_by_precision: dict[str, Efficiency] = field(default_factory=dict)
 
     def efficiency_for(self, precision: str) -> Efficiency:
+        """Calibrated per precision where a calibration exists, else the profile default."""
         return self.efficiency_by_precision.get(precision, self.efficiency)
 
     def peak_for(self, precision: str) -> float:
-        """Same rule as planner.hardware.Profile.peak_for: fp32 matmuls use TF32 if it exists."""
-        if precision == "fp32":
-            return self.peak_tflops.get("tf32") or self.peak_tflops.get("fp32", 0.0)
-        return self.peak_tflops.get(precision, 0.0)
+        """Dense peak TFLOPS of `precision`'s linear-layer GEMMs (gptplan.precision's
+        gemm_peak keys: fp32 matmuls use TF32 where it exists, Paddle enabling TF32 for cuBLAS
+        by default; fp8 its own peak); 0 = none."""
+        return precisions.peak_tflops(self.peak_tflops, precisions.row(precision).gemm_peak)
+
+    def non_gemm_peak_for(self, precision: str) -> float:
+        """Dense peak TFLOPS of the rest of `precision`'s work (attention, LM head): the same
+        as peak_for except where the linear GEMMs run narrower (fp8: bf16)."""
+        return precisions.peak_tflops(self.peak_tflops, precisions.row(precision).other_peak)
+
+    @property
+    def precisions(self) -> list[str]:
+        """What a plan may choose on this device: the plannable precisions it has a peak for."""
+        return [p for p in precisions.PLANNABLE if self.peak_for(p)]
 
 
-def read_performance(name: str, directory: Path = PROFILE_DIR) -> PerformanceData:
-    """The performance numbers of profile `name`, with this machine's calibration applied."""
+def read_profile_file(path: Path) -> tuple[DeviceProfile, list]:
+    """The one strict reader of a hardware profile file: the device (every key checked,
+    [peak_tflops] keys in PEAK_KEYS with positive numbers, `name` equal to the file name) and
+    its [[offers]] tables as read (the planner checks and prices them, planner.hardware)."""
+    data = dict(read_toml(path, ProfileError))
+    file = str(path)
+    peaks = data.pop("peak_tflops", {})
+    eff = from_table(
+        Efficiency, data.pop("efficiency", {}), file=file, section="efficiency", error=ProfileError
+    )
+    offers = data.pop("offers", [])
+    if not isinstance(peaks, dict):
+        raise ProfileError("must be a table ([peak_tflops])", file=file, key="peak_tflops")
+    for key, value in peaks.items():
+        if (
+            key not in PEAK_KEYS
+            or isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or value <= 0
+        ):
+            raise ProfileError(
+                f"{value!r}: allowed keys {', '.join(PEAK_KEYS)} with positive numbers",
+                file=file,
+                key=f"peak_tflops.{key}",
+            )
+    base = from_table(DeviceProfile, data, file=file, section="", error=ProfileError)
+    if base.name != path.stem:
+        raise ProfileError(
+            f"{base.name!r} must equal the file name {path.stem!r}", file=file, key="name"
+        )
+    device = dataclasses.replace(
+        base, peak_tflops={k: float(v) for k, v in peaks.items()}, efficiency=eff
+    )
+    return device, offers
+
+
+P = TypeVar("P", bound=DeviceProfile)
+
+
+def apply_calibration(profile: P, path: Path) -> P:
+    """Merge a calibration file: [efficiency] and optional [efficiency_<precision>] tables."""
+    base, by_precision = calibration_tables(path)
+    return dataclasses.replace(
+        profile, efficiency=base or profile.efficiency, efficiency_by_precision=by_precision
+    )
+
+
+def read_performance(name: str, directory: Path = PROFILE_DIR) -> DeviceProfile:
+    """Profile `name` (read strictly, read_profile_file), with this machine's calibration."""
     if not name or "/" in name or name.startswith("."):
         raise ProfileError(f"{name!r} is not a profile name", key="hardware.profile")
-    path = Path(directory) / f"{name}.toml"
-    data = read_toml(path, ProfileError)
-    eff = from_table(
-        Efficiency,
-        data.get("efficiency", {}),
-        file=str(path),
-        section="efficiency",
-        error=ProfileError,
-    )
-    by_precision: dict = {}
+    profile, _ = read_profile_file(Path(directory) / f"{name}.toml")
     calib = calibration_dir() / f"{name}.toml"
-    if calib.is_file():
-        base, by_precision = calibration_tables(calib)
-        eff = base or eff
-    peaks = {
-        k: float(v)
-        for k, v in data.get("peak_tflops", {}).items()
-        if isinstance(v, (int, float)) and not isinstance(v, bool)
-    }
-    return PerformanceData(
-        name=name,
-        memory_gb=float(data.get("memory_gb", 0.0)),
-        memory_bandwidth_gbytes_per_s=float(data.get("memory_bandwidth_gbytes_per_s", 0.0)),
-        intra_node_gbytes_per_s=float(data.get("intra_node_gbytes_per_s", 0.0)),
-        sm_count=int(data.get("sm_count", 0)),
-        peak_tflops=peaks,
-        efficiency=eff,
-        efficiency_by_precision=by_precision,
-        file=str(path),
-    )
+    return apply_calibration(profile, calib) if calib.is_file() else profile

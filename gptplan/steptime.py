@@ -36,9 +36,10 @@ from typing import Any
 
 import numpy as np
 
+from gptplan import precision
 from gptplan.memory import ModelShape, activation_bytes_per_layer
-from gptplan.plan import PRECISIONS, RECOMPUTE_MODES, Plan
-from gptplan.profile import PerformanceData
+from gptplan.plan import RECOMPUTE_MODES, Plan
+from gptplan.profile import DeviceProfile
 
 RECOMPUTE_CODES = {mode: code for code, mode in enumerate(RECOMPUTE_MODES)}
 
@@ -96,14 +97,13 @@ BUCKET_BYTES_PER_RANK = 2e6  # Megatron-LM: 1M parameters (bf16) per data-parall
 ALPHA_LAUNCH_S = 10e-6  # [NC] per collective: launch and synchronisation
 ALPHA_NVLINK_S = 1e-6  # [NC] per ring step inside a node (LL protocol over NVLink)
 ALPHA_NETWORK_S = 5e-6  # [NC] per ring step across nodes (InfiniBand/RoCE RDMA round trip)
-# FP8 (published runs only: PaddleNLP 2.8.1 cannot train in FP8, so no plan chooses it). The
-# precision code after PRECISIONS' marks a Transformer Engine "hybrid" run [TE]: the linear
-# layers' GEMMs at the FP8 peak with 1-byte operands, everything else (attention, the LM head,
-# norms, communication) in bf16. TE casts each GEMM input to FP8 with a transposed copy for the
-# backward pass (fused cast-transpose: read 2 bytes, write 2 x 1 byte per element) and does
-# the same for the output gradient in the backward pass; its amax/scale bookkeeping adds
-# about one kernel per cast.
-FP8_PRECISION_CODE = len(PRECISIONS)
+# FP8 (published runs only: PaddleNLP 2.8.1 cannot train in FP8, so no plan chooses it; the
+# row gptplan.precision.FP8, fitting only). A row with narrow GEMMs is a Transformer Engine
+# "hybrid" run [TE]: the linear layers' GEMMs at the FP8 peak with 1-byte operands, everything
+# else (attention, the LM head, norms, communication) in bf16. TE casts each GEMM input to FP8
+# with a transposed copy for the backward pass (fused cast-transpose: read 2 bytes, write 2 x 1
+# byte per element) and does the same for the output gradient in the backward pass; its
+# amax/scale bookkeeping adds about one kernel per cast.
 FP8_CAST_BYTES_PER_ELEMENT = 4.0
 FP8_KERNELS_PER_GEMM = 3.0
 
@@ -205,9 +205,9 @@ def layer_compute_seconds(shape: ModelShape, g: dict, dev: Device, rates: Rates)
     seconds (a dict), recompute included [N21], [K22]."""
     T = np.asarray(g["micro"], dtype=float) * np.asarray(g["seq"], dtype=float)
     code = np.asarray(g["recompute_code"])
-    mixed = np.asarray(g["precision_code"]) > 0
-    fp8 = np.asarray(g["precision_code"]) == FP8_PRECISION_CODE
-    elem = np.where(mixed, 2.0, 4.0)
+    fp8 = precision.of_codes("narrow_gemms", g["precision_code"])
+    elem = precision.of_codes("bytes_per_element", g["precision_code"])
+    gemm_elem = precision.of_codes("gemm_bytes_per_element", g["precision_code"])
     tiled = np.asarray(dev.sm_count, dtype=float) > 0
     h = np.asarray(shape.hidden, dtype=float)
     gemm_peak = np.where(fp8, dev.fp8_peak_flops, dev.peak_flops)
@@ -224,9 +224,7 @@ def layer_compute_seconds(shape: ModelShape, g: dict, dev: Device, rates: Rates)
     curve_gemm = 0.0
     cast_bytes = 0.0  # FP8 only: cast-transpose of the GEMM inputs and output gradients [TE]
     for i, (n, k) in enumerate(_layer_gemms(shape, g["tp"])):
-        fwd, bwd = _gemm_pass_seconds(
-            T, n, k, dev, rates.gemm_max, np.where(fp8, 1.0, elem), gemm_peak
-        )
+        fwd, bwd = _gemm_pass_seconds(T, n, k, dev, rates.gemm_max, gemm_elem, gemm_peak)
         redo = (code == 3) | ((code == 2) & (i < 2))  # full: all; full_attn: QKV and output
         gemm = gemm + fwd * np.where(redo, 2.0, 1.0) + bwd
         curve_gemm = curve_gemm + 2.0 * T * n * k * np.where(redo, 4.0, 3.0)
@@ -441,8 +439,7 @@ def step_time_parts(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> di
     point-to-point, the unhidden data-parallel share and the optimizer update add to it.
     """
     g = {k: np.asarray(v) for k, v in g.items()}
-    mixed = g["precision_code"] > 0
-    act_bytes = np.where(mixed, 2.0, 4.0)
+    act_bytes = precision.of_codes("bytes_per_element", g["precision_code"])
     tp, pp = g["tp"].astype(float), g["pp"].astype(float)
     L = np.asarray(shape.layers, dtype=float)
     stage_layers = np.ceil(L / pp)
@@ -536,7 +533,7 @@ def step_time_parts(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> di
     }
 
 
-def data_parallel_step_time_s(plan: Plan, perf: PerformanceData) -> float:
+def data_parallel_step_time_s(plan: Plan, perf: DeviceProfile) -> float:
     """Modelled seconds per optimizer step of `plan` (one node, data parallel) on `perf`:
     step_time_parts for tp = pp = 1, no sharding, one node (the same composition the
     planner's search uses)."""
@@ -546,7 +543,7 @@ def data_parallel_step_time_s(plan: Plan, perf: PerformanceData) -> float:
         return float("nan")
     g = {
         "nodes": 1,
-        "precision_code": int(t.precision != "fp32"),
+        "precision_code": precision.code(t.precision),
         "seq": t.seq_len,
         "micro": t.per_device_train_batch_size,
         "acc": t.gradient_accumulation_steps,

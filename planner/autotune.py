@@ -38,13 +38,14 @@ from typing import Literal
 
 import numpy as np
 
+from gptplan import precision as precision_table
 from gptplan import userdata
 from gptplan.plan import SEED_MAX
 from gptplan.progress import quiet
 from gptplan.tomlconf import from_table, setting
 from planner.planwriter import candidate_plan
 from planner.probes import LocalProbe, ProbeCache, ProbeResult, config_key
-from planner.search import PRECISIONS, CandidateTable
+from planner.search import CandidateTable
 from planner.spec import Spec
 from planner.stopping import Stopped, held
 from planner.study import claim, open_storage, open_study, repair_sqlite, study_url
@@ -236,7 +237,7 @@ def calibrated_costs(
         i = int(i)
         offer = int(table["offer"][i])
         profile = table.offers[offer].profile
-        precision = PRECISIONS[table["precision_code"][i]]
+        precision = precision_table.name_of(table["precision_code"][i])
         same_offer = {j: r for j, r in probed.items() if int(table["offer"][j]) == offer}
         same_profile = {
             j: r

@@ -25,10 +25,12 @@ from typing import Any
 import numpy as np
 import tomli_w
 
+from gptplan import precision as precision_table
+from gptplan.plan import PRECISIONS
 from gptplan.tomlconf import write_text_atomic
 from planner.hardware import Efficiency, Profile, calibration_dir
 from planner.probes import ProbeResult
-from planner.search import PRECISIONS, CandidateTable
+from planner.search import CandidateTable
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,8 @@ def fit(
     from scipy.optimize import least_squares
 
     by_precision: dict[str, Efficiency] = {}
-    for code, precision in enumerate(PRECISIONS):
+    for precision in PRECISIONS:
+        code = precision_table.code(precision)
         rows = [(i, r) for i, r in probed.items() if r.ok and table["precision_code"][i] == code]
         points = []
         for i, r in rows:
@@ -165,7 +168,7 @@ def fit(
         return None
     errors, ratios = [], []
     for i, r in probed.items():
-        precision = PRECISIONS[table["precision_code"][i]]
+        precision = precision_table.name_of(table["precision_code"][i])
         if r.ok and precision in by_precision:
             predicted = predicted_step(table, i, by_precision[precision])
             errors.append(abs(predicted - r.step_time_s) / r.step_time_s)

@@ -11,6 +11,7 @@ import math
 import numpy as np
 from tabulate import tabulate
 
+from gptplan import precision as precision_table
 from planner.search import CandidateTable, Decision, outlier_rows, ranked, tokens_bought_interval
 
 WIDTH = 120
@@ -75,8 +76,6 @@ def distinct_rows(table: CandidateTable, rows, keep=()) -> list[int]:
 def _fold_precisions(table: CandidateTable, rows: list[int], keep) -> list[tuple[int, list]]:
     """Decisions that differ only in precision at the same cost and hours (3 digits) share a
     row ('fp16/bf16'): the model cannot tell them apart."""
-    from planner.search import PRECISIONS
-
     out: list[tuple[int, list[str]]] = []
     where: dict[tuple, int] = {}
     for i in rows:
@@ -88,7 +87,7 @@ def _fold_precisions(table: CandidateTable, rows: list[int], keep) -> list[tuple
             f"{table['cost'][i]:.3g}",
             f"{table['hours'][i]:.3g}",
         )
-        name = PRECISIONS[int(table["precision_code"][i])]
+        name = precision_table.name_of(table["precision_code"][i])
         if key in where and i not in keep:
             out[where[key]][1].append(name)
             continue

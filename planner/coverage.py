@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gptplan import precision as precision_table
 from gptplan.plan import RECOMPUTE_MODES, SHARDING_STAGES
 
 # A continuous axis counts as covered up to this factor beyond the rows' extremes (model size,
@@ -225,7 +226,8 @@ def _read_caps() -> dict[str, MfuCap]:
     best: dict[str, MfuCap] = {}
     for r in pb.load_rows(pb.RUNS_CSV):
         rec = r.record
-        if rec["precision"] not in ("fp16", "bf16") or r.model is None or r.prof is None:
+        row = precision_table.row(rec["precision"])  # 16-bit runs (not fp8's narrow GEMMs)
+        if not row.mixed or row.narrow_gemms or r.model is None or r.prof is None:
             continue
         flops = training_flops_per_token(r.model, int(rec["seq"]))
         peak = r.prof.peak_for(rec["precision"]) * 1e12

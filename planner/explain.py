@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gptplan import precision
 from gptplan.plan import Plan, load_plan
 from gptplan.tomlconf import read_toml
 from planner import costmodel as cm
@@ -258,7 +259,7 @@ def article_claims(spec, plan, choice, here, pins, target, stats, profiles) -> l
 
 
 def _amp_claims(d, spec, plan, choice, here, pins, target) -> list[dict]:
-    if plan.training.precision == "fp32":
+    if not precision.row(plan.training.precision).mixed:
         return []
     fp32 = _one(spec, choice, target, **(pins | {"precisions": ["fp32"]}))
     # like for like: flash attention needs 16 bit, so AMP's own saving is measured with the
@@ -303,7 +304,7 @@ def _recompute_claim(d, plan) -> dict:
         micro_batch=plan.training.per_device_train_batch_size,
         tp=plan.parallel.tensor_parallel_degree,
         seq_parallel=plan.parallel.sequence_parallel,
-        act_bytes=2.0 if plan.training.precision != "fp32" else 4.0,
+        act_bytes=precision.row(plan.training.precision).bytes_per_element,
     )
     none = float(cm.activation_bytes_per_layer(shape, recompute_code=0, **args))
     full = float(cm.activation_bytes_per_layer(shape, recompute_code=3, **args))

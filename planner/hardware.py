@@ -13,29 +13,28 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from gptplan import userdata
-from gptplan.plan import PRECISIONS, Device
 
-# Profile folder, calibration folder and the [efficiency] table are shared with the runner's
-# local rehearsal (gptplan.profile), so both read a profile the same way.
+# The device part of a profile (specs, peaks, efficiency, calibration) is read by the core's
+# one strict reader (gptplan.profile), shared with the runner's local rehearsal.
 from gptplan.profile import (  # noqa: F401
     LARGE_MODEL_PARAMS,
     LOCAL_CALIBRATION_ENV,
+    PEAK_KEYS,
     PROFILE_DIR,
+    DeviceProfile,
     Efficiency,
     ProfileError,
+    apply_calibration,
     calibration_dir,
     calibration_tables,
+    read_profile_file,
 )
 from gptplan.tomlconf import from_table, read_toml, setting
-
-# Keys of a profile's [peak_tflops]. fp8 serves only the fit to published FP8 runs
-# (planner.published): `precisions`, what a plan may choose, never lists it.
-PEAK_KEYS = ("fp32", "tf32", "fp16", "bf16", "fp8")
 
 
 @dataclass(frozen=True)
@@ -106,54 +105,11 @@ class Offer:
 
 
 @dataclass(frozen=True)
-class Profile:
-    name: str = setting("", "Profile name (file stem).")
-    vendor: str = setting("", "Vendor.")
-    device: Device = setting("gpu", "Device type.")
-    memory_gb: float = setting(0.0, "Memory per device, GB.", min=0)
-    memory_bandwidth_gbytes_per_s: float = setting(0.0, "Memory bandwidth, GB/s.", min=0)
-    intra_node_gbytes_per_s: float = setting(
-        0.0, "Device-to-device bandwidth in a node, GB/s.", min=0
-    )
-    intra_node_link: str = setting("", "Link type.")
-    tdp_w: float = setting(0.0, "Board power, W.", min=0)
-    sm_count: int = setting(
-        0,
-        "Streaming multiprocessors (NVIDIA datasheets/whitepapers): the "
-        "GEMM tile/wave model; 0 = none (CPUs, NPUs: the calibrated "
-        "whole-layer curve).",
-        min=0,
-    )
-    verified: bool = setting(True, "False when figures are unverified leads.")
-    flash_attention: bool = setting(
-        False,
-        "Paddle's flash attention kernels run here (CUDA "
-        "compute capability >= 8.0: Ampere and newer).",
-    )
-    source: str = setting("", "Where the specs come from.")
-    peak_tflops: dict = field(default_factory=dict)
-    efficiency: Efficiency = field(default_factory=Efficiency)
-    efficiency_by_precision: dict = field(default_factory=dict)  # precision -> Efficiency
+class Profile(DeviceProfile):
+    """A device (gptplan.profile.DeviceProfile: specs, peaks, efficiency, peak_for and
+    efficiency_for) and its priced offers."""
+
     offers: tuple[Offer, ...] = ()
-
-    def efficiency_for(self, precision: str) -> Efficiency:
-        """Calibrated per precision where a calibration exists, else the profile default."""
-        return self.efficiency_by_precision.get(precision, self.efficiency)
-
-    def peak_for(self, precision: str) -> float:
-        """Dense peak TFLOPS used by `precision`; fp32 matmuls use TF32 where it exists
-        (Paddle enables TF32 for cuBLAS by default)."""
-        if precision == "fp32":
-            return self.peak_tflops.get("tf32") or self.peak_tflops.get("fp32", 0.0)
-        return self.peak_tflops.get(precision, 0.0)
-
-    @property
-    def precisions(self) -> list[str]:
-        return [
-            p
-            for p in PRECISIONS
-            if self.peak_tflops.get(p) or (p == "fp32" and self.peak_tflops.get("tf32"))
-        ]
 
 
 def _load_offer(table: dict, *, file: str, index: int) -> Offer:
@@ -161,34 +117,11 @@ def _load_offer(table: dict, *, file: str, index: int) -> Offer:
 
 
 def load_profile(path: Path) -> Profile:
-    data = read_toml(path, ProfileError)
-    file = str(path)
-    data = dict(data)
-    peaks = data.pop("peak_tflops", {})
-    eff = from_table(
-        Efficiency, data.pop("efficiency", {}), file=file, section="efficiency", error=ProfileError
-    )
-    offers = tuple(_load_offer(o, file=file, index=i) for i, o in enumerate(data.pop("offers", [])))
-    for key, value in peaks.items():
-        if (
-            key not in PEAK_KEYS
-            or isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or value <= 0
-        ):
-            raise ProfileError(
-                f"{value!r}: allowed keys {', '.join(PEAK_KEYS)} with positive numbers",
-                file=file,
-                key=f"peak_tflops.{key}",
-            )
-    base = from_table(Profile, data, file=file, section="", error=ProfileError)
-    if base.name != path.stem:
-        raise ProfileError(
-            f"{base.name!r} must equal the file name {path.stem!r}", file=file, key="name"
-        )
-    return dataclasses.replace(
-        base, peak_tflops={k: float(v) for k, v in peaks.items()}, efficiency=eff, offers=offers
-    )
+    """A profile file, strictly: the device through the core's reader, then its offers."""
+    device, offer_tables = read_profile_file(path)
+    offers = tuple(_load_offer(o, file=str(path), index=i) for i, o in enumerate(offer_tables))
+    fields = {f.name: getattr(device, f.name) for f in dataclasses.fields(device)}
+    return Profile(**fields, offers=offers)
 
 
 def imported_prices_dir(directory: Path | None = None) -> Path:
@@ -294,10 +227,3 @@ def load_profiles(directory: Path = PROFILE_DIR) -> dict[str, Profile]:
         if calib.stem in profiles:
             profiles[calib.stem] = apply_calibration(profiles[calib.stem], calib)
     return profiles
-
-
-def apply_calibration(profile: Profile, path: Path) -> Profile:
-    """Merge a calibration file: [efficiency] and optional [efficiency_<precision>] tables."""
-    base, by_precision = calibration_tables(path)
-    base = base or profile.efficiency
-    return dataclasses.replace(profile, efficiency=base, efficiency_by_precision=by_precision)

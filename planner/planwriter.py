@@ -6,6 +6,7 @@ import datetime as dt
 import math
 
 from gptplan import money
+from gptplan import precision as precision_table
 from gptplan.plan import (
     BudgetSection,
     CheckpointSection,
@@ -145,7 +146,7 @@ def candidate_plan(
             warmup_steps=max(1, int(steps * tr.warmup_fraction)),
             weight_decay=tr.weight_decay,
             precision=precision,
-            fp16_opt_level=tr.fp16_opt_level if precision != "fp32" else "O1",
+            fp16_opt_level=tr.fp16_opt_level if precision_table.row(precision).mixed else "O1",
             use_flash_attention=bool(row.get("flash", 0)),
             packing=tr.packing,
             logging_steps=max(1, min(100, steps // 20)),

@@ -26,10 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from gptplan import precision as precision_table
 from gptplan.memory import ModelShape
 from gptplan.modelfacts import parameter_count
-from gptplan.plan import PRECISIONS, RECOMPUTE_MODES, SHARDING_STAGES, ModelSection
-from gptplan.steptime import FP8_PRECISION_CODE, Device, Rates, step_time_parts
+from gptplan.plan import RECOMPUTE_MODES, SHARDING_STAGES, ModelSection
+from gptplan.steptime import Device, Rates, step_time_parts
 from planner.hardware import PROFILE_DIR, Profile, ProfileError, load_profiles
 
 RUNS_CSV = PROFILE_DIR / "published_runs.csv"
@@ -37,9 +38,8 @@ RUNS_CSV = PROFILE_DIR / "published_runs.csv"
 # Which profiles share fitted constants: one GPU generation each (A100 40 and 80 GB are the same
 # chip; H200 is an H100 with more memory).
 GENERATIONS = {"ampere": ("a100-40gb", "a100-80gb"), "hopper": ("h100-80gb", "h200-141gb")}
-# The planner's precisions, plus "fp8" for published Transformer Engine runs (GEMMs in FP8, the
-# rest bf16; gptplan.steptime.FP8_PRECISION_CODE): rows only, never a plan's choice.
-PRECISION_CODES = {**{p: i for i, p in enumerate(PRECISIONS)}, "fp8": FP8_PRECISION_CODE}
+# A run's precision is any row of gptplan.precision: the planner's, plus "fp8" for published
+# Transformer Engine runs (GEMMs in FP8, the rest bf16; fitting only, never a plan's choice).
 # The prior each constant is pulled towards (weakly: PRIOR_SIGMA in log space), and bounds.
 PRIOR = {"gemm_max": 0.7, "kernel_overhead_us": 5.0, "overlap": 0.5, "attention_fraction": 0.7}
 PRIOR_SIGMA = 5.0  # log units: only breaks ties a few rows cannot settle
@@ -129,7 +129,7 @@ def _row(rec: dict, profiles: dict[str, Profile]) -> Row:
     if rec["gpu_profile"] not in profiles:
         raise ValueError(f"gpu_profile {rec['gpu_profile']!r} is not a hardware profile")
     for key, allowed in (
-        ("precision", PRECISION_CODES),
+        ("precision", precision_table.TABLE.by_name),
         ("sharding", SHARDING_STAGES),
         ("recompute", RECOMPUTE_MODES),
     ):
@@ -141,8 +141,12 @@ def _row(rec: dict, profiles: dict[str, Profile]) -> Row:
     if not float(rec["measured"]) > 0:
         raise ValueError(f"measured {rec['measured']!r} must be positive")
     prof = profiles[rec["gpu_profile"]]
-    if rec["precision"] == "fp8" and not prof.peak_for("fp8"):
-        raise ValueError(f"precision fp8 on {rec['gpu_profile']}, whose profile has no fp8 peak")
+    row = precision_table.row(rec["precision"])
+    if row.narrow_gemms and not prof.peak_for(row.name):
+        raise ValueError(
+            f"precision {row.name} on {rec['gpu_profile']}, whose profile has no "
+            f"{' or '.join(row.gemm_peak)} peak"
+        )
     m = _model(rec)
     params = parameter_count(m)
     return Row(
@@ -215,19 +219,16 @@ def _columns(rows: list[Row]) -> dict:
         "shard_degree": col("sharding_degree"),
         "sp": col("sequence_parallel"),
         "flash": col("flash_attention"),
-        "precision_code": col("precision", PRECISION_CODES.__getitem__),
+        "precision_code": col("precision", precision_table.code),
         "stage_code": col("sharding", SHARDING_STAGES.index),
         "recompute_code": col("recompute", RECOMPUTE_MODES.index),
     }
     profs = [p for _, _, p in recs]
 
-    def non_gemm_precision(rec) -> str:  # an FP8 run does all but its GEMMs in bf16
-        return "bf16" if rec["precision"] == "fp8" else rec["precision"]
-
     dev = Device(
         np.array(
             [
-                float(rec.get("device_peak_tflops") or p.peak_for(non_gemm_precision(rec))) * 1e12
+                float(rec.get("device_peak_tflops") or p.non_gemm_peak_for(rec["precision"])) * 1e12
                 for rec, _, p in recs
             ]
         ),
@@ -241,7 +242,8 @@ def _columns(rows: list[Row]) -> dict:
         np.array([p.intra_node_gbytes_per_s * 1e9 for p in profs]),
         col("inter_node_gbits_per_s", float) / 8 * 1e9,
         col("gpus_per_node"),
-        np.array([p.peak_for("fp8") * 1e12 for p in profs]),
+        # the narrow GEMMs' own peak (FP8 runs; gptplan.precision's narrow_gemms rows)
+        np.array([p.peak_for(rec["precision"]) * 1e12 for rec, _, p in recs]),
     )
     return {
         "shape": shape,

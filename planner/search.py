@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gptplan import precision as precision_table
 from gptplan.memory import (
     GIB,
     MAY_FIT_SAVING,
@@ -32,7 +33,6 @@ from gptplan.memory import (
 from gptplan.money import checkpoint_bytes
 from gptplan.plan import (
     LAYOUT_RULES,
-    PRECISIONS,
     RECOMPUTE_MODES,
     SHARDING_STAGES,
     tensor_parallel_divides,
@@ -93,7 +93,7 @@ class CandidateTable:
         out = {k: v[i].item() for k, v in self.columns.items()}
         choice = self.offers[out["offer"]]
         out["offer_choice"] = choice
-        out["precision"] = PRECISIONS[out["precision_code"]]
+        out["precision"] = precision_table.name_of(out["precision_code"])
         out["sharding"] = SHARDING_STAGES[out["stage_code"]]
         out["recompute"] = RECOMPUTE_MODES[out["recompute_code"]]
         out.update({k: v[0].item() for k, v in self.intervals(np.array([i])).items()})
@@ -119,13 +119,13 @@ class CandidateTable:
         extra = np.zeros(len(idx))
         offer, prec = self["offer"][idx], self["precision_code"][idx]
         for o, p in {(int(a), int(b)) for a, b in zip(offer, prec, strict=True)}:
-            cov = coverage.for_profile(self.offers[o].profile, PRECISIONS[p])
+            cov = coverage.for_profile(self.offers[o].profile, precision_table.name_of(p))
             sel = (offer == o) & (prec == p)
             if cov is None:
                 continue
             axes = coverage.outside_axes(cov, **self._coverage_query(idx[sel]))
             n[sel] = coverage.outside_count(axes)
-            eff = self.offers[o].profile.efficiency_for(PRECISIONS[p])
+            eff = self.offers[o].profile.efficiency_for(precision_table.name_of(p))
             extra[sel] = eff.extrapolation_log_error
         return n, extra
 
@@ -134,7 +134,7 @@ class CandidateTable:
         row = {k: self[k][i].item() for k in ("world", "tp", "pp", "seq")}
         row |= {k: self[k][i].item() for k in ("stage_code", "recompute_code")}
         prof = self.offers[int(self["offer"][i])].profile
-        precision = PRECISIONS[int(self["precision_code"][i])]
+        precision = precision_table.name_of(self["precision_code"][i])
         return coverage.row_reasons(prof, precision, self.params_total, self.family, row)
 
     def intervals(self, idx: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -144,12 +144,14 @@ class CandidateTable:
         calibration spread (planner.costmodel.interval_from_throughput), so a million-row
         table need not carry six more columns."""
         idx = np.arange(len(self)) if idx is None else np.asarray(idx, dtype=int)
-        ratios = np.array(
-            [
-                [c.profile.efficiency_for(p).interval_ratios(self.params_total) for p in PRECISIONS]
-                for c in self.offers
-            ]
-        )
+
+        def by_code(c: OfferChoice) -> np.ndarray:  # [precision code, (p10, p90)]
+            return precision_table.TABLE.column(
+                lambda r: c.profile.efficiency_for(r.name).interval_ratios(self.params_total),
+                fill=(1.0, 1.0),
+            )
+
+        ratios = np.array([by_code(c) for c in self.offers])
         lo, hi = ratios[..., 0], ratios[..., 1]
         offer, prec = self["offer"][idx], self["precision_code"][idx]
         p10, p90 = coverage.widen(lo[offer, prec], hi[offer, prec], *self.outside_count(idx))
@@ -389,7 +391,7 @@ def _offer_parts(spec: Spec, choice: OfferChoice, index: int, target: float) -> 
     prof, offer = choice.profile, choice.offer
     c, s = spec.constraints, spec.search
     gpn = offer.gpus_per_node
-    precisions = [PRECISIONS.index(p) for p in c.precisions if p in prof.precisions]
+    precisions = [precision_table.code(p) for p in c.precisions if p in prof.precisions]
     tps = [
         t
         for t in s.tensor_parallel
@@ -480,7 +482,7 @@ def _offer_parts(spec: Spec, choice: OfferChoice, index: int, target: float) -> 
             return []
     g["flash"] = np.full(len(batch_ranks), 0)
     if s.flash_attention and prof.flash_attention and m.hidden_size // m.num_attention_heads <= 256:
-        g["flash"] = (g["precision_code"] > 0).astype(int)  # fp16/bf16 only
+        g["flash"] = precision_table.of_codes("flash_attention", g["precision_code"]).astype(int)
     g = partial_recompute_rows(m, prof, g, c.memory_headroom, s.recompute_layers)
     out = evaluate_layouts(m, prof, offer, g, memory_headroom=c.memory_headroom)
     out["offer"] = np.full(len(out["nodes"]), index)
@@ -571,12 +573,13 @@ def evaluate_layouts(
     batch_ranks = g["dp"] * g["shard_degree"]
     tokens_per_step = g["micro"] * g["acc"] * g["seq"] * batch_ranks
     eff = prof.efficiency  # framework constants (memory overhead, comm overlap)
-    per_precision = [prof.efficiency_for(p) for p in PRECISIONS]
-    if efficiency is not None:
-        per_precision = [efficiency] * len(PRECISIONS)
 
     def by_precision(attr: str) -> np.ndarray:
-        return np.array([getattr(e, attr) for e in per_precision])[g["precision_code"]]
+        return precision_table.TABLE.column(
+            lambda r: getattr(
+                efficiency if efficiency is not None else prof.efficiency_for(r.name), attr
+            )
+        )[g["precision_code"]]
 
     g.setdefault("rc_layers", np.zeros(len(g["tp"]), dtype=int))
     mem = layout_memory_bytes(
@@ -588,7 +591,7 @@ def evaluate_layouts(
     )
     sure, may_fit = memory_fit(mem, prof.memory_gb * GIB, memory_headroom)
 
-    peak = np.array([prof.peak_for(p) for p in PRECISIONS])[g["precision_code"]] * 1e12
+    peak = precision_table.TABLE.column(lambda r: prof.peak_for(r.name))[g["precision_code"]] * 1e12
     inter = offer.inter_node_gbits_per_s / 8 * 1e9 if offer.inter_node_gbits_per_s else 1.0
     dev = Device(
         peak,
@@ -803,7 +806,10 @@ def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) ->
     checkpoint_hours = cm.checkpoint_write_hours(
         state_bytes=checkpoint_bytes(
             shape.params_total,
-            master_weights=((rows["precision_code"] > 0) & (spec.training.fp16_opt_level == "O2")),
+            master_weights=(
+                precision_table.of_codes("master_weights", rows["precision_code"])
+                & (spec.training.fp16_opt_level == "O2")
+            ),
         ),
         nodes=rows["nodes"],
         node_gbytes_per_s=sp.checkpoint_gbytes_per_s,

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import tomli
 
+from gptplan import precision as precision_table
 from gptplan.errors import UserError
 from gptplan.modelfacts import MODEL_SIZES, model_problem, size_fields
 from gptplan.plan import (
@@ -399,9 +400,9 @@ def validate_spec(spec: Spec) -> None:
     if not c.seq_lens:
         fail("constraints.seq_lens", "needs at least one value")
     for p in c.precisions:
-        if p not in PRECISIONS:
-            why = " (FP8 cannot be planned: PaddleNLP 2.8.1 has no FP8 training)" * (p == "fp8")
-            fail("constraints.precisions", f"{p!r}; allowed: {allowed(PRECISIONS)}{why}")
+        refused = precision_table.refusal(p)
+        if refused:
+            fail("constraints.precisions", refused)
     if c.global_batch_tokens_max and c.global_batch_tokens_max < c.global_batch_tokens_min:
         fail("constraints.global_batch_tokens_max", "is below global_batch_tokens_min")
     for name, values, ok in (

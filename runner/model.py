@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+from gptplan import precision as precisions
 from gptplan.plan import ModelSection, ParallelSection, no_recompute_layers
 
 # PaddleNLP 2.8.1's Llama MLP calls paddle.incubate's swiglu, deprecated in Paddle 3.3 (the same
@@ -14,7 +15,7 @@ warnings.filterwarnings("ignore", message=r"(?s).*incubate\.nn\.functional\.swig
 def flash_attention_supported(precision: str) -> bool:
     """Paddle's flash attention (FlashAttention-2 kernels) runs on CUDA GPUs of compute
     capability >= 8.0 (Ampere and newer) in fp16/bf16 only."""
-    if precision not in ("fp16", "bf16"):
+    if not precisions.row(precision).flash_attention:
         return False
     import paddle
 

@@ -11,7 +11,9 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from gptplan import precision
 from gptplan.plan import Plan
 
 ENTRY_SCRIPT = Path(__file__).with_name("_launch_entry.py")
@@ -49,12 +51,13 @@ def strategy_settings(plan: Plan) -> dict:
         }
     if p.sharding:
         settings["sharding_stage"] = int(p.sharding[-1])
-    if t.precision in ("fp16", "bf16"):
+    row = precision.row(t.precision)
+    if row.mixed:
         settings["amp"] = {
-            "dtype": "float16" if t.precision == "fp16" else "bfloat16",
+            "dtype": row.paddle_dtype,
             "level": t.fp16_opt_level,
-            "use_dynamic_loss_scaling": t.precision == "fp16",
-            "init_loss_scaling": t.scale_loss if t.precision == "fp16" else 1.0,
+            "use_dynamic_loss_scaling": row.loss_scaling,
+            "init_loss_scaling": t.scale_loss if row.loss_scaling else 1.0,
         }
     if p.recompute != "none":
         settings["recompute"] = {"granularity": p.recompute}
@@ -78,7 +81,8 @@ def build_strategy(plan: Plan):
 
     strategy = fleet.DistributedStrategy()
     settings = strategy_settings(plan)
-    strategy.hybrid_configs = {k: v for k, v in settings["hybrid_configs"].items()}
+    hybrid: Any = dict(settings["hybrid_configs"])  # Paddle types it as its own TypedDict
+    strategy.hybrid_configs = hybrid
     if "pipeline_configs" in settings:
         strategy.pipeline_configs = settings["pipeline_configs"]
     if "tensor_parallel_configs" in settings:

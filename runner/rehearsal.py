@@ -24,12 +24,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
+from gptplan import precision
 from gptplan.errors import HardwareError
 from gptplan.memory import GB, ModelShape, memory_per_device_bytes
 from gptplan.modelfacts import training_flops_per_token
 from gptplan.plan import SHARDING_STAGES, EstimateSection, Plan
-from gptplan.profile import PerformanceData, ProfileError, read_performance
+from gptplan.profile import DeviceProfile, ProfileError, read_performance
 from gptplan.steptime import RECOMPUTE_CODES, data_parallel_step_time_s
 from runner.launch import local_precisions
 from runner.parallel import local_device_count
@@ -65,16 +67,18 @@ class Rehearsal:
     profile: str
 
 
-def local_performance(plan: Plan) -> PerformanceData | None:
+def local_performance(plan: Plan) -> DeviceProfile | None:
     """The profile that describes this machine's devices (cpu.toml on a CPU machine)."""
     name = "cpu" if plan.hardware.device == "cpu" else plan.hardware.profile
     try:
         return read_performance(name)
-    except ProfileError:
-        return None
+    except ProfileError as exc:
+        if exc.file and Path(exc.file).is_file():
+            raise  # a malformed profile or calibration: one clear line, exit 2
+        return None  # no profile of that name here: the rehearsal is not modelled
 
 
-def modelled_memory_bytes(plan: Plan, perf: PerformanceData | None) -> float:
+def modelled_memory_bytes(plan: Plan, perf: DeviceProfile | None) -> float:
     """Peak bytes per rank of `plan`, from gptplan.memory's formulas."""
     t, p = plan.training, plan.parallel
     eff = perf.efficiency_for(t.precision) if perf else None
@@ -90,7 +94,7 @@ def modelled_memory_bytes(plan: Plan, perf: PerformanceData | None) -> float:
             shard_degree=p.sharding_parallel_degree,
             recompute_code=RECOMPUTE_CODES[p.recompute],
             seq_parallel=p.sequence_parallel,
-            mixed_precision=t.precision != "fp32",
+            precision_code=precision.code(t.precision),
             overhead_gb=eff.memory_overhead_gb if eff else 0.0,
             fragmentation=eff.fragmentation if eff else 1.0,
             flash_attention=t.use_flash_attention,
@@ -123,7 +127,7 @@ def _with_training(plan: Plan, **fields) -> Plan:
 
 
 def fit_memory(
-    plan: Plan, perf: PerformanceData | None, budget_bytes: float
+    plan: Plan, perf: DeviceProfile | None, budget_bytes: float
 ) -> tuple[Plan, dict[str, str]]:
     """Halve micro-batch, then seq_len, until the modelled memory fits; keep tokens per step."""
     t = plan.training
@@ -166,7 +170,7 @@ def fit_memory(
 
 
 def fit_time(
-    plan: Plan, perf: PerformanceData, pinned: frozenset[str]
+    plan: Plan, perf: DeviceProfile, pinned: frozenset[str]
 ) -> tuple[Plan, dict[str, str]]:
     """Lower accumulation, then micro-batch, until a step is modelled at <= STEP_TARGET_S."""
     before = data_parallel_step_time_s(plan, perf)
@@ -360,10 +364,9 @@ def localize(plan: Plan) -> tuple[Plan, list[str]]:
     precisions = local_precisions() if device == "cpu" else plan.hardware.precisions
     new_t = t
     if t.precision not in precisions:
-        fallback = "bf16" if "bf16" in precisions and t.precision != "fp32" else "fp32"
-        new_t = dataclasses.replace(
-            t, precision=fallback, fp16_opt_level=t.fp16_opt_level if fallback != "fp32" else "O1"
-        )
+        fallback = "bf16" if "bf16" in precisions and precision.row(t.precision).mixed else "fp32"
+        level = t.fp16_opt_level if precision.row(fallback).mixed else "O1"
+        new_t = dataclasses.replace(t, precision=fallback, fp16_opt_level=level)
         changes.append(f"training.precision: {t.precision!r} -> {fallback!r}")
     hw = plan.hardware
     new_hw = dataclasses.replace(

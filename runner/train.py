@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from gptplan import money, precision
 from gptplan.diskspace import free_bytes
 from gptplan.errors import UserError
 from gptplan.plan import Plan, TrainingSection, load_plan
@@ -132,14 +133,14 @@ def build_optimizer(plan: Plan, model):
         weight_decay=t.weight_decay,
         grad_clip=clip,
         apply_decay_param_fun=lambda name: name not in no_decay,
-        multi_precision=t.fp16_opt_level == "O2",
+        multi_precision=money.keeps_master_weights(t.precision, t.fp16_opt_level),
     )
 
 
 def build_scaler(plan: Plan):
     import paddle
 
-    if plan.training.precision != "fp16":
+    if not precision.row(plan.training.precision).loss_scaling:
         return None
     return paddle.amp.GradScaler(init_loss_scaling=plan.training.scale_loss)
 
@@ -148,13 +149,10 @@ def amp_context(plan: Plan):
     import paddle
 
     t = plan.training
-    if t.precision == "fp32":
+    level = precision.amp_level(t.precision, t.fp16_opt_level)
+    if level is None:
         return contextlib.nullcontext()
-    return paddle.amp.auto_cast(
-        enable=True,
-        level=t.fp16_opt_level,
-        dtype="float16" if t.precision == "fp16" else "bfloat16",
-    )
+    return paddle.amp.auto_cast(enable=True, level=level, dtype=precision.paddle_dtype(t.precision))
 
 
 @dataclass
@@ -488,8 +486,8 @@ def build_training_state(plan: Plan):
         )
         optimizer = build_optimizer(plan, model)
     scaler = build_scaler(plan)
-    if plan.training.fp16_opt_level == "O2":
-        dtype = "float16" if plan.training.precision == "fp16" else "bfloat16"
+    if precision.amp_level(plan.training.precision, plan.training.fp16_opt_level) == "O2":
+        dtype = precision.paddle_dtype(plan.training.precision)
         model, optimizer = paddle.amp.decorate(
             models=model, optimizers=optimizer, level="O2", dtype=dtype, master_weight=True
         )

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gptplan import precision
 from gptplan import steptime as st
 from gptplan.modelfacts import MODEL_SIZES
 from gptplan.plan import ModelSection
@@ -29,7 +30,9 @@ SHAPE = cm.ModelShape.from_section(BASE)
     ],
 )
 def test_zero_bytes_per_param(mixed, stage, degree, expected):
-    assert cm.model_state_bytes_per_param(mixed, stage, degree) == pytest.approx(expected)
+    assert cm.model_state_bytes_per_param(
+        (precision.BF16 if mixed else precision.FP32).code, stage, degree
+    ) == pytest.approx(expected)
 
 
 def test_an_80_gb_device_holds_80_gib():
@@ -147,7 +150,7 @@ def memory(**kw):
             shard_degree=8,
             recompute_code=0,
             seq_parallel=False,
-            mixed_precision=True,
+            precision_code=precision.BF16.code,
             overhead_gb=1.0,
             fragmentation=1.1,
         )
@@ -169,7 +172,7 @@ def test_memory_is_monotone(tp, pp, stage, recompute, mixed, micro):
         pp=pp,
         stage_code=stage,
         recompute_code=recompute,
-        mixed_precision=mixed,
+        precision_code=(precision.BF16 if mixed else precision.FP32).code,
         micro_batch=micro,
     )
     here = memory(**base)
@@ -346,7 +349,7 @@ def test_uneven_pipeline_stages_plan_126_layers_on_16_stages():
         shard_degree=1,
         recompute_code=3,
         seq_parallel=True,
-        mixed_precision=True,
+        precision_code=precision.BF16.code,
         overhead_gb=1.0,
         fragmentation=1.0,
     )
@@ -442,8 +445,8 @@ def test_fp8_runs_put_only_the_linear_gemms_at_the_fp8_peak_and_pay_the_casts():
     and kernel terms. The FP8 code is for published rows only: no plan can choose fp8."""
     from gptplan.plan import PRECISIONS
 
-    bf16, fp8 = _fp8_parts(2), _fp8_parts(st.FP8_PRECISION_CODE)
-    assert "fp8" not in PRECISIONS and st.FP8_PRECISION_CODE == len(PRECISIONS)
+    bf16, fp8 = _fp8_parts(precision.BF16.code), _fp8_parts(precision.FP8.code)
+    assert "fp8" not in PRECISIONS and not precision.FP8.plannable
     head = bf16["gemm_s"] - fp8["gemm_s"]  # the layers' share saved
     assert 0.3 * bf16["gemm_s"] < head < 0.5 * bf16["gemm_s"]
     assert fp8["attention_s"] == pytest.approx(bf16["attention_s"])

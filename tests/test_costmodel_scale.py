@@ -8,6 +8,7 @@ import pytest
 import tomli
 from conftest import BASE_PLAN, merge
 
+from gptplan import precision
 from gptplan import steptime as st
 from gptplan.errors import PlanError
 from gptplan.modelfacts import MODEL_SIZES
@@ -213,7 +214,7 @@ def test_flash_attention_drops_the_s2_scores_from_memory():
         shard_degree=1,
         recompute_code=0,
         seq_parallel=False,
-        mixed_precision=True,
+        precision_code=precision.BF16.code,
         overhead_gb=1.5,
         fragmentation=1.1,
     )
