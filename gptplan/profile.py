@@ -13,11 +13,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 from gptplan import precision as precisions
 from gptplan import userdata
 from gptplan.errors import UserError
+from gptplan.plan import Device
 from gptplan.tomlconf import from_table, read_toml, setting
 
 # The shipped profiles: read-only package data (in a checkout or an editable install the
@@ -187,7 +188,7 @@ class DeviceProfile:
 
     name: str = setting("", "Profile name (file stem).")
     vendor: str = setting("", "Vendor.")
-    device: Literal["cpu", "gpu", "xpu", "npu"] = setting("gpu", "Device type.")
+    device: Device = setting("gpu", "Device type.")
     memory_gb: float = setting(0.0, "Memory per device, GB.", min=0)
     memory_bandwidth_gbytes_per_s: float = setting(0.0, "Memory bandwidth, GB/s.", min=0)
     intra_node_gbytes_per_s: float = setting(
