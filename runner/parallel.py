@@ -78,7 +78,9 @@ def build_strategy(plan: Plan):
 
     strategy = fleet.DistributedStrategy()
     settings = strategy_settings(plan)
-    strategy.hybrid_configs = {k: v for k, v in settings["hybrid_configs"].items()}
+    # Paddle types hybrid_configs as a TypedDict of its keys; strategy_settings builds a dict
+    hybrid_configs = {k: v for k, v in settings["hybrid_configs"].items()}
+    strategy.hybrid_configs = hybrid_configs  # type: ignore[assignment]
     if "pipeline_configs" in settings:
         strategy.pipeline_configs = settings["pipeline_configs"]
     if "tensor_parallel_configs" in settings:
