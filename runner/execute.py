@@ -89,7 +89,7 @@ def claimed_run_dir(run: Run) -> Iterator[None]:
 
     run_dir = run.run_dir
     if run.node_rank > 0:
-        with RunDirLock(run_dir, lock_file=f"runner.node{run.node_rank:02d}.lock").acquire():
+        with RunDirLock(run_dir, lock_file=f"runner.node{run.node_rank:02d}.lock"):
             yield
         return
     created = not run_dir.exists()
