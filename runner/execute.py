@@ -42,14 +42,12 @@ def execute(request: ExecuteRequest) -> int:
             return finished_run(run, resume)  # report, and an export that did not happen yet
         spent = budget_check(run, resume)  # refuses (exit 2) a run that cannot buy one step
         if spent:
-            # its seconds are machine time too (flagged as such)
-            with open_attempt(run, resume):
+            with open_attempt(run, resume):  # its seconds are machine time too (flagged)
                 if run.node_rank == 0:  # (a node > 0 keeps only its own time)
                     resume.billing.note(budget_check=1)
                 print(spent)
             return 0
-        # the attempt's record and heartbeat, closed at exit
-        with open_attempt(run, resume) as attempt:
+        with open_attempt(run, resume) as attempt:  # its record and heartbeat, closed at exit
             try:
                 with ceiling.enforced(attempt.deadline):  # the budget's deadline, start-up too
                     prepared = prepare(run, resume, attempt)  # data, launch commands
