@@ -314,7 +314,8 @@ def gather_peak_memory(plan: Plan, rank: RankInfo) -> list[dict] | None:
 
     parts: list = []
     dist.all_gather(parts, paddle.to_tensor(list(mine), dtype="float64"))
-    return per_rank_peaks([(float(t.numpy()[0]), float(t.numpy()[1])) for t in parts])
+    pairs = [t.numpy() for t in parts]  # (allocated, reserved) of each rank
+    return per_rank_peaks([(float(a), float(b)) for a, b in pairs])
 
 
 def agree_on_stop(flags: list[int], rank: RankInfo) -> list[int]:
