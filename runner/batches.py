@@ -91,7 +91,7 @@ class DeterministicSampler:
         return self.micro_batch * self.accumulation * self.batch_ranks
 
     def _permutation(self, epoch: int) -> np.ndarray:
-        if epoch != self._perm_epoch:
+        if self._perm is None or epoch != self._perm_epoch:
             self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
             self._perm_epoch = epoch
         return self._perm

@@ -10,10 +10,16 @@ measured start-up of earlier attempts, so a rerun of a spent run launches nothin
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from gptplan import money
+from gptplan.errors import BudgetError
 from gptplan.plan import Plan
+from runner.billing import Billing, Heartbeat
 
 # Priors for costs not measured yet in this run (modelled, conservative for the CPU machine):
 SHUTDOWN_PRIOR_S = {False: 1.0, True: 6.0}  # in-process vs launched ranks
@@ -176,6 +182,88 @@ def deadline(plan: Plan, *, billed_s: float, attempt_start: float) -> float | No
     if not limits:
         return None
     return attempt_start + min(limits) - billed_s - DEADLINE_TEARDOWN_S
+
+
+def check_budget(
+    plan: Plan, billing: Billing, *, started_at: float, step: int, plan_file: Path
+) -> str | None:
+    """Before anything is launched, for every plan shape: None if start-up, one step, its
+    checkpoint and shutdown fit what the budget has left (measured where earlier attempts
+    measured, else the stated bounds above); else the line saying the budget is spent. A run
+    that never billed anything and cannot buy one step is bad input (BudgetError, exit 2).
+    `started_at`: this runner process's start (its time so far is billed too); `step`: the
+    step the run would resume from."""
+    from runner import ceiling
+
+    billed = billing.total_seconds() + (time.time() - started_at)
+    need, how = first_step_need_s(
+        plan, billing.attempts, machine_startup_s=ceiling.machine_startup_s(plan)
+    )
+    crossed = over_limits(plan, billed_s=billed, needed_s=need)
+    if not crossed:
+        return None
+    b, cur = plan.budget, plan.hardware.currency
+    if not billing.attempts:
+        key = crossed[0]
+        limit = f"{b.max_cost} {b.currency}" if key == "budget.max_cost" else f"{b.max_hours} h"
+        raise BudgetError(
+            f"{limit} cannot buy one step with start-up and shutdown "
+            f"({cost_of_seconds(plan, need):.6g} {cur} for "
+            f"{need:.3g} s: {how}); raise {key}",
+            file=str(plan_file),
+            key=key,
+        )
+    limits = []
+    if "budget.max_cost" in crossed:
+        limits.append(
+            f"billed {cost_of_seconds(plan, billed):.4f} {cur} of "
+            f"budget.max_cost {b.max_cost} {b.currency}"
+        )
+    if "budget.max_hours" in crossed:
+        limits.append(f"billed {billed / 3600:.4f} h of budget.max_hours {b.max_hours} h")
+    return (
+        f"budget spent: {' and '.join(limits)} (measured); another step with start-up, "
+        f"checkpoint and shutdown needs ~{need:.1f} s more ({how}); trained {step} of "
+        f"{plan.training.max_steps} steps (checkpoint at step {step}); raise the limit "
+        "to continue"
+    )
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """An attempt opened in the bill (runner.billing): when it started, and when it must be
+    over for the billed total to stay within the budget (None: no limit, or a node > 0)."""
+
+    start: float
+    deadline: float | None
+
+
+@contextlib.contextmanager
+def billed_attempt(
+    plan: Plan, billing: Billing, *, node_rank: int, started_at: float
+) -> Iterator[Attempt]:
+    """Node 0 opens the attempt (from this process's start, `started_at`) before preparing or
+    launching anything, and a heartbeat keeps it current until the attempt is closed at exit."""
+    if node_rank > 0:  # its own time, in its own journal (runner.billing.journal_paths)
+        attempt = Attempt(start=time.time(), deadline=None)
+        own = Billing(plan.run_dir, repair=True, node_rank=node_rank)
+        own.open_attempt(started_at)
+        heartbeat = Heartbeat(own).start()
+        try:
+            yield attempt
+        finally:
+            heartbeat.stop()
+        return
+    start = billing.open_attempt(started_at)
+    attempt = Attempt(
+        start=start,
+        deadline=deadline(plan, billed_s=billing.previous_seconds(), attempt_start=start),
+    )
+    heartbeat = Heartbeat(billing).start()
+    try:
+        yield attempt
+    finally:
+        heartbeat.stop()
 
 
 def projection_alert(plan: Plan, records) -> str | None:

@@ -182,7 +182,8 @@ def begin(root: Path, step: int) -> Path:
 
 def untie(state: dict) -> dict:
     """Save a tensor shared by several names once: later names become aliases in TIED_KEY."""
-    out, seen, tied = {}, {}, {}
+    out, tied = {}, {}
+    seen: dict[str | int, str] = {}  # a tensor's identity -> the first name it was saved under
     for name, tensor in state.items():
         ident = getattr(tensor, "name", None) or id(tensor)  # a Parameter's unique name
         if ident in seen:

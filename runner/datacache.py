@@ -48,7 +48,8 @@ def _chunk_hashes(path: Path) -> tuple[int, list[str]]:
     """(size, XXH3-64 of every CHUNK_BYTES chunk) of a file, read once."""
     import xxhash
 
-    hashes, size = [], 0
+    hashes: list[str] = []
+    size = 0
     with open(path, "rb") as handle:
         while True:
             digest, got = xxhash.xxh3_64(), 0
@@ -160,7 +161,9 @@ def data_identity(folder: Path) -> dict:
     tokenizer's identity and the corpus's own content hash, so a resume can say what changed."""
     folder = Path(folder)
     meta = _read_json(folder / "meta.json") or {}
-    corpus = meta.get("corpus") if isinstance(meta.get("corpus"), dict) else {}
+    corpus = meta.get("corpus")
+    if not isinstance(corpus, dict):
+        corpus = {}
     return {
         "content_key": f"{content_key(folder):016x}",
         "num_tokens": meta.get("num_tokens"),
@@ -172,7 +175,7 @@ def data_identity(folder: Path) -> dict:
     }
 
 
-def data_change(old: dict, new: dict) -> str | None:
+def data_change(old: dict | None, new: dict) -> str | None:
     """None if `new` is the data `old` describes, else what changed (one phrase)."""
     if not isinstance(old, dict) or not old.get("content_key"):
         return None  # a checkpoint from before data identities were recorded

@@ -229,6 +229,8 @@ class MetricsWriter:
             return
         from gptplan.diskspace import guard_disk_writes
 
+        if self._file is None:  # (an enabled writer opened its file)
+            return
         with guard_disk_writes(Path(self._file.name).parent):
             self._file.write(json.dumps(asdict(record)) + "\n")
             self._file.flush()

@@ -57,7 +57,8 @@ INFLIGHT_PER_WORKER = 4  # chunks queued or being tokenized per worker (bounds m
 THROUGHPUT_FILE = "prep_throughput.json"
 
 
-_worker_encoder = None
+# this worker's encoder, or why it failed to load (raised by the first task)
+_worker_encoder: FastEncoder | _SlowEncoder | Exception | None = None
 
 
 def _init_worker(spec: str, model_dir: str | None) -> None:

@@ -30,7 +30,7 @@ from gptplan import precision
 from gptplan.errors import HardwareError
 from gptplan.memory import GB, ModelShape, memory_per_device_bytes
 from gptplan.modelfacts import training_flops_per_token
-from gptplan.plan import SHARDING_STAGES, EstimateSection, Plan
+from gptplan.plan import SHARDING_STAGES, Device, EstimateSection, Plan, Precision
 from gptplan.profile import DeviceProfile, ProfileError, read_performance
 from gptplan.steptime import RECOMPUTE_CODES, data_parallel_step_time_s
 from runner.launch import local_precisions
@@ -262,7 +262,7 @@ def rehearse(
             f" -> {plan.global_batch_size} x {plan.training.seq_len} tokens per step"
         )
     memory = modelled_memory_bytes(plan, perf)
-    if math.isfinite(step_time):
+    if perf is not None and math.isfinite(step_time):
         tokens_per_s = plan.tokens_per_step / step_time
         peak = perf.peak_for(plan.training.precision) * 1e12 * plan.parallel.world_size
         estimate = EstimateSection(
@@ -334,7 +334,9 @@ def localize(plan: Plan) -> tuple[Plan, list[str]]:
     import paddle
 
     changes: list[str] = []
-    device = "gpu" if paddle.is_compiled_with_cuda() and local_device_count("gpu") else "cpu"
+    device: Device = (
+        "gpu" if paddle.is_compiled_with_cuda() and local_device_count("gpu") else "cpu"
+    )
     nproc = min(plan.parallel.world_size, local_device_count(device))
     if device == "cpu":
         nproc = min(nproc, 2)
@@ -364,7 +366,8 @@ def localize(plan: Plan) -> tuple[Plan, list[str]]:
     precisions = local_precisions() if device == "cpu" else plan.hardware.precisions
     new_t = t
     if t.precision not in precisions:
-        fallback = "bf16" if "bf16" in precisions and precision.row(t.precision).mixed else "fp32"
+        mixed = precision.row(t.precision).mixed
+        fallback: Precision = "bf16" if "bf16" in precisions and mixed else "fp32"
         level = t.fp16_opt_level if precision.row(fallback).mixed else "O1"
         new_t = dataclasses.replace(t, precision=fallback, fp16_opt_level=level)
         changes.append(f"training.precision: {t.precision!r} -> {fallback!r}")
@@ -379,9 +382,9 @@ def localize(plan: Plan) -> tuple[Plan, list[str]]:
         price_per_node_hour=0.0,
         peak_tflops=0.0 if device != hw.device else hw.peak_tflops,
     )
-    for f in ("device", "profile", "price_per_node_hour"):
-        if getattr(hw, f) != getattr(new_hw, f):
-            changes.append(f"hardware.{f}: {getattr(hw, f)!r} -> {getattr(new_hw, f)!r}")
+    for key in ("device", "profile", "price_per_node_hour"):
+        if getattr(hw, key) != getattr(new_hw, key):
+            changes.append(f"hardware.{key}: {getattr(hw, key)!r} -> {getattr(new_hw, key)!r}")
     budget = dataclasses.replace(plan.budget, max_cost=0.0)
     if plan.budget.max_cost:
         changes.append("budget.max_cost: not enforced locally (price 0)")

@@ -67,6 +67,7 @@ def check_run_files(run_dir: Path, *, log=print) -> list[Path]:
         if not (path.exists() or path.is_symlink()):
             continue
         want_dir = name in FOLDERS
+        problem: str | None
         if path.is_symlink() or path.is_dir() != want_dir:
             problem = f"a {'file' if want_dir else 'folder'} where the run keeps its {name}"
         elif name in JSON_FILES:

@@ -31,7 +31,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Set
 from pathlib import Path
+from typing import Any
 
 from gptplan.lifeline import set_parent_death_signal
 
@@ -190,7 +192,7 @@ def watch(pid: int, *, rank: int, limit_bytes: int, status_file: Path, owner: st
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
-    record = {
+    record: dict[str, Any] = {  # the status file's JSON record
         "rank": rank,
         "pid": pid,
         "supervisor_pid": os.getpid(),
@@ -248,7 +250,7 @@ def watch(pid: int, *, rank: int, limit_bytes: int, status_file: Path, owner: st
 
 
 def signal_supervised_ranks(
-    status_dir: Path, sig: int, *, since: float = 0.0, skip: set[int] = frozenset()
+    status_dir: Path, sig: int, *, since: float = 0.0, skip: Set[int] = frozenset()
 ) -> set[int]:
     """Send `sig` to every live rank supervisor of `status_dir` (each forwards it to its rank);
     return the supervisor pids signalled.

@@ -19,6 +19,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from gptplan import money, precision
 from gptplan.diskspace import free_bytes
@@ -38,6 +39,12 @@ from runner.metrics import MetricsWriter, RunMeter
 from runner.model import build_model
 from runner.parallel import build_strategy, sharding_groups
 from runner.watchdog import ProgressFile
+
+if TYPE_CHECKING:
+    import paddle
+    from tqdm import tqdm
+
+    from runner.batches import MicroBatch
 
 STOP_SIGNAL = "signal (preemption notice)"
 STOP_DISK = "disk full"
@@ -155,14 +162,24 @@ def amp_context(plan: Plan):
     return paddle.amp.auto_cast(enable=True, level=level, dtype=precision.paddle_dtype(t.precision))
 
 
+class Batches(Protocol):
+    """What the loop asks of its data: runner.batches.BatchSource, or runner.probe's
+    synthetic stand-in."""
+
+    def micro_batch(self, step: int, micro: int) -> MicroBatch: ...
+
+
+B = TypeVar("B", bound=Batches)
+
+
 @dataclass
-class Trainer:
+class Trainer(Generic[B]):
     plan: Plan
     rank: RankInfo
-    model: object
-    optimizer: object
-    scaler: object | None
-    batches: BatchSource
+    model: paddle.nn.Layer  # fleet's or group-sharded wrapper once distributed
+    optimizer: paddle.optimizer.Optimizer
+    scaler: paddle.amp.GradScaler | None
+    batches: B
 
     # ---- one optimizer step ----
     def forward_backward(self, step: int, micro: int, *, sync: bool) -> float:
@@ -229,7 +246,7 @@ class Trainer:
 
         value = paddle.to_tensor([loss], dtype="float32")
         dist.all_reduce(value)
-        return value.item() / self.rank.world
+        return number(value) / self.rank.world
 
     # ---- checkpoints ----
     def save(self, root: Path, step: int, state: dict) -> float:
@@ -239,7 +256,7 @@ class Trainer:
             ckpt.begin(root, step)
         barrier(self.rank)
         writer = self.rank.data_parallel_rank == 0
-        scaler_state = self.scaler.state_dict() if self.scaler is not None else None
+        scaler_state = dict(self.scaler.state_dict()) if self.scaler is not None else None
         ckpt.write_shard(
             tmp,
             self.rank.shard,
@@ -261,7 +278,16 @@ class Trainer:
         self.model.set_state_dict(model_state)
         self.optimizer.set_state_dict(optimizer_state)
         if self.scaler is not None and scaler_state is not None:
-            self.scaler.load_state_dict(scaler_state)
+            # paddle.load gives a plain dict; Paddle types the scaler's state as a TypedDict
+            self.scaler.load_state_dict(scaler_state)  # type: ignore[arg-type]
+
+
+def number(tensor: paddle.Tensor) -> int | float:
+    """The value of a one-element tensor (Tensor.item() is typed float | bool | complex)."""
+    value = tensor.item()
+    if isinstance(value, complex):
+        raise TypeError(f"a real number expected, got {value!r}")
+    return value
 
 
 def barrier(rank: RankInfo) -> None:
@@ -286,7 +312,8 @@ def gather_peak_memory(plan: Plan, rank: RankInfo) -> list[dict] | None:
 
     parts: list = []
     dist.all_gather(parts, paddle.to_tensor(list(mine), dtype="float64"))
-    return per_rank_peaks([tuple(float(x) for x in t.numpy()) for t in parts])
+    pairs = [t.numpy() for t in parts]  # (allocated, reserved) of each rank
+    return per_rank_peaks([(float(a), float(b)) for a, b in pairs])
 
 
 def agree_on_stop(flags: list[int], rank: RankInfo) -> list[int]:
@@ -315,7 +342,7 @@ def agree_on_data(data_dir: Path, rank: RankInfo) -> None:
     high = paddle.to_tensor([key], dtype="int64")
     dist.all_reduce(low, op=dist.ReduceOp.MIN)
     dist.all_reduce(high, op=dist.ReduceOp.MAX)
-    if int(low.item()) != int(high.item()):
+    if int(number(low)) != int(number(high)):
         raise RuntimeError(
             f"rank {rank.rank} prepared other data ({data_dir}) than its peers "
             "(another corpus or tokenizer on this node); give every node the "
@@ -337,11 +364,11 @@ def agree_on_checkpoint(latest: Path | None, rank: RankInfo) -> Path | None:
     high = paddle.to_tensor([step], dtype="int64")
     dist.all_reduce(low, op=dist.ReduceOp.MIN)
     dist.all_reduce(high, op=dist.ReduceOp.MAX)
-    if int(low.item()) != int(high.item()):
+    if int(number(low)) != int(number(high)):
         seen = f"step {step}" if step >= 0 else "no checkpoint"
         raise RuntimeError(
             f"rank {rank.rank} sees {seen} in {latest.parent if latest else 'its run dir'}, "
-            f"other ranks see steps {int(low.item())}..{int(high.item())} (-1 = none): the run "
+            f"other ranks see steps {int(number(low))}..{int(number(high))} (-1 = none): the run "
             "directory (job.output_dir / --output-dir) must be on storage shared by all nodes, "
             "e.g. the bucket the SkyPilot task mounts"
         )
@@ -448,7 +475,7 @@ class StopRules:
 # ---- the run ---------------------------------------------------------------------------------
 
 
-def build_trainer(plan: Plan, data_dir: Path, rank: RankInfo) -> Trainer:
+def build_trainer(plan: Plan, data_dir: Path, rank: RankInfo) -> Trainer[BatchSource]:
     data = open_prepared(data_dir)
     if data.meta["vocab_size"] > plan.model.vocab_size:
         raise RuntimeError("prepared data vocabulary exceeds model.vocab_size")
@@ -494,7 +521,7 @@ def build_training_state(plan: Plan):
     return model, optimizer, scaler
 
 
-def distribute(trainer: Trainer) -> None:
+def distribute(trainer: Trainer[B]) -> None:
     """Wrap model/optimizer/scaler for fleet (after restoring plain state dicts)."""
     if trainer.rank.world == 1:
         return
@@ -504,12 +531,19 @@ def distribute(trainer: Trainer) -> None:
     if plan.parallel.sharding in ("stage2", "stage3"):
         from paddle.distributed.sharding import group_sharded_parallel
 
-        level = "os_g" if plan.parallel.sharding == "stage2" else "p_g_os"
+        level: Literal["os_g", "p_g_os"] = (
+            "os_g" if plan.parallel.sharding == "stage2" else "p_g_os"
+        )
         hcg = fleet.get_hybrid_communicate_group()
         by_name = {"sharding": hcg.get_sharding_parallel_group, "data": hcg.get_data_parallel_group}
         groups = {k: by_name[v]() for k, v in sharding_groups(plan).items()}
         trainer.model, trainer.optimizer, trainer.scaler = group_sharded_parallel(
-            trainer.model, trainer.optimizer, level, scaler=trainer.scaler, **groups
+            trainer.model,
+            trainer.optimizer,
+            level,
+            scaler=trainer.scaler,
+            group=groups["group"],
+            dp_group=groups.get("dp_group"),
         )
         return
     trainer.model = fleet.distributed_model(trainer.model)
@@ -536,14 +570,14 @@ class Attempt:
 
     plan: Plan
     run_dir: Path
-    trainer: Trainer
+    trainer: Trainer[BatchSource]
     meter: RunMeter
     writer: MetricsWriter
     rules: StopRules
     billing: Billing
     start_step: int
     latest: Path | None
-    progress: object | None = None
+    progress: tqdm | None = None  # rank 0's progress bar, on a terminal only
     beat: ProgressFile | None = None  # what the runner's watchdog reads (runner.watchdog)
     guard: DivergenceGuard = dataclasses.field(default_factory=DivergenceGuard)
     ignore_divergence: bool = False
@@ -750,7 +784,7 @@ def finish(run: Attempt, step: int, stop: Stop, last_saved: int) -> dict:
     if run.progress is not None:
         run.progress.close()
     finished = step >= plan.training.max_steps and not (stop.out_of_disk or stop.diverged)
-    result = {
+    result: dict[str, Any] = {
         "plan": plan.name,
         "completed_steps": step,
         "max_steps": plan.training.max_steps,

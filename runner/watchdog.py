@@ -29,6 +29,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 from runner.logtail import clean_tail
 from runner.supervise import STATUS_DIR_ENV, read_status
@@ -60,7 +61,8 @@ class ProgressFile:
     def __init__(self, rank: int):
         folder = os.environ.get(STATUS_DIR_ENV)
         self.path = Path(folder) / f"{PROGRESS_PREFIX}{rank}.json" if folder else None
-        self.record = {"rank": rank, "pid": os.getpid(), "step": None, "at": None}
+        # the JSON record the runner's watchdog reads
+        self.record: dict[str, Any] = {"rank": rank, "pid": os.getpid(), "step": None, "at": None}
         self.record |= {"step_s": 0.0, "checkpoint_s": 0.0}
 
     def update(self, step: int, *, step_s: float = 0.0, checkpoint_s: float = 0.0) -> None:

@@ -254,7 +254,7 @@ def test_the_dry_run_checks_partial_recompute_on_the_built_model():
     from conftest import BASE_PLAN, LLAMA, merge
 
     from gptplan.plan import no_recompute_layers, plan_from_dict
-    from runner.cli import check_partial_recompute
+    from runner.dryrun import check_partial_recompute
     from runner.model import build_model
 
     data = merge(
