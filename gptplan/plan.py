@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from gptplan import families
 from gptplan.errors import PlanError
 from gptplan.tomlconf import (
     from_table,
@@ -34,7 +35,7 @@ Precision = Literal["fp32", "fp16", "bf16"]
 Device = Literal["cpu", "gpu", "xpu", "npu"]
 Recompute = Literal["none", "full", "full_attn", "core_attn"]
 Sharding = Literal["", "stage1", "stage2", "stage3"]
-Family = Literal["gpt", "llama"]
+Family = str  # a registered model family (gptplan.families.names())
 SEED_MAX = 2**32 - 1  # seeds are 32-bit (numpy, Paddle)
 # Sane ranges (gptplan.tomlconf.DEFAULT_MAX covers every other number): an AdamW step moves a
 # weight by about the learning rate, so above 1e6 nothing is trained (a run that high diverges
@@ -50,11 +51,9 @@ MAX_PROBES = 1_000_000
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "core_attn", "full_attn", "full")
 SHARDING_STAGES: tuple[str, ...] = ("", "stage1", "stage2", "stage3")
-FAMILIES: tuple[str, ...] = ("gpt", "llama")
 assert set(PRECISIONS) == set(typing.get_args(Precision))
 assert set(RECOMPUTE_MODES) == set(typing.get_args(Recompute))
 assert set(SHARDING_STAGES) == set(typing.get_args(Sharding))
-assert set(FAMILIES) == set(typing.get_args(Family))
 
 
 def allowed(values: tuple[str, ...]) -> str:
@@ -159,10 +158,11 @@ class JobSection:
 class ModelSection:
     name: str = setting("custom", "A label for the size (e.g. 'gpt-tiny', 'gpt-base-110m').")
     family: Family = setting(
-        "gpt",
-        "Architecture: 'gpt' (PaddleNLP GPTForCausalLM: learned "
-        "positions, GELU MLP, LayerNorm, tied LM head) or 'llama' "
-        "(LlamaForCausalLM: RoPE, SwiGLU MLP, RMSNorm, GQA).",
+        families.DEFAULT_FAMILY,
+        "Architecture, a registered family (gptplan.families): 'gpt' (PaddleNLP "
+        "GPTForCausalLM: learned positions, GELU MLP, LayerNorm, tied LM head), 'llama' "
+        "(LlamaForCausalLM: RoPE, SwiGLU MLP, RMSNorm, GQA) or 'qwen' (QWenForCausalLM: "
+        "RoPE, SwiGLU MLP, RMSNorm, QKV bias).",
     )
     vocab_size: int = setting(8000, "Vocabulary size (>= the tokenizer's).", min=8, max=10_000_000)
     hidden_size: int = setting(128, "Hidden size h.", min=8, max=1_000_000)
@@ -569,16 +569,16 @@ def recompute_layers_problem(m: ModelSection, p: ParallelSection) -> str:
         return ""
     if p.recompute == "none":
         return f"{k} needs parallel.recompute other than 'none'; set it to 0"
-    if m.family != "llama":
+    spec = families.get(m.family)
+    if spec.partial_recompute_why_not:
+        return f"{k}: {spec.partial_recompute_why_not}; set it to 0"
+    if pp > 1 and p.recompute in spec.partial_recompute_pipeline_refuses:
+        pipe = spec.pipeline_class.rpartition(":")[2]
+        refused = spec.partial_recompute_pipeline_refuses
+        others = " or ".join(repr(g) for g in spec.recompute_granularities if g not in refused)
         return (
-            f"{k}: PaddleNLP 2.8.1's {m.family} model has no per-layer recompute "
-            "(no_recompute_layers exists in its Llama only); set it to 0"
-        )
-    if pp > 1 and p.recompute == "full":
-        return (
-            f"{k} with recompute 'full' and pipeline parallel: PaddleNLP 2.8.1's "
-            "LlamaForCausalLMPipe asserts no_recompute_layers is empty; use 'full_attn' or "
-            "'core_attn', or set it to 0"
+            f"{k} with recompute {p.recompute!r} and pipeline parallel: PaddleNLP 2.8.1's "
+            f"{pipe} asserts no_recompute_layers is empty; use {others}, or set it to 0"
         )
     if k > L or k % pp:
         return (
@@ -605,6 +605,32 @@ def no_recompute_layers(m: ModelSection, p: ParallelSection) -> list[int]:
     return keep
 
 
+def family_problem(m: ModelSection, p: ParallelSection) -> tuple[str, str]:
+    """(plan key, message) for a model its family cannot build or run with this layout
+    (gptplan.families), or ('', '')."""
+    if m.family not in families.names():
+        return "model.family", f"{m.family!r} is not a model family; allowed: " + allowed(
+            families.names()
+        )
+    spec = families.get(m.family)
+    key, problem = families.model_problem(m, p.tensor_parallel_degree)
+    if problem:
+        return "parallel.tensor_parallel_degree" if key == "tensor_parallel" else (
+            f"model.{key}"
+        ), problem
+    if p.recompute != "none" and p.recompute not in spec.recompute_granularities:
+        return "parallel.recompute", (
+            f"{p.recompute!r}: PaddleNLP 2.8.1's {spec.title} does not implement it; allowed "
+            f"for family {spec.name!r}: 'none', {allowed(spec.recompute_granularities)}"
+        )
+    if p.pipeline_parallel_degree > 1 and (spec.pipeline_why_not or not spec.pipeline_class):
+        return "parallel.pipeline_parallel_degree", (
+            f"{p.pipeline_parallel_degree}: pipeline parallel is not offered for family "
+            f"{spec.name!r} ({spec.pipeline_why_not or 'no pipeline class'}); allowed: 1"
+        )
+    return "", ""
+
+
 def validate(plan: Plan, *, file: str = "<plan>") -> None:
     """Rules that involve more than one field. Each error says how to fix it."""
     m, t, p, h, b = plan.model, plan.training, plan.parallel, plan.hardware, plan.budget
@@ -612,14 +638,9 @@ def validate(plan: Plan, *, file: str = "<plan>") -> None:
     def fail(key: str, message: str) -> None:
         raise PlanError(message, file=file, key=key)
 
-    from gptplan.modelfacts import model_problem  # modelfacts imports this module
-
-    key, problem = model_problem(m, plan.parallel.tensor_parallel_degree)
+    key, problem = family_problem(m, p)
     if problem:
-        fail(
-            "parallel.tensor_parallel_degree" if key == "tensor_parallel" else f"model.{key}",
-            problem,
-        )
+        fail(key, problem)
     if m.hidden_size % m.num_attention_heads:
         fail(
             "model.num_attention_heads",

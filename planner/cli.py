@@ -736,6 +736,7 @@ def cmd_history(args) -> int:
 
 def plan_as_overrides(plan) -> dict:
     """Pin every searched dimension, and the model, to the plan's value."""
+    from gptplan import families
     from gptplan.modelfacts import MODEL_SIZES, kv_heads
 
     p, t, hw = plan.parallel, plan.training, plan.hardware
@@ -744,19 +745,11 @@ def plan_as_overrides(plan) -> dict:
     model = {
         f"model.{key}": getattr(m, key)
         for key in (
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
+            *families.SHAPE_FIELDS,
             "hidden_dropout_prob",
             "attention_probs_dropout_prob",
             "family",
-            "num_key_value_heads",
-            "rms_norm_eps",
-            "rope_theta",
-            "tie_word_embeddings",
+            *families.OPTIONAL_FIELDS,
         )
     }
     # the size's name (for display) only where it cannot bring back KV heads the plan dropped

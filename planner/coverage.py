@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gptplan import families
 from gptplan.plan import RECOMPUTE_MODES, SHARDING_STAGES
 
 # A continuous axis counts as covered up to this factor beyond the rows' extremes (model size,
@@ -75,7 +76,7 @@ def _coverage(generation: str, rows: list) -> Coverage:
         max(r.tp for r in rows),
         max(r.pp for r in rows),
         (min(seqs), max(seqs)),
-        frozenset(x.get("family") or "gpt" for x in rec),
+        frozenset(x.get("family") or families.DEFAULT_FAMILY for x in rec),
         frozenset(SHARDING_STAGES.index(x["sharding"]) for x in rec),
         frozenset(RECOMPUTE_MODES.index(x["recompute"]) for x in rec),
         len(rows),

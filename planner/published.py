@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gptplan import families
 from gptplan.memory import ModelShape
 from gptplan.modelfacts import parameter_count
 from gptplan.plan import PRECISIONS, ModelSection
@@ -101,7 +102,7 @@ def _measured_tokens(rec: dict, m: ModelSection) -> float:
 def _model(rec: dict) -> ModelSection:
     i = {k: int(rec[k]) for k in ("hidden", "layers", "heads", "ffn", "vocab", "seq")}
     return ModelSection(
-        family=rec.get("family") or "gpt",
+        family=rec.get("family") or families.DEFAULT_FAMILY,
         vocab_size=i["vocab"],
         hidden_size=i["hidden"],
         num_hidden_layers=i["layers"],
