@@ -14,15 +14,16 @@ from gptplan.families import ModelLike, ModelSize
 
 GPTSize = ModelSize  # the name before families existed
 
-# Named sizes of every family (gptplan/families/<family>.py declares them with their sources).
-MODEL_SIZES: dict[str, ModelSize] = families.all_sizes()
+# Named sizes of the built-in families (gptplan/families/<family>.py declares them with their
+# sources; a plug-in family's sizes: families.all_sizes(), `named_size`).
+MODEL_SIZES: dict[str, ModelSize] = families.all_sizes(extra=False)
 
 # Parameter counts the model authors publish for named sizes (the tests pin
 # `parameter_count` to them within 0.5%; each family module cites its source).
 PUBLISHED_PARAMETERS: dict[str, float] = {
     name: count
-    for family in families.names()
-    for name, count in families.get(family).published_parameters.items()
+    for spec in families.specs(extra=False)
+    for name, count in spec.published_parameters.items()
 }
 
 

@@ -18,7 +18,7 @@ def finish_run(family: str, finished_run):
     return run
 
 
-@pytest.fixture(scope="module", params=["gpt", "llama"])
+@pytest.fixture(scope="module", params=["gpt", "llama", "qwen-dp2"])
 def family_run(request, finished_run):
     return finish_run(request.param, finished_run)
 
@@ -47,7 +47,9 @@ def test_end_of_run_export_reloads_with_paddlenlp_auto_classes(family_run):
     plan = load_plan(family_run / "plan.toml")
     assert (
         type(model).__name__
-        == {"gpt": "GPTForCausalLM", "llama": "LlamaForCausalLM"}[plan.model.family]
+        == {"gpt": "GPTForCausalLM", "llama": "LlamaForCausalLM", "qwen": "QWenForCausalLM"}[
+            plan.model.family
+        ]
     )
     # the same weights as the run's last checkpoint
     reference = load_trained_model(plan, resolve_checkpoint(family_run))

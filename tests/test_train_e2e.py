@@ -104,7 +104,9 @@ def test_two_process_data_parallel(finished_run):
 
 
 @pytest.mark.parametrize(
-    "shared", ["gpt", "gpt-dp2", "llama"], ids=["1proc", "2proc-dp", "1proc-llama"]
+    "shared",
+    ["gpt", "gpt-dp2", "llama", "qwen-dp2"],
+    ids=["1proc", "2proc-dp", "1proc-llama", "2proc-qwen"],
 )
 def test_kill9_then_resume_matches_uninterrupted_run(write_plan, tmp_path, shared, finished_run):
     """SIGKILL every process of a run mid-way; the resumed run ends with the same tokens and

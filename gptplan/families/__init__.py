@@ -41,6 +41,7 @@ __all__ = [
     "model_problem",
     "names",
     "register",
+    "specs",
 ]
 
 # The family of a [model] table, a spec or a published run that names none (the schema's
@@ -77,10 +78,19 @@ def _load_extra() -> None:
         register(spec)
 
 
-def names() -> tuple[str, ...]:
-    """The registered families, built-in ones first."""
-    _load_extra()
+def names(*, extra: bool = True) -> tuple[str, ...]:
+    """The registered families, built-in ones first (`extra=False`: without importing the
+    GPTPLAN_EXTRA_FAMILIES modules, for module-level tables a plug-in may itself import)."""
+    if extra:
+        _load_extra()
     return tuple(_REGISTRY)
+
+
+def specs(*, extra: bool = True) -> tuple[FamilySpec, ...]:
+    """The registered FamilySpecs (`extra`: see `names`)."""
+    if extra:
+        _load_extra()
+    return tuple(_REGISTRY.values())
 
 
 def get(name: str) -> FamilySpec:
@@ -96,9 +106,10 @@ def by_model_type(model_type: str) -> FamilySpec | None:
     return next((s for s in _REGISTRY.values() if s.model_type == model_type), None)
 
 
-def all_sizes() -> dict[str, ModelSize]:
-    """Every family's named sizes."""
-    _load_extra()
+def all_sizes(*, extra: bool = True) -> dict[str, ModelSize]:
+    """Every family's named sizes (`extra`: see `names`)."""
+    if extra:
+        _load_extra()
     return {name: size for s in _REGISTRY.values() for name, size in s.sizes.items()}
 
 

@@ -129,6 +129,19 @@ def traceable_attn(self, query, key, value, attention_mask=None):
     return out, weights
 
 
+def traceable_rotary(self, x, max_seq_len, offset=0, ntk_alpha=1.0):
+    """RotaryEmbedding.forward without its cos/sin cache (the trace cannot assign the cached
+    tensors to the layer): the same cos and sin of positions 0..s-1 from its inv_freq (the
+    NTK scaling that would change inv_freq is off, see `config_kwargs`)."""
+    import paddle
+
+    seq = paddle.arange(0, paddle.shape(x)[1], dtype="float32")
+    freqs = seq.unsqueeze(1) * self.inv_freq.astype("float32").unsqueeze(0)
+    emb = paddle.concat([freqs, freqs], axis=-1)
+    cos, sin = emb.cos()[None, :, None, :], emb.sin()[None, :, None, :]
+    return cos.cast(x.dtype), sin.cast(x.dtype)
+
+
 SPEC = FamilySpec(
     name="qwen",
     title="QWen",
@@ -164,5 +177,8 @@ SPEC = FamilySpec(
     model_type="qwen",
     jit_patches=(
         JitPatch("paddlenlp.transformers.qwen.modeling:QWenAttention._attn", traceable_attn),
+        JitPatch(
+            "paddlenlp.transformers.qwen.modeling:RotaryEmbedding.forward", traceable_rotary
+        ),
     ),
 )
