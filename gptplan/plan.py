@@ -272,8 +272,9 @@ class ParallelSection:
         "Partial recompute: layers of model.num_hidden_layers that recompute at `recompute`'s "
         "granularity, the first recompute_layers / pipeline_parallel_degree of each pipeline "
         "stage (the runner passes the others as PaddleNLP's no_recompute_layers); 0 = every "
-        "layer. Llama only (PaddleNLP 2.8.1's GPT has no per-layer option); with pipeline "
-        "parallel not with 'full' (LlamaForCausalLMPipe asserts no_recompute_layers is empty).",
+        "layer. Only for a family with per-layer recompute (Llama; PaddleNLP 2.8.1's GPT and "
+        "QWen have none); with pipeline parallel not with 'full' (LlamaForCausalLMPipe "
+        "asserts no_recompute_layers is empty).",
         min=0,
     )
     sequence_parallel: bool = setting(

@@ -265,9 +265,7 @@ def test_runner_passes_flash_attention_to_paddlenlp_config():
     from runner.model import build_config, flash_attention_supported
 
     plan = plan_from_dict(BASE_PLAN)
-    config = build_config(
-        plan.model, plan.parallel, seq_len=32, kernels={"flash_attention": True}
-    )
+    config = build_config(plan.model, plan.parallel, seq_len=32, kernels={"flash_attention": True})
     assert config.use_flash_attention
     assert not flash_attention_supported("fp32")
 

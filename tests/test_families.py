@@ -95,10 +95,12 @@ def test_toy_family_plans_rehearses_and_exports(toy, write_plan, tmp_path):
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     run_dir = next(p for p in tmp_path.iterdir() if p.name.startswith("run.local"))
-    out = tmp_path / "export"
-    exp = run_cli("runner", "export", str(run_dir), "--out", str(out), env=TOY_ENV)
-    assert exp.returncode == 0, exp.stderr[-2000:]
     from paddlenlp.transformers import AutoModelForCausalLM
+
+    from gptplan.plan import load_plan
+    from runner.export import export_pretrained
+
+    out = export_pretrained(load_plan(run_dir / "plan.toml"), run_dir, out_dir=tmp_path / "x")
 
     model = AutoModelForCausalLM.from_pretrained(str(out))  # Llama's classes, by model_type
     assert type(model).__name__ == "LlamaForCausalLM"

@@ -177,8 +177,6 @@ SPEC = FamilySpec(
     model_type="qwen",
     jit_patches=(
         JitPatch("paddlenlp.transformers.qwen.modeling:QWenAttention._attn", traceable_attn),
-        JitPatch(
-            "paddlenlp.transformers.qwen.modeling:RotaryEmbedding.forward", traceable_rotary
-        ),
+        JitPatch("paddlenlp.transformers.qwen.modeling:RotaryEmbedding.forward", traceable_rotary),
     ),
 )
