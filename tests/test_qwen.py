@@ -125,3 +125,22 @@ def test_qwen_probe_trains_one_process(write_plan, tmp_path):
     result = json.loads(out.read_text())
     assert result["status"] == "ok" and len(result["step_times_s"]) == 3
     assert result["tokens_per_step"] == 4 * 2 * 32 and result["peak_memory_gb"] > 0
+
+
+@pytest.mark.e2e
+def test_qwen_plan_is_estimated_with_its_exact_count(write_plan):
+    """`planner estimate --plan` of a QWen plan on an A100 offer: the family and exact count
+    reach the planner's output (vocabulary padded to whole 128 tiles: 4,096)."""
+    import dataclasses
+    import json
+
+    from conftest import run_cli
+    from test_families import ON_A100
+
+    plan = write_plan(merge(QWEN, ON_A100))
+    proc = run_cli("planner", "estimate", "--plan", str(plan), "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(proc.stdout)
+    model = plan_from_dict(merge(QWEN_PLAN, ON_A100)).model
+    assert data["model_family"] == "qwen"
+    assert data["model_parameters"] == parameter_count(dataclasses.replace(model, vocab_size=4096))
