@@ -192,10 +192,20 @@ class ModelSection:
         min=0,
         max=10_000,
     )
-    rms_norm_eps: float = setting(1e-6, "Llama: RMSNorm epsilon.", min=0, max=1, min_exclusive=True)
-    rope_theta: float = setting(10000.0, "Llama: RoPE base.", min=1, max=1e9)
+    rms_norm_eps: float = setting(
+        1e-6,
+        "Llama, QWen: RMSNorm epsilon (QWenConfig.layer_norm_epsilon).",
+        min=0,
+        max=1,
+        min_exclusive=True,
+    )
+    rope_theta: float = setting(
+        10000.0, "Llama, QWen: RoPE base (QWenConfig.rotary_emb_base).", min=1, max=1e9
+    )
     tie_word_embeddings: bool = setting(
-        False, "Llama: share the LM head with the word embeddings (GPT always shares them)."
+        False,
+        "Llama, QWen: share the LM head with the word embeddings (GPT always shares them; "
+        "PaddleNLP 2.8.1's Llama and QWen never do: true is refused).",
     )
 
 

@@ -88,8 +88,8 @@ class ModelSpec:
     num_key_value_heads: int = setting(
         0, "Llama: key/value heads (0 = keep the named size's; without one, all heads).", min=0
     )
-    rms_norm_eps: float = setting(0.0, "Llama: RMSNorm epsilon (0 = keep).", min=0)
-    rope_theta: float = setting(0.0, "Llama: RoPE base (0 = keep).", min=0)
+    rms_norm_eps: float = setting(0.0, "Llama, QWen: RMSNorm epsilon (0 = keep).", min=0)
+    rope_theta: float = setting(0.0, "Llama, QWen: RoPE base (0 = keep).", min=0)
     tie_word_embeddings: bool = setting(
         False, "Llama: tie the LM head to the embeddings (PaddleNLP 2.8.1 refuses true)."
     )
