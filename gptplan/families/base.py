@@ -8,7 +8,7 @@ ModelLike protocol, which gptplan.plan.ModelSection satisfies).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 
@@ -127,4 +127,3 @@ class FamilySpec:
     model_type: str  # PaddleNLP config model_type (AutoModelForCausalLM picks the class by it)
     jit_patches: tuple[JitPatch, ...] = ()
     generate_bool_mask: bool = False  # its generate() wants a 2-D boolean attention mask
-    extra: Mapping[str, object] = field(default_factory=dict)  # free room for plug-ins
