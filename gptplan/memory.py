@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gptplan import precision
+from gptplan import families, precision
 from gptplan.modelfacts import parameter_count
 from gptplan.plan import ModelSection
 
@@ -71,17 +71,20 @@ class ModelShape:
 
     @classmethod
     def from_section(cls, m: ModelSection) -> ModelShape:
+        """The family's shape (gptplan.families): `ffn` is the width of one MLP branch (QWen's
+        intermediate_size counts both SwiGLU branches), `gated` its SwiGLU."""
+        spec = families.get(m.family)
         return cls(
             m.num_hidden_layers,
             m.hidden_size,
             m.num_attention_heads,
-            m.intermediate_size,
+            spec.mlp_width(m),
             m.vocab_size,
             parameter_count(m),
             parameter_count(m, include_embeddings=False),
             *activation_coefficients(m),
             m.num_key_value_heads or m.num_attention_heads,
-            m.family == "llama",
+            spec.gated_mlp,
         )
 
     @property
@@ -93,23 +96,10 @@ class ModelShape:
 
 
 def activation_coefficients(m: ModelSection) -> tuple[float, float, float, float, float]:
-    """(replicated, split, scores, kept_replicated, kept_split) per family, 16-bit units.
-
-    GPT: [K22] table 2 (34·s·b·h + 5·a·s²·b, MLP 4h wide) with dropout: its two hidden
-    dropout masks (1 byte per element each, replicated) and the attention-probability mask and
-    dropout output (1 + 2 per score) are stored only when that dropout is on (Paddle's dropout
-    returns its input at p = 0, as PyTorch's does): 32·s·b·h + 2·a·s²·b without any.
-    Llama as PaddleNLP 2.8.1 runs it (no dropout): two RMSNorm inputs 4, the attention and MLP
-    inputs 2 + 2 (replicated); Q, K, V (K and V repeated to all heads before the score matmul
-    when not flash) and the attention output 2 each, the SwiGLU gate, up, SiLU(gate) and their
-    product 2·f/h each (split); scores: the softmax kept in fp32 plus its 16-bit cast, 3·a·s²·b.
-    """
-    if m.family != "llama":
-        hidden = float(m.hidden_dropout_prob > 0)
-        attn = float(m.attention_probs_dropout_prob > 0)
-        return 8.0 + 2.0 * hidden, 24.0, 2.0 + 3.0 * attn, 4.0, 18.0 + hidden
-    mlp = 8.0 * m.intermediate_size / m.hidden_size
-    return 8.0, 8.0 + mlp, 3.0, 4.0, 2.0 + mlp
+    """(replicated, split, scores, kept_replicated, kept_split) per family, 16-bit units:
+    each family's `activation_coefficients` (gptplan.families). GPT's are [K22] table 2's
+    with its dropout terms; Llama and QWen (no dropout) a pre-norm SwiGLU decoder's."""
+    return families.get(m.family).activation_coefficients(m)
 
 
 # ---- memory ------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from gptplan import families
 from gptplan import precision as precisions
 from gptplan.errors import PlanError
 from gptplan.tomlconf import (
@@ -36,7 +37,7 @@ Precision = Literal["fp32", "fp16", "bf16"]
 Device = Literal["cpu", "gpu", "xpu", "npu"]
 Recompute = Literal["none", "full", "full_attn", "core_attn"]
 Sharding = Literal["", "stage1", "stage2", "stage3"]
-Family = Literal["gpt", "llama"]
+Family = str  # a registered model family (gptplan.families.names())
 SEED_MAX = 2**32 - 1  # seeds are 32-bit (numpy, Paddle)
 # Sane ranges (gptplan.tomlconf.DEFAULT_MAX covers every other number): an AdamW step moves a
 # weight by about the learning rate, so above 1e6 nothing is trained (a run that high diverges
@@ -53,11 +54,9 @@ MAX_PROBES = 1_000_000
 PRECISIONS: tuple[str, ...] = precisions.PLANNABLE
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "core_attn", "full_attn", "full")
 SHARDING_STAGES: tuple[str, ...] = ("", "stage1", "stage2", "stage3")
-FAMILIES: tuple[str, ...] = ("gpt", "llama")
 assert set(PRECISIONS) == set(typing.get_args(Precision))
 assert set(RECOMPUTE_MODES) == set(typing.get_args(Recompute))
 assert set(SHARDING_STAGES) == set(typing.get_args(Sharding))
-assert set(FAMILIES) == set(typing.get_args(Family))
 
 
 def allowed(values: tuple[str, ...]) -> str:
@@ -162,10 +161,11 @@ class JobSection:
 class ModelSection:
     name: str = setting("custom", "A label for the size (e.g. 'gpt-tiny', 'gpt-base-110m').")
     family: Family = setting(
-        "gpt",
-        "Architecture: 'gpt' (PaddleNLP GPTForCausalLM: learned "
-        "positions, GELU MLP, LayerNorm, tied LM head) or 'llama' "
-        "(LlamaForCausalLM: RoPE, SwiGLU MLP, RMSNorm, GQA).",
+        families.DEFAULT_FAMILY,
+        "Architecture, a registered family (gptplan.families): 'gpt' (PaddleNLP "
+        "GPTForCausalLM: learned positions, GELU MLP, LayerNorm, tied LM head), 'llama' "
+        "(LlamaForCausalLM: RoPE, SwiGLU MLP, RMSNorm, GQA) or 'qwen' (QWenForCausalLM: "
+        "RoPE, SwiGLU MLP, RMSNorm, QKV bias).",
     )
     vocab_size: int = setting(8000, "Vocabulary size (>= the tokenizer's).", min=8, max=10_000_000)
     hidden_size: int = setting(128, "Hidden size h.", min=8, max=1_000_000)
@@ -195,10 +195,20 @@ class ModelSection:
         min=0,
         max=10_000,
     )
-    rms_norm_eps: float = setting(1e-6, "Llama: RMSNorm epsilon.", min=0, max=1, min_exclusive=True)
-    rope_theta: float = setting(10000.0, "Llama: RoPE base.", min=1, max=1e9)
+    rms_norm_eps: float = setting(
+        1e-6,
+        "Llama, QWen: RMSNorm epsilon (QWenConfig.layer_norm_epsilon).",
+        min=0,
+        max=1,
+        min_exclusive=True,
+    )
+    rope_theta: float = setting(
+        10000.0, "Llama, QWen: RoPE base (QWenConfig.rotary_emb_base).", min=1, max=1e9
+    )
     tie_word_embeddings: bool = setting(
-        False, "Llama: share the LM head with the word embeddings (GPT always shares them)."
+        False,
+        "Llama, QWen: share the LM head with the word embeddings (GPT always shares them; "
+        "PaddleNLP 2.8.1's Llama and QWen never do: true is refused).",
     )
 
 
@@ -275,8 +285,9 @@ class ParallelSection:
         "Partial recompute: layers of model.num_hidden_layers that recompute at `recompute`'s "
         "granularity, the first recompute_layers / pipeline_parallel_degree of each pipeline "
         "stage (the runner passes the others as PaddleNLP's no_recompute_layers); 0 = every "
-        "layer. Llama only (PaddleNLP 2.8.1's GPT has no per-layer option); with pipeline "
-        "parallel not with 'full' (LlamaForCausalLMPipe asserts no_recompute_layers is empty).",
+        "layer. Only for a family with per-layer recompute (Llama; PaddleNLP 2.8.1's GPT and "
+        "QWen have none); with pipeline parallel not with 'full' (LlamaForCausalLMPipe "
+        "asserts no_recompute_layers is empty).",
         min=0,
     )
     sequence_parallel: bool = setting(
@@ -549,10 +560,11 @@ def tensor_parallel_fits_node(tp, devices_per_node):
 
 
 def tensor_parallel_divides(m: ModelSection, tp):
-    """tp splits the heads, KV heads, hidden width, FFN width and vocabulary evenly."""
+    """tp splits the heads, KV heads, hidden width, FFN (branch) width and vocabulary evenly."""
     from gptplan.modelfacts import kv_heads
 
-    dims = (m.num_attention_heads, kv_heads(m), m.hidden_size, m.intermediate_size, m.vocab_size)
+    ffn = families.get(m.family).mlp_width(m)
+    dims = (m.num_attention_heads, kv_heads(m), m.hidden_size, ffn, m.vocab_size)
     ok = True
     for size in dims:
         ok = (size % tp == 0) & ok
@@ -783,16 +795,16 @@ def recompute_layers_problem(m: ModelSection, p: ParallelSection) -> str:
         return ""
     if p.recompute == "none":
         return f"{k} needs parallel.recompute other than 'none'; set it to 0"
-    if m.family != "llama":
+    spec = families.get(m.family)
+    if spec.partial_recompute_why_not:
+        return f"{k}: {spec.partial_recompute_why_not}; set it to 0"
+    if pp > 1 and p.recompute in spec.partial_recompute_pipeline_refuses:
+        pipe = spec.pipeline_class.rpartition(":")[2]
+        refused = spec.partial_recompute_pipeline_refuses
+        others = " or ".join(repr(g) for g in spec.recompute_granularities if g not in refused)
         return (
-            f"{k}: PaddleNLP 2.8.1's {m.family} model has no per-layer recompute "
-            "(no_recompute_layers exists in its Llama only); set it to 0"
-        )
-    if pp > 1 and p.recompute == "full":
-        return (
-            f"{k} with recompute 'full' and pipeline parallel: PaddleNLP 2.8.1's "
-            "LlamaForCausalLMPipe asserts no_recompute_layers is empty; use 'full_attn' or "
-            "'core_attn', or set it to 0"
+            f"{k} with recompute {p.recompute!r} and pipeline parallel: PaddleNLP 2.8.1's "
+            f"{pipe} asserts no_recompute_layers is empty; use {others}, or set it to 0"
         )
     if k > L or k % pp:
         return (
@@ -819,6 +831,32 @@ def no_recompute_layers(m: ModelSection, p: ParallelSection) -> list[int]:
     return keep
 
 
+def family_problem(m: ModelSection, p: ParallelSection) -> tuple[str, str]:
+    """(plan key, message) for a model its family cannot build or run with this layout
+    (gptplan.families), or ('', '')."""
+    if m.family not in families.names():
+        return "model.family", f"{m.family!r} is not a model family; allowed: " + allowed(
+            families.names()
+        )
+    spec = families.get(m.family)
+    key, problem = families.model_problem(m, p.tensor_parallel_degree)
+    if problem:
+        return "parallel.tensor_parallel_degree" if key == "tensor_parallel" else (
+            f"model.{key}"
+        ), problem
+    if p.recompute != "none" and p.recompute not in spec.recompute_granularities:
+        return "parallel.recompute", (
+            f"{p.recompute!r}: PaddleNLP 2.8.1's {spec.title} does not implement it; allowed "
+            f"for family {spec.name!r}: 'none', {allowed(spec.recompute_granularities)}"
+        )
+    if p.pipeline_parallel_degree > 1 and (spec.pipeline_why_not or not spec.pipeline_class):
+        return "parallel.pipeline_parallel_degree", (
+            f"{p.pipeline_parallel_degree}: pipeline parallel is not offered for family "
+            f"{spec.name!r} ({spec.pipeline_why_not or 'no pipeline class'}); allowed: 1"
+        )
+    return "", ""
+
+
 def validate(plan: Plan, *, file: str = "<plan>") -> None:
     """Rules that involve more than one field, checked in PLAN_CHECKS' order; the first one a
     plan breaks is the error (each says how to fix it)."""
@@ -829,13 +867,10 @@ def validate(plan: Plan, *, file: str = "<plan>") -> None:
 
 
 def _model_check(plan: Plan) -> Problem:
-    from gptplan.modelfacts import model_problem
-
     m = plan.model
-    key, problem = model_problem(m, plan.parallel.tensor_parallel_degree)
+    key, problem = family_problem(m, plan.parallel)
     if problem:
-        where = "parallel.tensor_parallel_degree" if key == "tensor_parallel" else f"model.{key}"
-        return where, problem
+        return key, problem
     if m.hidden_size % m.num_attention_heads:
         return "model.num_attention_heads", (
             f"{m.num_attention_heads} does not divide "

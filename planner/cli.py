@@ -734,7 +734,8 @@ def plan_as_overrides(plan) -> dict:
     """Pin every searched dimension, and the model, to the plan's value."""
     import dataclasses
 
-    from gptplan.modelfacts import MODEL_SIZES, kv_heads
+    from gptplan import families
+    from gptplan.modelfacts import kv_heads
     from planner.spec import ModelSpec
 
     p, t, hw = plan.parallel, plan.training, plan.hardware
@@ -747,7 +748,7 @@ def plan_as_overrides(plan) -> dict:
         if f.name != "size"
     }
     # the size's name (for display) only where it cannot bring back KV heads the plan dropped
-    named = MODEL_SIZES.get(m.name)
+    named = families.all_sizes().get(m.name)
     keep_name = named is not None and kv_heads(m) == (
         named.num_key_value_heads or named.num_attention_heads
     )

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gptplan import families
 from gptplan import precision as precision_table
 from gptplan.plan import RECOMPUTE_MODES, SHARDING_STAGES
 
@@ -76,7 +77,7 @@ def _coverage(generation: str, rows: list) -> Coverage:
         max(r.tp for r in rows),
         max(r.pp for r in rows),
         (min(seqs), max(seqs)),
-        frozenset(x.get("family") or "gpt" for x in rec),
+        frozenset(x.get("family") or families.DEFAULT_FAMILY for x in rec),
         frozenset(SHARDING_STAGES.index(x["sharding"]) for x in rec),
         frozenset(RECOMPUTE_MODES.index(x["recompute"]) for x in rec),
         len(rows),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gptplan import precision
+from gptplan import families, precision
 from gptplan.plan import Plan, load_plan
 from gptplan.tomlconf import read_toml
 from planner import costmodel as cm
@@ -64,7 +64,11 @@ def _pins_from_plan(plan: Plan) -> dict:
 
 
 def uncertainty_terms(
-    row: dict, profile, precision: str, params_total: float = 0.0, family: str = "gpt"
+    row: dict,
+    profile,
+    precision: str,
+    params_total: float = 0.0,
+    family: str = families.DEFAULT_FAMILY,
 ) -> dict:
     """Which term of the modelled step time dominates, and so the interval.
 

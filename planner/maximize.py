@@ -22,6 +22,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from gptplan import families
 from gptplan.errors import UserError
 
 MAX_ROUNDS = 8
@@ -106,19 +107,14 @@ def _spec_with(spec, *, target: float, size: str | None = None):
     job = dataclasses.replace(spec.job, target_tokens=float(target), epochs=0.0)
     if size is None:
         return dataclasses.replace(spec, job=job)
-    model = dataclasses.replace(
-        spec.model,
-        size=size,
-        vocab_size=0,
-        hidden_size=0,
-        num_hidden_layers=0,
-        num_attention_heads=0,
-        intermediate_size=0,
-        max_position_embeddings=0,
-        num_key_value_heads=0,
-        rms_norm_eps=0.0,
-        rope_theta=0.0,
-    )
+    # the named size's shape, not the spec's overrides (0 / False = keep the size's)
+    keep = {name: type(getattr(spec.model, name))() for name in families.SHAPE_FIELDS}
+    keep |= {
+        name: type(getattr(spec.model, name))()
+        for name in families.OPTIONAL_FIELDS
+        if name != "tie_word_embeddings"
+    }
+    model = dataclasses.replace(spec.model, size=size, **keep)
     return dataclasses.replace(spec, job=job, model=model)
 
 
@@ -197,7 +193,6 @@ def _params(spec) -> float:
 def maximize(spec, stats, *, what: str, tokens_per_param: float = TOKENS_PER_PARAM, log=print):
     """The target (and, for params, the model size) to plan for: (spec to plan, Maximum), or
     (None, message) when the budget buys nothing within the deadline."""
-    from gptplan.modelfacts import MODEL_SIZES
     from planner.hardware import load_profiles
     from planner.search import allowed_offers, target_tokens
 
@@ -217,12 +212,8 @@ def maximize(spec, stats, *, what: str, tokens_per_param: float = TOKENS_PER_PAR
         target, table, decision, searches = found
         planned = _spec_with(spec, target=target)
     else:
-        family = spec.model_section().family
-        sizes = sorted(
-            (_params(_spec_with(spec, target=1, size=n)), n)
-            for n, s in MODEL_SIZES.items()
-            if s.family == family
-        )
+        family = families.get(spec.model_section().family)
+        sizes = sorted((_params(_spec_with(spec, target=1, size=n)), n) for n in family.sizes)
         best = None
         searches = 0
         for params, name in sizes:

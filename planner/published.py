@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from gptplan import families
 from gptplan import precision as precision_table
 from gptplan.memory import ModelShape
 from gptplan.modelfacts import parameter_count
@@ -100,7 +101,7 @@ def _measured_tokens(rec: dict, m: ModelSection) -> float:
 def _model(rec: dict) -> ModelSection:
     i = {k: int(rec[k]) for k in ("hidden", "layers", "heads", "ffn", "vocab", "seq")}
     return ModelSection(
-        family=rec.get("family") or "gpt",
+        family=rec.get("family") or families.DEFAULT_FAMILY,
         vocab_size=i["vocab"],
         hidden_size=i["hidden"],
         num_hidden_layers=i["layers"],

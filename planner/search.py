@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gptplan import families
 from gptplan import precision as precision_table
 from gptplan.memory import (
     GIB,
@@ -79,7 +80,7 @@ class CandidateTable:
     fixed_hours: float = 0.0  # paid hours that do not scale with throughput (start-up)
     params_total: float = 0.0  # the model's parameters (the interval depends on its size)
     restart_hours: float = 0.0  # from a preemption to training again
-    family: str = "gpt"  # the model's family (the interval checks the published runs have it)
+    family: str = families.DEFAULT_FAMILY  # the interval checks the published runs have it
 
     def __len__(self) -> int:
         return len(next(iter(self.columns.values()))) if self.columns else 0
@@ -388,6 +389,7 @@ def _offer_parts(spec: Spec, choice: OfferChoice, index: int, target: float) -> 
     from gptplan.plan import tensor_parallel_fits_node
 
     m = spec.model_section()
+    family = families.get(m.family)
     prof, offer = choice.profile, choice.offer
     c, s = spec.constraints, spec.search
     gpn = offer.gpus_per_node
@@ -406,7 +408,9 @@ def _offer_parts(spec: Spec, choice: OfferChoice, index: int, target: float) -> 
     pps = [
         p
         for p in s.pipeline_parallel
-        if p <= m.num_hidden_layers and (prof.device != "cpu" or p == 1)
+        if p <= m.num_hidden_layers
+        and (prof.device != "cpu" or p == 1)
+        and (p == 1 or not family.pipeline_why_not)  # gptplan.families: pp offered?
     ]
     stages = [SHARDING_STAGES.index(z) for z in s.sharding if prof.device != "cpu" or z == ""]
     nodes = sorted({n for n in s.node_counts if n <= c.max_nodes})
@@ -424,7 +428,11 @@ def _offer_parts(spec: Spec, choice: OfferChoice, index: int, target: float) -> 
         pp=pps,
         vpp=vpps,
         stage_code=stages,
-        recompute_code=[RECOMPUTE_MODES.index(r) for r in s.recompute],
+        recompute_code=[  # the granularities the family's PaddleNLP class implements
+            RECOMPUTE_MODES.index(r)
+            for r in s.recompute
+            if r == "none" or r in family.recompute_granularities
+        ],
         sp=[int(v) for v in s.sequence_parallel],
     )
     ok = np.logical_and.reduce(list(layout_rules(m, gpn, g).values()))
@@ -492,16 +500,11 @@ def _offer_parts(spec: Spec, choice: OfferChoice, index: int, target: float) -> 
     return _price(spec, choice, cm.ModelShape.from_section(m), out)
 
 
-PARTIAL_RECOMPUTE_WHY_NOT = {
-    "gpt": "PaddleNLP 2.8.1's GPT has no per-layer recompute (no_recompute_layers exists in "
-    "its Llama only), so partial recompute is not offered for GPT",
-}
-
-
 def partial_recompute_rows(m, prof: Profile, g: dict, headroom: float, pinned) -> dict:
     """Partial recompute as a search dimension (column rc_layers: layers recomputed per
-    pipeline stage, 0 = all). Llama only (PARTIAL_RECOMPUTE_WHY_NOT), and not 'full' with
-    pipeline parallel (PaddleNLP 2.8.1's LlamaForCausalLMPipe asserts no_recompute_layers is
+    pipeline stage, 0 = all). Only for a family with per-layer recompute (gptplan.families:
+    FamilySpec.partial_recompute_why_not says why not), and not at the granularities its
+    pipeline class refuses (Llama: 'full', LlamaForCausalLMPipe asserts no_recompute_layers is
     empty). `pinned` (search.recompute_layers, per stage): exactly those values. Otherwise
     every row that recomputes also gets, as an added row, the fewest layers per stage k at
     which it surely fits (memory is linear in k: closed form, vectorised), when 0 < k <
@@ -509,7 +512,10 @@ def partial_recompute_rows(m, prof: Profile, g: dict, headroom: float, pinned) -
     n = len(g["tp"])
     g["rc_layers"] = np.zeros(n, dtype=int)
     code, pp = g["recompute_code"], g["pp"]
-    ok = (code > 0) & ~((pp > 1) & (code == 3)) & (m.family == "llama")
+    family = families.get(m.family)
+    refused = [RECOMPUTE_MODES.index(r) for r in family.partial_recompute_pipeline_refuses]
+    ok = (code > 0) & ~((pp > 1) & np.isin(code, refused))
+    ok &= not family.partial_recompute_why_not
     stage_layers = np.ceil(m.num_hidden_layers / pp).astype(int)
     if pinned:
         parts = []

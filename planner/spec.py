@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import tomli
 
+from gptplan import families
 from gptplan import precision as precision_table
 from gptplan.errors import UserError
 from gptplan.modelfacts import MODEL_SIZES, model_problem, size_fields
@@ -82,12 +83,14 @@ class ModelSpec:
     max_position_embeddings: int = setting(0, "Overrides the named size (0 = keep).", min=0)
     hidden_dropout_prob: float = setting(0.1, "Dropout.", min=0, max=1)
     attention_probs_dropout_prob: float = setting(0.1, "Attention dropout.", min=0, max=1)
-    family: str = setting("", "'gpt' or 'llama' ('' = the named size's family, else 'gpt').")
+    family: str = setting(
+        "", "A registered family: 'gpt', 'llama', 'qwen' ('' = the named size's, else 'gpt')."
+    )
     num_key_value_heads: int = setting(
         0, "Llama: key/value heads (0 = keep the named size's; without one, all heads).", min=0
     )
-    rms_norm_eps: float = setting(0.0, "Llama: RMSNorm epsilon (0 = keep).", min=0)
-    rope_theta: float = setting(0.0, "Llama: RoPE base (0 = keep).", min=0)
+    rms_norm_eps: float = setting(0.0, "Llama, QWen: RMSNorm epsilon (0 = keep).", min=0)
+    rope_theta: float = setting(0.0, "Llama, QWen: RoPE base (0 = keep).", min=0)
     tie_word_embeddings: bool = setting(
         False, "Llama: tie the LM head to the embeddings (PaddleNLP 2.8.1 refuses true)."
     )
@@ -244,26 +247,15 @@ class Spec:
         """Named size with field overrides, as the plan's [model] table."""
         m = self.model
         fields = size_fields(m.size) if m.size else {}
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-            "family",
-            "num_key_value_heads",
-            "rms_norm_eps",
-            "rope_theta",
-            "tie_word_embeddings",
-        ):
+        for name in (*families.SHAPE_FIELDS, "family", *families.OPTIONAL_FIELDS):
             if getattr(m, name):
                 fields[name] = getattr(m, name)
         if self.planned_vocab_size:
             fields["vocab_size"] = self.planned_vocab_size
-        # PaddleNLP 2.8.1's Llama has no dropout: a Llama plan says 0 rather than a value the
-        # model would ignore
-        dropout = m.family != "llama" and fields.get("family") != "llama"
+        # a family without dropout in PaddleNLP 2.8.1 (Llama, QWen) says 0 rather than a value
+        # the model would ignore
+        family = fields.get("family") or families.DEFAULT_FAMILY
+        dropout = family not in families.names() or families.get(family).has_dropout
         return ModelSection(
             name=m.size or "custom",
             hidden_dropout_prob=m.hidden_dropout_prob if dropout else 0.0,
@@ -364,22 +356,16 @@ def validate_spec(spec: Spec) -> None:
         fail("job.cache_dir", folder_problem(j.cache_dir))
     if not CURRENCY.match(c.currency):
         fail("constraints.currency", f"{c.currency!r} is not an ISO currency code like 'USD'")
-    if m.size and m.size not in MODEL_SIZES:
-        fail("model.size", f"{m.size!r} is not a known size; allowed: {', '.join(MODEL_SIZES)}")
-    if not m.size and not all(
-        getattr(m, f)
-        for f in (
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-        )
-    ):
+    sizes = families.all_sizes()
+    if m.size and m.size not in sizes:
+        fail("model.size", f"{m.size!r} is not a known size; allowed: {', '.join(sizes)}")
+    if not m.size and not all(getattr(m, f) for f in families.SHAPE_FIELDS):
         fail("model.size", "give a named size or all six model fields")
-    if m.family not in ("", "gpt", "llama"):
-        fail("model.family", f"{m.family!r}; allowed: 'gpt', 'llama'")
+    if m.family and m.family not in families.names():
+        fail(
+            "model.family",
+            f"{m.family!r}; allowed: {', '.join(repr(f) for f in families.names())}",
+        )
     model = spec.model_section()
     key, problem = model_problem(model)
     if problem:

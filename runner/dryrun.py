@@ -41,7 +41,7 @@ def check_partial_recompute(plan: Plan, net, keep: list[int]) -> tuple[bool, str
         return True, ""
     L = plan.model.num_hidden_layers
     want = [i for i in range(L) if i not in keep]
-    got = recomputed_layers_of(net)
+    got = recomputed_layers_of(net, plan.model.family)
     if got != want:
         return False, f"the built model recomputes layers {got}, the plan {want}"
     return True, (

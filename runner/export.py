@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from gptplan import userdata
+from gptplan import families, userdata
 from gptplan.errors import UserError
 from gptplan.plan import Plan
 from runner import checkpoint as ckpt
@@ -119,8 +119,7 @@ def _source_model(plan: Plan, manifest: dict) -> tuple[Path | None, str | None]:
 
     recorded = manifest.get("source_model")
     if recorded and Path(recorded).exists():
-        directory = Path(recorded).parent
-        if tokenizer_problem(directory) is None:
+        if tokenizer_problem(Path(recorded).parent) is None:
             return Path(recorded), manifest.get("source_identity")
     if plan.job.tokenizer != "sentencepiece":
         return None, None
@@ -226,8 +225,7 @@ def _check_exportable(plan: Plan) -> None:
 
 
 def load_trained_model(plan: Plan, checkpoint: Path):
-    """PaddleNLP GPTForCausalLM or LlamaForCausalLM (fp32, eval mode) with the weights of
-    `checkpoint`."""
+    """The family's PaddleNLP causal LM (fp32, eval mode) with the weights of `checkpoint`."""
     import paddle
 
     quiet_paddlenlp()
@@ -312,55 +310,27 @@ def export_pretrained(
     return out
 
 
-def _traceable_llama_attention(
-    query_states,
-    config,
-    key_states,
-    value_states,
-    attention_mask,
-    output_attentions,
-    alibi=None,
-    sequence_parallel=False,
-    reshard_layer=None,
-    npu_is_casual=False,
-):
-    """PaddleNLP 2.8.1's standard (non-flash) Llama attention without its Python shape checks
-    (`if attn_weights.shape != [bsz, ...]`), which the static-graph trace of a dynamic
-    batch/sequence turns into bool(Tensor) and refuses. Same math: softmax(QK^T/sqrt(d) +
-    mask) V, the softmax in fp32."""
-    import math
-
-    import paddle
-    import paddle.nn.functional as F
-
-    head_dim = query_states.shape[-1]
-    num_heads = query_states.shape[-2]
-    q = paddle.transpose(query_states, [0, 2, 1, 3])
-    k = paddle.transpose(key_states, [0, 2, 1, 3])
-    v = paddle.transpose(value_states, [0, 2, 1, 3])
-    weights = paddle.matmul(q / math.sqrt(head_dim), k.transpose([0, 1, 3, 2]))
-    weights = F.softmax(weights + attention_mask, axis=-1, dtype="float32").astype(q.dtype)
-    out = paddle.matmul(weights, v).transpose([0, 2, 1, 3])
-    out = out.reshape([0, 0, head_dim * num_heads])
-    return (out, weights) if output_attentions else out
-
-
 def _jit_save(plan: Plan, net, prefix: Path) -> None:
+    """paddle.jit.save with the family's traceable stand-ins in place while it traces
+    (gptplan.families: FamilySpec.jit_patches), put back afterwards."""
+    import importlib
+    from contextlib import ExitStack
+
     import paddle
     from paddle.static import InputSpec
 
     spec = [InputSpec([None, None], "int64", name="input_ids")]
-    if plan.model.family != "llama":
+    with ExitStack() as undo:
+        for patch in families.get(plan.model.family).jit_patches:
+            module, _, path = patch.target.partition(":")
+            *parents, attribute = path.split(".")
+            owner = importlib.import_module(module)
+            for parent in parents:
+                owner = getattr(owner, parent)
+            original = getattr(owner, attribute)
+            setattr(owner, attribute, patch.replacement)
+            undo.callback(setattr, owner, attribute, original)
         paddle.jit.save(net, str(prefix), input_spec=spec)
-        return
-    from paddlenlp.transformers.llama import modeling
-
-    original = modeling.scaled_dot_product_attention
-    modeling.scaled_dot_product_attention = _traceable_llama_attention
-    try:
-        paddle.jit.save(net, str(prefix), input_spec=spec)
-    finally:
-        modeling.scaled_dot_product_attention = original
 
 
 def export_model(plan: Plan, run_dir: Path) -> Path:
@@ -409,6 +379,7 @@ def generate(
         if not plan_file.exists():
             raise UserError(f"{plan_file} is missing: not a run directory", key="RUN_DIR")
         tokenizer = load_run_tokenizer(run_dir)
+        assert path is not None  # resolved above whenever the export is not used
         net = load_trained_model(load_plan(plan_file), path)
         source = str(path)
     set_special_ids(net, tokenizer)
@@ -429,9 +400,9 @@ def generate(
         from runner.model import sample_tokenizer_ids_only
 
         sample_tokenizer_ids_only(net, real)
-    if getattr(net.config, "model_type", "") == "llama":
-        # PaddleNLP 2.8.1's generate builds a 4-D float mask that its Llama refuses (it wants a
-        # boolean one); a 2-D all-ones mask of the prompt goes through Llama's own path
+    family = families.by_model_type(getattr(net.config, "model_type", ""))
+    if family is not None and family.generate_bool_mask:
+        # the family's generate wants a 2-D boolean mask of the prompt (gptplan.families)
         extra["attention_mask"] = paddle.ones([1, len(ids)], dtype="bool")
     with paddle.no_grad():
         out, _ = net.generate(

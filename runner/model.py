@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+from gptplan import families
 from gptplan import precision as precisions
 from gptplan.plan import ModelSection, ParallelSection, no_recompute_layers
 
@@ -25,39 +26,34 @@ def flash_attention_supported(precision: str) -> bool:
     return major >= 8
 
 
-def build_gpt_config(
+def _import(path: str):
+    """The class at 'module:Class' (a family's PaddleNLP class)."""
+    import importlib
+
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def build_config(
     model: ModelSection,
     parallel: ParallelSection,
     *,
     seq_len: int,
-    use_flash_attention: bool = False,
+    kernels: dict | None = None,
+    no_recompute: list[int] | None = None,
 ):
-    """PaddleNLP GPTConfig from the plan (labels use -100 as the ignored id).
-
-    `use_flash_attention` is the plan's request; the caller decides whether this device can
-    run it (see `flash_attention_supported`)."""
-    from paddlenlp.transformers import GPTConfig
-
-    config = GPTConfig(
-        vocab_size=model.vocab_size,
-        hidden_size=model.hidden_size,
-        num_hidden_layers=model.num_hidden_layers,
-        num_attention_heads=model.num_attention_heads,
-        intermediate_size=model.intermediate_size,
-        max_position_embeddings=model.max_position_embeddings,
-        seq_length=seq_len,
-        hidden_dropout_prob=model.hidden_dropout_prob,
-        attention_probs_dropout_prob=model.attention_probs_dropout_prob,
-        initializer_range=model.initializer_range,
-        ignore_index=-100,
-        tensor_parallel_degree=parallel.tensor_parallel_degree,
-        tensor_parallel_output=True,
-        sequence_parallel=parallel.sequence_parallel,
-        recompute_granularity=(parallel.recompute if parallel.recompute != "none" else "full"),
-        use_flash_attention=use_flash_attention,
-        virtual_pp_degree=parallel.virtual_pp_degree,
+    """The family's PaddleNLP config from the plan (gptplan.families: its config class and
+    arguments; labels use -100 as the ignored id). `kernels`: see `kernel_choice` (the
+    caller decides what this device runs). `no_recompute`: the layers that keep every
+    activation (default: from the plan's parallel.recompute_layers,
+    gptplan.plan.no_recompute_layers)."""
+    spec = families.get(model.family)
+    if no_recompute is None:
+        no_recompute = no_recompute_layers(model, parallel)
+    kwargs = spec.config_kwargs(
+        model, parallel, seq_len=seq_len, kernels=kernels or {}, no_recompute=no_recompute
     )
-    return config
+    return _import(spec.config_class)(**kwargs)
 
 
 def fused_kernels_supported() -> bool:
@@ -77,8 +73,9 @@ def fused_kernels_supported() -> bool:
 def kernel_choice(model: ModelSection, *, use_flash_attention: bool, precision: str) -> dict:
     """Which kernels this device runs for the plan: {'flash_attention', 'fused_rms_norm',
     'fused_rope'} -> bool. Flash attention only where the plan asks and the device can; the
-    fused Llama kernels wherever they exist (GPU); GPT has neither fused kernel."""
-    fused = model.family == "llama" and fused_kernels_supported()
+    fused RMSNorm/RoPE kernels where the family uses them (gptplan.families) and they exist
+    (GPU)."""
+    fused = families.get(model.family).fused_kernels and fused_kernels_supported()
     return {
         "flash_attention": use_flash_attention and flash_attention_supported(precision),
         "fused_rms_norm": fused,
@@ -86,68 +83,10 @@ def kernel_choice(model: ModelSection, *, use_flash_attention: bool, precision: 
     }
 
 
-def build_llama_config(
-    model: ModelSection,
-    parallel: ParallelSection,
-    *,
-    seq_len: int,
-    kernels: dict | None = None,
-    no_recompute: list[int] | None = None,
-):
-    """PaddleNLP LlamaConfig from the plan (no dropout in PaddleNLP's Llama; labels -100).
-    `no_recompute`: the layers that keep every activation (default: from the plan's
-    parallel.recompute_layers, gptplan.plan.no_recompute_layers)."""
-    from paddlenlp.transformers import LlamaConfig
-
-    kernels = kernels or {}
-    if no_recompute is None:
-        no_recompute = no_recompute_layers(model, parallel)
-    return LlamaConfig(
-        vocab_size=model.vocab_size,
-        hidden_size=model.hidden_size,
-        num_hidden_layers=model.num_hidden_layers,
-        num_attention_heads=model.num_attention_heads,
-        num_key_value_heads=model.num_key_value_heads or model.num_attention_heads,
-        intermediate_size=model.intermediate_size,
-        max_position_embeddings=model.max_position_embeddings,
-        seq_length=seq_len,
-        rms_norm_eps=model.rms_norm_eps,
-        rope_theta=model.rope_theta,
-        tie_word_embeddings=model.tie_word_embeddings,
-        initializer_range=model.initializer_range,
-        ignore_index=-100,
-        use_cache=False,
-        tensor_parallel_degree=parallel.tensor_parallel_degree,
-        tensor_parallel_output=True,
-        sequence_parallel=parallel.sequence_parallel,
-        use_recompute=parallel.recompute != "none",
-        recompute_granularity=(parallel.recompute if parallel.recompute != "none" else "full"),
-        # partial recompute (parallel.recompute_layers): the layers that keep everything
-        no_recompute_layers=no_recompute or None,
-        use_flash_attention=kernels.get("flash_attention", False),
-        use_fused_rms_norm=kernels.get("fused_rms_norm", False),
-        use_fused_rope=kernels.get("fused_rope", False),
-        virtual_pp_degree=parallel.virtual_pp_degree,
-    )
-
-
 def _network(model: ModelSection, parallel: ParallelSection, config):
+    spec = families.get(model.family)
     pipeline = parallel.pipeline_parallel_degree > 1
-    if model.family == "llama":
-        if pipeline:
-            from paddlenlp.transformers.llama.modeling_pp import LlamaForCausalLMPipe
-
-            return LlamaForCausalLMPipe(config)
-        from paddlenlp.transformers import LlamaForCausalLM
-
-        return LlamaForCausalLM(config)
-    if pipeline:
-        from paddlenlp.transformers.gpt.modeling_pp import GPTForCausalLMPipe
-
-        return GPTForCausalLMPipe(config)
-    from paddlenlp.transformers import GPTForCausalLM
-
-    return GPTForCausalLM(config)
+    return _import(spec.pipeline_class if pipeline else spec.causal_lm_class)(config)
 
 
 def build_model(
@@ -159,12 +98,13 @@ def build_model(
     precision: str = "fp32",
     no_recompute: list[int] | None = None,
 ):
-    """GPTForCausalLM or LlamaForCausalLM by `model.family`, random init (pipeline parallel
-    uses PaddleNLP's *Pipe variant). `no_recompute`: see `build_llama_config`.
+    """The family's PaddleNLP causal LM (GPTForCausalLM, LlamaForCausalLM, QWenForCausalLM,
+    ...: gptplan.families), random init (pipeline parallel uses the family's *Pipe class).
+    `no_recompute`: see `build_config`.
 
     Kernels follow `kernel_choice`: flash attention when the plan asks for it and this device
     can run it (where it cannot, a warning says so and the standard kernel runs, with more
-    activation memory); Llama's fused RMSNorm and RoPE on GPUs only."""
+    activation memory); fused RMSNorm and RoPE on GPUs only."""
     kernels = kernel_choice(model, use_flash_attention=use_flash_attention, precision=precision)
     if use_flash_attention and not kernels["flash_attention"]:
         warnings.warn(
@@ -173,14 +113,9 @@ def build_model(
             f"is {precision}); using the standard attention kernel",
             stacklevel=2,
         )
-    if model.family == "llama":
-        config = build_llama_config(
-            model, parallel, seq_len=seq_len, kernels=kernels, no_recompute=no_recompute
-        )
-    else:
-        config = build_gpt_config(
-            model, parallel, seq_len=seq_len, use_flash_attention=kernels["flash_attention"]
-        )
+    config = build_config(
+        model, parallel, seq_len=seq_len, kernels=kernels, no_recompute=no_recompute
+    )
     net = _network(model, parallel, config)
     if parallel.recompute != "none":
         net.recompute_enable()
@@ -247,10 +182,13 @@ def sample_tokenizer_ids_only(net, real: int) -> None:
     net.adjust_logits_during_generation = adjust
 
 
-def recomputed_layers_of(net) -> list[int] | None:
-    """Indices of the decoder layers a built Llama recomputes (None for a model without
-    per-layer recompute): what the dry run checks against the plan."""
-    layers = getattr(getattr(net, "llama", None), "layers", None)
-    if layers is None:
+def recomputed_layers_of(net, family: str) -> list[int] | None:
+    """Indices of the decoder layers a built model of `family` recomputes (None for a family
+    without per-layer recompute): what the dry run checks against the plan."""
+    path = families.get(family).decoder_layers
+    layers = net
+    for attribute in path.split(".") if path else ():
+        layers = getattr(layers, attribute, None)
+    if not path or layers is None:
         return None
     return [i for i, layer in enumerate(layers) if getattr(layer, "layerwise_recompute", True)]

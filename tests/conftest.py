@@ -65,6 +65,12 @@ LLAMA = {
     "training": {"learning_rate": 3e-3},
 }
 FAMILIES = {"gpt": {}, "llama": LLAMA}
+# The tiny model as PaddleNLP's QWenForCausalLM (gptplan/families/qwen.py): intermediate_size
+# counts both SwiGLU branches (2 x 176), no dropout.
+QWEN = {
+    "model": {"name": "qwen-test", "family": "qwen", "intermediate_size": 352},
+    "training": {"learning_rate": 3e-3},
+}
 
 
 def merge(base: dict, overrides: dict) -> dict:
@@ -89,6 +95,8 @@ SHARED_RUNS = {
     "gpt": {},
     "llama": LLAMA,
     "gpt-dp2": {"parallel": {"nproc_per_node": 2, "data_parallel_degree": 2}},
+    # QWen's 2-process run: the family's training, kill -9 and resume, and export reference
+    "qwen-dp2": merge(QWEN, {"parallel": {"nproc_per_node": 2, "data_parallel_degree": 2}}),
 }
 _FINISHED: dict[str, tuple[Path, subprocess.CompletedProcess]] = {}
 

@@ -263,10 +263,10 @@ def test_plan_records_flash_attention_and_validates_it():
 
 
 def test_runner_passes_flash_attention_to_paddlenlp_config():
-    from runner.model import build_gpt_config, flash_attention_supported
+    from runner.model import build_config, flash_attention_supported
 
     plan = plan_from_dict(BASE_PLAN)
-    config = build_gpt_config(plan.model, plan.parallel, seq_len=32, use_flash_attention=True)
+    config = build_config(plan.model, plan.parallel, seq_len=32, kernels={"flash_attention": True})
     assert config.use_flash_attention
     assert not flash_attention_supported("fp32")
 
@@ -367,10 +367,10 @@ def test_interleaved_bubble_and_paddle_rules():
 
 
 def test_virtual_pp_reaches_the_paddlenlp_config():
-    from runner.model import build_gpt_config
+    from runner.model import build_config
 
     plan = plan_from_dict(merge(BASE_PLAN, {"parallel": {"virtual_pp_degree": 1}}))
-    assert build_gpt_config(plan.model, plan.parallel, seq_len=32).virtual_pp_degree == 1
+    assert build_config(plan.model, plan.parallel, seq_len=32).virtual_pp_degree == 1
 
 
 # ---- accumulation: every value meeting the global batch -----------------------------------------

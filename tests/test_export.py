@@ -28,13 +28,17 @@ def gpt_run(finished_run):
     return finish_run("gpt", finished_run)
 
 
-def test_end_of_run_export_reloads_with_paddlenlp_auto_classes(family_run):
+@pytest.mark.parametrize("shared", ["gpt", "llama", "qwen-dp2"])
+def test_end_of_run_export_reloads_with_paddlenlp_auto_classes(shared, finished_run):
+    """Every family's end-of-run export (QWen's from its 2-process run) reloads with the Auto
+    classes and computes what the last checkpoint does, and so does its jit export."""
     import paddle
     from paddlenlp.transformers import AutoModelForCausalLM, AutoTokenizer
 
     from gptplan.plan import load_plan
     from runner.export import load_trained_model, resolve_checkpoint
 
+    family_run = finish_run(shared, finished_run)
     export = family_run / "export" / "paddlenlp"
     assert (export / "gptplan_checkpoint.txt").read_text().strip() == "step_00000012"
     model = AutoModelForCausalLM.from_pretrained(str(export))
@@ -47,7 +51,9 @@ def test_end_of_run_export_reloads_with_paddlenlp_auto_classes(family_run):
     plan = load_plan(family_run / "plan.toml")
     assert (
         type(model).__name__
-        == {"gpt": "GPTForCausalLM", "llama": "LlamaForCausalLM"}[plan.model.family]
+        == {"gpt": "GPTForCausalLM", "llama": "LlamaForCausalLM", "qwen": "QWenForCausalLM"}[
+            plan.model.family
+        ]
     )
     # the same weights as the run's last checkpoint
     reference = load_trained_model(plan, resolve_checkpoint(family_run))
@@ -57,6 +63,9 @@ def test_end_of_run_export_reloads_with_paddlenlp_auto_classes(family_run):
     got = got[0] if isinstance(got, (tuple, list)) else got
     want = want[0] if isinstance(want, (tuple, list)) else want
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+    jit = paddle.jit.load(str(family_run / "export" / "model"))(x)
+    jit = jit[0] if isinstance(jit, (tuple, list)) else jit
+    np.testing.assert_allclose(jit.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_export_and_generate_from_a_checkpoint(family_run, tmp_path):

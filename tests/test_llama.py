@@ -104,7 +104,7 @@ def test_bad_llama_plan_is_one_line_naming_the_key(overrides, key, words):
 def test_gpt_refuses_llama_only_fields():
     with pytest.raises(PlanError) as info:
         plan_from_dict(merge(BASE_PLAN, {"model": {"rope_theta": 500000.0}}), file="p.toml")
-    assert str(info.value).startswith("p.toml: model.rope_theta: is a Llama field")
+    assert str(info.value).startswith("p.toml: model.rope_theta: is a Llama and QWen field")
 
 
 def test_tp_dividing_the_kv_heads_is_accepted():
@@ -171,19 +171,19 @@ def test_runner_builds_llama_with_gqa_and_exact_parameter_count():
 
 
 def test_llama_config_for_tensor_sequence_parallel_and_recompute():
-    from runner.model import build_llama_config
+    from runner.model import build_config
 
     model = section("llama-1b")
     parallel = ParallelSection(
         nproc_per_node=4, tensor_parallel_degree=4, sequence_parallel=True, recompute="full_attn"
     )
-    config = build_llama_config(model, parallel, seq_len=2048)
+    config = build_config(model, parallel, seq_len=2048)
     assert (config.tensor_parallel_degree, config.num_key_value_heads) == (4, 4)
     assert config.sequence_parallel and config.use_recompute
     assert config.recompute_granularity == "full_attn"
     assert (config.rms_norm_eps, config.rope_theta) == (1e-5, 10000.0)
     assert not config.tie_word_embeddings and config.ignore_index == -100
-    plain = build_llama_config(model, ParallelSection(), seq_len=2048)
+    plain = build_config(model, ParallelSection(), seq_len=2048)
     assert not plain.use_recompute and not plain.sequence_parallel
 
 

@@ -1,0 +1,105 @@
+"""GPT as PaddleNLP 2.8.1's GPTForCausalLM builds it: learned positions, GELU MLP, LayerNorm,
+biases everywhere, LM head tied to the word embeddings, hidden and attention dropout."""
+
+from __future__ import annotations
+
+from gptplan.families.base import FamilySpec, ModelLike, ModelSize, ParallelLike, Problem
+
+
+def _size(vocab, h, layers, heads, ffn, positions) -> ModelSize:
+    return ModelSize(vocab, h, layers, heads, ffn, positions, "gpt")
+
+
+# gpt-tiny trains on one CPU core in seconds; gpt-base-110m is the bank-FAQ model (GPT-Base
+# with a 30k CPM-style Chinese vocabulary: 12 x 768, 12 heads); medium to 13b are the GPT-3
+# shapes (Brown et al. 2020, table 2.1) with GPT-2's 50,257 vocabulary padded to 50,304.
+SIZES = {
+    "gpt-tiny": _size(8000, 128, 2, 4, 512, 128),
+    "gpt-mini": _size(8000, 256, 4, 4, 1024, 256),
+    "gpt-small-cpu": _size(8000, 384, 6, 6, 1536, 512),
+    "gpt-base-110m": _size(30000, 768, 12, 12, 3072, 1024),
+    "gpt-medium-350m": _size(50304, 1024, 24, 16, 4096, 2048),
+    "gpt-large-760m": _size(50304, 1536, 24, 16, 6144, 2048),
+    "gpt-1.3b": _size(50304, 2048, 24, 16, 8192, 2048),
+    "gpt-2.7b": _size(50304, 2560, 32, 32, 10240, 2048),
+    "gpt-6.7b": _size(50304, 4096, 32, 32, 16384, 2048),
+    "gpt-13b": _size(50304, 5120, 40, 40, 20480, 2048),
+}
+
+
+def layer_parameters(m: ModelLike) -> int:
+    """QKV and output projections 4h^2 + 4h, MLP 2·h·f + f + h (biases), two LayerNorms 4h."""
+    h, f = m.hidden_size, m.intermediate_size
+    return 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
+
+
+def activation_coefficients(m: ModelLike) -> tuple[float, float, float, float, float]:
+    """[K22] table 2 (34·s·b·h + 5·a·s²·b, MLP 4h wide) with dropout: its two hidden dropout
+    masks (1 byte per element each, replicated) and the attention-probability mask and
+    dropout output (1 + 2 per score) are stored only when that dropout is on (Paddle's
+    dropout returns its input at p = 0, as PyTorch's does): 32·s·b·h + 2·a·s²·b without."""
+    hidden = float(m.hidden_dropout_prob > 0)
+    attn = float(m.attention_probs_dropout_prob > 0)
+    return 8.0 + 2.0 * hidden, 24.0, 2.0 + 3.0 * attn, 4.0, 18.0 + hidden
+
+
+def config_kwargs(
+    m: ModelLike, p: ParallelLike, *, seq_len: int, kernels: dict, no_recompute: list[int]
+) -> dict:
+    """GPTConfig's arguments (labels use -100 as the ignored id)."""
+    return dict(
+        vocab_size=m.vocab_size,
+        hidden_size=m.hidden_size,
+        num_hidden_layers=m.num_hidden_layers,
+        num_attention_heads=m.num_attention_heads,
+        intermediate_size=m.intermediate_size,
+        max_position_embeddings=m.max_position_embeddings,
+        seq_length=seq_len,
+        hidden_dropout_prob=m.hidden_dropout_prob,
+        attention_probs_dropout_prob=m.attention_probs_dropout_prob,
+        initializer_range=m.initializer_range,
+        ignore_index=-100,
+        tensor_parallel_degree=p.tensor_parallel_degree,
+        tensor_parallel_output=True,
+        sequence_parallel=p.sequence_parallel,
+        recompute_granularity=(p.recompute if p.recompute != "none" else "full"),
+        use_flash_attention=kernels.get("flash_attention", False),
+        virtual_pp_degree=p.virtual_pp_degree,
+    )
+
+
+def _no_problem(m: ModelLike, tp: int) -> Problem:
+    return "", ""
+
+
+SPEC = FamilySpec(
+    name="gpt",
+    title="GPT",
+    summary="PaddleNLP GPTForCausalLM: learned positions, GELU MLP, LayerNorm, tied LM head",
+    fields=(),
+    sizes=SIZES,
+    published_parameters={},
+    has_dropout=True,
+    problem=_no_problem,
+    layer_parameters=layer_parameters,
+    final_norm_parameters=lambda m: 2 * m.hidden_size,  # LayerNorm weight and bias
+    learned_positions=True,
+    lm_head_tied=lambda m: True,  # PaddleNLP's GPT always ties its LM head
+    mlp_width=lambda m: m.intermediate_size,
+    gated_mlp=False,
+    activation_coefficients=activation_coefficients,
+    recompute_granularities=("full", "full_attn", "core_attn"),
+    partial_recompute_why_not=(
+        "PaddleNLP 2.8.1's GPT has no per-layer recompute (no_recompute_layers exists in its "
+        "Llama only)"
+    ),
+    partial_recompute_pipeline_refuses=(),
+    pipeline_why_not="",
+    config_class="paddlenlp.transformers:GPTConfig",
+    causal_lm_class="paddlenlp.transformers:GPTForCausalLM",
+    pipeline_class="paddlenlp.transformers.gpt.modeling_pp:GPTForCausalLMPipe",
+    config_kwargs=config_kwargs,
+    fused_kernels=False,
+    decoder_layers="",
+    model_type="gpt",
+)
