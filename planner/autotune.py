@@ -538,6 +538,8 @@ def _tune(s: _Session) -> TuneOutcome:
     race = race if settings.probes >= 2 * race + 1 else 0
     _explore(s, settings.probes - race)
     s.outcome.race, raced = _race(s, race)
+    if s.outcome.race is None:  # fewer than two configurations measured: the rest explore
+        _explore(s, settings.probes - raced)
     s.outcome.probes_run = s.probes_run + raced
     if s.outcome.race is not None:  # the race's winner: measured most, on the same terms
         s.outcome.best_row = s.outcome.race.finalists[0]

@@ -459,6 +459,7 @@ def cmd_optimize(args) -> int:
         render_candidates,
         render_choice,
         render_model,
+        render_probed,
         render_stats,
     )
     from planner.spec import load_spec
@@ -525,14 +526,16 @@ def cmd_optimize(args) -> int:
         print(json.dumps(data, indent=1))
         return 0 if result.plan is not None else 1
     if result.tuning is not None and result.tuning.calibration is not None:
-        print(render_calibration(result.tuning))
+        print(fit_lines(render_calibration(result.tuning)))
     for note in result.notes:
         print(fit_lines(note))
     top = spec.search.top
     print(render_offers(result.decision, spec, wide=args.wide))
     print()
-    if args.wide or result.tuning is not None:
+    if args.wide:
         print(render_candidates(result, top))
+    elif result.tuning is not None:
+        print(render_probed(result, top))
     else:
         print(render_decisions(result, top))
     print()
