@@ -656,6 +656,7 @@ def local_profile_name(args) -> str:
 
 
 def cmd_calibrate(args) -> int:
+    from planner.costreport import fit_lines
     from planner.pipeline import plan_space, tune_locally
     from planner.report import render_calibration
     from planner.spec import load_spec
@@ -676,7 +677,7 @@ def cmd_calibrate(args) -> int:
         on_probe=probe_logger(print),
     )
     if tuning is not None and tuning.calibration is not None:
-        print(render_calibration(tuning))
+        print(fit_lines(render_calibration(tuning)))
     return 0
 
 
