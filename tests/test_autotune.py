@@ -562,10 +562,17 @@ def test_optimize_probes_console_resume_and_history(tmp_path, monkeypatch, capsy
     class ThisMachine(NoisyProbe):  # studies are named by the machine's fingerprint
         fingerprint = hardware_fingerprint()
 
+    import tomli
+    import tomli_w
+
     monkeypatch.setattr(autotune, "LocalProbe", ThisMachine)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GPTPLAN_CALIBRATION_DIR", str(tmp_path / "calib"))
-    args = ["optimize", "--spec", str(CPU_SPEC), "--seed", "1"]
+    spec = tmp_path / "cpu_demo.toml"  # tokens per character declared: no tokenizer to train
+    spec.write_text(
+        tomli_w.dumps(merge(tomli.loads(CPU_SPEC.read_text()), {"job": {"tokens_per_char": 0.8}}))
+    )
+    args = ["optimize", "--spec", str(spec), "--seed", "1"]
     assert main(args + ["--probes", "6"]) == 0
     out = capsys.readouterr().out
     wide = [line for line in out.splitlines() if len(line) > 120]
@@ -593,7 +600,7 @@ def test_optimize_probes_console_resume_and_history(tmp_path, monkeypatch, capsy
     ]
     keys = [c["key"] for c in cache]
     assert len(keys) == len(set(keys))  # nothing probed twice across the two runs
-    assert main(["history", "--spec", str(CPU_SPEC), "--plot", "h.png"]) == 0
+    assert main(["history", "--spec", str(spec), "--plot", "h.png"]) == 0
     assert "measured step s" in capsys.readouterr().out and (tmp_path / "h.png").exists()
 
 
