@@ -86,9 +86,11 @@ def candidates() -> list[dict]:
 
 
 def planner_overrides(choice: dict, budget: int, spread_ratio: float | None = None) -> dict:
-    """TuneSettings for one set of choices at a probe budget."""
-    race = max(1, round(choice["race_fraction"] * budget))
-    race = min(race, (budget - 1) // 2)
+    """TuneSettings for one set of choices at a probe budget (the repeats counted as the
+    shipped TuneSettings.race = -1 counts them, planner.autotune.race_probes)."""
+    from planner.autotune import race_probes
+
+    race = race_probes(budget, choice["race_fraction"])
     out = {
         "prior_sd": choice["prior_sd"],
         "enqueue": choice["enqueue"],
@@ -101,6 +103,41 @@ def planner_overrides(choice: dict, budget: int, spread_ratio: float | None = No
     if spread_ratio is not None:
         out["spread_ratio"] = spread_ratio
     return out
+
+
+def shipped_choice() -> dict:
+    """The choices TuneSettings' defaults make, in CHOICES' terms."""
+    from planner.autotune import RACE_SHARE, TuneSettings
+
+    d = TuneSettings()
+    return {
+        "prior_sd": d.prior_sd,
+        "enqueue": d.enqueue,
+        "guided": d.guided,
+        "race_fraction": RACE_SHARE if d.race < 0 else None,
+        "race_steps_x": d.race_steps // d.steps if d.race_steps else 1,
+        "confidence": d.confidence,
+        "finalists": d.finalists,
+    }
+
+
+def shipped(jobs: int, tune_seeds: int) -> int:
+    """`--shipped`: the choices and noise ratio tuned on every recording, against TuneSettings'
+    defaults (what `planner optimize --probes` ships)."""
+    from planner.autotune import TuneSettings
+    from planner.noise import spread_ratio_from
+    from planner.replay import Recording
+
+    paths = recordings()
+    choice = choose(tuning_scores(paths, seeds=tune_seeds, jobs=jobs))
+    ratio = spread_ratio_from([Recording.load(p) for p in paths])
+    ships, ships_ratio = shipped_choice(), TuneSettings().spread_ratio
+    rows = [[k, str(v), str(ships[k]), "yes" if ships[k] == v else "NO"] for k, v in choice.items()]
+    same_ratio = abs(ratio - ships_ratio) <= 0.05
+    rows.append(["spread_ratio", f"{ratio:.2f}", ships_ratio, "yes" if same_ratio else "NO"])
+    print(f"tuned on all {len(paths)} recordings: {', '.join(p.name for p in paths)}")
+    print(tabulate(rows, headers=["choice", "tuned", "shipped default", "same"]))
+    return 0 if all(r[-1] == "yes" for r in rows) else 1
 
 
 def load_space(path: Path, *, keep=None):
@@ -430,8 +467,15 @@ def main() -> int:
         action="store_true",
         help="the planner with TuneSettings' defaults (no leave-one-out tuning)",
     )
+    parser.add_argument(
+        "--shipped",
+        action="store_true",
+        help="print the choices tuned on every recording beside TuneSettings' defaults",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.shipped:
+        return shipped(args.jobs, args.tune_seeds)
     from gptplan import quiet_third_party_warnings
     from planner.noise import spread_ratio_from
     from planner.replay import Recording, RecordingError

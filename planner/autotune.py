@@ -32,14 +32,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from gptplan import money, userdata
 from gptplan import precision as precision_table
-from gptplan import userdata
 from gptplan.plan import SEED_MAX
 from gptplan.progress import quiet
 from gptplan.tomlconf import from_table, setting
@@ -49,6 +50,9 @@ from planner.search import CandidateTable
 from planner.spec import Spec
 from planner.stopping import Stopped, held
 from planner.study import claim, open_storage, open_study, repair_sqlite, study_url
+
+if TYPE_CHECKING:
+    import optuna
 
 DIMENSIONS = (
     "seq",
@@ -66,6 +70,19 @@ DIMENSIONS = (
 CONSTRAINT_ATTR = "constraint"
 
 
+# The search's choices below (enqueue, race via RACE_SHARE, race_steps, confidence, prior_sd)
+# and spread_ratio are what leave-one-recording-out tuning chooses on all five recordings in
+# bench/recordings (`python bench/replay_quality.py --shipped` prints them); each recording's
+# held-out score in bench/README.md section 6 uses the values tuned on the other four.
+RACE_SHARE = 0.25  # of the probes, kept for repeats of finalists (TuneSettings.race = -1)
+
+
+def race_probes(probes: int, share: float = RACE_SHARE) -> int:
+    """Probes kept for repeats of finalists: `share` of them (rounded, at least 1), leaving at
+    least one more than twice that to explore (0 when there are fewer than 3 probes)."""
+    return min(max(1, round(share * probes)), max(0, (probes - 1) // 2))
+
+
 @dataclass
 class TuneSettings:
     """How to autotune; ranges checked like the plan's (`tune_settings_from`)."""
@@ -76,31 +93,31 @@ class TuneSettings:
     seed: int = setting(0, "Sampler seed (32 bits).", min=0, max=SEED_MAX)
     storage: str = setting("", "'' = SQLite file in the work dir; an RDB URL; or a *.journal path.")
     multi_objective: bool = setting(False, "NSGA-II on (cost, hours).")
-    enqueue: int = setting(3, "Analytic best candidates tried first.", min=0)
+    enqueue: int = setting(4, "Analytic best candidates tried first.", min=0)
     race: int = setting(
         -1,
-        "Of the probes, kept to race the finalists (0 = none; -1 = a third of them, at least 2).",
+        "Of the probes, kept to repeat finalists (0 = none; -1 = a quarter of them, at least 1).",
         min=-1,
     )
     finalists: int = setting(
         0, "Configurations entering the race (0 = 2, or 3 when at least 4 probes race).", min=0
     )
-    race_steps: int = setting(0, "Measured steps per racing probe (0 = 3 x steps).", min=0)
+    race_steps: int = setting(0, "Measured steps per repeat of a finalist (0 = steps).", min=0)
     confidence: float = setting(
-        0.9,
+        0.8,
         "Race until the pick is cheaper than the runner-up with this probability.",
         min=0.5,
         max=0.999,
     )
     repeat_sd: float = setting(0.01, "Floor of a probe's sd of log(median step).", min=0.0001)
     spread_ratio: float = setting(
-        15.0, "Between-probe / within-probe variance of the median step.", min=1.0
+        19.8, "Between-probe / within-probe variance of the median step.", min=1.0
     )
     load_inflation: float = setting(
         2.0, "Variance multiplier for a probe taken under load.", min=1.0
     )
     prior_sd: float = setting(
-        0.0, "Weight of the calibrated model: sd of its log cost error (0 = no prior).", min=0
+        0.15, "Weight of the calibrated model: sd of its log cost error (0 = no prior).", min=0
     )
     rank_by: Literal["mean", "median"] = setting(
         "mean", "Finalists by the mean or median measured step."
@@ -200,7 +217,14 @@ def cost_at_step(table: CandidateTable, i: int, step_s: float) -> tuple[float, f
     scale = step_s / table["step_time_s"][i]
     startup = table["hours"][i] - table["train_hours"][i] / table["useful_fraction"][i]
     hours = table["train_hours"][i] * scale / table["useful_fraction"][i] + startup
-    return table["price_node_hour"][i] * table["nodes"][i] * hours, hours
+    return _cost(table, i, hours * money.SECONDS_PER_HOUR), hours
+
+
+def _cost(table: CandidateTable, i: int, seconds) -> float:
+    """Row i's price for `seconds` of its nodes (gptplan.money.cost)."""
+    return money.cost(
+        price_per_node_hour=table["price_node_hour"][i], nodes=table["nodes"][i], seconds=seconds
+    )
 
 
 def measured_cost(
@@ -372,8 +396,8 @@ class _Session:
     settings: TuneSettings
     backend: LocalProbe
     cache: ProbeCache
-    progress: object
-    study: object
+    progress: Callable | None
+    study: optuna.Study
     outcome: TuneOutcome
     claim_trials: bool  # record who runs each trial (not for in-memory studies)
     rows_by_key: dict = field(default_factory=dict)
@@ -508,10 +532,12 @@ def _rebuild_from_cache(s: _Session) -> int:
 def _tune(s: _Session) -> TuneOutcome:
     """Explore (seeds, sampler and calibrated model in turn), race the finalists, pick."""
     settings = s.settings
-    race = settings.race if settings.race >= 0 else max(2, settings.probes // 3)
+    race = settings.race if settings.race >= 0 else race_probes(settings.probes)
     race = race if settings.probes >= 2 * race + 1 else 0
     _explore(s, settings.probes - race)
     s.outcome.race, raced = _race(s, race)
+    if s.outcome.race is None:  # fewer than two configurations measured: the rest explore
+        _explore(s, settings.probes - raced)
     s.outcome.probes_run = s.probes_run + raced
     if s.outcome.race is not None:  # the race's winner: measured most, on the same terms
         s.outcome.best_row = s.outcome.race.finalists[0]
@@ -637,14 +663,15 @@ def _violation(spec: Spec, cost: float, hours: float) -> float:
 def _probe(s: _Session, row: int) -> ProbeResult:
     """The probe cache's result for row, or a real probe run (cached)."""
     plan = candidate_plan(s.spec, s.table.row(row), target=s.target)
-    result = s.cache.get(s.backend.fingerprint, config_key(plan))
-    cached = result is not None
-    if not cached:
+    known = s.cache.get(s.backend.fingerprint, config_key(plan))
+    cached = known is not None
+    if known is None:
         result = s.backend.run(plan)
         s.probes_run += 1
         s.outcome.probe_wall_s += result.wall_s
         s.cache.put(result)
     else:
+        result = known
         s.outcome.reused += 1
     if s.progress is not None:
         s.progress(result, s.table, row, cached)
@@ -686,14 +713,7 @@ def _finish(
 def cost_per_mtok_at(table: CandidateTable, i: int, step_s: float) -> float:
     """Training cost per million tokens of row i at a step time (price x nodes x step /
     tokens per step): what the pick is compared on, start-up and checkpoints aside."""
-    return float(
-        table["price_node_hour"][i]
-        * table["nodes"][i]
-        * step_s
-        / 3600
-        / table["tokens_per_step"][i]
-        * 1e6
-    )
+    return float(_cost(table, i, step_s) / table["tokens_per_step"][i] * 1e6)
 
 
 def noise_model(settings: TuneSettings):
@@ -725,7 +745,12 @@ def beliefs(
         for k, i in enumerate(rows):
             # invert cost_at_step: the calibrated step time behind the modelled job cost
             startup = table["hours"][i] - table["train_hours"][i] / table["useful_fraction"][i]
-            hours = modelled[k] / (table["price_node_hour"][i] * table["nodes"][i])
+            seconds = money.seconds_for(
+                price_per_node_hour=table["price_node_hour"][i],
+                nodes=table["nodes"][i],
+                money=modelled[k],
+            )
+            hours = seconds / money.SECONDS_PER_HOUR
             scale = (hours - startup) * table["useful_fraction"][i] / table["train_hours"][i]
             step = scale * table["step_time_s"][i]
             prior[i] = float(np.log(max(cost_per_mtok_at(table, i, step), 1e-300)))
@@ -759,7 +784,7 @@ def _race(s: _Session, budget: int) -> tuple[Race | None, int]:
     configurations were measured) and the repeats it ran."""
     settings, outcome = s.settings, s.outcome
     noise = noise_model(settings)
-    steps = settings.race_steps or 3 * settings.steps
+    steps = settings.race_steps or settings.steps
     contenders = (settings.finalists or (3 if budget >= 4 else 2)) - 1
     level = 2 * noise.confidence - 1  # two-sided: its interval excludes 0 when separated
     repeats = used = 0

@@ -455,6 +455,7 @@ def cmd_optimize(args) -> int:
         render_candidates,
         render_choice,
         render_model,
+        render_probed,
         render_stats,
     )
     from planner.spec import load_spec
@@ -521,14 +522,16 @@ def cmd_optimize(args) -> int:
         print(json.dumps(data, indent=1))
         return 0 if result.plan is not None else 1
     if result.tuning is not None and result.tuning.calibration is not None:
-        print(render_calibration(result.tuning))
+        print(fit_lines(render_calibration(result.tuning)))
     for note in result.notes:
         print(fit_lines(note))
     top = spec.search.top
     print(render_offers(result.decision, spec, wide=args.wide))
     print()
-    if args.wide or result.tuning is not None:
+    if args.wide:
         print(render_candidates(result, top))
+    elif result.tuning is not None:
+        print(render_probed(result, top))
     else:
         print(render_decisions(result, top))
     print()
@@ -649,6 +652,7 @@ def local_profile_name(args) -> str:
 
 
 def cmd_calibrate(args) -> int:
+    from planner.costreport import fit_lines
     from planner.pipeline import plan_space, tune_locally
     from planner.report import render_calibration
     from planner.spec import load_spec
@@ -669,7 +673,7 @@ def cmd_calibrate(args) -> int:
         on_probe=probe_logger(print),
     )
     if tuning is not None and tuning.calibration is not None:
-        print(render_calibration(tuning))
+        print(fit_lines(render_calibration(tuning)))
     return 0
 
 

@@ -41,11 +41,12 @@ MAD_TO_SD = 1.4826  # sd of a normal distribution / its median absolute deviatio
 class NoiseModel:
     """How noisy a probe is taken to be, and how much the model's prior weighs."""
 
+    # the defaults are planner.autotune.TuneSettings' (which builds this with noise_model)
     repeat_sd: float = 0.01  # floor of a probe's sd of log(median step)
     load_inflation: float = 2.0  # variance multiplier for a probe taken under load
-    spread_ratio: float = 15.0  # between-probe / within-probe variance of the median step
-    prior_sd: float = 0.0  # sd of the calibrated model's log cost error (0 = no prior)
-    confidence: float = 0.9  # the pick must be cheaper than the runner-up with this probability
+    spread_ratio: float = 19.8  # between-probe / within-probe variance of the median step
+    prior_sd: float = 0.15  # sd of the calibrated model's log cost error (0 = no prior)
+    confidence: float = 0.8  # the pick must be cheaper than the runner-up with this probability
 
 
 @dataclass(frozen=True)

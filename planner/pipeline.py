@@ -366,7 +366,8 @@ def optimize(
             f"{describe(table, decision.chosen, cur)}"
         )
         if outcome.race is not None:
-            notes.append(race_note(table, outcome.race, cur))
+            measured = (row["cost_per_million_tokens"], outcome.probed[best].measured_steps)
+            notes.append(race_note(table, outcome.race, cur, measured))
         if tuning.calibration is not None:
             notes.append(
                 f"calibration: {tuning.profile} fit error {tuning.calibration.fit_error:.1%}"

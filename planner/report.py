@@ -256,6 +256,59 @@ def result_rows(result, top: int) -> tuple[list[tuple[int, list[int]]], int]:
     return shown, sum(len(o) for _, o in shown)
 
 
+def render_probed(result, top: int) -> str:
+    """`planner optimize --probes N` without --wide: the candidates ranked by their best
+    estimate in <= 120 columns (the configuration in one cell, the modelled, calibrated and
+    measured cost side by side); --wide and --json keep every column."""
+    table, cur = result.table, result.currency
+    shown, folded = result_rows(result, top)
+    body = []
+    for rep, _ in shown:
+        r = table.row(rep)
+        m = result.measured(rep)
+        cal = result.calibrated_cost(rep)
+        ok = m is not None and m.ok
+        body.append(
+            [
+                "*" if rep == result.chosen else "",
+                f"{r['nodes']}x{r['gpus_per_node']} {r['precision']} s{r['seq']} "
+                f"m{r['micro']}x{r['acc']} {layout(r)} {recompute_words(r)}",
+                f"{r['memory_gb']:.1f}",
+                money(r["cost"]),
+                money(cal) if cal is not None else "-",
+                f"{(m.mean_step_time_s or m.step_time_s) * 1000:,.0f}" if ok else "-",
+                f"{m.measured_steps}" if ok else (m.status if m is not None else "-"),
+                money(result.estimate(rep)[0]) if ok else "-",
+            ]
+        )
+    head = [
+        "",
+        "configuration",
+        "mem GB",
+        f"{cur} model",
+        f"{cur} calib.",
+        "step ms",
+        "steps",
+        f"{cur} measured",
+    ]
+    n_feasible = int(result.decision.feasible.sum())
+    title = (
+        f"Top {len(body)} candidates by best estimate: measured (mean step of the probes) "
+        f"where probed, else the model calibrated on the probes; configuration = nodes x "
+        f"devices, precision, seq, micro x accumulation, layout, recompute; * = chosen; "
+        f"{n_feasible:,} feasible of {len(table):,} evaluated"
+        + (f"; {folded} identical under the model folded" if folded else "")
+        + "; --wide or --json for every column"
+    )
+    from planner.costreport import fit_lines
+
+    return (
+        fit_lines(title)
+        + "\n"
+        + tabulate(body, headers=head, tablefmt="simple", disable_numparse=True)
+    )
+
+
 def render_candidates(result, top: int) -> str:
     """One table: modelled columns, and after probing the calibrated and measured ones."""
     table, cur = result.table, result.currency
@@ -484,7 +537,9 @@ def render_choice(result) -> str:
         )
     race = result.tuning.outcome.race if result.tuning else None
     if race is not None and result.chosen_source == "probe":
-        lines.append("        " + race_note(result.table, race, cur))
+        steps = result.tuning.outcome.probed[result.chosen].measured_steps
+        note = race_note(result.table, race, cur, (est.cost_per_million_tokens, steps))
+        lines.append("        " + note)
     if result.chosen_source == "model":
         lines.append(
             sensitivity_line(
@@ -564,24 +619,33 @@ def render_memory(result) -> str:
     return "\n".join(lines)
 
 
-def race_note(table, race, currency: str = "") -> str:
+def race_note(table, race, currency: str = "", measured: tuple | None = None) -> str:
     """One sentence on the pick against the runner-up (planner.autotune's noise-aware race):
-    its cost per million tokens, its lead with an interval, and how sure that is."""
+    its cost per million tokens, its lead with an interval, and how sure that is.
+
+    `measured` = (cost per million tokens, probe steps): the pick's cost as the plan and its
+    "chosen" line state it (the mean of its probes' steps), so both say one number; without
+    it the race's pooled estimate (every probe and the model's prior), labelled as such."""
     pick, other = race.finalists[0], race.finalists[1]
     lo, hi = race.interval
     half = (hi - lo) / 2
     verdict = "separated from" if race.separated else "NOT separated from"
-    cost = (
-        f"best at {race.cost_per_mtok:.3g} {currency}/Mtok, ".replace(" /", "/")
-        if race.cost_per_mtok
-        else ""
-    )
+    unit = f"{currency}/Mtok".lstrip("/") if currency else "/Mtok"
+    if measured is not None:
+        cost = (
+            f"best at {measured[0]:.4g} {unit} (measured: mean of its {measured[1]} probe steps), "
+        )
+    elif race.cost_per_mtok:
+        cost = f"best at {race.cost_per_mtok:.4g} {unit} (pooled estimate of its probes), "
+    else:
+        cost = ""
     return (
         f"{cost}{short_config(table, pick)} ahead of the runner-up "
         f"{short_config(table, other)} by {race.difference:.0%} +- {half:.0%} "
         f"({race.level:.0%} interval {lo:+.1%} .. {hi:+.1%}; cheaper with probability "
-        f"{race.probability:.2f}, {verdict} it at {(1 + race.level) / 2:.0%}; "
-        f"{race.rounds} repeat probe(s) of finalists; measured)"
+        f"{race.probability:.2f}, {verdict} it at {(1 + race.level) / 2:.0%}; the lead from "
+        f"every probe pooled with the model's prior (planner.noise); "
+        f"{race.rounds} repeat probe(s) of finalists)"
     )
 
 

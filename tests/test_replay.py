@@ -18,11 +18,14 @@ from planner.replay import Recording, RecordingError, replay_space
 REPO = Path(__file__).resolve().parents[1]
 RECORDING = REPO / "bench" / "recordings" / "cpu_space_v2.json.gz"
 SEEDS = range(20)
-# The issue's targets for at most 8 probes, checked on the whole recorded space (112
-# configurations, recorded on a quiet machine: the pass means of one configuration differ by
-# 5.6% (median), single steps by 1.3%). A search that does not search
-# (test_a_bad_search_fails_the_bound) is far above them.
-MEDIAN_BOUND, P90_BOUND = 0.01, 0.03
+# Bounds for at most 8 probes, checked on the whole recorded space (112 configurations,
+# recorded on a quiet machine: the pass means of one configuration differ by 5.6% (median),
+# single steps by 1.3%). A search that does not search (test_a_bad_search_fails_the_bound) is
+# far above them. The p90 bound was 3% while TuneSettings' defaults were tuned on this
+# recording alone; since issue 30 they are tuned on all five recordings (this one of them), and
+# its p90 at 8 probes is one near-tie configuration 5.9% dearer than the best (bench/README.md
+# section 6: 0.0% / 5.9% held out, Optuna TPE 5.1% / 12.1%, random 7.1% / 16.5%).
+MEDIAN_BOUND, P90_BOUND = 0.01, 0.06
 SMALL = {"acc": 2}  # the accumulation-2 part of the recording: 42 configurations
 
 
@@ -80,7 +83,17 @@ def median_and_p90(values: list[float]) -> tuple[float, float]:
     return statistics.median(values), float(np.quantile(values, 0.9))
 
 
+def random_pick(space, seed):
+    """Random search at 8 probes: distinct configurations, the best measured."""
+    backend = space.backend(seed)
+    rows = np.random.default_rng(seed).permutation(space.rows)[:8]
+    results = {int(i): backend.run(space.plans[int(i)]) for i in rows}
+    return min(results, key=lambda i: measured_cost(space.table, i, results[i])[0])
+
+
 def test_planner_regret_on_the_recorded_space_meets_the_targets(full_space):
+    """The shipped defaults at 8 probes: within the bounds, and below random search's median
+    and p90 regret on the same seeds (issue 30's comparison)."""
     assert len(full_space.rows) >= 100
     median, p90 = median_and_p90(
         regrets(full_space, lambda s, seed: planner_pick(s, seed).best_row)
@@ -88,6 +101,8 @@ def test_planner_regret_on_the_recorded_space_meets_the_targets(full_space):
     assert median <= MEDIAN_BOUND and p90 <= P90_BOUND, (
         f"regret median {median:.1%} (<= {MEDIAN_BOUND:.0%}), p90 {p90:.1%} (<= {P90_BOUND:.0%})"
     )
+    random_median, random_p90 = median_and_p90(regrets(full_space, random_pick))
+    assert median < random_median and p90 < random_p90, (random_median, random_p90)
 
 
 def test_a_bad_search_fails_the_bound(full_space):
@@ -189,6 +204,8 @@ def test_finalists_are_raced_alternately_until_separated(small_space, tmp_path):
         finalists=2,
         steps=3,
         warmup=1,
+        confidence=0.9,
+        race_steps=9,  # repeats 3x as long as a probe (the default: as long)
         spread_ratio=6.0,  # probes taken to drift more than their steps say: repeats needed
     )
     outcome = tune(
@@ -360,6 +377,10 @@ def test_the_pick_is_reported_with_its_lead_and_confidence(small_space):
     a, b = (int(i) for i in small_space.rows[:2])
     race = Race((a, b), 3, 4, True, 0.04, (0.01, 0.07), 0.03, 0.97, 0.8, 0.00702)
     note = race_note(small_space.table, race, "USD")
-    assert note.startswith("best at 0.00702 USD/Mtok, ")
+    assert note.startswith("best at 0.00702 USD/Mtok (pooled estimate of its probes), ")
     assert "ahead of the runner-up" in note and "by 4% +- 3% (80% interval" in note
     assert "cheaper with probability 0.97, separated from it at 90%" in note
+    # with the plan's measured figure (what the "chosen" line shows): that number, labelled
+    measured = race_note(small_space.table, race, "USD", (0.009241, 12))
+    assert measured.startswith("best at 0.009241 USD/Mtok (measured: mean of its 12 probe steps)")
+    assert "0.00702" not in measured  # one number for the pick's cost
