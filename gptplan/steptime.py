@@ -31,6 +31,7 @@ the transformer layers, fused cast-transpose).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -259,6 +260,98 @@ def layer_compute_seconds(shape: ModelShape, g: dict, dev: Device, rates: Rates)
     }
 
 
+# ---- evaluating once per distinct layout ------------------------------------------------------
+# The search's columns are long (a million rows) but a term reads only a few of them, which
+# take a few values each: the term is evaluated once per distinct combination of the columns
+# it reads and broadcast back, the same arithmetic on the same numbers, so the same result.
+
+LAYER_COLUMNS = ("micro", "seq", "tp", "recompute_code", "precision_code", "flash", "sp")
+SYNC_COLUMNS = ("tp", "pp", "dp", "shard_degree", "stage_code", "acc", "precision_code")
+TP_COLUMNS = ("tp", "recompute_code", "micro", "seq", "sp", "precision_code")
+
+
+def _codes(col: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """Each entry's rank among the column's distinct values, and how many there are (a table
+    over the value range, linear, when the values are small; a sort otherwise); None unless
+    non-negative integers."""
+    if not np.issubdtype(col.dtype, np.integer) or not len(col) or col.min() < 0:
+        return None
+    top = int(col.max())
+    if top > 4 * len(col) + 4096:
+        values, inverse = np.unique(col, return_inverse=True)
+        return inverse.reshape(col.shape), len(values)
+    present = np.zeros(top + 1, dtype=bool)
+    present[col] = True
+    rank = np.cumsum(present) - 1
+    return rank[col], int(rank[-1]) + 1
+
+
+def distinct_rows(columns: list, fields: list) -> tuple[np.ndarray, np.ndarray] | None:
+    """(one row of each distinct combination of `columns`, each row's combination) when they
+    are equally long columns of non-negative integers that take fewer combinations than half
+    the rows, and every per-row array in `fields` is the same within a combination (checked);
+    None otherwise (evaluate every row)."""
+    cols = [np.asarray(c) for c in columns]
+    n = len(cols[0]) if cols and cols[0].ndim == 1 else 0
+    if n < 64 or any(c.shape != (n,) for c in cols):
+        return None
+    key, size = np.zeros(n, dtype=np.int64), 1
+    for c in cols:
+        coded = _codes(c)
+        if coded is None:
+            return None
+        key, size = key * coded[1] + coded[0], size * coded[1]
+        if size > n:  # renumber the combinations seen so far: the key stays below n
+            key, size = _codes(key)  # type: ignore[misc]
+    inverse, count = _codes(key)  # type: ignore[misc]
+    if count > n // 2:
+        return None
+    first = np.zeros(count, dtype=np.int64)
+    first[inverse] = np.arange(n)
+    rep = first[inverse]
+    for f in fields:
+        a = np.asarray(f)
+        if a.ndim and (a.shape != (n,) or not np.array_equal(a, a[rep])):
+            return None
+    return first, inverse
+
+
+def _flat(value) -> list:
+    """The arrays and numbers inside an argument (a dict of columns, a Device, Rates)."""
+    if isinstance(value, dict):
+        return list(value.values())
+    if dataclasses.is_dataclass(value):
+        return [getattr(value, f.name) for f in dataclasses.fields(value)]
+    return [value]
+
+
+def _cut(value, first: np.ndarray, n: int):
+    if isinstance(value, dict):
+        return {k: _cut(v, first, n) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _rows_of(value, first, (n,))
+    return np.asarray(value)[first] if np.ndim(value) else value
+
+
+def per_distinct(fn, columns: list, *args):
+    """fn(*args), evaluated once per distinct row of `columns` (distinct_rows) when every
+    per-row array in args is the same within each distinct row, and broadcast back; fn(*args)
+    over every row otherwise. fn must be elementwise over rows."""
+    found = distinct_rows(columns, [v for a in args for v in _flat(a)])
+    if found is None:
+        return fn(*args)
+    first, inverse = found
+    out = fn(*(_cut(a, first, len(inverse)) for a in args))
+    if isinstance(out, dict):
+        return {k: np.broadcast_to(v, first.shape)[inverse] for k, v in out.items()}
+    return np.broadcast_to(out, first.shape)[inverse]
+
+
+def _layer_seconds(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> dict:
+    """layer_compute_seconds, once per distinct row of the columns it reads."""
+    sub = {k: g[k] for k in LAYER_COLUMNS}
+    return per_distinct(layer_compute_seconds, list(sub.values()), shape, sub, dev, rates)
+
 def ring_allreduce_seconds(bytes_, ranks, bandwidth_bytes_per_s):
     """Ring all-reduce moves 2·(n-1)/n of the buffer through each rank's link."""
     n = np.asarray(ranks, dtype=float)
@@ -433,6 +526,23 @@ def _tensor_parallel_seconds(shape: ModelShape, g: dict, dev: Device, act_bytes,
     return count * (bw + latency)
 
 
+def _sync_seconds(params, grad_bytes, tp, pp, dp, shard_degree, stage_code, acc, dev, layers):
+    """gradient_sync_seconds of rows (positional, for per_distinct)."""
+    return gradient_sync_seconds(
+        params=params,
+        grad_bytes=grad_bytes,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        shard_degree=shard_degree,
+        stage_code=stage_code,
+        accumulation=acc,
+        gpus_per_node=dev.gpus_per_node,
+        intra_bytes_per_s=dev.intra_bytes_per_s,
+        inter_bytes_per_s=dev.inter_bytes_per_s,
+        stage_layers=layers,
+    )
+
 def step_time_parts(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> dict:
     """Seconds per optimizer step of each layout row in `g` (columns nodes, precision_code,
     seq, micro, acc, tp, pp, vpp, dp, shard_degree, stage_code, recompute_code, sp, flash),
@@ -446,7 +556,7 @@ def step_time_parts(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> di
     tp, pp = g["tp"].astype(float), g["pp"].astype(float)
     L = np.asarray(shape.layers, dtype=float)
     stage_layers = np.ceil(L / pp)
-    layer = layer_compute_seconds(shape, g, dev, rates)
+    layer = _layer_seconds(shape, g, dev, rates)
     # partial recompute (rc_layers = k > 0 of a stage's layers, PaddleNLP no_recompute_layers):
     # only those k layers pay the granularity's recompute, the others run as without it
     share = recomputed_share(g, stage_layers)
@@ -455,7 +565,7 @@ def step_time_parts(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> di
         partial = np.flatnonzero(np.atleast_1d(share) < 1.0)
         sub = {k: np.atleast_1d(np.broadcast_to(v, share.shape))[partial] for k, v in g.items()}
         sub["recompute_code"] = np.zeros(len(partial), dtype=int)
-        plain = layer_compute_seconds(
+        plain = _layer_seconds(
             shape, sub, _rows_of(dev, partial, share.shape), _rows_of(rates, partial, share.shape)
         )
         for k in layer:
@@ -483,7 +593,19 @@ def step_time_parts(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> di
     per_layer = layer["gemm"] + layer["attention"] + layer["memory"] + layer["kernels"]
     acc = g["acc"].astype(float)
     compute = acc * (stage_layers * per_layer + head)
-    t_tp = acc * stage_layers * _tensor_parallel_seconds(shape, g, dev, act_bytes, share)
+    t_tp = (
+        acc
+        * stage_layers
+        * per_distinct(
+            _tensor_parallel_seconds,
+            [g[k] for k in TP_COLUMNS],
+            shape,
+            {k: g[k] for k in TP_COLUMNS},
+            dev,
+            act_bytes,
+            share,
+        )
+    )
     link = np.where(g["nodes"] > 1, dev.inter_bytes_per_s, dev.intra_bytes_per_s)
     p2p_bytes = T * shape.hidden * act_bytes / np.where(g["sp"] > 0, tp, 1.0)
     t_pp = np.where(
@@ -498,19 +620,19 @@ def step_time_parts(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> di
         ),
         0.0,
     )
-    t_dp = gradient_sync_seconds(
-        params=shape.params_total,
-        grad_bytes=act_bytes,
-        tp=tp,
-        pp=pp,
-        dp=g["dp"],
-        shard_degree=g["shard_degree"],
-        stage_code=g["stage_code"],
-        accumulation=acc,
-        gpus_per_node=dev.gpus_per_node,
-        intra_bytes_per_s=dev.intra_bytes_per_s,
-        inter_bytes_per_s=dev.inter_bytes_per_s,
-        stage_layers=stage_layers,
+    t_dp = per_distinct(
+        _sync_seconds,
+        [g[k] for k in SYNC_COLUMNS],
+        shape.params_total,
+        act_bytes,
+        tp,
+        pp,
+        g["dp"],
+        g["shard_degree"],
+        g["stage_code"],
+        acc,
+        dev,
+        stage_layers,
     )
     t_opt = shape.params_total / (tp * pp * g["shard_degree"]) * 16 * 3 / dev.hbm_bytes_per_s
     bubble = pipeline_bubble_factor(pp, acc, g["vpp"])

@@ -324,16 +324,16 @@ def _accumulations(lo: np.ndarray, hi: np.ndarray, pp: np.ndarray) -> tuple[np.n
     is never beaten and the smallest is the smallest global batch. Both are evaluated, plus,
     for pipelines, the largest multiple of pp (the interleaved schedule's rule). Returns
     (row index, accumulation) pairs."""
-    ok = hi >= lo
+    ok = np.flatnonzero(hi >= lo)
+    lo, hi, pp = lo[ok], hi[ok], pp[ok]
     mult = (hi // np.maximum(pp, 1)) * pp
-    candidates = [lo, hi, np.where((pp > 1) & (mult >= lo), mult, lo)]
-    r = np.concatenate([np.flatnonzero(ok)] * len(candidates))
-    v = np.concatenate([c[ok] for c in candidates])
-    # distinct (row, value) pairs in (row, value) order: one integer key per pair (a 1-D
-    # unique, several times faster than np.unique(..., axis=1) on the stacked pairs)
-    width = int(v.max(initial=0)) + 1
-    keys = np.unique(r.astype(np.int64) * width + v)
-    return keys // width, keys % width
+    # per row its three values sorted, then the repeats within the row dropped: distinct
+    # (row, value) pairs in (row, value) order, linear in the rows (no sort of the pairs)
+    values = np.sort(np.stack([lo, hi, np.where((pp > 1) & (mult >= lo), mult, lo)], axis=1))
+    new = np.ones(values.shape, dtype=bool)
+    new[:, 1:] = values[:, 1:] != values[:, :-1]
+    rows = np.broadcast_to(ok[:, None], values.shape)
+    return rows[new].astype(np.int64), values[new].astype(np.int64)
 
 
 def tensor_parallel_divides(m, tp):
@@ -342,6 +342,10 @@ def tensor_parallel_divides(m, tp):
 
     tp = np.asarray(tp)
     dims = (m.num_attention_heads, kv_heads(m), m.hidden_size, m.intermediate_size, m.vocab_size)
+    if tp.ndim and tp.size and np.issubdtype(tp.dtype, np.integer) and tp.min() >= 1:
+        # a long column of a few values: each value checked once, then looked up
+        once = np.array([all(x % t == 0 for x in dims) for t in range(1, int(tp.max()) + 1)])
+        return once[tp - 1]
     return np.logical_and.reduce([x % tp == 0 for x in dims])
 
 
@@ -923,18 +927,35 @@ def feasible_mask(spec: Spec, table: CandidateTable) -> np.ndarray:
 
 
 def cost_order(table: CandidateTable) -> np.ndarray:
-    """Every row, cheapest first, faster first among equal cost: sorted once per table (the
-    search ranks the same table under several masks) and kept while its cost and hours
-    columns are the same arrays."""
-    cost, hours = table["cost"], table["hours"]
+    """The rows that fit, cheapest first, faster first among equal cost (then by row): sorted
+    once per table (the search ranks the same table under several masks, all within the
+    fitting rows) and kept while its cost, hours and fits columns are the same arrays."""
+    cols = (table["cost"], table["hours"], table["fits"])
     cached = getattr(table, "_cost_order", None)
-    if cached is not None and cached[0] is cost and cached[1] is hours:
-        return cached[2]
-    order = np.lexsort((hours, cost))
+    if cached is not None and all(a is b for a, b in zip(cached[0], cols, strict=True)):
+        return cached[1]
+    order = cheapest_first(cols[0], cols[1], np.flatnonzero(cols[2]))
     try:
-        table._cost_order = (cost, hours, order)  # type: ignore[attr-defined]
+        table._cost_order = (cols, order)  # type: ignore[attr-defined]
     except AttributeError:
         pass
+    return order
+
+
+def cheapest_first(cost: np.ndarray, hours: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Rows `idx` in the order of np.lexsort((hours, cost)) over them (cost, then hours, then
+    row): one fast unstable sort by cost, then the rows in a tie (equal cost, or NaN) put in
+    order by the two-key sort, which only they pay for."""
+    c = cost[idx]
+    order = idx[np.argsort(c)]
+    c = cost[order]
+    tied = (c[1:] == c[:-1]) | (np.isnan(c[1:]) & np.isnan(c[:-1]))
+    if tied.any():
+        at = np.zeros(len(order), dtype=bool)
+        at[1:] |= tied
+        at[:-1] |= tied
+        rows = np.sort(order[at])  # back in row order: the two-key sort is stable
+        order[at] = rows[np.lexsort((hours[rows], cost[rows]))]
     return order
 
 
@@ -942,8 +963,11 @@ def ranked(table: CandidateTable, mask: np.ndarray) -> np.ndarray:
     """Row indices under `mask`, cheapest first, faster first among equal cost."""
     if not len(table):
         return np.zeros(0, dtype=int)
+    mask = np.asarray(mask, dtype=bool)
+    if (mask & ~table["fits"]).any():  # not within the fitting rows: sorted on its own
+        return cheapest_first(table["cost"], table["hours"], np.flatnonzero(mask))
     order = cost_order(table)
-    return order[np.asarray(mask, dtype=bool)[order]]
+    return order[mask[order]]
 
 
 def pareto_front(table: CandidateTable, mask: np.ndarray) -> np.ndarray:
