@@ -286,7 +286,9 @@ def _codes(col: np.ndarray) -> tuple[np.ndarray, int] | None:
     return rank[col], int(rank[-1]) + 1
 
 
-def distinct_rows(columns: list, fields: list) -> tuple[np.ndarray, np.ndarray] | None:
+def distinct_rows(
+    columns: list, fields: list, cache: dict | None = None
+) -> tuple[np.ndarray, np.ndarray] | None:
     """(one row of each distinct combination of `columns`, each row's combination) when they
     are equally long columns of non-negative integers that take fewer combinations than half
     the rows, and every per-row array in `fields` is the same within a combination (checked);
@@ -296,8 +298,11 @@ def distinct_rows(columns: list, fields: list) -> tuple[np.ndarray, np.ndarray] 
     if n < 64 or any(c.shape != (n,) for c in cols):
         return None
     key, size = np.zeros(n, dtype=np.int64), 1
+    cache = {} if cache is None else cache  # id -> (column, its codes): each column coded once
     for c in cols:
-        coded = _codes(c)
+        if id(c) not in cache:
+            cache[id(c)] = (c, _codes(c))
+        coded = cache[id(c)][1]
         if coded is None:
             return None
         key, size = key * coded[1] + coded[0], size * coded[1]
@@ -333,11 +338,15 @@ def _cut(value, first: np.ndarray, n: int):
     return np.asarray(value)[first] if np.ndim(value) else value
 
 
-def per_distinct(fn, columns: list, *args):
+def per_distinct(fn, columns: list, *args, cache: dict | None = None, checked=frozenset()):
     """fn(*args), evaluated once per distinct row of `columns` (distinct_rows) when every
     per-row array in args is the same within each distinct row, and broadcast back; fn(*args)
-    over every row otherwise. fn must be elementwise over rows."""
-    found = distinct_rows(columns, [v for a in args for v in _flat(a)])
+    over every row otherwise. fn must be elementwise over rows. `cache`: column codes shared
+    between calls on the same columns; `checked`: ids of arrays known to be the same within
+    each distinct row of a coarser grouping (not checked again)."""
+    checked = checked | {id(c) for c in columns}
+    fields = [v for a in args for v in _flat(a) if id(v) not in checked]
+    found = distinct_rows(columns, fields, cache)
     if found is None:
         return fn(*args)
     first, inverse = found
@@ -347,10 +356,31 @@ def per_distinct(fn, columns: list, *args):
     return np.broadcast_to(out, first.shape)[inverse]
 
 
-def _layer_seconds(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> dict:
+def _layer_seconds(
+    shape: ModelShape, g: dict, dev: Device, rates: Rates, cache=None, checked=frozenset()
+) -> dict:
     """layer_compute_seconds, once per distinct row of the columns it reads."""
     sub = {k: g[k] for k in LAYER_COLUMNS}
-    return per_distinct(layer_compute_seconds, list(sub.values()), shape, sub, dev, rates)
+    return per_distinct(
+        layer_compute_seconds,
+        list(sub.values()),
+        shape,
+        sub,
+        dev,
+        rates,
+        cache=cache,
+        checked=checked,
+    )
+
+
+def _same_per_precision(g: dict, cache: dict, *records) -> frozenset:
+    """Ids of the per-row arrays of `records` (Device, Rates, ModelShape, arrays) that are the
+    same for every row of one precision (checked): every grouping of the step-time terms holds
+    the precision, so they need no check per term."""
+    fields = [v for r in records for v in _flat(r)]
+    if distinct_rows([g["precision_code"]], fields, cache) is None:
+        return frozenset()
+    return frozenset(id(v) for v in fields)
 
 def ring_allreduce_seconds(bytes_, ranks, bandwidth_bytes_per_s):
     """Ring all-reduce moves 2·(n-1)/n of the buffer through each rank's link."""
@@ -526,17 +556,19 @@ def _tensor_parallel_seconds(shape: ModelShape, g: dict, dev: Device, act_bytes,
     return count * (bw + latency)
 
 
-def _sync_seconds(params, grad_bytes, tp, pp, dp, shard_degree, stage_code, acc, dev, layers):
-    """gradient_sync_seconds of rows (positional, for per_distinct)."""
+def _sync_seconds(shape, grad_bytes, tp, pp, dp, shard_degree, stage_code, acc, dev):
+    """gradient_sync_seconds of layout rows (positional, for per_distinct)."""
+    pp = pp.astype(float)
+    layers = np.ceil(np.asarray(shape.layers, dtype=float) / pp)
     return gradient_sync_seconds(
-        params=params,
+        params=shape.params_total,
         grad_bytes=grad_bytes,
-        tp=tp,
+        tp=tp.astype(float),
         pp=pp,
         dp=dp,
         shard_degree=shard_degree,
         stage_code=stage_code,
-        accumulation=acc,
+        accumulation=acc.astype(float),
         gpus_per_node=dev.gpus_per_node,
         intra_bytes_per_s=dev.intra_bytes_per_s,
         inter_bytes_per_s=dev.inter_bytes_per_s,
@@ -556,7 +588,9 @@ def step_time_parts(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> di
     tp, pp = g["tp"].astype(float), g["pp"].astype(float)
     L = np.asarray(shape.layers, dtype=float)
     stage_layers = np.ceil(L / pp)
-    layer = _layer_seconds(shape, g, dev, rates)
+    cache: dict = {}
+    checked = _same_per_precision(g, cache, shape, dev, rates, act_bytes)
+    layer = _layer_seconds(shape, g, dev, rates, cache, checked)
     # partial recompute (rc_layers = k > 0 of a stage's layers, PaddleNLP no_recompute_layers):
     # only those k layers pay the granularity's recompute, the others run as without it
     share = recomputed_share(g, stage_layers)
@@ -604,6 +638,8 @@ def step_time_parts(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> di
             dev,
             act_bytes,
             share,
+            cache=cache,
+            checked=checked,
         )
     )
     link = np.where(g["nodes"] > 1, dev.inter_bytes_per_s, dev.intra_bytes_per_s)
@@ -623,16 +659,17 @@ def step_time_parts(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> di
     t_dp = per_distinct(
         _sync_seconds,
         [g[k] for k in SYNC_COLUMNS],
-        shape.params_total,
+        shape,
         act_bytes,
-        tp,
-        pp,
+        g["tp"],
+        g["pp"],
         g["dp"],
         g["shard_degree"],
         g["stage_code"],
-        acc,
+        g["acc"],
         dev,
-        stage_layers,
+        cache=cache,
+        checked=checked,
     )
     t_opt = shape.params_total / (tp * pp * g["shard_degree"]) * 16 * 3 / dev.hbm_bytes_per_s
     bubble = pipeline_bubble_factor(pp, acc, g["vpp"])
