@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import math
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,18 +65,75 @@ class OfferChoice:
         return self.facts if self.facts is not None else price_facts([self])[0]
 
 
+class Columns(MutableMapping[str, np.ndarray]):
+    """A table's columns kept as the offers' parts, each column joined into one array the
+    first time it is read (then the parts' copies are dropped): choosing reads a few of the
+    forty columns, and joining every column of millions of rows was the search's largest
+    memory-bound cost. `derived`: columns computed from the joined ones when first read."""
+
+    def __init__(self, parts: list[dict], derived: dict[str, Callable] | None = None) -> None:
+        self._parts = parts
+        self._derived = dict(derived or {})
+        self._names = list(parts[0]) + [k for k in self._derived if k not in parts[0]]
+        self._joined: dict[str, np.ndarray] = {}
+        self._ends = np.cumsum([len(next(iter(p.values()))) for p in parts])
+
+    @property
+    def rows(self) -> int:
+        return int(self._ends[-1])
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._joined:
+            if name in self._derived:
+                self._joined[name] = self._derived[name](self)
+            elif name in self._names:
+                self._joined[name] = np.concatenate([p.pop(name) for p in self._parts])
+            else:
+                raise KeyError(name)
+        return self._joined[name]
+
+    def item(self, name: str, i: int):
+        """Row i of a column, without joining it (a Python number)."""
+        if name in self._joined or name in self._derived:
+            return self[name][i].item()
+        part = int(np.searchsorted(self._ends, i, side="right"))
+        start = int(self._ends[part - 1]) if part else 0
+        return self._parts[part][name][i - start].item()
+
+    def __setitem__(self, name: str, values: np.ndarray) -> None:
+        for p in self._parts:
+            p.pop(name, None)
+        self._derived.pop(name, None)
+        self._joined[name] = values
+        if name not in self._names:
+            self._names.append(name)
+
+    def __delitem__(self, name: str) -> None:
+        self[name] = np.zeros(0)
+        self._names.remove(name)
+        del self._joined[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._names))
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 @dataclass
 class CandidateTable:
     """One row per candidate configuration; every column a numpy array of equal length."""
 
     offers: list[OfferChoice]
-    columns: dict[str, np.ndarray] = field(default_factory=dict)
+    columns: MutableMapping[str, np.ndarray] = field(default_factory=dict)
     fixed_hours: float = 0.0  # paid hours that do not scale with throughput (start-up)
     params_total: float = 0.0  # the model's parameters (the interval depends on its size)
     restart_hours: float = 0.0  # from a preemption to training again
     family: str = "gpt"  # the model's family (the interval checks the published runs have it)
 
     def __len__(self) -> int:
+        if isinstance(self.columns, Columns):
+            return self.columns.rows
         return len(next(iter(self.columns.values()))) if self.columns else 0
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -84,7 +142,11 @@ class CandidateTable:
         return self.columns[name]
 
     def row(self, i: int) -> dict:
-        out = {k: v[i].item() for k, v in self.columns.items()}
+        cols = self.columns
+        if isinstance(cols, Columns):
+            out = {k: cols.item(k, i) for k in cols}
+        else:
+            out = {k: v[i].item() for k, v in cols.items()}
         choice = self.offers[out["offer"]]
         out["offer_choice"] = choice
         out["precision"] = PRECISIONS[out["precision_code"]]
@@ -872,9 +934,9 @@ def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) ->
 
 
 def evaluate_space(spec: Spec, offers: list[OfferChoice], target: float) -> CandidateTable:
-    # every offer's parts (on-demand, spot), joined once into the whole table: one copy of
-    # each column; diagnostics of single evaluations (planner explain, the published-run
-    # fit) stay out of the big table: concatenating a million rows is memory-bound
+    # every offer's parts (on-demand, spot), each column joined into the whole table when
+    # first read (Columns): concatenating a million rows is memory-bound; diagnostics of
+    # single evaluations (planner explain, the published-run fit) stay out of the big table
     tables = [
         {k: v for k, v in part.items() if k not in DIAGNOSTIC_COLUMNS}
         for i, choice in enumerate(offers)
@@ -891,8 +953,9 @@ def evaluate_space(spec: Spec, offers: list[OfferChoice], target: float) -> Cand
             spec.spot.restart_minutes / 60,
             family,
         )
-    columns = {k: np.concatenate([t[k] for t in tables]) for k in tables[0]}
-    columns["cost_per_million_tokens"] = columns["cost"] / target * 1e6
+    columns = Columns(
+        tables, {"cost_per_million_tokens": lambda cols: cols["cost"] / target * 1e6}
+    )
     return CandidateTable(
         offers,
         columns,
@@ -944,18 +1007,32 @@ def cost_order(table: CandidateTable) -> np.ndarray:
 
 def cheapest_first(cost: np.ndarray, hours: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """Rows `idx` in the order of np.lexsort((hours, cost)) over them (cost, then hours, then
-    row): one fast unstable sort by cost, then the rows in a tie (equal cost, or NaN) put in
-    order by the two-key sort, which only they pay for."""
-    c = cost[idx]
-    order = idx[np.argsort(c)]
+    row), faster: one unstable sort by cost, then each run of equal cost (or NaN) put in row
+    order by one sort of (run, row) keys, and only runs whose hours differ sorted by hours."""
+    order = idx[np.argsort(cost[idx])]
     c = cost[order]
     tied = (c[1:] == c[:-1]) | (np.isnan(c[1:]) & np.isnan(c[:-1]))
-    if tied.any():
-        at = np.zeros(len(order), dtype=bool)
-        at[1:] |= tied
-        at[:-1] |= tied
-        rows = np.sort(order[at])  # back in row order: the two-key sort is stable
-        order[at] = rows[np.lexsort((hours[rows], cost[rows]))]
+    if not tied.any():
+        return order
+    at = np.zeros(len(order), dtype=bool)
+    at[1:] |= tied
+    at[:-1] |= tied
+    pos = np.flatnonzero(at)
+    starts = np.ones(len(pos), dtype=bool)
+    starts[1:] = ~tied[pos[1:] - 1]  # a tied position whose predecessor is not its equal
+    run = np.cumsum(starts) - 1
+    n = max(int(order.max()) + 1, 1)
+    keys = np.sort(run.astype(np.int64) * n + order[pos])
+    rows = keys % n
+    order[pos] = rows
+    h = hours[rows]
+    first = np.flatnonzero(starts)
+    differs = np.zeros(len(first), dtype=bool)
+    differs[run[h != h[first][run]]] = True  # NaN hours differ from themselves: sorted too
+    mixed = np.flatnonzero(differs[run])
+    if len(mixed):  # runs with more than one value of hours: the two-key sort on them alone
+        sub = rows[mixed]
+        order[pos[mixed]] = sub[np.lexsort((hours[sub], run[mixed]))]
     return order
 
 
