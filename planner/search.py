@@ -473,14 +473,40 @@ def _joined(parts: list[dict]) -> dict[str, np.ndarray]:
 
 def _offer_parts(spec: Spec, choice: OfferChoice, index: int, target: float) -> list[dict]:
     """evaluate_offer's rows as parts (on-demand, spot) that share the columns they have in
-    common: evaluate_space copies every column once, into the whole table."""
-    from gptplan.plan import tensor_parallel_fits_node
-
+    common: evaluate_space joins each column once, into the whole table."""
     m = spec.model_section()
     prof, offer = choice.profile, choice.offer
     c, s = spec.constraints, spec.search
-    gpn = offer.gpus_per_node
     precisions = [PRECISIONS.index(p) for p in c.precisions if p in prof.precisions]
+    g = _layout_grid(spec, prof, offer, precisions)
+    if g is None:
+        return []
+    g, batch_ranks = _with_accumulations(spec, offer.gpus_per_node, g)
+    if not len(g["nodes"]):
+        return []
+    g = _with_sharding_degrees(s, offer.gpus_per_node, g, batch_ranks)
+    if g is None:
+        return []
+    g["flash"] = np.full(len(g["nodes"]), 0)
+    if s.flash_attention and prof.flash_attention and m.hidden_size // m.num_attention_heads <= 256:
+        g["flash"] = (g["precision_code"] > 0).astype(int)  # fp16/bf16 only
+    g = partial_recompute_rows(m, prof, g, c.memory_headroom, s.recompute_layers)
+    out = evaluate_layouts(m, prof, offer, g, memory_headroom=c.memory_headroom)
+    out["offer"] = np.full(len(out["nodes"]), index)
+    steps = np.ceil(target / out["tokens_per_step"])
+    out["steps"] = steps
+    out["train_hours"] = steps * out["step_time_s"] / 3600
+    return _price(spec, choice, cm.ModelShape.from_section(m), out)
+
+
+def _layout_grid(spec: Spec, prof: Profile, offer: Offer, precisions: list[int]) -> dict | None:
+    """Every layout of one offer before accumulation, filtered by the layout rules (those
+    about accumulation at the smallest value that could pass); None when an axis is empty."""
+    from gptplan.plan import tensor_parallel_fits_node
+
+    m = spec.model_section()
+    c, s = spec.constraints, spec.search
+    gpn = offer.gpus_per_node
     tps = [
         t
         for t in s.tensor_parallel
@@ -503,7 +529,7 @@ def _offer_parts(spec: Spec, choice: OfferChoice, index: int, target: float) -> 
         nodes = [n for n in nodes if n == 1]
     vpps = sorted(set(s.virtual_pp) | {1})
     if not (precisions and tps and pps and stages and nodes):
-        return []
+        return None
     g = _grid(
         nodes=nodes,
         precision_code=precisions,
@@ -517,9 +543,15 @@ def _offer_parts(spec: Spec, choice: OfferChoice, index: int, target: float) -> 
         sp=[int(v) for v in s.sequence_parallel],
     )
     ok = np.logical_and.reduce(list(layout_rules(m, gpn, g).values()))
-    g = {k: v[ok] for k, v in g.items()}
+    return {k: v[ok] for k, v in g.items()}
+
+
+def _with_accumulations(spec: Spec, gpn: int, g: dict) -> tuple[dict, np.ndarray]:
+    """The layouts with accumulation: every value meeting the global-batch range (see
+    _accumulations), or search.accumulation_steps; the layout rules applied in full. Returns
+    them and their batch ranks (data parallel x sharding)."""
+    m, c, s = spec.model_section(), spec.constraints, spec.search
     batch_ranks = g["nodes"] * gpn // (g["tp"] * g["pp"])
-    # accumulation: every value meeting the global-batch range (see _accumulations)
     per_acc = g["micro"] * g["seq"] * batch_ranks
     if s.accumulation_steps:
         accs = np.array(sorted(set(s.accumulation_steps)))
@@ -542,12 +574,13 @@ def _offer_parts(spec: Spec, choice: OfferChoice, index: int, target: float) -> 
     if c.global_batch_tokens_max:
         ok &= tokens_per_step <= c.global_batch_tokens_max
     ok &= np.logical_and.reduce(list(layout_rules(m, gpn, g).values()))
-    g = {k: v[ok] for k, v in g.items()}
-    batch_ranks = batch_ranks[ok]
-    if not len(g["nodes"]):
-        return []
-    # sharding degree: all batch ranks, or (hybrid) the batch ranks inside one node with data
-    # parallel across nodes (sharding_parallel_degree < batch ranks)
+    return {k: v[ok] for k, v in g.items()}, batch_ranks[ok]
+
+
+def _with_sharding_degrees(s, gpn: int, g: dict, batch_ranks: np.ndarray) -> dict | None:
+    """Sharding degree and data parallel of each layout: all batch ranks, or (hybrid) the
+    batch ranks inside one node with data parallel across nodes (sharding_parallel_degree <
+    batch ranks); search.sharding_degrees keeps those only. None when no layout is left."""
     in_node = np.maximum(1, gpn // (g["tp"] * g["pp"]))
     hybrid_ok = (
         (g["stage_code"] > 0)
@@ -566,19 +599,9 @@ def _offer_parts(spec: Spec, choice: OfferChoice, index: int, target: float) -> 
     if s.sharding_degrees:
         keep = (g["stage_code"] == 0) | np.isin(shard_degree, s.sharding_degrees)
         g = {k: v[keep] for k, v in g.items()}
-        batch_ranks = batch_ranks[keep]
-        if not len(batch_ranks):
-            return []
-    g["flash"] = np.full(len(batch_ranks), 0)
-    if s.flash_attention and prof.flash_attention and m.hidden_size // m.num_attention_heads <= 256:
-        g["flash"] = (g["precision_code"] > 0).astype(int)  # fp16/bf16 only
-    g = partial_recompute_rows(m, prof, g, c.memory_headroom, s.recompute_layers)
-    out = evaluate_layouts(m, prof, offer, g, memory_headroom=c.memory_headroom)
-    out["offer"] = np.full(len(out["nodes"]), index)
-    steps = np.ceil(target / out["tokens_per_step"])
-    out["steps"] = steps
-    out["train_hours"] = steps * out["step_time_s"] / 3600
-    return _price(spec, choice, cm.ModelShape.from_section(m), out)
+        if not len(g["nodes"]):
+            return None
+    return g
 
 
 PARTIAL_RECOMPUTE_WHY_NOT = {
@@ -1154,9 +1177,13 @@ def decide(spec: Spec, table: CandidateTable, target: float) -> Decision:
         )
     fits = table["fits"]
     feasible = feasible_mask(spec, table)
-    pareto = pareto_front(table, fits)
     least = minimum_budget(spec, table)
-    extra = dict(
+    base = Decision(
+        None,
+        table,
+        feasible,
+        pareto_front(table, fits),
+        target,
         minimum_budget=float(table["cost"][least]) if least is not None else None,
         minimum_budget_row=least,
         tokens_bought=tokens_within(spec, table, target) if spec.constraints.budget else None,
@@ -1164,43 +1191,34 @@ def decide(spec: Spec, table: CandidateTable, target: float) -> Decision:
     order = ranked(table, feasible)
     if len(order):
         chosen, alternative = choose_fitting(table, feasible, int(order[0]))
-        return Decision(
-            chosen,
-            table,
-            feasible,
-            pareto,
-            target,
+        return dataclasses.replace(
+            base,
+            chosen=chosen,
             binding=_binding_constraint(spec, table, chosen),
             sure_alternative=alternative,
-            **extra,
         )
     if not fits.any():
-        smallest = int(np.argmin(table["memory_gb"]))
-        prof = table.offers[int(table["offer"][smallest])].profile
-        need = float(table["memory_gb"][smallest])
-        return Decision(
-            None,
-            table,
-            feasible,
-            pareto,
-            target,
-            [
-                f"nothing fits in device memory: the smallest configuration needs "
-                f"{need:.1f} GB per device (modelled; {need * 1e9 / GIB:.1f} GiB, x"
-                f"{MEMORY_RATIO_P90:g} at the band's top, measured, against the "
-                f"{prof.memory_gb:g} GiB card); planner estimate --memory shows its terms"
-            ],
-            smallest_memory_row=smallest,
-            **extra,
-        )
-    return Decision(
-        None,
-        table,
-        feasible,
-        pareto,
-        target,
-        _problems(spec, table, target, least, extra["tokens_bought"]),
-        **extra,
+        return _nothing_fits(base)
+    return dataclasses.replace(
+        base, problems=_problems(spec, table, target, least, base.tokens_bought)
+    )
+
+
+def _nothing_fits(base: Decision) -> Decision:
+    """The decision when no layout fits in device memory: the one needing the least."""
+    table = base.table
+    smallest = int(np.argmin(table["memory_gb"]))
+    prof = table.offers[int(table["offer"][smallest])].profile
+    need = float(table["memory_gb"][smallest])
+    return dataclasses.replace(
+        base,
+        problems=[
+            f"nothing fits in device memory: the smallest configuration needs "
+            f"{need:.1f} GB per device (modelled; {need * 1e9 / GIB:.1f} GiB, x"
+            f"{MEMORY_RATIO_P90:g} at the band's top, measured, against the "
+            f"{prof.memory_gb:g} GiB card); planner estimate --memory shows its terms"
+        ],
+        smallest_memory_row=smallest,
     )
 
 
