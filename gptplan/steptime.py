@@ -286,6 +286,12 @@ def _codes(col: np.ndarray) -> tuple[np.ndarray, int] | None:
     return rank[col], int(rank[-1]) + 1
 
 
+def _renumbered(key: np.ndarray) -> tuple[np.ndarray, int]:
+    coded = _codes(key)
+    assert coded is not None  # a key is a non-negative integer
+    return coded
+
+
 def distinct_rows(
     columns: list, fields: list, cache: dict | None = None
 ) -> tuple[np.ndarray, np.ndarray] | None:
@@ -307,8 +313,8 @@ def distinct_rows(
             return None
         key, size = key * coded[1] + coded[0], size * coded[1]
         if size > n:  # renumber the combinations seen so far: the key stays below n
-            key, size = _codes(key)  # type: ignore[misc]
-    inverse, count = _codes(key)  # type: ignore[misc]
+            key, size = _renumbered(key)
+    inverse, count = _renumbered(key)
     if count > n // 2:
         return None
     first = np.zeros(count, dtype=np.int64)
@@ -381,6 +387,7 @@ def _same_per_precision(g: dict, cache: dict, *records) -> frozenset:
     if distinct_rows([g["precision_code"]], fields, cache) is None:
         return frozenset()
     return frozenset(id(v) for v in fields)
+
 
 def ring_allreduce_seconds(bytes_, ranks, bandwidth_bytes_per_s):
     """Ring all-reduce moves 2·(n-1)/n of the buffer through each rank's link."""
@@ -574,6 +581,7 @@ def _sync_seconds(shape, grad_bytes, tp, pp, dp, shard_degree, stage_code, acc, 
         inter_bytes_per_s=dev.inter_bytes_per_s,
         stage_layers=layers,
     )
+
 
 def step_time_parts(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> dict:
     """Seconds per optimizer step of each layout row in `g` (columns nodes, precision_code,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gptplan import money
 from gptplan.memory import (
     GIB,
     MAY_FIT_SAVING,
@@ -109,9 +110,11 @@ class Columns(MutableMapping[str, np.ndarray]):
             self._names.append(name)
 
     def __delitem__(self, name: str) -> None:
-        self[name] = np.zeros(0)
         self._names.remove(name)
-        del self._joined[name]
+        for p in self._parts:
+            p.pop(name, None)
+        self._derived.pop(name, None)
+        self._joined.pop(name, None)
 
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._names))
@@ -693,25 +696,11 @@ def evaluate_layouts(
         return np.array([getattr(e, attr) for e in per_precision])[g["precision_code"]]
 
     g.setdefault("rc_layers", np.zeros(len(g["tp"]), dtype=int))
-    mem = layout_memory_bytes(
-        shape,
-        g,
-        overhead_gb=eff.memory_overhead_gb,
-        fragmentation=eff.fragmentation,
-        communicator_gb=communicator_gb(prof),
-    )
+    mem = layout_memory_bytes(shape, g, **memory_args(prof))
     sure, may_fit = memory_fit(mem, prof.memory_gb * GIB, memory_headroom)
 
     peak = np.array([prof.peak_for(p) for p in PRECISIONS])[g["precision_code"]] * 1e12
-    inter = offer.inter_node_gbits_per_s / 8 * 1e9 if offer.inter_node_gbits_per_s else 1.0
-    dev = Device(
-        peak,
-        prof.sm_count,
-        prof.memory_bandwidth_gbytes_per_s * 1e9,
-        prof.intra_node_gbytes_per_s * 1e9,
-        inter,
-        gpn,
-    )
+    dev = _device(prof, offer, peak)
     rates = Rates(
         by_precision("max"),
         by_precision("kernel_overhead_us") * 1e-6,
@@ -722,52 +711,64 @@ def evaluate_layouts(
         by_precision("rolloff_tokens"),
     )
     parts = step_time_parts(shape, g, dev, rates)
-    f_model = cm.model_flops_per_token(m, g["seq"])
-    # the physical cap (planner.coverage.mfu_cap): never faster than the best MFU any fitted
-    # published run of this generation attained
+    speed = _speed(m, prof, g["seq"], parts["step_time_s"], tokens_per_step, world, peak)
+    fit = {"memory_gb": mem / cm.GB, "fits": sure | may_fit, "may_fit": may_fit}
+    return _layout_columns(m, g, gpn, tokens_per_step, fit, parts, speed)
+
+
+def _speed(m, prof: Profile, seq, step_time, tokens_per_step, world, peak) -> dict:
+    """Step time within the physical cap (planner.coverage.mfu_cap: never faster than the best
+    MFU any fitted published run of this generation attained), tokens/s and MFU per row."""
+    f_model = cm.model_flops_per_token(m, seq)
     cap = coverage.mfu_cap(prof)
-    step_time = parts["step_time_s"]
     if cap is not None:
         step_time = np.maximum(step_time, tokens_per_step * f_model / (cap.mfu * world * peak))
     tokens_per_s = tokens_per_step / step_time
     mfu = f_model * tokens_per_s / (world * peak)
-    n = len(step_time)
-    return {
-        "nodes": g["nodes"],
-        "gpus_per_node": np.full(n, gpn),
-        "world": world,
-        "precision_code": g["precision_code"],
-        "seq": g["seq"],
-        "micro": g["micro"],
-        "acc": g["acc"],
-        "tp": g["tp"],
-        "pp": g["pp"],
-        "vpp": g["vpp"],
-        "dp": g["dp"],
-        "shard_degree": g["shard_degree"],
-        "stage_code": g["stage_code"],
-        "recompute_code": g["recompute_code"],
-        "sp": g["sp"],
-        "flash": g["flash"],
-        "tokens_per_step": tokens_per_step,
-        "memory_gb": mem / cm.GB,
-        "rc_layers": g["rc_layers"],
-        "fits": sure | may_fit,
-        "may_fit": may_fit,
-        "efficiency": parts["efficiency"],
-        "hidden_per_tp": m.hidden_size / g["tp"],
-        "step_time_s": step_time,
-        "compute_s": parts["compute_s"],
-        "comm_s": parts["comm_s"],
-        "dp_sync_s": parts["dp_sync_s"],
-        "tp_s": parts["tp_s"],
-        "pp_s": parts["pp_s"],
-        "opt_s": parts["opt_s"],
-        "bubble": parts["bubble"],
-        "tokens_per_s": tokens_per_s,
-        "tokens_per_s_per_device": tokens_per_s / world,
-        "mfu": mfu,
-    }
+    return {"step_time_s": step_time, "tokens_per_s": tokens_per_s, "mfu": mfu}
+
+
+def memory_args(prof: Profile) -> dict:
+    """The profile's terms of gptplan.memory.layout_memory_bytes beyond the layout."""
+    eff = prof.efficiency
+    return dict(
+        overhead_gb=eff.memory_overhead_gb,
+        fragmentation=eff.fragmentation,
+        communicator_gb=communicator_gb(prof),
+    )
+
+
+def _device(prof: Profile, offer: Offer, peak: np.ndarray) -> Device:
+    """What the step-time composition needs of the offer's devices, at `peak` FLOP/s per row."""
+    inter = offer.inter_node_gbits_per_s / 8 * 1e9 if offer.inter_node_gbits_per_s else 1.0
+    return Device(
+        peak,
+        prof.sm_count,
+        prof.memory_bandwidth_gbytes_per_s * 1e9,
+        prof.intra_node_gbytes_per_s * 1e9,
+        inter,
+        offer.gpus_per_node,
+    )
+
+
+def _layout_columns(
+    m, g: dict, gpn: int, tokens_per_step: np.ndarray, fit: dict, parts: dict, speed: dict
+) -> dict[str, np.ndarray]:
+    """evaluate_layouts' columns, in the table's order."""
+    n = len(speed["step_time_s"])
+    world = g["nodes"] * gpn
+    layout = "nodes precision_code seq micro acc tp pp vpp dp shard_degree stage_code"
+    out = {"nodes": g["nodes"], "gpus_per_node": np.full(n, gpn), "world": world}
+    out |= {k: g[k] for k in layout.split()[1:] + ["recompute_code", "sp", "flash"]}
+    out |= {"tokens_per_step": tokens_per_step, "memory_gb": fit["memory_gb"]}
+    out |= {"rc_layers": g["rc_layers"], "fits": fit["fits"], "may_fit": fit["may_fit"]}
+    out |= {"efficiency": parts["efficiency"], "hidden_per_tp": m.hidden_size / g["tp"]}
+    out["step_time_s"] = speed["step_time_s"]
+    out |= {k: parts[k] for k in ("compute_s", "comm_s", "dp_sync_s", "tp_s", "pp_s", "opt_s")}
+    out |= {"bubble": parts["bubble"], "tokens_per_s": speed["tokens_per_s"]}
+    out["tokens_per_s_per_device"] = speed["tokens_per_s"] / world
+    out["mfu"] = speed["mfu"]
+    return out
 
 
 def _hours(rows: dict, checkpoint_hours, spot_rate: float, sp) -> tuple:
@@ -800,12 +801,7 @@ def memory_breakdown(m, prof: Profile, row: dict, gpus_per_node: int) -> dict:
     {"terms": {name: GB}, "total_gb", "changes": [(words, GB freed)] most first}. `row`
     holds the layout columns (a candidate table row)."""
     shape = cm.ModelShape.from_section(m)
-    eff = prof.efficiency
-    args = dict(
-        overhead_gb=eff.memory_overhead_gb,
-        fragmentation=eff.fragmentation,
-        communicator_gb=communicator_gb(prof),
-    )
+    args = memory_args(prof)
     names = (
         "seq micro acc tp pp vpp stage_code shard_degree recompute_code sp flash "
         "precision_code dp rc_layers nodes"
@@ -817,6 +813,20 @@ def memory_breakdown(m, prof: Profile, row: dict, gpus_per_node: int) -> dict:
 
     terms = layout_memory_bytes(shape, base, terms=True, **args)
     now = total(base)
+    changes = []
+    for words, change in _memory_alternatives(m, row, gpus_per_node):
+        g = dict(base) | {k: np.array([v]) for k, v in change.items()}
+        changes.append((words, now - total(g)))
+    changes.sort(key=lambda c: -c[1])
+    return {
+        "terms": {k: float(v[0]) / cm.GB for k, v in terms.items()},
+        "total_gb": now,
+        "changes": [c for c in changes if c[1] > 0],
+    }
+
+
+def _memory_alternatives(m, row: dict, gpus_per_node: int) -> list[tuple[str, dict]]:
+    """memory_breakdown's single changes to a layout row: (words, changed columns)."""
     world = int(row["nodes"]) * gpus_per_node
     batch = int(row["dp"]) * int(row["shard_degree"])
     alts: list[tuple[str, dict]] = []
@@ -872,16 +882,7 @@ def memory_breakdown(m, prof: Profile, row: dict, gpus_per_node: int) -> dict:
                 },
             )
         )
-    changes = []
-    for words, change in alts:
-        g = dict(base) | {k: np.array([v]) for k, v in change.items()}
-        changes.append((words, now - total(g)))
-    changes.sort(key=lambda c: -c[1])
-    return {
-        "terms": {k: float(v[0]) / cm.GB for k, v in terms.items()},
-        "total_gb": now,
-        "changes": [c for c in changes if c[1] > 0],
-    }
+    return alts
 
 
 def memory_share(memory_gb: float, prof: Profile) -> tuple[float, float, float]:
@@ -933,13 +934,15 @@ def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) ->
             rows, checkpoint_hours, risk.rate if spot else 0.0, sp
         )
         price = offer.node_price_per_hour(spot=spot, tdp_w=prof.tdp_w) * choice.rate
-        cost = price * r["nodes"] * hours
-        cost_od = od_price * r["nodes"] * od_hours
+        cost = money.cost_of_hours(price_per_node_hour=price, nodes=r["nodes"], hours=hours)
+        cost_od = money.cost_of_hours(
+            price_per_node_hour=od_price, nodes=r["nodes"], hours=od_hours
+        )
         if spot and sp.fallback_wait_hours > 0 and od_price > 0:
             p = risk.unavailable_probability  # expected cost; the deadline must hold either way
             cost = (1 - p) * cost + p * cost_od
             hours = np.maximum(hours, od_hours + sp.fallback_wait_hours)
-            price = cost / (r["nodes"] * hours)
+            price = money.price_of(cost=cost, nodes=r["nodes"], hours=hours)
             preemptions = (1 - p) * preemptions
         r["spot"] = np.full(n, spot)
         r["useful_fraction"] = useful
@@ -976,9 +979,7 @@ def evaluate_space(spec: Spec, offers: list[OfferChoice], target: float) -> Cand
             spec.spot.restart_minutes / 60,
             family,
         )
-    columns = Columns(
-        tables, {"cost_per_million_tokens": lambda cols: cols["cost"] / target * 1e6}
-    )
+    columns = Columns(tables, {"cost_per_million_tokens": lambda cols: cols["cost"] / target * 1e6})
     return CandidateTable(
         offers,
         columns,
