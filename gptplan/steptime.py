@@ -268,6 +268,7 @@ def layer_compute_seconds(shape: ModelShape, g: dict, dev: Device, rates: Rates)
 LAYER_COLUMNS = ("micro", "seq", "tp", "recompute_code", "precision_code", "flash", "sp")
 SYNC_COLUMNS = ("tp", "pp", "dp", "shard_degree", "stage_code", "acc", "precision_code")
 TP_COLUMNS = ("tp", "recompute_code", "micro", "seq", "sp", "precision_code")
+HEAD_COLUMNS = ("micro", "seq", "tp", "precision_code")
 
 
 def _codes(col: np.ndarray) -> tuple[np.ndarray, int] | None:
@@ -583,6 +584,29 @@ def _sync_seconds(shape, grad_bytes, tp, pp, dp, shard_degree, stage_code, acc, 
     )
 
 
+def _head_seconds(shape: ModelShape, g: dict, dev: Device, rates: Rates, act_bytes) -> dict:
+    """Per micro-batch: the LM head's GEMMs (forward and backward, on the last stage), and the
+    curve efficiency of each row (devices without a tile model)."""
+    T = g["micro"] * g["seq"].astype(float)
+    tp = g["tp"].astype(float)
+    tiled = np.asarray(dev.sm_count, dtype=float) > 0
+    vocab = np.asarray(shape.vocab, dtype=float)
+    head_fwd, head_bwd = _gemm_pass_seconds(
+        T, vocab / tp, shape.hidden, dev, rates.gemm_max, act_bytes
+    )
+    curve = curve_efficiency(
+        micro_batch=g["micro"],
+        seq_len=g["seq"],
+        hidden_per_tp=shape.hidden / tp,
+        eff_max=rates.gemm_max,
+        half_tokens=rates.half_tokens,
+        half_hidden=rates.half_hidden,
+        rolloff_tokens=rates.rolloff_tokens,
+    )
+    head_curve = 6.0 * T * vocab / tp * shape.hidden / (dev.peak_flops * curve)
+    return {"head": np.where(tiled, head_fwd + head_bwd, head_curve), "curve": curve}
+
+
 def step_time_parts(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> dict:
     """Seconds per optimizer step of each layout row in `g` (columns nodes, precision_code,
     seq, micro, acc, tp, pp, vpp, dp, shard_degree, stage_code, recompute_code, sp, flash),
@@ -617,21 +641,19 @@ def step_time_parts(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> di
             layer[k] = blended.reshape(share.shape)
     T = g["micro"] * g["seq"].astype(float)
     tiled = np.asarray(dev.sm_count, dtype=float) > 0
-    vocab = np.asarray(shape.vocab, dtype=float)
-    head_fwd, head_bwd = _gemm_pass_seconds(
-        T, vocab / tp, shape.hidden, dev, rates.gemm_max, act_bytes
+    cols = {k: g[k] for k in HEAD_COLUMNS}
+    last = per_distinct(
+        _head_seconds,
+        list(cols.values()),
+        shape,
+        cols,
+        dev,
+        rates,
+        act_bytes,
+        cache=cache,
+        checked=checked,
     )
-    curve = curve_efficiency(
-        micro_batch=g["micro"],
-        seq_len=g["seq"],
-        hidden_per_tp=shape.hidden / tp,
-        eff_max=rates.gemm_max,
-        half_tokens=rates.half_tokens,
-        half_hidden=rates.half_hidden,
-        rolloff_tokens=rates.rolloff_tokens,
-    )
-    head_curve = 6.0 * T * vocab / tp * shape.hidden / (dev.peak_flops * curve)
-    head = np.where(tiled, head_fwd + head_bwd, head_curve)
+    head, curve = last["head"], last["curve"]
     per_layer = layer["gemm"] + layer["attention"] + layer["memory"] + layer["kernels"]
     acc = g["acc"].astype(float)
     compute = acc * (stage_layers * per_layer + head)
