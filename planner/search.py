@@ -1071,14 +1071,46 @@ def ranked(table: CandidateTable, mask: np.ndarray) -> np.ndarray:
     return order[mask[order]]
 
 
+def first_ranked(table: CandidateTable, mask: np.ndarray) -> int | None:
+    """ranked(table, mask)[0] without sorting: the cheapest row, the fastest of equal cost,
+    the first of equal both (None when the mask is empty)."""
+    idx = np.flatnonzero(mask)
+    if not len(idx):
+        return None
+    cost, hours = table["cost"][idx], table["hours"][idx]
+    if np.isnan(cost).any() or np.isnan(hours).any():
+        return int(ranked(table, mask)[0])
+    best = idx[cost == cost.min()]
+    return int(best[np.argmin(table["hours"][best])])
+
+
 def pareto_front(table: CandidateTable, mask: np.ndarray) -> np.ndarray:
     """Rows not beaten on both cost and hours (cheapest first)."""
-    idx = ranked(table, mask)
+    idx = np.flatnonzero(mask)
     if not len(idx):
         return np.zeros(0, dtype=int)
-    hours = table["hours"][idx]
-    before = np.concatenate([[math.inf], np.minimum.accumulate(hours)[:-1]])
-    return idx[hours < before].astype(int)
+    cost, hours = table["cost"], table["hours"]
+    idx = cheapest_first(cost, hours, _undominated(cost, hours, idx))
+    h = hours[idx]
+    before = np.concatenate([[math.inf], np.minimum.accumulate(h)[:-1]])
+    return idx[h < before].astype(int)
+
+
+def _undominated(cost: np.ndarray, hours: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Rows `idx` less those a strictly cheaper row beats or equals on hours (never on the
+    front, and dropping them changes no survivor's verdict: whatever beats one, a survivor
+    beats too): costs cut into bins at a sample of themselves, and a row dropped when an
+    earlier bin holds a row as fast. Linear; the front is then sorted from far fewer rows."""
+    if len(idx) < 4096:
+        return idx
+    c, h = cost[idx], hours[idx]
+    edges = np.unique(c[:: len(c) // 1024])
+    b = np.searchsorted(edges, c, side="right")  # bin b: edges[b-1] <= cost < edges[b]
+    fastest = np.full(len(edges) + 1, np.inf)
+    with np.errstate(invalid="ignore"):  # NaN hours: their bin's minimum NaN, none dropped
+        np.minimum.at(fastest, b, h)
+    before = np.concatenate([[np.inf], np.minimum.accumulate(fastest)[:-1]])
+    return idx[~(h >= before[b])]
 
 
 @dataclass
@@ -1158,8 +1190,7 @@ def tokens_bought_interval(spec: Spec, table: CandidateTable, target: float) -> 
 
 def minimum_budget(spec: Spec, table: CandidateTable) -> int | None:
     """The row of the cheapest plan that meets the deadline, memory and price rules."""
-    order = ranked(table, eligible_mask(spec, table))
-    return int(order[0]) if len(order) else None
+    return first_ranked(table, eligible_mask(spec, table))
 
 
 def decide(spec: Spec, table: CandidateTable, target: float) -> Decision:
@@ -1189,9 +1220,9 @@ def decide(spec: Spec, table: CandidateTable, target: float) -> Decision:
         minimum_budget_row=least,
         tokens_bought=tokens_within(spec, table, target) if spec.constraints.budget else None,
     )
-    order = ranked(table, feasible)
-    if len(order):
-        chosen, alternative = choose_fitting(table, feasible, int(order[0]))
+    cheapest = first_ranked(table, feasible)
+    if cheapest is not None:
+        chosen, alternative = choose_fitting(table, feasible, cheapest)
         return dataclasses.replace(
             base,
             chosen=chosen,
@@ -1230,10 +1261,9 @@ def choose_fitting(table: CandidateTable, feasible: np.ndarray, cheapest: int):
     alternative the chosen line prints), or when no row surely fits."""
     if not bool(table["may_fit"][cheapest]):
         return cheapest, None
-    sure = ranked(table, feasible & ~table["may_fit"].astype(bool))
-    if not len(sure):
+    best_sure = first_ranked(table, feasible & ~table["may_fit"].astype(bool))
+    if best_sure is None:
         return cheapest, None
-    best_sure = int(sure[0])
     if table["cost"][cheapest] < (1.0 - MAY_FIT_SAVING) * table["cost"][best_sure]:
         return cheapest, best_sure
     return best_sure, None
@@ -1318,7 +1348,8 @@ def node_cap_relief(spec: Spec, table: CandidateTable, target: float, fastest_no
     )
     ok = feasible_mask(wider, big)
     if ok.any():
-        best = int(ranked(big, ok)[0])
+        best = first_ranked(big, ok)
+        assert best is not None
         return (
             f"{head}; with up to {cap * 8} nodes a plan meets the limits: "
             f"{int(big['nodes'][best])} nodes, {big['hours'][best]:,.1f} h, "

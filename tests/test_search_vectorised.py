@@ -25,6 +25,8 @@ from planner.search import (
     cheapest_first,
     evaluate_layouts,
     evaluate_space,
+    first_ranked,
+    pareto_front,
     ranked,
 )
 from planner.spec import EMBEDDED_SPEC, spec_from_dict
@@ -173,3 +175,29 @@ def test_search_functions_are_short():
         if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno + 1 > 60
     }
     assert not long, long
+
+
+def test_first_ranked_and_pareto_front_equal_the_full_sort():
+    """decide's cheapest rows (first_ranked) and the Pareto front screened before sorting
+    equal those of the full two-key sort, with ties, infinities and NaN."""
+    rng = np.random.default_rng(4)
+    for trial in range(12):
+        n = int(rng.integers(3000, 20000))
+        cols = {
+            "cost": rng.integers(0, int(rng.integers(5, 5000)), n).astype(float),
+            "hours": rng.integers(0, int(rng.integers(2, 300)), n).astype(float),
+            "fits": rng.random(n) < 0.9,
+        }
+        cols["hours"] += 1000.0 / (1.0 + cols["cost"])  # a front: the cheap are slow
+        if trial % 3 == 0:
+            cols["cost"][rng.random(n) < 0.01] = np.nan
+            cols["hours"][rng.random(n) < 0.01] = np.inf
+        if trial % 4 == 1:
+            cols["hours"][rng.random(n) < 0.001] = np.nan
+        table = CandidateTable([], cols)
+        for mask in (cols["fits"], rng.random(n) < 0.3, np.zeros(n, bool)):
+            order = ranked(table, mask)
+            assert first_ranked(table, mask) == (int(order[0]) if len(order) else None)
+            h = cols["hours"][order]
+            plain = order[h < np.concatenate([[np.inf], np.minimum.accumulate(h)[:-1]])]
+            assert np.array_equal(pareto_front(table, mask), plain), trial
