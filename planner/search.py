@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import math
 from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
@@ -115,6 +116,9 @@ class Columns(MutableMapping[str, np.ndarray]):
             p.pop(name, None)
         self._derived.pop(name, None)
         self._joined.pop(name, None)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names  # without joining it
 
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._names))
@@ -959,6 +963,10 @@ def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) ->
     return parts
 
 
+def _cost_per_million_tokens(columns: Columns, target: float) -> np.ndarray:
+    return columns["cost"] / target * 1e6
+
+
 def evaluate_space(spec: Spec, offers: list[OfferChoice], target: float) -> CandidateTable:
     # every offer's parts (on-demand, spot), each column joined into the whole table when
     # first read (Columns): concatenating a million rows is memory-bound; diagnostics of
@@ -979,7 +987,8 @@ def evaluate_space(spec: Spec, offers: list[OfferChoice], target: float) -> Cand
             spec.spot.restart_minutes / 60,
             family,
         )
-    columns = Columns(tables, {"cost_per_million_tokens": lambda cols: cols["cost"] / target * 1e6})
+    per_million = functools.partial(_cost_per_million_tokens, target=target)
+    columns = Columns(tables, {"cost_per_million_tokens": per_million})
     return CandidateTable(
         offers,
         columns,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -142,10 +143,14 @@ def test_ranked_within_and_beyond_the_fitting_rows():
         )
 
 
+def _double_a(columns: Columns) -> np.ndarray:
+    return columns["a"] * 2
+
+
 def test_columns_join_parts_when_read():
     parts = [{"a": np.arange(3), "b": np.ones(3)}, {"a": np.arange(3, 5), "b": np.zeros(2)}]
-    cols = Columns([dict(p) for p in parts], {"c": lambda c: c["a"] * 2})
-    assert list(cols) == ["a", "b", "c"] and cols.rows == 5
+    cols = Columns([dict(p) for p in parts], {"c": _double_a})
+    assert list(cols) == ["a", "b", "c"] and cols.rows == 5 and "a" in cols and "x" not in cols
     assert cols.item("b", 3) == 0.0 and cols.item("a", 4) == 4  # read without joining
     assert np.array_equal(cols["a"], np.arange(5))
     assert np.array_equal(cols["b"], [1, 1, 1, 0, 0]) and np.array_equal(cols["c"], 2 * cols["a"])
@@ -154,6 +159,7 @@ def test_columns_join_parts_when_read():
     assert list(cols) == ["a", "c", "d"] and len(CandidateTable([], cols)) == 5
     with pytest.raises(KeyError):
         cols["b"]
+    assert pickle.loads(pickle.dumps(cols))["d"].tolist() == [7] * 5
 
 
 def test_the_search_prices_through_money(monkeypatch):
