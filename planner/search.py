@@ -481,39 +481,13 @@ def _joined(parts: list[dict]) -> dict[str, np.ndarray]:
 def _offer_parts(spec: Spec, choice: OfferChoice, index: int, target: float) -> list[dict]:
     """evaluate_offer's rows as parts (on-demand, spot) that share the columns they have in
     common: evaluate_space joins each column once, into the whole table."""
-    m = spec.model_section()
-    prof, offer = choice.profile, choice.offer
-    c, s = spec.constraints, spec.search
-    precisions = [PRECISIONS.index(p) for p in c.precisions if p in prof.precisions]
-    g = _layout_grid(spec, prof, offer, precisions)
-    if g is None:
-        return []
-    g, batch_ranks = _with_accumulations(spec, offer.gpus_per_node, g)
-    if not len(g["nodes"]):
-        return []
-    g = _with_sharding_degrees(s, offer.gpus_per_node, g, batch_ranks)
-    if g is None:
-        return []
-    g["flash"] = np.full(len(g["nodes"]), 0)
-    if s.flash_attention and prof.flash_attention and m.hidden_size // m.num_attention_heads <= 256:
-        g["flash"] = (g["precision_code"] > 0).astype(int)  # fp16/bf16 only
-    g = partial_recompute_rows(m, prof, g, c.memory_headroom, s.recompute_layers)
-    out = evaluate_layouts(m, prof, offer, g, memory_headroom=c.memory_headroom)
-    out["offer"] = np.full(len(out["nodes"]), index)
-    steps = np.ceil(target / out["tokens_per_step"])
-    out["steps"] = steps
-    out["train_hours"] = steps * out["step_time_s"] / 3600
-    return _price(spec, choice, cm.ModelShape.from_section(m), out)
-
-
-def _layout_grid(spec: Spec, prof: Profile, offer: Offer, precisions: list[int]) -> dict | None:
-    """Every layout of one offer before accumulation, filtered by the layout rules (those
-    about accumulation at the smallest value that could pass); None when an axis is empty."""
     from gptplan.plan import tensor_parallel_fits_node
 
     m = spec.model_section()
+    prof, offer = choice.profile, choice.offer
     c, s = spec.constraints, spec.search
     gpn = offer.gpus_per_node
+    precisions = [PRECISIONS.index(p) for p in c.precisions if p in prof.precisions]
     tps = [
         t
         for t in s.tensor_parallel
@@ -521,6 +495,26 @@ def _layout_grid(spec: Spec, prof: Profile, offer: Offer, precisions: list[int])
     ]
     if prof.device == "cpu":
         tps = [1]
+    g = _layout_grid(spec, prof, offer, precisions, tps)
+    if g is None:
+        return []
+    g, batch_ranks = _with_accumulations(spec, gpn, g)
+    if not len(batch_ranks):
+        return []
+    g, batch_ranks = _with_sharding_degrees(s, gpn, g, batch_ranks)
+    if not len(batch_ranks):
+        return []
+    return _evaluated_parts(spec, choice, index, target, g)
+
+
+def _layout_grid(
+    spec: Spec, prof: Profile, offer: Offer, precisions: list[int], tps: list[int]
+) -> dict | None:
+    """Every layout of one offer before accumulation, filtered by the layout rules (those
+    about accumulation at the smallest value that could pass); None when an axis is empty."""
+    m = spec.model_section()
+    c, s = spec.constraints, spec.search
+    gpn = offer.gpus_per_node
     # uneven stages are allowed (Paddle's PipelineLayer segments L layers over p stages with
     # the remainder spread, SegmentLayers.uniform): the biggest stage, ceil(L/p) layers, sets
     # time and memory. Paddle's auto_tuner (prune.py prune_by_pp) prunes L % p != 0 as a
@@ -584,10 +578,13 @@ def _with_accumulations(spec: Spec, gpn: int, g: dict) -> tuple[dict, np.ndarray
     return {k: v[ok] for k, v in g.items()}, batch_ranks[ok]
 
 
-def _with_sharding_degrees(s, gpn: int, g: dict, batch_ranks: np.ndarray) -> dict | None:
+def _with_sharding_degrees(
+    s, gpn: int, g: dict, batch_ranks: np.ndarray
+) -> tuple[dict, np.ndarray]:
     """Sharding degree and data parallel of each layout: all batch ranks, or (hybrid) the
     batch ranks inside one node with data parallel across nodes (sharding_parallel_degree <
-    batch ranks); search.sharding_degrees keeps those only. None when no layout is left."""
+    batch ranks); search.sharding_degrees keeps those only. Returns them and their batch
+    ranks."""
     in_node = np.maximum(1, gpn // (g["tp"] * g["pp"]))
     hybrid_ok = (
         (g["stage_code"] > 0)
@@ -606,9 +603,29 @@ def _with_sharding_degrees(s, gpn: int, g: dict, batch_ranks: np.ndarray) -> dic
     if s.sharding_degrees:
         keep = (g["stage_code"] == 0) | np.isin(shard_degree, s.sharding_degrees)
         g = {k: v[keep] for k, v in g.items()}
-        if not len(g["nodes"]):
-            return None
-    return g
+        batch_ranks = batch_ranks[keep]
+    return g, batch_ranks
+
+
+def _evaluated_parts(
+    spec: Spec, choice: OfferChoice, index: int, target: float, g: dict
+) -> list[dict]:
+    """The layouts `g` of one offer with flash attention and partial recompute, evaluated and
+    priced (on-demand and spot parts)."""
+    m = spec.model_section()
+    prof, offer = choice.profile, choice.offer
+    c, s = spec.constraints, spec.search
+    batch_ranks = g["dp"] * g["shard_degree"]
+    g["flash"] = np.full(len(batch_ranks), 0)
+    if s.flash_attention and prof.flash_attention and m.hidden_size // m.num_attention_heads <= 256:
+        g["flash"] = (g["precision_code"] > 0).astype(int)  # fp16/bf16 only
+    g = partial_recompute_rows(m, prof, g, c.memory_headroom, s.recompute_layers)
+    out = evaluate_layouts(m, prof, offer, g, memory_headroom=c.memory_headroom)
+    out["offer"] = np.full(len(out["nodes"]), index)
+    steps = np.ceil(target / out["tokens_per_step"])
+    out["steps"] = steps
+    out["train_hours"] = steps * out["step_time_s"] / 3600
+    return _price(spec, choice, cm.ModelShape.from_section(m), out)
 
 
 PARTIAL_RECOMPUTE_WHY_NOT = {
