@@ -22,6 +22,18 @@ def cost(*, price_per_node_hour: float, nodes: int, seconds: float) -> float:
     return price_per_node_hour * nodes * seconds / SECONDS_PER_HOUR
 
 
+def cost_of_hours(*, price_per_node_hour, nodes, hours):
+    """`cost` in hours, for columns: price per node-hour x nodes x hours, in that order
+    (numbers or numpy arrays alike; the planner's search prices every candidate with it)."""
+    return price_per_node_hour * nodes * hours
+
+
+def price_of(*, cost, nodes, hours):
+    """The price per node-hour at which `nodes` nodes held for `hours` hours cost `cost`
+    (the inverse of `cost_of_hours`; numbers or numpy arrays alike)."""
+    return cost / (nodes * hours)
+
+
 def seconds_for(*, price_per_node_hour: float, nodes: int, money: float) -> float:
     """Wall-clock seconds `money` buys on `nodes` nodes (inf when the price is 0)."""
     per_second = cost(price_per_node_hour=price_per_node_hour, nodes=nodes, seconds=1.0)

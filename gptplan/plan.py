@@ -565,6 +565,11 @@ def tensor_parallel_divides(m: ModelSection, tp):
 
     ffn = families.get(m.family).mlp_width(m)
     dims = (m.num_attention_heads, kv_heads(m), m.hidden_size, ffn, m.vocab_size)
+    if getattr(tp, "ndim", 0) and tp.size and tp.dtype.kind in "iu" and tp.min() >= 1:
+        import numpy as np  # the search's long column of a few values: each checked once
+
+        once = np.array([all(x % t == 0 for x in dims) for t in range(1, int(tp.max()) + 1)])
+        return once[tp - 1]
     ok = True
     for size in dims:
         ok = (size % tp == 0) & ok

@@ -31,6 +31,7 @@ the transformer layers, fused cast-transpose).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -257,6 +258,136 @@ def layer_compute_seconds(shape: ModelShape, g: dict, dev: Device, rates: Rates)
     }
 
 
+# ---- evaluating once per distinct layout ------------------------------------------------------
+# The search's columns are long (a million rows) but a term reads only a few of them, which
+# take a few values each: the term is evaluated once per distinct combination of the columns
+# it reads and broadcast back, the same arithmetic on the same numbers, so the same result.
+
+LAYER_COLUMNS = ("micro", "seq", "tp", "recompute_code", "precision_code", "flash", "sp")
+SYNC_COLUMNS = ("tp", "pp", "dp", "shard_degree", "stage_code", "acc", "precision_code")
+TP_COLUMNS = ("tp", "recompute_code", "micro", "seq", "sp", "precision_code")
+HEAD_COLUMNS = ("micro", "seq", "tp", "precision_code")
+
+
+def _codes(col: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """Each entry's rank among the column's distinct values, and how many there are (a table
+    over the value range, linear, when the values are small; a sort otherwise); None unless
+    non-negative integers."""
+    if not np.issubdtype(col.dtype, np.integer) or not len(col) or col.min() < 0:
+        return None
+    top = int(col.max())
+    if top > 4 * len(col) + 4096:
+        values, inverse = np.unique(col, return_inverse=True)
+        return inverse.reshape(col.shape), len(values)
+    present = np.zeros(top + 1, dtype=bool)
+    present[col] = True
+    rank = np.cumsum(present) - 1
+    return rank[col], int(rank[-1]) + 1
+
+
+def _renumbered(key: np.ndarray) -> tuple[np.ndarray, int]:
+    coded = _codes(key)
+    assert coded is not None  # a key is a non-negative integer
+    return coded
+
+
+def distinct_rows(
+    columns: list, fields: list, cache: dict | None = None
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(one row of each distinct combination of `columns`, each row's combination) when they
+    are equally long columns of non-negative integers that take fewer combinations than half
+    the rows, and every per-row array in `fields` is the same within a combination (checked);
+    None otherwise (evaluate every row)."""
+    cols = [np.asarray(c) for c in columns]
+    n = len(cols[0]) if cols and cols[0].ndim == 1 else 0
+    if n < 64 or any(c.shape != (n,) for c in cols):
+        return None
+    key, size = np.zeros(n, dtype=np.int64), 1
+    cache = {} if cache is None else cache  # id -> (column, its codes): each column coded once
+    for c in cols:
+        if id(c) not in cache:
+            cache[id(c)] = (c, _codes(c))
+        coded = cache[id(c)][1]
+        if coded is None:
+            return None
+        key, size = key * coded[1] + coded[0], size * coded[1]
+        if size > n:  # renumber the combinations seen so far: the key stays below n
+            key, size = _renumbered(key)
+    inverse, count = _renumbered(key)
+    if count > n // 2:
+        return None
+    first = np.zeros(count, dtype=np.int64)
+    first[inverse] = np.arange(n)
+    rep = first[inverse]
+    for f in fields:
+        a = np.asarray(f)
+        if a.ndim and (a.shape != (n,) or not np.array_equal(a, a[rep])):
+            return None
+    return first, inverse
+
+
+def _flat(value) -> list:
+    """The arrays and numbers inside an argument (a dict of columns, a Device, Rates)."""
+    if isinstance(value, dict):
+        return list(value.values())
+    if dataclasses.is_dataclass(value):
+        return [getattr(value, f.name) for f in dataclasses.fields(value)]
+    return [value]
+
+
+def _cut(value, first: np.ndarray, n: int):
+    if isinstance(value, dict):
+        return {k: _cut(v, first, n) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _rows_of(value, first, (n,))
+    return np.asarray(value)[first] if np.ndim(value) else value
+
+
+def per_distinct(fn, columns: list, *args, cache: dict | None = None, checked=frozenset()):
+    """fn(*args), evaluated once per distinct row of `columns` (distinct_rows) when every
+    per-row array in args is the same within each distinct row, and broadcast back; fn(*args)
+    over every row otherwise. fn must be elementwise over rows. `cache`: column codes shared
+    between calls on the same columns; `checked`: ids of arrays known to be the same within
+    each distinct row of a coarser grouping (not checked again)."""
+    checked = checked | {id(c) for c in columns}
+    fields = [v for a in args for v in _flat(a) if id(v) not in checked]
+    found = distinct_rows(columns, fields, cache)
+    if found is None:
+        return fn(*args)
+    first, inverse = found
+    out = fn(*(_cut(a, first, len(inverse)) for a in args))
+    if isinstance(out, dict):
+        return {k: np.broadcast_to(v, first.shape)[inverse] for k, v in out.items()}
+    return np.broadcast_to(out, first.shape)[inverse]
+
+
+def _layer_seconds(
+    shape: ModelShape, g: dict, dev: Device, rates: Rates, cache=None, checked=frozenset()
+) -> dict:
+    """layer_compute_seconds, once per distinct row of the columns it reads."""
+    sub = {k: g[k] for k in LAYER_COLUMNS}
+    return per_distinct(
+        layer_compute_seconds,
+        list(sub.values()),
+        shape,
+        sub,
+        dev,
+        rates,
+        cache=cache,
+        checked=checked,
+    )
+
+
+def _same_per_precision(g: dict, cache: dict, *records) -> frozenset:
+    """Ids of the per-row arrays of `records` (Device, Rates, ModelShape, arrays) that are the
+    same for every row of one precision (checked): every grouping of the step-time terms holds
+    the precision, so they need no check per term."""
+    fields = [v for r in records for v in _flat(r)]
+    if distinct_rows([g["precision_code"]], fields, cache) is None:
+        return frozenset()
+    return frozenset(id(v) for v in fields)
+
+
 def ring_allreduce_seconds(bytes_, ranks, bandwidth_bytes_per_s):
     """Ring all-reduce moves 2·(n-1)/n of the buffer through each rank's link."""
     n = np.asarray(ranks, dtype=float)
@@ -431,36 +562,31 @@ def _tensor_parallel_seconds(shape: ModelShape, g: dict, dev: Device, act_bytes,
     return count * (bw + latency)
 
 
-def step_time_parts(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> dict:
-    """Seconds per optimizer step of each layout row in `g` (columns nodes, precision_code,
-    seq, micro, acc, tp, pp, vpp, dp, shard_degree, stage_code, recompute_code, sp, flash),
-    and its parts. The slowest pipeline stage (ceil(L/p) layers, plus the LM head on the last)
-    sets the pace; (stage compute + tensor-parallel traffic) is stretched by the bubble [N21];
-    point-to-point, the unhidden data-parallel share and the optimizer update add to it.
-    """
-    g = {k: np.asarray(v) for k, v in g.items()}
-    act_bytes = precision.of_codes("bytes_per_element", g["precision_code"])
-    tp, pp = g["tp"].astype(float), g["pp"].astype(float)
-    L = np.asarray(shape.layers, dtype=float)
-    stage_layers = np.ceil(L / pp)
-    layer = layer_compute_seconds(shape, g, dev, rates)
-    # partial recompute (rc_layers = k > 0 of a stage's layers, PaddleNLP no_recompute_layers):
-    # only those k layers pay the granularity's recompute, the others run as without it
-    share = recomputed_share(g, stage_layers)
-    if np.any(share < 1.0):
-        # evaluated on the partial rows only (the search's columns are long)
-        partial = np.flatnonzero(np.atleast_1d(share) < 1.0)
-        sub = {k: np.atleast_1d(np.broadcast_to(v, share.shape))[partial] for k, v in g.items()}
-        sub["recompute_code"] = np.zeros(len(partial), dtype=int)
-        plain = layer_compute_seconds(
-            shape, sub, _rows_of(dev, partial, share.shape), _rows_of(rates, partial, share.shape)
-        )
-        for k in layer:
-            blended = np.atleast_1d(np.broadcast_to(layer[k], share.shape)).astype(float)
-            f = np.atleast_1d(share)[partial]
-            blended[partial] = f * blended[partial] + (1 - f) * plain[k]
-            layer[k] = blended.reshape(share.shape)
+def _sync_seconds(shape, grad_bytes, tp, pp, dp, shard_degree, stage_code, acc, dev):
+    """gradient_sync_seconds of layout rows (positional, for per_distinct)."""
+    pp = pp.astype(float)
+    layers = np.ceil(np.asarray(shape.layers, dtype=float) / pp)
+    return gradient_sync_seconds(
+        params=shape.params_total,
+        grad_bytes=grad_bytes,
+        tp=tp.astype(float),
+        pp=pp,
+        dp=dp,
+        shard_degree=shard_degree,
+        stage_code=stage_code,
+        accumulation=acc.astype(float),
+        gpus_per_node=dev.gpus_per_node,
+        intra_bytes_per_s=dev.intra_bytes_per_s,
+        inter_bytes_per_s=dev.inter_bytes_per_s,
+        stage_layers=layers,
+    )
+
+
+def _head_seconds(shape: ModelShape, g: dict, dev: Device, rates: Rates, act_bytes) -> dict:
+    """Per micro-batch: the LM head's GEMMs (forward and backward, on the last stage), and the
+    curve efficiency of each row (devices without a tile model)."""
     T = g["micro"] * g["seq"].astype(float)
+    tp = g["tp"].astype(float)
     tiled = np.asarray(dev.sm_count, dtype=float) > 0
     vocab = np.asarray(shape.vocab, dtype=float)
     head_fwd, head_bwd = _gemm_pass_seconds(
@@ -476,11 +602,73 @@ def step_time_parts(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> di
         rolloff_tokens=rates.rolloff_tokens,
     )
     head_curve = 6.0 * T * vocab / tp * shape.hidden / (dev.peak_flops * curve)
-    head = np.where(tiled, head_fwd + head_bwd, head_curve)
+    return {"head": np.where(tiled, head_fwd + head_bwd, head_curve), "curve": curve}
+
+
+def step_time_parts(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> dict:
+    """Seconds per optimizer step of each layout row in `g` (columns nodes, precision_code,
+    seq, micro, acc, tp, pp, vpp, dp, shard_degree, stage_code, recompute_code, sp, flash),
+    and its parts. The slowest pipeline stage (ceil(L/p) layers, plus the LM head on the last)
+    sets the pace; (stage compute + tensor-parallel traffic) is stretched by the bubble [N21];
+    point-to-point, the unhidden data-parallel share and the optimizer update add to it.
+    """
+    g = {k: np.asarray(v) for k, v in g.items()}
+    act_bytes = precision.of_codes("bytes_per_element", g["precision_code"])
+    tp, pp = g["tp"].astype(float), g["pp"].astype(float)
+    L = np.asarray(shape.layers, dtype=float)
+    stage_layers = np.ceil(L / pp)
+    cache: dict = {}
+    checked = _same_per_precision(g, cache, shape, dev, rates, act_bytes)
+    layer = _layer_seconds(shape, g, dev, rates, cache, checked)
+    # partial recompute (rc_layers = k > 0 of a stage's layers, PaddleNLP no_recompute_layers):
+    # only those k layers pay the granularity's recompute, the others run as without it
+    share = recomputed_share(g, stage_layers)
+    if np.any(share < 1.0):
+        # evaluated on the partial rows only (the search's columns are long)
+        partial = np.flatnonzero(np.atleast_1d(share) < 1.0)
+        sub = {k: np.atleast_1d(np.broadcast_to(v, share.shape))[partial] for k, v in g.items()}
+        sub["recompute_code"] = np.zeros(len(partial), dtype=int)
+        plain = _layer_seconds(
+            shape, sub, _rows_of(dev, partial, share.shape), _rows_of(rates, partial, share.shape)
+        )
+        for k in layer:
+            blended = np.atleast_1d(np.broadcast_to(layer[k], share.shape)).astype(float)
+            f = np.atleast_1d(share)[partial]
+            blended[partial] = f * blended[partial] + (1 - f) * plain[k]
+            layer[k] = blended.reshape(share.shape)
+    T = g["micro"] * g["seq"].astype(float)
+    tiled = np.asarray(dev.sm_count, dtype=float) > 0
+    cols = {k: g[k] for k in HEAD_COLUMNS}
+    last = per_distinct(
+        _head_seconds,
+        list(cols.values()),
+        shape,
+        cols,
+        dev,
+        rates,
+        act_bytes,
+        cache=cache,
+        checked=checked,
+    )
+    head, curve = last["head"], last["curve"]
     per_layer = layer["gemm"] + layer["attention"] + layer["memory"] + layer["kernels"]
     acc = g["acc"].astype(float)
     compute = acc * (stage_layers * per_layer + head)
-    t_tp = acc * stage_layers * _tensor_parallel_seconds(shape, g, dev, act_bytes, share)
+    t_tp = (
+        acc
+        * stage_layers
+        * per_distinct(
+            _tensor_parallel_seconds,
+            [g[k] for k in TP_COLUMNS],
+            shape,
+            {k: g[k] for k in TP_COLUMNS},
+            dev,
+            act_bytes,
+            share,
+            cache=cache,
+            checked=checked,
+        )
+    )
     link = np.where(g["nodes"] > 1, dev.inter_bytes_per_s, dev.intra_bytes_per_s)
     p2p_bytes = T * shape.hidden * act_bytes / np.where(g["sp"] > 0, tp, 1.0)
     t_pp = np.where(
@@ -495,19 +683,20 @@ def step_time_parts(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> di
         ),
         0.0,
     )
-    t_dp = gradient_sync_seconds(
-        params=shape.params_total,
-        grad_bytes=act_bytes,
-        tp=tp,
-        pp=pp,
-        dp=g["dp"],
-        shard_degree=g["shard_degree"],
-        stage_code=g["stage_code"],
-        accumulation=acc,
-        gpus_per_node=dev.gpus_per_node,
-        intra_bytes_per_s=dev.intra_bytes_per_s,
-        inter_bytes_per_s=dev.inter_bytes_per_s,
-        stage_layers=stage_layers,
+    t_dp = per_distinct(
+        _sync_seconds,
+        [g[k] for k in SYNC_COLUMNS],
+        shape,
+        act_bytes,
+        g["tp"],
+        g["pp"],
+        g["dp"],
+        g["shard_degree"],
+        g["stage_code"],
+        g["acc"],
+        dev,
+        cache=cache,
+        checked=checked,
     )
     t_opt = shape.params_total / (tp * pp * g["shard_degree"]) * 16 * 3 / dev.hbm_bytes_per_s
     bubble = pipeline_bubble_factor(pp, acc, g["vpp"])

@@ -366,7 +366,7 @@ def optimize(
             f"{describe(table, decision.chosen, cur)}"
         )
         if outcome.race is not None:
-            measured = (row["cost_per_million_tokens"], outcome.probed[best].measured_steps)
+            measured = (row["cost_per_million_tokens"], outcome.probed[chosen].measured_steps)
             notes.append(race_note(table, outcome.race, cur, measured))
         if tuning.calibration is not None:
             notes.append(

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import math
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from gptplan import families
+from gptplan import families, money
 from gptplan import precision as precision_table
 from gptplan.memory import (
     GIB,
@@ -71,18 +73,80 @@ class OfferChoice:
         return self.facts if self.facts is not None else price_facts([self])[0]
 
 
+class Columns(MutableMapping[str, np.ndarray]):
+    """A table's columns kept as the offers' parts, each column joined into one array the
+    first time it is read (then the parts' copies are dropped): choosing reads a few of the
+    forty columns, and joining every column of millions of rows was the search's largest
+    memory-bound cost. `derived`: columns computed from the joined ones when first read."""
+
+    def __init__(self, parts: list[dict], derived: dict[str, Callable] | None = None) -> None:
+        self._parts = parts
+        self._derived = dict(derived or {})
+        self._names = list(parts[0]) + [k for k in self._derived if k not in parts[0]]
+        self._joined: dict[str, np.ndarray] = {}
+        self._ends = np.cumsum([len(next(iter(p.values()))) for p in parts])
+
+    @property
+    def rows(self) -> int:
+        return int(self._ends[-1])
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._joined:
+            if name in self._derived:
+                self._joined[name] = self._derived[name](self)
+            elif name in self._names:
+                self._joined[name] = np.concatenate([p.pop(name) for p in self._parts])
+            else:
+                raise KeyError(name)
+        return self._joined[name]
+
+    def item(self, name: str, i: int):
+        """Row i of a column, without joining it (a Python number)."""
+        if name in self._joined or name in self._derived:
+            return self[name][i].item()
+        part = int(np.searchsorted(self._ends, i, side="right"))
+        start = int(self._ends[part - 1]) if part else 0
+        return self._parts[part][name][i - start].item()
+
+    def __setitem__(self, name: str, values: np.ndarray) -> None:
+        for p in self._parts:
+            p.pop(name, None)
+        self._derived.pop(name, None)
+        self._joined[name] = values
+        if name not in self._names:
+            self._names.append(name)
+
+    def __delitem__(self, name: str) -> None:
+        self._names.remove(name)
+        for p in self._parts:
+            p.pop(name, None)
+        self._derived.pop(name, None)
+        self._joined.pop(name, None)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names  # without joining it
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._names))
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 @dataclass
 class CandidateTable:
     """One row per candidate configuration; every column a numpy array of equal length."""
 
     offers: list[OfferChoice]
-    columns: dict[str, np.ndarray] = field(default_factory=dict)
+    columns: MutableMapping[str, np.ndarray] = field(default_factory=dict)
     fixed_hours: float = 0.0  # paid hours that do not scale with throughput (start-up)
     params_total: float = 0.0  # the model's parameters (the interval depends on its size)
     restart_hours: float = 0.0  # from a preemption to training again
     family: str = families.DEFAULT_FAMILY  # the interval checks the published runs have it
 
     def __len__(self) -> int:
+        if isinstance(self.columns, Columns):
+            return self.columns.rows
         return len(next(iter(self.columns.values()))) if self.columns else 0
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -91,7 +155,11 @@ class CandidateTable:
         return self.columns[name]
 
     def row(self, i: int) -> dict:
-        out = {k: v[i].item() for k, v in self.columns.items()}
+        cols = self.columns
+        if isinstance(cols, Columns):
+            out = {k: cols.item(k, i) for k in cols}
+        else:
+            out = {k: v[i].item() for k, v in cols.items()}
         choice = self.offers[out["offer"]]
         out["offer_choice"] = choice
         out["precision"] = precision_table.name_of(out["precision_code"])
@@ -333,16 +401,16 @@ def _accumulations(lo: np.ndarray, hi: np.ndarray, pp: np.ndarray) -> tuple[np.n
     is never beaten and the smallest is the smallest global batch. Both are evaluated, plus,
     for pipelines, the largest multiple of pp (the interleaved schedule's rule). Returns
     (row index, accumulation) pairs."""
-    ok = hi >= lo
+    ok = np.flatnonzero(hi >= lo)
+    lo, hi, pp = lo[ok], hi[ok], pp[ok]
     mult = (hi // np.maximum(pp, 1)) * pp
-    candidates = [lo, hi, np.where((pp > 1) & (mult >= lo), mult, lo)]
-    r = np.concatenate([np.flatnonzero(ok)] * len(candidates))
-    v = np.concatenate([c[ok] for c in candidates])
-    # distinct (row, value) pairs in (row, value) order: one integer key per pair (a 1-D
-    # unique, several times faster than np.unique(..., axis=1) on the stacked pairs)
-    width = int(v.max(initial=0)) + 1
-    keys = np.unique(r.astype(np.int64) * width + v)
-    return keys // width, keys % width
+    # per row its three values sorted, then the repeats within the row dropped: distinct
+    # (row, value) pairs in (row, value) order, linear in the rows (no sort of the pairs)
+    values = np.sort(np.stack([lo, hi, np.where((pp > 1) & (mult >= lo), mult, lo)], axis=1))
+    new = np.ones(values.shape, dtype=bool)
+    new[:, 1:] = values[:, 1:] != values[:, :-1]
+    rows = np.broadcast_to(ok[:, None], values.shape)
+    return rows[new].astype(np.int64), values[new].astype(np.int64)
 
 
 def layout_rules(m, gpus_per_node: int, g: dict) -> dict[str, np.ndarray]:
@@ -385,11 +453,10 @@ def _joined(parts: list[dict]) -> dict[str, np.ndarray]:
 
 def _offer_parts(spec: Spec, choice: OfferChoice, index: int, target: float) -> list[dict]:
     """evaluate_offer's rows as parts (on-demand, spot) that share the columns they have in
-    common: evaluate_space copies every column once, into the whole table."""
+    common: evaluate_space joins each column once, into the whole table."""
     from gptplan.plan import tensor_parallel_fits_node
 
     m = spec.model_section()
-    family = families.get(m.family)
     prof, offer = choice.profile, choice.offer
     c, s = spec.constraints, spec.search
     gpn = offer.gpus_per_node
@@ -401,6 +468,27 @@ def _offer_parts(spec: Spec, choice: OfferChoice, index: int, target: float) -> 
     ]
     if prof.device == "cpu":
         tps = [1]
+    g = _layout_grid(spec, prof, offer, precisions, tps)
+    if g is None:
+        return []
+    g, batch_ranks = _with_accumulations(spec, gpn, g)
+    if not len(batch_ranks):
+        return []
+    g, batch_ranks = _with_sharding_degrees(s, gpn, g, batch_ranks)
+    if not len(batch_ranks):
+        return []
+    return _evaluated_parts(spec, choice, index, target, g)
+
+
+def _layout_grid(
+    spec: Spec, prof: Profile, offer: Offer, precisions: list[int], tps: list[int]
+) -> dict | None:
+    """Every layout of one offer before accumulation, filtered by the layout rules (those
+    about accumulation at the smallest value that could pass); None when an axis is empty."""
+    m = spec.model_section()
+    family = families.get(m.family)
+    c, s = spec.constraints, spec.search
+    gpn = offer.gpus_per_node
     # uneven stages are allowed (Paddle's PipelineLayer segments L layers over p stages with
     # the remainder spread, SegmentLayers.uniform): the biggest stage, ceil(L/p) layers, sets
     # time and memory. Paddle's auto_tuner (prune.py prune_by_pp) prunes L % p != 0 as a
@@ -418,7 +506,7 @@ def _offer_parts(spec: Spec, choice: OfferChoice, index: int, target: float) -> 
         nodes = [n for n in nodes if n == 1]
     vpps = sorted(set(s.virtual_pp) | {1})
     if not (precisions and tps and pps and stages and nodes):
-        return []
+        return None
     g = _grid(
         nodes=nodes,
         precision_code=precisions,
@@ -436,9 +524,15 @@ def _offer_parts(spec: Spec, choice: OfferChoice, index: int, target: float) -> 
         sp=[int(v) for v in s.sequence_parallel],
     )
     ok = np.logical_and.reduce(list(layout_rules(m, gpn, g).values()))
-    g = {k: v[ok] for k, v in g.items()}
+    return {k: v[ok] for k, v in g.items()}
+
+
+def _with_accumulations(spec: Spec, gpn: int, g: dict) -> tuple[dict, np.ndarray]:
+    """The layouts with accumulation: every value meeting the global-batch range (see
+    _accumulations), or search.accumulation_steps; the layout rules applied in full. Returns
+    them and their batch ranks (data parallel x sharding)."""
+    m, c, s = spec.model_section(), spec.constraints, spec.search
     batch_ranks = g["nodes"] * gpn // (g["tp"] * g["pp"])
-    # accumulation: every value meeting the global-batch range (see _accumulations)
     per_acc = g["micro"] * g["seq"] * batch_ranks
     if s.accumulation_steps:
         accs = np.array(sorted(set(s.accumulation_steps)))
@@ -461,12 +555,16 @@ def _offer_parts(spec: Spec, choice: OfferChoice, index: int, target: float) -> 
     if c.global_batch_tokens_max:
         ok &= tokens_per_step <= c.global_batch_tokens_max
     ok &= np.logical_and.reduce(list(layout_rules(m, gpn, g).values()))
-    g = {k: v[ok] for k, v in g.items()}
-    batch_ranks = batch_ranks[ok]
-    if not len(g["nodes"]):
-        return []
-    # sharding degree: all batch ranks, or (hybrid) the batch ranks inside one node with data
-    # parallel across nodes (sharding_parallel_degree < batch ranks)
+    return {k: v[ok] for k, v in g.items()}, batch_ranks[ok]
+
+
+def _with_sharding_degrees(
+    s, gpn: int, g: dict, batch_ranks: np.ndarray
+) -> tuple[dict, np.ndarray]:
+    """Sharding degree and data parallel of each layout: all batch ranks, or (hybrid) the
+    batch ranks inside one node with data parallel across nodes (sharding_parallel_degree <
+    batch ranks); search.sharding_degrees keeps those only. Returns them and their batch
+    ranks."""
     in_node = np.maximum(1, gpn // (g["tp"] * g["pp"]))
     hybrid_ok = (
         (g["stage_code"] > 0)
@@ -486,8 +584,18 @@ def _offer_parts(spec: Spec, choice: OfferChoice, index: int, target: float) -> 
         keep = (g["stage_code"] == 0) | np.isin(shard_degree, s.sharding_degrees)
         g = {k: v[keep] for k, v in g.items()}
         batch_ranks = batch_ranks[keep]
-        if not len(batch_ranks):
-            return []
+    return g, batch_ranks
+
+
+def _evaluated_parts(
+    spec: Spec, choice: OfferChoice, index: int, target: float, g: dict
+) -> list[dict]:
+    """The layouts `g` of one offer with flash attention and partial recompute, evaluated and
+    priced (on-demand and spot parts)."""
+    m = spec.model_section()
+    prof, offer = choice.profile, choice.offer
+    c, s = spec.constraints, spec.search
+    batch_ranks = g["dp"] * g["shard_degree"]
     g["flash"] = np.full(len(batch_ranks), 0)
     if s.flash_attention and prof.flash_attention and m.hidden_size // m.num_attention_heads <= 256:
         g["flash"] = precision_table.of_codes("flash_attention", g["precision_code"]).astype(int)
@@ -588,25 +696,11 @@ def evaluate_layouts(
         )[g["precision_code"]]
 
     g.setdefault("rc_layers", np.zeros(len(g["tp"]), dtype=int))
-    mem = layout_memory_bytes(
-        shape,
-        g,
-        overhead_gb=eff.memory_overhead_gb,
-        fragmentation=eff.fragmentation,
-        communicator_gb=communicator_gb(prof),
-    )
+    mem = layout_memory_bytes(shape, g, **memory_args(prof))
     sure, may_fit = memory_fit(mem, prof.memory_gb * GIB, memory_headroom)
 
     peak = precision_table.TABLE.column(lambda r: prof.peak_for(r.name))[g["precision_code"]] * 1e12
-    inter = offer.inter_node_gbits_per_s / 8 * 1e9 if offer.inter_node_gbits_per_s else 1.0
-    dev = Device(
-        peak,
-        prof.sm_count,
-        prof.memory_bandwidth_gbytes_per_s * 1e9,
-        prof.intra_node_gbytes_per_s * 1e9,
-        inter,
-        gpn,
-    )
+    dev = _device(prof, offer, peak)
     rates = Rates(
         by_precision("max"),
         by_precision("kernel_overhead_us") * 1e-6,
@@ -617,52 +711,64 @@ def evaluate_layouts(
         by_precision("rolloff_tokens"),
     )
     parts = step_time_parts(shape, g, dev, rates)
-    f_model = cm.model_flops_per_token(m, g["seq"])
-    # the physical cap (planner.coverage.mfu_cap): never faster than the best MFU any fitted
-    # published run of this generation attained
+    speed = _speed(m, prof, g["seq"], parts["step_time_s"], tokens_per_step, world, peak)
+    fit = {"memory_gb": mem / cm.GB, "fits": sure | may_fit, "may_fit": may_fit}
+    return _layout_columns(m, g, gpn, tokens_per_step, fit, parts, speed)
+
+
+def _speed(m, prof: Profile, seq, step_time, tokens_per_step, world, peak) -> dict:
+    """Step time within the physical cap (planner.coverage.mfu_cap: never faster than the best
+    MFU any fitted published run of this generation attained), tokens/s and MFU per row."""
+    f_model = cm.model_flops_per_token(m, seq)
     cap = coverage.mfu_cap(prof)
-    step_time = parts["step_time_s"]
     if cap is not None:
         step_time = np.maximum(step_time, tokens_per_step * f_model / (cap.mfu * world * peak))
     tokens_per_s = tokens_per_step / step_time
     mfu = f_model * tokens_per_s / (world * peak)
-    n = len(step_time)
-    return {
-        "nodes": g["nodes"],
-        "gpus_per_node": np.full(n, gpn),
-        "world": world,
-        "precision_code": g["precision_code"],
-        "seq": g["seq"],
-        "micro": g["micro"],
-        "acc": g["acc"],
-        "tp": g["tp"],
-        "pp": g["pp"],
-        "vpp": g["vpp"],
-        "dp": g["dp"],
-        "shard_degree": g["shard_degree"],
-        "stage_code": g["stage_code"],
-        "recompute_code": g["recompute_code"],
-        "sp": g["sp"],
-        "flash": g["flash"],
-        "tokens_per_step": tokens_per_step,
-        "memory_gb": mem / cm.GB,
-        "rc_layers": g["rc_layers"],
-        "fits": sure | may_fit,
-        "may_fit": may_fit,
-        "efficiency": parts["efficiency"],
-        "hidden_per_tp": m.hidden_size / g["tp"],
-        "step_time_s": step_time,
-        "compute_s": parts["compute_s"],
-        "comm_s": parts["comm_s"],
-        "dp_sync_s": parts["dp_sync_s"],
-        "tp_s": parts["tp_s"],
-        "pp_s": parts["pp_s"],
-        "opt_s": parts["opt_s"],
-        "bubble": parts["bubble"],
-        "tokens_per_s": tokens_per_s,
-        "tokens_per_s_per_device": tokens_per_s / world,
-        "mfu": mfu,
-    }
+    return {"step_time_s": step_time, "tokens_per_s": tokens_per_s, "mfu": mfu}
+
+
+def memory_args(prof: Profile) -> dict:
+    """The profile's terms of gptplan.memory.layout_memory_bytes beyond the layout."""
+    eff = prof.efficiency
+    return dict(
+        overhead_gb=eff.memory_overhead_gb,
+        fragmentation=eff.fragmentation,
+        communicator_gb=communicator_gb(prof),
+    )
+
+
+def _device(prof: Profile, offer: Offer, peak: np.ndarray) -> Device:
+    """What the step-time composition needs of the offer's devices, at `peak` FLOP/s per row."""
+    inter = offer.inter_node_gbits_per_s / 8 * 1e9 if offer.inter_node_gbits_per_s else 1.0
+    return Device(
+        peak,
+        prof.sm_count,
+        prof.memory_bandwidth_gbytes_per_s * 1e9,
+        prof.intra_node_gbytes_per_s * 1e9,
+        inter,
+        offer.gpus_per_node,
+    )
+
+
+def _layout_columns(
+    m, g: dict, gpn: int, tokens_per_step: np.ndarray, fit: dict, parts: dict, speed: dict
+) -> dict[str, np.ndarray]:
+    """evaluate_layouts' columns, in the table's order."""
+    n = len(speed["step_time_s"])
+    world = g["nodes"] * gpn
+    layout = "nodes precision_code seq micro acc tp pp vpp dp shard_degree stage_code"
+    out = {"nodes": g["nodes"], "gpus_per_node": np.full(n, gpn), "world": world}
+    out |= {k: g[k] for k in layout.split()[1:] + ["recompute_code", "sp", "flash"]}
+    out |= {"tokens_per_step": tokens_per_step, "memory_gb": fit["memory_gb"]}
+    out |= {"rc_layers": g["rc_layers"], "fits": fit["fits"], "may_fit": fit["may_fit"]}
+    out |= {"efficiency": parts["efficiency"], "hidden_per_tp": m.hidden_size / g["tp"]}
+    out["step_time_s"] = speed["step_time_s"]
+    out |= {k: parts[k] for k in ("compute_s", "comm_s", "dp_sync_s", "tp_s", "pp_s", "opt_s")}
+    out |= {"bubble": parts["bubble"], "tokens_per_s": speed["tokens_per_s"]}
+    out["tokens_per_s_per_device"] = speed["tokens_per_s"] / world
+    out["mfu"] = speed["mfu"]
+    return out
 
 
 def _hours(rows: dict, checkpoint_hours, spot_rate: float, sp) -> tuple:
@@ -695,12 +801,7 @@ def memory_breakdown(m, prof: Profile, row: dict, gpus_per_node: int) -> dict:
     {"terms": {name: GB}, "total_gb", "changes": [(words, GB freed)] most first}. `row`
     holds the layout columns (a candidate table row)."""
     shape = cm.ModelShape.from_section(m)
-    eff = prof.efficiency
-    args = dict(
-        overhead_gb=eff.memory_overhead_gb,
-        fragmentation=eff.fragmentation,
-        communicator_gb=communicator_gb(prof),
-    )
+    args = memory_args(prof)
     names = (
         "seq micro acc tp pp vpp stage_code shard_degree recompute_code sp flash "
         "precision_code dp rc_layers nodes"
@@ -712,6 +813,20 @@ def memory_breakdown(m, prof: Profile, row: dict, gpus_per_node: int) -> dict:
 
     terms = layout_memory_bytes(shape, base, terms=True, **args)
     now = total(base)
+    changes = []
+    for words, change in _memory_alternatives(m, row, gpus_per_node):
+        g = dict(base) | {k: np.array([v]) for k, v in change.items()}
+        changes.append((words, now - total(g)))
+    changes.sort(key=lambda c: -c[1])
+    return {
+        "terms": {k: float(v[0]) / cm.GB for k, v in terms.items()},
+        "total_gb": now,
+        "changes": [c for c in changes if c[1] > 0],
+    }
+
+
+def _memory_alternatives(m, row: dict, gpus_per_node: int) -> list[tuple[str, dict]]:
+    """memory_breakdown's single changes to a layout row: (words, changed columns)."""
     world = int(row["nodes"]) * gpus_per_node
     batch = int(row["dp"]) * int(row["shard_degree"])
     alts: list[tuple[str, dict]] = []
@@ -767,16 +882,7 @@ def memory_breakdown(m, prof: Profile, row: dict, gpus_per_node: int) -> dict:
                 },
             )
         )
-    changes = []
-    for words, change in alts:
-        g = dict(base) | {k: np.array([v]) for k, v in change.items()}
-        changes.append((words, now - total(g)))
-    changes.sort(key=lambda c: -c[1])
-    return {
-        "terms": {k: float(v[0]) / cm.GB for k, v in terms.items()},
-        "total_gb": now,
-        "changes": [c for c in changes if c[1] > 0],
-    }
+    return alts
 
 
 def memory_share(memory_gb: float, prof: Profile) -> tuple[float, float, float]:
@@ -831,13 +937,15 @@ def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) ->
             rows, checkpoint_hours, risk.rate if spot else 0.0, sp
         )
         price = offer.node_price_per_hour(spot=spot, tdp_w=prof.tdp_w) * choice.rate
-        cost = price * r["nodes"] * hours
-        cost_od = od_price * r["nodes"] * od_hours
+        cost = money.cost_of_hours(price_per_node_hour=price, nodes=r["nodes"], hours=hours)
+        cost_od = money.cost_of_hours(
+            price_per_node_hour=od_price, nodes=r["nodes"], hours=od_hours
+        )
         if spot and sp.fallback_wait_hours > 0 and od_price > 0:
             p = risk.unavailable_probability  # expected cost; the deadline must hold either way
             cost = (1 - p) * cost + p * cost_od
             hours = np.maximum(hours, od_hours + sp.fallback_wait_hours)
-            price = cost / (r["nodes"] * hours)
+            price = money.price_of(cost=cost, nodes=r["nodes"], hours=hours)
             preemptions = (1 - p) * preemptions
         r["spot"] = np.full(n, spot)
         r["useful_fraction"] = useful
@@ -854,10 +962,14 @@ def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) ->
     return parts
 
 
+def _cost_per_million_tokens(columns: Columns, target: float) -> np.ndarray:
+    return columns["cost"] / target * 1e6
+
+
 def evaluate_space(spec: Spec, offers: list[OfferChoice], target: float) -> CandidateTable:
-    # every offer's parts (on-demand, spot), joined once into the whole table: one copy of
-    # each column; diagnostics of single evaluations (planner explain, the published-run
-    # fit) stay out of the big table: concatenating a million rows is memory-bound
+    # every offer's parts (on-demand, spot), each column joined into the whole table when
+    # first read (Columns): concatenating a million rows is memory-bound; diagnostics of
+    # single evaluations (planner explain, the published-run fit) stay out of the big table
     tables = [
         {k: v for k, v in part.items() if k not in DIAGNOSTIC_COLUMNS}
         for i, choice in enumerate(offers)
@@ -874,8 +986,8 @@ def evaluate_space(spec: Spec, offers: list[OfferChoice], target: float) -> Cand
             spec.spot.restart_minutes / 60,
             family,
         )
-    columns = {k: np.concatenate([t[k] for t in tables]) for k in tables[0]}
-    columns["cost_per_million_tokens"] = columns["cost"] / target * 1e6
+    per_million = functools.partial(_cost_per_million_tokens, target=target)
+    columns = Columns(tables, {"cost_per_million_tokens": per_million})
     return CandidateTable(
         offers,
         columns,
@@ -910,18 +1022,49 @@ def feasible_mask(spec: Spec, table: CandidateTable) -> np.ndarray:
 
 
 def cost_order(table: CandidateTable) -> np.ndarray:
-    """Every row, cheapest first, faster first among equal cost: sorted once per table (the
-    search ranks the same table under several masks) and kept while its cost and hours
-    columns are the same arrays."""
-    cost, hours = table["cost"], table["hours"]
+    """The rows that fit, cheapest first, faster first among equal cost (then by row): sorted
+    once per table (the search ranks the same table under several masks, all within the
+    fitting rows) and kept while its cost, hours and fits columns are the same arrays."""
+    cols = (table["cost"], table["hours"], table["fits"])
     cached = getattr(table, "_cost_order", None)
-    if cached is not None and cached[0] is cost and cached[1] is hours:
-        return cached[2]
-    order = np.lexsort((hours, cost))
+    if cached is not None and all(a is b for a, b in zip(cached[0], cols, strict=True)):
+        return cached[1]
+    order = cheapest_first(cols[0], cols[1], np.flatnonzero(cols[2]))
     try:
-        table._cost_order = (cost, hours, order)  # type: ignore[attr-defined]
+        table._cost_order = (cols, order)  # type: ignore[attr-defined]
     except AttributeError:
         pass
+    return order
+
+
+def cheapest_first(cost: np.ndarray, hours: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Rows `idx` in the order of np.lexsort((hours, cost)) over them (cost, then hours, then
+    row), faster: one unstable sort by cost, then each run of equal cost (or NaN) put in row
+    order by one sort of (run, row) keys, and only runs whose hours differ sorted by hours."""
+    order = idx[np.argsort(cost[idx])]
+    c = cost[order]
+    tied = (c[1:] == c[:-1]) | (np.isnan(c[1:]) & np.isnan(c[:-1]))
+    if not tied.any():
+        return order
+    at = np.zeros(len(order), dtype=bool)
+    at[1:] |= tied
+    at[:-1] |= tied
+    pos = np.flatnonzero(at)
+    starts = np.ones(len(pos), dtype=bool)
+    starts[1:] = ~tied[pos[1:] - 1]  # a tied position whose predecessor is not its equal
+    run = np.cumsum(starts) - 1
+    n = max(int(order.max()) + 1, 1)
+    keys = np.sort(run.astype(np.int64) * n + order[pos])
+    rows = keys % n
+    order[pos] = rows
+    h = hours[rows]
+    first = np.flatnonzero(starts)
+    differs = np.zeros(len(first), dtype=bool)
+    differs[run[h != h[first][run]]] = True  # NaN hours differ from themselves: sorted too
+    mixed = np.flatnonzero(differs[run])
+    if len(mixed):  # runs with more than one value of hours: the two-key sort on them alone
+        sub = rows[mixed]
+        order[pos[mixed]] = sub[np.lexsort((hours[sub], run[mixed]))]
     return order
 
 
@@ -929,18 +1072,53 @@ def ranked(table: CandidateTable, mask: np.ndarray) -> np.ndarray:
     """Row indices under `mask`, cheapest first, faster first among equal cost."""
     if not len(table):
         return np.zeros(0, dtype=int)
+    mask = np.asarray(mask, dtype=bool)
+    if (mask & ~table["fits"]).any():  # not within the fitting rows: sorted on its own
+        return cheapest_first(table["cost"], table["hours"], np.flatnonzero(mask))
     order = cost_order(table)
-    return order[np.asarray(mask, dtype=bool)[order]]
+    return order[mask[order]]
+
+
+def first_ranked(table: CandidateTable, mask: np.ndarray) -> int | None:
+    """ranked(table, mask)[0] without sorting: the cheapest row, the fastest of equal cost,
+    the first of equal both (None when the mask is empty)."""
+    idx = np.flatnonzero(mask)
+    if not len(idx):
+        return None
+    cost, hours = table["cost"][idx], table["hours"][idx]
+    if np.isnan(cost).any() or np.isnan(hours).any():
+        return int(ranked(table, mask)[0])
+    best = idx[cost == cost.min()]
+    return int(best[np.argmin(table["hours"][best])])
 
 
 def pareto_front(table: CandidateTable, mask: np.ndarray) -> np.ndarray:
     """Rows not beaten on both cost and hours (cheapest first)."""
-    idx = ranked(table, mask)
+    idx = np.flatnonzero(mask)
     if not len(idx):
         return np.zeros(0, dtype=int)
-    hours = table["hours"][idx]
-    before = np.concatenate([[math.inf], np.minimum.accumulate(hours)[:-1]])
-    return idx[hours < before].astype(int)
+    cost, hours = table["cost"], table["hours"]
+    idx = cheapest_first(cost, hours, _undominated(cost, hours, idx))
+    h = hours[idx]
+    before = np.concatenate([[math.inf], np.minimum.accumulate(h)[:-1]])
+    return idx[h < before].astype(int)
+
+
+def _undominated(cost: np.ndarray, hours: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Rows `idx` less those a strictly cheaper row beats or equals on hours (never on the
+    front, and dropping them changes no survivor's verdict: whatever beats one, a survivor
+    beats too): costs cut into bins at a sample of themselves, and a row dropped when an
+    earlier bin holds a row as fast. Linear; the front is then sorted from far fewer rows."""
+    if len(idx) < 4096:
+        return idx
+    c, h = cost[idx], hours[idx]
+    edges = np.unique(c[:: len(c) // 1024])
+    b = np.searchsorted(edges, c, side="right")  # bin b: edges[b-1] <= cost < edges[b]
+    fastest = np.full(len(edges) + 1, np.inf)
+    with np.errstate(invalid="ignore"):  # NaN hours: their bin's minimum NaN, none dropped
+        np.minimum.at(fastest, b, h)
+    before = np.concatenate([[np.inf], np.minimum.accumulate(fastest)[:-1]])
+    return idx[~(h >= before[b])]
 
 
 @dataclass
@@ -1020,8 +1198,7 @@ def tokens_bought_interval(spec: Spec, table: CandidateTable, target: float) -> 
 
 def minimum_budget(spec: Spec, table: CandidateTable) -> int | None:
     """The row of the cheapest plan that meets the deadline, memory and price rules."""
-    order = ranked(table, eligible_mask(spec, table))
-    return int(order[0]) if len(order) else None
+    return first_ranked(table, eligible_mask(spec, table))
 
 
 def decide(spec: Spec, table: CandidateTable, target: float) -> Decision:
@@ -1040,53 +1217,48 @@ def decide(spec: Spec, table: CandidateTable, target: float) -> Decision:
         )
     fits = table["fits"]
     feasible = feasible_mask(spec, table)
-    pareto = pareto_front(table, fits)
     least = minimum_budget(spec, table)
-    extra = dict(
+    base = Decision(
+        None,
+        table,
+        feasible,
+        pareto_front(table, fits),
+        target,
         minimum_budget=float(table["cost"][least]) if least is not None else None,
         minimum_budget_row=least,
         tokens_bought=tokens_within(spec, table, target) if spec.constraints.budget else None,
     )
-    order = ranked(table, feasible)
-    if len(order):
-        chosen, alternative = choose_fitting(table, feasible, int(order[0]))
-        return Decision(
-            chosen,
-            table,
-            feasible,
-            pareto,
-            target,
+    cheapest = first_ranked(table, feasible)
+    if cheapest is not None:
+        chosen, alternative = choose_fitting(table, feasible, cheapest)
+        return dataclasses.replace(
+            base,
+            chosen=chosen,
             binding=_binding_constraint(spec, table, chosen),
             sure_alternative=alternative,
-            **extra,
         )
     if not fits.any():
-        smallest = int(np.argmin(table["memory_gb"]))
-        prof = table.offers[int(table["offer"][smallest])].profile
-        need = float(table["memory_gb"][smallest])
-        return Decision(
-            None,
-            table,
-            feasible,
-            pareto,
-            target,
-            [
-                f"nothing fits in device memory: the smallest configuration needs "
-                f"{need:.1f} GB per device (modelled; {need * 1e9 / GIB:.1f} GiB, x"
-                f"{MEMORY_RATIO_P90:g} at the band's top, measured, against the "
-                f"{prof.memory_gb:g} GiB card); planner estimate --memory shows its terms"
-            ],
-            smallest_memory_row=smallest,
-            **extra,
-        )
-    return Decision(
-        None,
-        table,
-        feasible,
-        pareto,
-        target,
-        _problems(spec, table, target, least, extra["tokens_bought"]),
-        **extra,
+        return _nothing_fits(base)
+    return dataclasses.replace(
+        base, problems=_problems(spec, table, target, least, base.tokens_bought)
+    )
+
+
+def _nothing_fits(base: Decision) -> Decision:
+    """The decision when no layout fits in device memory: the one needing the least."""
+    table = base.table
+    smallest = int(np.argmin(table["memory_gb"]))
+    prof = table.offers[int(table["offer"][smallest])].profile
+    need = float(table["memory_gb"][smallest])
+    return dataclasses.replace(
+        base,
+        problems=[
+            f"nothing fits in device memory: the smallest configuration needs "
+            f"{need:.1f} GB per device (modelled; {need * 1e9 / GIB:.1f} GiB, x"
+            f"{MEMORY_RATIO_P90:g} at the band's top, measured, against the "
+            f"{prof.memory_gb:g} GiB card); planner estimate --memory shows its terms"
+        ],
+        smallest_memory_row=smallest,
     )
 
 
@@ -1097,10 +1269,9 @@ def choose_fitting(table: CandidateTable, feasible: np.ndarray, cheapest: int):
     alternative the chosen line prints), or when no row surely fits."""
     if not bool(table["may_fit"][cheapest]):
         return cheapest, None
-    sure = ranked(table, feasible & ~table["may_fit"].astype(bool))
-    if not len(sure):
+    best_sure = first_ranked(table, feasible & ~table["may_fit"].astype(bool))
+    if best_sure is None:
         return cheapest, None
-    best_sure = int(sure[0])
     if table["cost"][cheapest] < (1.0 - MAY_FIT_SAVING) * table["cost"][best_sure]:
         return cheapest, best_sure
     return best_sure, None
@@ -1185,7 +1356,8 @@ def node_cap_relief(spec: Spec, table: CandidateTable, target: float, fastest_no
     )
     ok = feasible_mask(wider, big)
     if ok.any():
-        best = int(ranked(big, ok)[0])
+        best = first_ranked(big, ok)
+        assert best is not None
         return (
             f"{head}; with up to {cap * 8} nodes a plan meets the limits: "
             f"{int(big['nodes'][best])} nodes, {big['hours'][best]:,.1f} h, "
