@@ -43,7 +43,7 @@ demo: setup
 test: setup $(VENV)/.cloud lint
 	$(BIN)/python -m pytest -q
 
-# ruff (lint + format check) over the tree, mypy over the shared core (pyproject.toml)
+# ruff (lint + format check) over the tree, mypy over gptplan, runner and planner (pyproject.toml)
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
