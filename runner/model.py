@@ -118,20 +118,12 @@ def build_model(
     )
     net = _network(model, parallel, config)
     if parallel.recompute != "none":
-        net.recompute_enable()
-        _recompute_attention_once(net, parallel)
+        spec = families.get(model.family)
+        if spec.enable_recompute is None:
+            net.recompute_enable()
+        else:  # the family knows which of its layers the granularity switches on
+            spec.enable_recompute(net, parallel.recompute, parallel.pipeline_parallel_degree > 1)
     return net
-
-
-def _recompute_attention_once(net, parallel: ParallelSection) -> None:
-    """GPT with "full_attn": PaddleNLP 2.8.1's GPTDecoder recomputes each whole layer for
-    "full_attn" and the layer recomputes its attention again inside it, both non-reentrant, so
-    the saved-tensor hooks nest and Paddle refuses the first forward ("saved_tensors_hooks only
-    one pair of hooks is allowed at a time"). The layer's own attention recompute is what
-    full_attn means (the *Pipe variant does only that): the decoder's is switched off."""
-    decoder = getattr(getattr(net, "gpt", None), "decoder", None)
-    if parallel.recompute == "full_attn" and decoder is not None:
-        decoder.enable_recompute = False
 
 
 # ---- the padding rows of the vocabulary --------------------------------------------------------

@@ -191,3 +191,50 @@ def test_cpu_launch_splits_threads():
     )
     assert "--devices" not in cmd.argv and "--master" not in cmd.argv
     assert int(cmd.env["OMP_NUM_THREADS"]) >= 1
+
+
+@pytest.mark.parametrize(
+    "recompute, layer_runs, attention_runs",
+    [("none", 1, 1), ("full", 2, 2), ("full_attn", 1, 2), ("core_attn", 1, 1)],
+)
+def test_gpt_recomputes_what_the_plan_names(recompute, layer_runs, attention_runs):
+    """PaddleNLP 2.8.1's GPTForCausalLM reads no 'full' granularity (a plain 'full' recomputes
+    nothing) and nests two non-reentrant recomputes for 'full_attn' (Paddle refuses it): the
+    GPT family switches on what the plan means. Counted: how often each decoder layer and its
+    attention block run in one forward and backward."""
+    import paddle
+
+    from gptplan.plan import ParallelSection
+    from runner.model import build_model
+
+    paddle.set_device("cpu")
+
+    m = ModelSection(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    paddle.seed(0)
+    net = build_model(m, ParallelSection(recompute=recompute), seq_len=16)
+    net.train()
+    runs = {"layer": 0, "attention": 0}
+
+    def counter(kind):
+        def hook(layer, inputs):
+            runs[kind] += 1
+
+        return hook
+
+    layer = net.gpt.decoder.layers[0]
+    layer.register_forward_pre_hook(counter("layer"))
+    layer.self_attn.register_forward_pre_hook(counter("attention"))
+    ids = paddle.randint(0, 64, [2, 16])
+    logits = net(ids)
+    logits = logits[0] if isinstance(logits, (tuple, list)) else logits
+    logits.mean().backward()
+    assert (runs["layer"], runs["attention"]) == (layer_runs, attention_runs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class ModelLike(Protocol):
@@ -127,3 +127,6 @@ class FamilySpec:
     model_type: str  # PaddleNLP config model_type (AutoModelForCausalLM picks the class by it)
     jit_patches: tuple[JitPatch, ...] = ()
     generate_bool_mask: bool = False  # its generate() wants a 2-D boolean attention mask
+    # which of the built network's layers switch recompute on, for (net, recompute, pipeline);
+    # None = PaddleNLP's recompute_enable (every layer with an enable_recompute flag)
+    enable_recompute: Callable[[Any, str, bool], None] | None = None

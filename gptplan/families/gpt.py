@@ -3,6 +3,8 @@ biases everywhere, LM head tied to the word embeddings, hidden and attention dro
 
 from __future__ import annotations
 
+from typing import Any
+
 from gptplan.families.base import FamilySpec, ModelLike, ModelSize, ParallelLike, Problem
 
 
@@ -62,10 +64,39 @@ def config_kwargs(
         tensor_parallel_degree=p.tensor_parallel_degree,
         tensor_parallel_output=True,
         sequence_parallel=p.sequence_parallel,
-        recompute_granularity=(p.recompute if p.recompute != "none" else "full"),
+        recompute_granularity=_granularity(p),
         use_flash_attention=kernels.get("flash_attention", False),
         virtual_pp_degree=p.virtual_pp_degree,
     )
+
+
+# PaddleNLP 2.8.1's GPT (modeling.py) reads recompute_granularity in three places: the decoder
+# recomputes each whole layer for "full_attn", the layer recomputes its attention block for
+# "full_attn" too (nested inside the decoder's, both non-reentrant: Paddle refuses the first
+# forward, "saved_tensors_hooks only one pair of hooks"), the attention its core for
+# "core_attn"; nothing reads "full", so a plain "full" recomputes nothing. GPTForCausalLMPipe
+# (modeling_pp.py) reads "full" (whole layer) and "full_attn" (the layer's attention) as meant.
+# So the plan's "full" is PaddleNLP's "full_attn" with only the decoder's switch on, and the
+# plan's "full_attn" is "full_attn" with only the layers' switches on.
+def _granularity(p: ParallelLike) -> str:
+    if p.recompute == "none":
+        return "full"
+    if p.recompute == "full" and p.pipeline_parallel_degree == 1:
+        return "full_attn"
+    return p.recompute
+
+
+def enable_recompute(net: Any, recompute: str, pipeline: bool) -> None:
+    """Switch on the recompute that the plan's granularity means (see _granularity)."""
+    net.recompute_enable()
+    decoder = getattr(getattr(net, "gpt", None), "decoder", None)
+    if pipeline or decoder is None:
+        return
+    if recompute == "full_attn":  # the layers' attention recompute only
+        decoder.enable_recompute = False
+    elif recompute == "full":  # the decoder's whole-layer recompute only
+        for layer in decoder.layers:
+            layer.enable_recompute = False
 
 
 def _no_problem(m: ModelLike, tp: int) -> Problem:
@@ -98,6 +129,7 @@ SPEC = FamilySpec(
     config_class="paddlenlp.transformers:GPTConfig",
     causal_lm_class="paddlenlp.transformers:GPTForCausalLM",
     pipeline_class="paddlenlp.transformers.gpt.modeling_pp:GPTForCausalLMPipe",
+    enable_recompute=enable_recompute,
     config_kwargs=config_kwargs,
     fused_kernels=False,
     decoder_layers="",
