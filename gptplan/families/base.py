@@ -66,6 +66,25 @@ SHAPE_FIELDS = (
     "intermediate_size",
     "max_position_embeddings",
 )
+
+
+def common_config(m: ModelLike, p: ParallelLike, *, seq_len: int, kernels: dict) -> dict:
+    """The PaddleNLP config arguments every family's class takes under the same names: the
+    shape (SHAPE_FIELDS), the sequence length, initialisation, the ignored label id (-100) and
+    the parallel layout. A family's config_kwargs adds its own to these."""
+    return {
+        **{name: getattr(m, name) for name in SHAPE_FIELDS},
+        "seq_length": seq_len,
+        "initializer_range": m.initializer_range,
+        "ignore_index": -100,
+        "tensor_parallel_degree": p.tensor_parallel_degree,
+        "tensor_parallel_output": True,
+        "sequence_parallel": p.sequence_parallel,
+        "use_flash_attention": kernels.get("flash_attention", False),
+        "virtual_pp_degree": p.virtual_pp_degree,
+    }
+
+
 # Fields only some families use, with the [model] defaults a family that does not use one
 # must leave it at (each family's FamilySpec.fields says which of these it uses).
 OPTIONAL_FIELDS: dict[str, object] = {

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from gptplan.families.base import FamilySpec, ModelLike, ModelSize, ParallelLike, Problem
+from gptplan.families.base import (
+    FamilySpec,
+    ModelLike,
+    ModelSize,
+    ParallelLike,
+    Problem,
+    common_config,
+)
 
 
 def _size(vocab, h, layers, heads, ffn, positions) -> ModelSize:
@@ -49,24 +56,10 @@ def config_kwargs(
     m: ModelLike, p: ParallelLike, *, seq_len: int, kernels: dict, no_recompute: list[int]
 ) -> dict:
     """GPTConfig's arguments (labels use -100 as the ignored id)."""
-    return dict(
-        vocab_size=m.vocab_size,
-        hidden_size=m.hidden_size,
-        num_hidden_layers=m.num_hidden_layers,
-        num_attention_heads=m.num_attention_heads,
-        intermediate_size=m.intermediate_size,
-        max_position_embeddings=m.max_position_embeddings,
-        seq_length=seq_len,
+    return common_config(m, p, seq_len=seq_len, kernels=kernels) | dict(
         hidden_dropout_prob=m.hidden_dropout_prob,
         attention_probs_dropout_prob=m.attention_probs_dropout_prob,
-        initializer_range=m.initializer_range,
-        ignore_index=-100,
-        tensor_parallel_degree=p.tensor_parallel_degree,
-        tensor_parallel_output=True,
-        sequence_parallel=p.sequence_parallel,
         recompute_granularity=_granularity(p),
-        use_flash_attention=kernels.get("flash_attention", False),
-        virtual_pp_degree=p.virtual_pp_degree,
     )
 
 

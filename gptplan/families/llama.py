@@ -10,6 +10,7 @@ from gptplan.families.base import (
     ModelSize,
     ParallelLike,
     Problem,
+    common_config,
 )
 
 
@@ -94,31 +95,17 @@ def config_kwargs(
 ) -> dict:
     """LlamaConfig's arguments (no dropout in PaddleNLP's Llama; labels -100).
     `no_recompute`: the layers that keep every activation (partial recompute)."""
-    return dict(
-        vocab_size=m.vocab_size,
-        hidden_size=m.hidden_size,
-        num_hidden_layers=m.num_hidden_layers,
-        num_attention_heads=m.num_attention_heads,
+    return common_config(m, p, seq_len=seq_len, kernels=kernels) | dict(
         num_key_value_heads=kv_heads(m),
-        intermediate_size=m.intermediate_size,
-        max_position_embeddings=m.max_position_embeddings,
-        seq_length=seq_len,
         rms_norm_eps=m.rms_norm_eps,
         rope_theta=m.rope_theta,
         tie_word_embeddings=m.tie_word_embeddings,
-        initializer_range=m.initializer_range,
-        ignore_index=-100,
         use_cache=False,
-        tensor_parallel_degree=p.tensor_parallel_degree,
-        tensor_parallel_output=True,
-        sequence_parallel=p.sequence_parallel,
         use_recompute=p.recompute != "none",
         recompute_granularity=(p.recompute if p.recompute != "none" else "full"),
         no_recompute_layers=no_recompute or None,
-        use_flash_attention=kernels.get("flash_attention", False),
         use_fused_rms_norm=kernels.get("fused_rms_norm", False),
         use_fused_rope=kernels.get("fused_rope", False),
-        virtual_pp_degree=p.virtual_pp_degree,
     )
 
 

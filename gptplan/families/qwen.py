@@ -20,6 +20,7 @@ from gptplan.families.base import (
     ModelSize,
     ParallelLike,
     Problem,
+    common_config,
 )
 from gptplan.families.llama import swiglu_coefficients
 
@@ -81,33 +82,19 @@ def config_kwargs(
     """QWenConfig's arguments. use_dynamic_ntk and use_logn_attn (long-context tricks QWen
     applies at inference only, and only past seq_length) are off, so inference computes what
     training did."""
-    return dict(
-        vocab_size=m.vocab_size,
-        hidden_size=m.hidden_size,
-        num_hidden_layers=m.num_hidden_layers,
-        num_attention_heads=m.num_attention_heads,
+    return common_config(m, p, seq_len=seq_len, kernels=kernels) | dict(
         kv_channels=m.hidden_size // m.num_attention_heads,
-        intermediate_size=m.intermediate_size,
-        max_position_embeddings=m.max_position_embeddings,
-        seq_length=seq_len,
         layer_norm_epsilon=m.rms_norm_eps,
         rotary_emb_base=m.rope_theta,
         emb_dropout_prob=0.0,
         attn_dropout_prob=0.0,
-        initializer_range=m.initializer_range,
         tie_word_embeddings=False,
         use_dynamic_ntk=False,
         use_logn_attn=False,
-        ignore_index=-100,
         use_cache=False,
-        tensor_parallel_degree=p.tensor_parallel_degree,
-        tensor_parallel_output=True,
-        sequence_parallel=p.sequence_parallel,
         recompute_granularity=(p.recompute if p.recompute != "none" else "full"),
-        use_flash_attention=kernels.get("flash_attention", False),
         use_fused_rms_norm=kernels.get("fused_rms_norm", False),
         use_fused_rope=kernels.get("fused_rope", False),
-        virtual_pp_degree=p.virtual_pp_degree,
     )
 
 
