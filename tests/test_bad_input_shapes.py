@@ -1,0 +1,113 @@
+"""Bad input of the wrong shape in the hardware data and price files: one line naming the file
+and the key, exit 2, no traceback, nothing written (classes a mutation campaign found:
+an array of tables given as a number, a non-finite or absurd peak, an unreadable CSV row)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+import tomli
+import tomli_w
+
+from gptplan import userdata
+from gptplan.profile import PROFILE_DIR
+
+
+def call(main, argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(argv)
+        except SystemExit as exc:
+            rc = exc.code
+    lines = [
+        line
+        for line in err.getvalue().splitlines()
+        if line.strip() and "Warning" not in line and not line.strip().startswith("warnings.warn")
+    ]
+    return rc, lines
+
+
+def one_line(rc, lines, *names):
+    assert rc == 2, (rc, lines)
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    for name in names:
+        assert name in lines[0], (name, lines[0])
+
+
+# Not an array of tables: a number, a bool, a string, a list of scalars, one table.
+NOT_TABLES = [7, 2.5, True, "abc", [1], ["x"], [[]], {"k": 1}]
+
+
+@pytest.mark.parametrize("value", NOT_TABLES, ids=repr)
+def test_imported_price_list_offers_of_the_wrong_shape(value):
+    from planner.cli import main
+
+    price_list = userdata.offers_dir() / "mine.toml"
+    price_list.parent.mkdir(parents=True, exist_ok=True)
+    price_list.write_text(tomli_w.dumps({"offers": value}))
+    rc, lines = call(main, ["profiles"])
+    one_line(rc, lines, str(price_list), "offers")
+
+
+@pytest.mark.parametrize("value", NOT_TABLES, ids=repr)
+def test_profile_offers_and_instance_facts_of_the_wrong_shape(tmp_path, value):
+    from planner.hardware import ProfileError, load_profile
+    from planner.instances import instance_facts
+
+    data = tomli.loads((PROFILE_DIR / "a100-80gb.toml").read_text())
+    data["offers"] = value
+    profile = tmp_path / "a100-80gb.toml"
+    profile.write_text(tomli_w.dumps(data))
+    with pytest.raises(ProfileError) as caught:
+        load_profile(profile)
+    assert caught.value.file == str(profile) and caught.value.key.startswith("offers")
+    (tmp_path / "instances").mkdir()
+    (tmp_path / "instances" / "facts.toml").write_text(tomli_w.dumps({"instances": value}))
+    with pytest.raises(ProfileError) as caught:
+        instance_facts(tmp_path)
+    assert caught.value.key.startswith("instances")
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 1e300, 0, -1, True, "312"], ids=repr)
+def test_profile_peak_must_be_a_finite_sane_number(tmp_path, value):
+    from planner.hardware import ProfileError, load_profile
+
+    text = (PROFILE_DIR / "a100-80gb.toml").read_text()
+    data = tomli.loads(text)
+    data["peak_tflops"]["bf16"] = value
+    profile = tmp_path / "a100-80gb.toml"
+    profile.write_text(tomli_w.dumps(data))
+    with pytest.raises(ProfileError) as caught:
+        load_profile(profile)
+    assert caught.value.file == str(profile) and caught.value.key == "peak_tflops.bf16"
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        "p5,H100,8," + "x" * 200_000 + ",1,us\n",  # over the csv module's field limit
+    ],
+    ids=["huge field"],
+)
+def test_unreadable_catalog_row_is_one_line_and_nothing_written(tmp_path, row):
+    from planner.cli import main
+
+    catalog = tmp_path / "aws.csv"
+    catalog.write_text(
+        "InstanceType,AcceleratorName,AcceleratorCount,Price,SpotPrice,Region\n" + row
+    )
+    rc, lines = call(main, ["prices", "import", str(catalog), "--as-of", "2026-12-01"])
+    one_line(rc, lines, str(catalog), "line 2")
+    assert not userdata.offers_dir().exists() or not any(userdata.offers_dir().iterdir())
+
+
+def test_shipped_profiles_still_load():
+    """The stricter reader accepts every shipped profile, price list and facts file."""
+    from planner.hardware import load_profiles
+    from planner.instances import instance_facts
+
+    assert load_profiles(PROFILE_DIR)
+    assert instance_facts(PROFILE_DIR)
