@@ -462,6 +462,8 @@ def cmd_optimize(args) -> int:
     spec = load_spec(args.spec, overrides=spec_overrides(args))
     settings = tune_settings(args)  # bad flags refused before any work
     check_writable_file(args.out or Path("plans") / f"{spec.job.name}.toml", key="--out")
+    if args.plot:
+        check_writable_file(args.plot, key="--plot")
     quiet = args.json
 
     def log(*parts, **_kwargs) -> None:  # every console line at most costreport.WIDTH columns
@@ -682,6 +684,8 @@ def cmd_history(args) -> int:
     from planner.study import sqlite_damage
 
     spec = load_spec(args.spec, overrides=spec_overrides(args))
+    if args.plot:
+        check_writable_file(args.plot, key="--plot")
     name = study_name(spec, hardware_fingerprint())
     storage = args.storage or f"sqlite:///{Path('runs') / 'autotune' / spec.job.name / 'study.db'}"
     problem = (

@@ -111,3 +111,35 @@ def test_shipped_profiles_still_load():
 
     assert load_profiles(PROFILE_DIR)
     assert instance_facts(PROFILE_DIR)
+
+
+@pytest.mark.parametrize("under", ["file", "file/sub"])
+def test_writing_under_an_existing_file_is_one_line(tmp_path, under):
+    """The shared atomic writer: a folder whose path is an existing file is bad input (exit 2),
+    not NotADirectoryError/FileExistsError."""
+    from gptplan.errors import UserError
+    from gptplan.tomlconf import write_text_atomic
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserError) as caught:
+        write_text_atomic(tmp_path / under / "out.toml", "a = 1\n")
+    assert caught.value.exit_status == 2 and str(tmp_path / "file") in str(caught.value)
+
+
+def test_data_dir_that_is_a_file_and_plot_under_a_file(tmp_path, monkeypatch):
+    from planner.cli import main
+
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    catalog = PROFILE_DIR.parent / "tests" / "data" / "catalogs" / "v6" / "aws" / "vms.csv"
+    monkeypatch.setenv(userdata.DATA_ENV, str(blocker))
+    rc, lines = call(main, ["prices", "import", str(catalog), "--as-of", "2026-12-01"])
+    one_line(rc, lines, str(blocker), "not a folder")
+    assert blocker.read_text() == "x"
+    monkeypatch.setenv(userdata.DATA_ENV, str(tmp_path / "data"))
+    spec = PROFILE_DIR.parent / "planner" / "specs" / "cpu_demo.toml"
+    out = tmp_path / "plan.toml"
+    argv = ["optimize", "--spec", str(spec), "--out", str(out), "--plot", str(blocker / "p.png")]
+    rc, lines = call(main, argv)
+    one_line(rc, lines, "--plot", str(blocker))
+    assert not out.exists()  # refused before any work
