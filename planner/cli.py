@@ -310,6 +310,7 @@ def spec_overrides(args) -> dict:
         out["spot.fallback_wait_hours"] = args.spot_fallback_hours
     if getattr(args, "top", None) is not None:  # checked by the spec's range (search.top)
         out["search.top"] = args.top
+    set_keys: dict[str, str] = {}
     for item in getattr(args, "set", []) or []:
         key, sep, raw = item.partition("=")
         if not sep or "." not in key:
@@ -319,7 +320,10 @@ def spec_overrides(args) -> dict:
         except tomli.TOMLDecodeError:
             value = raw
         out[key] = value
-    args.overridden = {k: rate_keys.get(k) or FLAGS.get(k, f"--set {k}") for k in out}
+        set_keys[key] = f"--set {key}"  # named as given, even where a flag sets that key too
+    args.overridden = {
+        k: set_keys.get(k) or rate_keys.get(k) or FLAGS.get(k, f"--set {k}") for k in out
+    }
     return out
 
 

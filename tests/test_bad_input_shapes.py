@@ -143,3 +143,16 @@ def test_data_dir_that_is_a_file_and_plot_under_a_file(tmp_path, monkeypatch):
     rc, lines = call(main, argv)
     one_line(rc, lines, "--plot", str(blocker))
     assert not out.exists()  # refused before any work
+
+
+@pytest.mark.parametrize(
+    "item", ["constraints.spot=1", "constraints.budget=-1", "job.target_tokens='x'", "search.top=0"]
+)
+def test_a_bad_set_value_names_the_set_flag_not_another_flag(item):
+    """--set KEY=VALUE for a key a dedicated flag also sets (--spot, --budget, ...): the error
+    names what the user typed."""
+    from planner.cli import main
+
+    spec = PROFILE_DIR.parent / "planner" / "specs" / "cpu_demo.toml"
+    rc, lines = call(main, ["estimate", "--spec", str(spec), "--set", item])
+    one_line(rc, lines, f"error: --set {item.split('=')[0]}: ")
