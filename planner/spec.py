@@ -27,7 +27,14 @@ from gptplan.plan import (
     ModelSection,
     allowed,
 )
-from gptplan.tomlconf import folder_problem, from_table, read_toml, setting, unknown_key_error
+from gptplan.tomlconf import (
+    DEFAULT_MAX,
+    folder_problem,
+    from_table,
+    read_toml,
+    setting,
+    unknown_key_error,
+)
 
 EMBEDDED_SPEC = Path(__file__).with_name("specs") / "bank_faq.toml"
 CURRENCY = re.compile(r"^[A-Z]{3}$")
@@ -315,9 +322,21 @@ def spec_from_dict(data: dict, *, file: str) -> Spec:
         name: from_table(cls, data.get(name, {}), file=file, section=name, error=SpecError)
         for name, cls in SECTIONS.items()
     }
-    rates_table = dict(data.get("rates", {}))
+    rates_table = data.get("rates", {})
+    if not isinstance(rates_table, dict):
+        raise SpecError(
+            f"{rates_table!r} is not a table; write [rates] with '<ISO code> = <rate>' lines",
+            file=file,
+            key="rates",
+        )
+    rates_table = dict(rates_table)
+    for text_key in ("source", "as_of"):
+        if not isinstance(rates_table.get(text_key, ""), str):
+            raise SpecError(
+                f"{rates_table[text_key]!r} is not a string", file=file, key=f"rates.{text_key}"
+            )
     source = rates_table.pop("source", "")
-    as_of = str(rates_table.pop("as_of", ""))
+    as_of = rates_table.pop("as_of", "")
     quote = rates_table.pop("quote", "")
     if quote and (not isinstance(quote, str) or not CURRENCY.match(quote)):
         raise SpecError(
@@ -332,10 +351,10 @@ def spec_from_dict(data: dict, *, file: str) -> Spec:
             not CURRENCY.match(code)
             or isinstance(value, bool)
             or not isinstance(value, (int, float))
-            or value <= 0
+            or not 0 < value <= DEFAULT_MAX
         ):
             raise SpecError(
-                f"{value!r}: rates are '<ISO code> = <positive number>' "
+                f"{value!r}: rates are '<ISO code> = <number > 0 and <= {DEFAULT_MAX:g}>' "
                 "(budget-currency units per unit of that currency)",
                 file=file,
                 key=f"rates.{code}",

@@ -156,3 +156,27 @@ def test_a_bad_set_value_names_the_set_flag_not_another_flag(item):
     spec = PROFILE_DIR.parent / "planner" / "specs" / "cpu_demo.toml"
     rc, lines = call(main, ["estimate", "--spec", str(spec), "--set", item])
     one_line(rc, lines, f"error: --set {item.split('=')[0]}: ")
+
+
+@pytest.mark.parametrize(
+    "rates",
+    [
+        [{"k": 1}],
+        5,
+        "abc",
+        {"EUR": float("inf")},
+        {"EUR": float("nan")},
+        {"EUR": 1e300},
+        {"as_of": {}},
+        {"source": 3},
+    ],
+    ids=repr,
+)
+def test_spec_rates_of_the_wrong_shape_or_not_finite(rates):
+    from planner.spec import SpecError, spec_from_dict
+
+    data = tomli.loads((PROFILE_DIR.parent / "planner" / "specs" / "bank_faq.toml").read_text())
+    data["rates"] = rates
+    with pytest.raises(SpecError) as caught:
+        spec_from_dict(data, file="spec.toml")
+    assert caught.value.file == "spec.toml" and caught.value.key.startswith("rates")
