@@ -507,6 +507,9 @@ def load_spec(
         )
     for dotted, value in (overrides or {}).items():
         section, key = dotted.split(".", 1)
-        data.setdefault(section, {})[key] = value
+        table = data.setdefault(section, {})
+        if not isinstance(table, dict):
+            raise SpecError(f"must be a table ([{section}])", file=label, key=section)
+        table[key] = value
     spec = spec_from_dict(data, file=label)
     return dataclasses.replace(spec, sha256=hashlib.sha256(raw).hexdigest())

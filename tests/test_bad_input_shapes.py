@@ -180,3 +180,20 @@ def test_spec_rates_of_the_wrong_shape_or_not_finite(rates):
     with pytest.raises(SpecError) as caught:
         spec_from_dict(data, file="spec.toml")
     assert caught.value.file == "spec.toml" and caught.value.key.startswith("rates")
+
+
+@pytest.mark.parametrize(
+    "section, flags",
+    [
+        ("constraints", ["--budget", "5"]),
+        ("job", ["--set", "job.seed=1"]),
+        ("rates", ["--rate", "EUR=7"]),
+    ],
+)
+def test_a_flag_into_a_section_that_is_not_a_table(tmp_path, section, flags):
+    from planner.cli import main
+
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f"{section} = 5\n")
+    rc, lines = call(main, ["estimate", "--spec", str(spec), *flags])
+    one_line(rc, lines, str(spec), f"{section}: must be a table")
