@@ -197,3 +197,31 @@ def test_a_flag_into_a_section_that_is_not_a_table(tmp_path, section, flags):
     spec.write_text(f"{section} = 5\n")
     rc, lines = call(main, ["estimate", "--spec", str(spec), *flags])
     one_line(rc, lines, str(spec), f"{section}: must be a table")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "providers = 5\n",
+        "[providers.aws]\npreemptions_per_node_hour = inf\nlow = 0.0\nhigh = inf\n",
+        "[default]\npreemptions_per_node_hour = 0.1\nlow = 0.0\nhigh = inf\n",
+    ],
+    ids=["providers not tables", "inf rate", "inf high"],
+)
+def test_spot_interruption_table_of_the_wrong_shape_or_not_finite(tmp_path, text):
+    import dataclasses
+
+    from planner.hardware import ProfileError, load_profiles
+    from planner.pricebook import spot_risk
+
+    offer = next(
+        o
+        for p in load_profiles().values()
+        for o in p.offers
+        if o.has_spot and not o.spot_interruptions_per_node_hour
+    )
+    (tmp_path / "spot").mkdir()
+    (tmp_path / "spot" / "interruptions.toml").write_text(text)
+    with pytest.raises(ProfileError) as caught:
+        spot_risk(dataclasses.replace(offer, provider="aws"), directory=tmp_path)
+    assert caught.value.file.endswith("interruptions.toml")
