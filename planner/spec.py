@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import tomli
-
 from gptplan import precision as precision_table
 from gptplan.errors import UserError
 from gptplan.modelfacts import MODEL_SIZES, model_problem, size_fields
@@ -479,11 +477,14 @@ def find_spec_file(explicit: str | None, cwd: Path) -> tuple[Path, dict | None]:
         return cwd / "planner.toml", None
     pyproject = cwd / "pyproject.toml"
     if pyproject.exists():
-        with open(pyproject, "rb") as handle:
-            try:
-                table = tomli.load(handle).get("tool", {}).get("planner")
-            except tomli.TOMLDecodeError as exc:
-                raise SpecError(f"malformed TOML: {exc}", file=str(pyproject)) from None
+        tool = read_toml(pyproject, SpecError).get("tool", {})
+        table = tool.get("planner") if isinstance(tool, dict) else None  # another tool's: ignored
+        if table is not None and not isinstance(table, dict):
+            raise SpecError(
+                f"{table!r} is not a table; write the spec under [tool.planner]",
+                file=str(pyproject),
+                key="tool.planner",
+            )
         if table:
             return pyproject, table
     return EMBEDDED_SPEC, None

@@ -225,3 +225,22 @@ def test_spot_interruption_table_of_the_wrong_shape_or_not_finite(tmp_path, text
     with pytest.raises(ProfileError) as caught:
         spot_risk(dataclasses.replace(offer, provider="aws"), directory=tmp_path)
     assert caught.value.file.endswith("interruptions.toml")
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["[tool]\nplanner = 5\n", b"\xff\xfe\x00binary", "[tool.planner]\njob = 5\n", "[tool\n"],
+    ids=["planner not a table", "binary", "job not a table", "syntax"],
+)
+def test_pyproject_tool_planner_of_the_wrong_shape(tmp_path, content):
+    """The spec found in ./pyproject.toml's [tool.planner] when --spec is not given."""
+    from planner.spec import SpecError, load_spec
+
+    pyproject = tmp_path / "pyproject.toml"
+    if isinstance(content, bytes):
+        pyproject.write_bytes(content)
+    else:
+        pyproject.write_text(content)
+    with pytest.raises(SpecError) as caught:
+        load_spec(cwd=tmp_path)
+    assert "pyproject.toml" in str(caught.value)
