@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import tempfile
+from pathlib import Path
 
 import pytest
 import tomli
 import tomli_w
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gptplan import userdata
 from gptplan.profile import PROFILE_DIR
@@ -244,3 +248,84 @@ def test_pyproject_tool_planner_of_the_wrong_shape(tmp_path, content):
     with pytest.raises(SpecError) as caught:
         load_spec(cwd=tmp_path)
     assert "pyproject.toml" in str(caught.value)
+
+
+# ---- property: any single-key mutation of a shipped profile, price list or calibration ----
+
+MUTANTS = [
+    0,
+    -1,
+    1e300,
+    float("inf"),
+    float("nan"),
+    "",
+    "../x",
+    "a\x00b",
+    True,
+    [],
+    [1],
+    {},
+    {"k": 1},
+]
+DELETE = object()
+
+
+def _key_paths(data, prefix=()):
+    out = []
+    for key, value in data.items():
+        out.append((*prefix, key))
+        if isinstance(value, dict):
+            out += _key_paths(value, (*prefix, key))
+        elif isinstance(value, list):
+            for i, item in enumerate(value[:2]):
+                if isinstance(item, dict):
+                    out += _key_paths(item, (*prefix, key, i))
+    return out + [(*prefix, "no_such_key")]
+
+
+def _mutated(data, path, value):
+    table = data
+    for part in path[:-1]:
+        table = table[part]
+    if value is DELETE:
+        table.pop(path[-1], None)
+    else:
+        table[path[-1]] = value
+    return data
+
+
+PROFILE_TEXT = (PROFILE_DIR / "a100-80gb.toml").read_text()
+PRICE_TEXT = (PROFILE_DIR / "offers" / "lambda.toml").read_text()
+CALIBRATION = {"efficiency": {"max": 0.3, "half_tokens": 100.0}, "efficiency_fp32": {"max": 0.2}}
+CASES = (
+    [("profile", p) for p in _key_paths(tomli.loads(PROFILE_TEXT))]
+    + [("prices", p) for p in _key_paths(tomli.loads(PRICE_TEXT))]
+    + [("calibration", p) for p in _key_paths(CALIBRATION)]
+)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(case=st.sampled_from(CASES), value=st.sampled_from([*MUTANTS, DELETE]))
+def test_mutated_hardware_data_loads_or_names_file_and_key(case, value):
+    from gptplan.profile import calibration_tables
+    from planner.hardware import ProfileError, load_profile, load_profiles, read_price_file
+
+    kind, path = case
+    base = {"profile": PROFILE_TEXT, "prices": PRICE_TEXT}.get(kind)
+    data = _mutated(
+        tomli.loads(base) if base else tomli.loads(tomli_w.dumps(CALIBRATION)), path, value
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        file = Path(tmp) / ("a100-80gb.toml" if kind == "profile" else f"{kind}.toml")
+        file.write_text(tomli_w.dumps(data))
+        read = {
+            "profile": lambda: load_profile(file),
+            "prices": lambda: read_price_file(file, load_profiles()),
+            "calibration": lambda: calibration_tables(file),
+        }[kind]
+        try:
+            read()
+        except ProfileError as exc:
+            assert exc.file == str(file), exc
+            named = [str(p) for p in path if isinstance(p, str)]
+            assert exc.key and any(name in exc.key for name in named), (path, str(exc))
