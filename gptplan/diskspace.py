@@ -12,11 +12,13 @@ import errno
 import shutil
 from pathlib import Path
 
-from gptplan.errors import DiskFullError, NotWritableError
+from gptplan.errors import DiskFullError, NotWritableError, UserError
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 NOT_WRITABLE_TEXT = ("Read-only file system", "Permission denied")  # as paddle.save words them
+# A folder to write into whose path has an existing file in it (mkdir says EEXIST or ENOTDIR).
+NOT_A_FOLDER = (errno.ENOTDIR, errno.EEXIST)
 
 
 def _existing(path: Path) -> Path:
@@ -51,13 +53,29 @@ def not_writable_message(directory: Path, reason: str) -> str:
     )
 
 
+def file_in_the_way(directory: Path) -> Path | None:
+    """The existing file (not folder) that `directory` or one of its parents is, if any."""
+    for part in (Path(directory), *Path(directory).parents):
+        if part.exists() and not part.is_dir():
+            return part
+    return None
+
+
 @contextlib.contextmanager
 def guard_disk_writes(directory: Path, *, needed_bytes: int | None = None):
     """Turn ENOSPC/EDQUOT raised inside the block into one DiskFullError line, and EROFS/EACCES
-    (a folder that turned read-only) into one NotWritableError line."""
+    (a folder that turned read-only) into one NotWritableError line; a folder whose path is
+    an existing file (a data directory or --out given as a file) is bad input, one line."""
     try:
         yield
     except OSError as exc:
+        blocker = file_in_the_way(Path(directory)) if exc.errno in NOT_A_FOLDER else None
+        if blocker is not None:
+            raise UserError(
+                f"{blocker} is an existing file, not a folder; point the path at a folder "
+                "(or move the file)",
+                file=str(directory),
+            ) from None
         if exc.errno in NOT_WRITABLE:
             raise NotWritableError(
                 not_writable_message(Path(directory), exc.strerror or "")

@@ -19,7 +19,7 @@ from gptplan import precision as precisions
 from gptplan import userdata
 from gptplan.errors import UserError
 from gptplan.plan import Device
-from gptplan.tomlconf import from_table, read_toml, setting
+from gptplan.tomlconf import DEFAULT_MAX, from_table, read_toml, setting, table_array
 
 # The shipped profiles: read-only package data (in a checkout or an editable install the
 # project's own folder; in an installed wheel site-packages/hardware_profiles).
@@ -245,7 +245,8 @@ def read_profile_file(path: Path) -> tuple[DeviceProfile, list]:
     eff = from_table(
         Efficiency, data.pop("efficiency", {}), file=file, section="efficiency", error=ProfileError
     )
-    offers = data.pop("offers", [])
+    offers = table_array(data, "offers", file=file, error=ProfileError)
+    data.pop("offers", None)
     if not isinstance(peaks, dict):
         raise ProfileError("must be a table ([peak_tflops])", file=file, key="peak_tflops")
     for key, value in peaks.items():
@@ -253,10 +254,11 @@ def read_profile_file(path: Path) -> tuple[DeviceProfile, list]:
             key not in PEAK_KEYS
             or isinstance(value, bool)
             or not isinstance(value, (int, float))
-            or value <= 0
+            or not 0 < value <= DEFAULT_MAX
         ):
             raise ProfileError(
-                f"{value!r}: allowed keys {', '.join(PEAK_KEYS)} with positive numbers",
+                f"{value!r}: allowed keys {', '.join(PEAK_KEYS)} with numbers > 0 and "
+                f"<= {DEFAULT_MAX:g}",
                 file=file,
                 key=f"peak_tflops.{key}",
             )

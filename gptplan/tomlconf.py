@@ -109,6 +109,24 @@ def _offending_key(path: Path, message: str) -> str:
     return f"; {key!r} is given twice (each key and table may appear once)"
 
 
+def table_array(
+    data: Mapping[str, Any], key: str, *, file: str, error: type[UserError] = UserError
+) -> list[dict]:
+    """`data[key]` as an array of tables ([[key]]; [] when absent): anything else (a number, a
+    string, one [key] table, a list of non-tables) is one line naming the file and the key."""
+    value = data.get(key, [])
+    if not isinstance(value, list):
+        raise error(
+            f"{value!r} is not an array of tables; write [[{key}]] blocks", file=file, key=key
+        )
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise error(
+                f"{item!r} is not a table; write [[{key}]] blocks", file=file, key=f"{key}[{i}]"
+            )
+    return value
+
+
 def write_toml_atomic(path: Path, data: dict, header: str = "") -> None:
     """Write TOML to a temporary file in the same folder, fsync, then rename over `path`."""
     path = Path(path)

@@ -310,6 +310,7 @@ def spec_overrides(args) -> dict:
         out["spot.fallback_wait_hours"] = args.spot_fallback_hours
     if getattr(args, "top", None) is not None:  # checked by the spec's range (search.top)
         out["search.top"] = args.top
+    set_keys: dict[str, str] = {}
     for item in getattr(args, "set", []) or []:
         key, sep, raw = item.partition("=")
         if not sep or "." not in key:
@@ -319,7 +320,10 @@ def spec_overrides(args) -> dict:
         except tomli.TOMLDecodeError:
             value = raw
         out[key] = value
-    args.overridden = {k: rate_keys.get(k) or FLAGS.get(k, f"--set {k}") for k in out}
+        set_keys[key] = f"--set {key}"  # named as given, even where a flag sets that key too
+    args.overridden = {
+        k: set_keys.get(k) or rate_keys.get(k) or FLAGS.get(k, f"--set {k}") for k in out
+    }
     return out
 
 
@@ -463,6 +467,8 @@ def cmd_optimize(args) -> int:
     spec = load_spec(args.spec, overrides=spec_overrides(args))
     settings = tune_settings(args)  # bad flags refused before any work
     check_writable_file(args.out or Path("plans") / f"{spec.job.name}.toml", key="--out")
+    if args.plot:
+        check_writable_file(args.plot, key="--plot")
     quiet = args.json
 
     def log(*parts, **_kwargs) -> None:  # every console line at most costreport.WIDTH columns
@@ -686,6 +692,8 @@ def cmd_history(args) -> int:
     from planner.study import sqlite_damage
 
     spec = load_spec(args.spec, overrides=spec_overrides(args))
+    if args.plot:
+        check_writable_file(args.plot, key="--plot")
     name = study_name(spec, hardware_fingerprint())
     storage = args.storage or f"sqlite:///{Path('runs') / 'autotune' / spec.job.name / 'study.db'}"
     problem = (

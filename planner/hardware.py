@@ -34,7 +34,7 @@ from gptplan.profile import (  # noqa: F401
     calibration_tables,
     read_profile_file,
 )
-from gptplan.tomlconf import from_table, read_toml, setting
+from gptplan.tomlconf import from_table, read_toml, setting, table_array
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,9 @@ def current_prices(offers: list[Offer]) -> tuple[list[Offer], list[tuple[Offer, 
 def read_price_file(price_file: Path, profiles: dict) -> list[Offer]:
     data = read_toml(price_file, ProfileError)
     out = []
-    for i, table in enumerate(data.get("offers", [])):
+    for i, table in enumerate(
+        table_array(data, "offers", file=str(price_file), error=ProfileError)
+    ):
         offer = _load_offer(table, file=str(price_file), index=i)
         if offer.profile not in profiles:
             raise ProfileError(

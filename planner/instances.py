@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from gptplan.tomlconf import from_table, read_toml, setting
+from gptplan.tomlconf import from_table, read_toml, setting, table_array
 from planner.hardware import PROFILE_DIR, ProfileError
 
 FACTS_FILE = "instances/facts.toml"
@@ -46,7 +46,7 @@ def instance_facts(directory: Path = PROFILE_DIR) -> dict[tuple[str, str], Insta
         return {}
     data = read_toml(path, ProfileError)
     out: dict[tuple[str, str], InstanceFacts] = {}
-    for i, table in enumerate(data.get("instances", [])):
+    for i, table in enumerate(table_array(data, "instances", file=str(path), error=ProfileError)):
         facts = from_table(
             InstanceFacts, table, file=str(path), section=f"instances[{i}]", error=ProfileError
         )

@@ -9,6 +9,7 @@ expected preemptions into the cost and widen its interval (planner.search, plann
 from __future__ import annotations
 
 import datetime as dt
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -79,9 +80,10 @@ def _risk_from(table: dict, *, file: str, key: str) -> SpotRisk:
         raise ProfileError(
             "needs preemptions_per_node_hour, low, high as numbers", file=file, key=key
         ) from None
-    if not (0 <= low <= rate <= high) or not 0 <= unavailable <= 1:
+    finite = all(math.isfinite(x) for x in (rate, low, high))
+    if not finite or not (0 <= low <= rate <= high) or not 0 <= unavailable <= 1:
         raise ProfileError(
-            f"needs 0 <= low <= preemptions_per_node_hour <= high and "
+            f"needs finite 0 <= low <= preemptions_per_node_hour <= high and "
             f"unavailable_probability in 0..1 (got {low}, {rate}, {high}, "
             f"{unavailable})",
             file=file,
@@ -116,7 +118,10 @@ def spot_risk(offer: Offer, *, override: float = 0.0, directory: Path = PROFILE_
         )
     data = interruption_table(Path(directory))
     file = str(Path(directory) / "spot" / "interruptions.toml")
-    table = data.get("providers", {}).get(offer.provider)
+    providers = data.get("providers", {})
+    if not isinstance(providers, dict):
+        raise ProfileError("must be tables [providers.<cloud>]", file=file, key="providers")
+    table = providers.get(offer.provider)
     if table is not None:
         return _risk_from(table, file=file, key=f"providers.{offer.provider}")
     if "default" in data:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import tomli_w
 
-from gptplan.tomlconf import name_problem, read_toml, write_text_atomic
+from gptplan.tomlconf import name_problem, read_toml, table_array, write_text_atomic
 from planner.hardware import (
     PROFILE_DIR,
     ProfileError,
@@ -81,6 +81,12 @@ def parse_catalog(path: Path, *, provider: str, as_of: str) -> tuple[list[dict],
             rows = list(reader)
         except UnicodeDecodeError:
             raise ProfileError("not UTF-8 text", file=str(path)) from None
+        except csv.Error as exc:  # a field over the csv module's limit, a stray NUL, ...
+            raise ProfileError(
+                f"line {reader.line_num + 1}: not a readable CSV row ({exc}); a SkyPilot catalog "
+                "is plain comma-separated text",
+                file=str(path),
+            ) from None
     merged: dict[tuple[str, str], dict] = {}
     skipped = []
     for number, row in enumerate(rows, start=2):
@@ -211,7 +217,11 @@ def import_catalog(
         )
     out = imported_prices_dir(directory) / f"{name}.toml"
     history_file = imported_prices_dir(directory) / "history" / f"{name}.toml"
-    old = read_toml(out, ProfileError).get("offers", []) if out.exists() else []
+    old = (
+        table_array(read_toml(out, ProfileError), "offers", file=str(out), error=ProfileError)
+        if out.exists()
+        else []
+    )
     # one current row per key: the newer of the old and the new row (the new one on a tie)
     rows = [_load_offer(t, file=str(out), index=i) for i, t in enumerate(old)]
     new_rows = [Offer(**o) for o in offers]
@@ -227,7 +237,14 @@ def import_catalog(
     )
     if gone:
         past = (
-            read_toml(history_file, ProfileError).get("offers", []) if history_file.exists() else []
+            table_array(
+                read_toml(history_file, ProfileError),
+                "offers",
+                file=str(history_file),
+                error=ProfileError,
+            )
+            if history_file.exists()
+            else []
         )
         write_text_atomic(
             history_file,
@@ -248,7 +265,8 @@ def price_history(instance: str, directory: Path | None = None) -> list[dict]:
     past = []
     folder = imported_prices_dir(directory) / "history"
     for f in sorted(folder.glob("*.toml")) if folder.is_dir() else []:
-        for i, t in enumerate(read_toml(f, ProfileError).get("offers", [])):
+        offers = table_array(read_toml(f, ProfileError), "offers", file=str(f), error=ProfileError)
+        for i, t in enumerate(offers):
             past.append(_load_offer(t, file=str(f), index=i))
     by_newer = {id(old): new for old, new in replaced}
     out = []

@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import tomli
-
 from gptplan import families
 from gptplan import precision as precision_table
 from gptplan.errors import UserError
@@ -28,7 +26,14 @@ from gptplan.plan import (
     ModelSection,
     allowed,
 )
-from gptplan.tomlconf import folder_problem, from_table, read_toml, setting, unknown_key_error
+from gptplan.tomlconf import (
+    DEFAULT_MAX,
+    folder_problem,
+    from_table,
+    read_toml,
+    setting,
+    unknown_key_error,
+)
 
 EMBEDDED_SPEC = Path(__file__).with_name("specs") / "bank_faq.toml"
 CURRENCY = re.compile(r"^[A-Z]{3}$")
@@ -307,9 +312,21 @@ def spec_from_dict(data: dict, *, file: str) -> Spec:
         name: from_table(cls, data.get(name, {}), file=file, section=name, error=SpecError)
         for name, cls in SECTIONS.items()
     }
-    rates_table = dict(data.get("rates", {}))
+    rates_table = data.get("rates", {})
+    if not isinstance(rates_table, dict):
+        raise SpecError(
+            f"{rates_table!r} is not a table; write [rates] with '<ISO code> = <rate>' lines",
+            file=file,
+            key="rates",
+        )
+    rates_table = dict(rates_table)
+    for text_key in ("source", "as_of"):
+        if not isinstance(rates_table.get(text_key, ""), str):
+            raise SpecError(
+                f"{rates_table[text_key]!r} is not a string", file=file, key=f"rates.{text_key}"
+            )
     source = rates_table.pop("source", "")
-    as_of = str(rates_table.pop("as_of", ""))
+    as_of = rates_table.pop("as_of", "")
     quote = rates_table.pop("quote", "")
     if quote and (not isinstance(quote, str) or not CURRENCY.match(quote)):
         raise SpecError(
@@ -324,10 +341,10 @@ def spec_from_dict(data: dict, *, file: str) -> Spec:
             not CURRENCY.match(code)
             or isinstance(value, bool)
             or not isinstance(value, (int, float))
-            or value <= 0
+            or not 0 < value <= DEFAULT_MAX
         ):
             raise SpecError(
-                f"{value!r}: rates are '<ISO code> = <positive number>' "
+                f"{value!r}: rates are '<ISO code> = <number > 0 and <= {DEFAULT_MAX:g}>' "
                 "(budget-currency units per unit of that currency)",
                 file=file,
                 key=f"rates.{code}",
@@ -446,11 +463,14 @@ def find_spec_file(explicit: str | None, cwd: Path) -> tuple[Path, dict | None]:
         return cwd / "planner.toml", None
     pyproject = cwd / "pyproject.toml"
     if pyproject.exists():
-        with open(pyproject, "rb") as handle:
-            try:
-                table = tomli.load(handle).get("tool", {}).get("planner")
-            except tomli.TOMLDecodeError as exc:
-                raise SpecError(f"malformed TOML: {exc}", file=str(pyproject)) from None
+        tool = read_toml(pyproject, SpecError).get("tool", {})
+        table = tool.get("planner") if isinstance(tool, dict) else None  # another tool's: ignored
+        if table is not None and not isinstance(table, dict):
+            raise SpecError(
+                f"{table!r} is not a table; write the spec under [tool.planner]",
+                file=str(pyproject),
+                key="tool.planner",
+            )
         if table:
             return pyproject, table
     return EMBEDDED_SPEC, None
@@ -474,6 +494,9 @@ def load_spec(
         )
     for dotted, value in (overrides or {}).items():
         section, key = dotted.split(".", 1)
-        data.setdefault(section, {})[key] = value
+        table = data.setdefault(section, {})
+        if not isinstance(table, dict):
+            raise SpecError(f"must be a table ([{section}])", file=label, key=section)
+        table[key] = value
     spec = spec_from_dict(data, file=label)
     return dataclasses.replace(spec, sha256=hashlib.sha256(raw).hexdigest())
