@@ -344,7 +344,7 @@ def spec_from_dict(data: dict, *, file: str) -> Spec:
             or not 0 < value <= DEFAULT_MAX
         ):
             raise SpecError(
-                f"{value!r}: rates are '<ISO code> = <number > 0 and <= {DEFAULT_MAX:g}>' "
+                f"{value!r}: rates are '<ISO code> = <positive number <= {DEFAULT_MAX:g}>' "
                 "(budget-currency units per unit of that currency)",
                 file=file,
                 key=f"rates.{code}",
