@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import os
 import subprocess
 import sys
@@ -226,3 +228,20 @@ def group_members(pgid: int) -> list[int]:
             if int(fields[2]) == pgid and fields[0] != "Z":
                 out.append(int(entry))
     return out
+
+
+def call_main(main, argv) -> tuple[int, str, list[str]]:
+    """A CLI's main() in-process: (exit status, stdout, the stderr lines that are not
+    warnings)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(argv)
+        except SystemExit as exc:
+            rc = exc.code
+    lines = [
+        line
+        for line in err.getvalue().splitlines()
+        if line.strip() and "Warning" not in line and not line.strip().startswith("warnings.warn")
+    ]
+    return rc, out.getvalue(), lines

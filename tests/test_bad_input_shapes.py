@@ -4,14 +4,13 @@ an array of tables given as a number, a non-finite or absurd peak, an unreadable
 
 from __future__ import annotations
 
-import contextlib
-import io
 import tempfile
 from pathlib import Path
 
 import pytest
 import tomli
 import tomli_w
+from conftest import call_main
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,17 +19,7 @@ from gptplan.profile import PROFILE_DIR
 
 
 def call(main, argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(argv)
-        except SystemExit as exc:
-            rc = exc.code
-    lines = [
-        line
-        for line in err.getvalue().splitlines()
-        if line.strip() and "Warning" not in line and not line.strip().startswith("warnings.warn")
-    ]
+    rc, _, lines = call_main(main, argv)
     return rc, lines
 
 

@@ -3,28 +3,13 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import math
 
 import pytest
 import tomli_w
-from conftest import BASE_PLAN, merge
+from conftest import BASE_PLAN, call_main, merge
 
-
-def call(main, argv):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(argv)
-        except SystemExit as exc:
-            rc = exc.code
-    lines = [
-        line
-        for line in err.getvalue().splitlines()
-        if line.strip() and "Warning" not in line and not line.strip().startswith("warnings.warn")
-    ]
-    return rc, out.getvalue(), lines
+call = call_main
 
 
 @pytest.mark.parametrize(
