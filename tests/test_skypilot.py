@@ -264,6 +264,20 @@ def test_a_lambda_plan_writes_a_task_with_its_run_directory_on_a_named_store(tmp
         skypilot.task_dict(plan, plan_path="plans/lambda.toml", store="dropbox")
 
 
+def test_the_shipped_launch_file_is_the_one_its_plan_writes(tmp_path, monkeypatch):
+    """plans/bank_faq.sky.yaml is what `planner launch-file plans/bank_faq.toml` writes today
+    (a re-derived plan without its launch file regenerated shipped a stale disk size and
+    token count)."""
+    (tmp_path / "plans").mkdir()
+    (tmp_path / "plans" / "bank_faq.toml").write_bytes(BANK_FAQ.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    out = skypilot.write_launch_file(load_plan(BANK_FAQ), plan_path=Path("plans/bank_faq.toml"))
+    shipped = REPO / "plans" / "bank_faq.sky.yaml"
+    assert out.read_text() == shipped.read_text(), (
+        "plans/bank_faq.sky.yaml is stale: run planner launch-file plans/bank_faq.toml"
+    )
+
+
 def test_every_emitted_task_names_a_python_3_11_environment():
     """For every cloud the shipped offers name, single- and multi-node: setup makes a uv
     environment with CPython 3.11 (constraints.txt needs >= 3.11) and checks it; the run
