@@ -230,18 +230,23 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
-def call_main(main, argv) -> tuple[int, str, list[str]]:
-    """A CLI's main() in-process: (exit status, stdout, the stderr lines that are not
-    warnings)."""
+def run_main(main, argv) -> tuple[int, str, str]:
+    """A CLI's main() in-process: (exit status, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            rc = main(argv)
+            rc = main(list(argv))
         except SystemExit as exc:
             rc = exc.code
+    return rc, out.getvalue(), err.getvalue()
+
+
+def call_main(main, argv) -> tuple[int, str, list[str]]:
+    """run_main with the stderr lines that are not warnings."""
+    rc, out, err = run_main(main, argv)
     lines = [
         line
-        for line in err.getvalue().splitlines()
+        for line in err.splitlines()
         if line.strip() and "Warning" not in line and not line.strip().startswith("warnings.warn")
     ]
-    return rc, out.getvalue(), lines
+    return rc, out, lines

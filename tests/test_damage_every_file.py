@@ -15,8 +15,6 @@ rebuilding a tokenizer or a tokenized corpus takes a second, not the shared corp
 
 from __future__ import annotations
 
-import contextlib
-import io
 import random
 import re
 import shutil
@@ -24,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
-from conftest import BASE_PLAN, merge
+from conftest import BASE_PLAN, merge, run_main
 
 pytestmark = pytest.mark.e2e
 
@@ -60,13 +58,7 @@ def garble(path: Path, seed: int) -> None:
 def run_runner(*argv: str) -> tuple[int, str, str]:
     from runner.cli import main
 
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(list(argv))
-        except SystemExit as exc:
-            rc = exc.code
-    return rc, out.getvalue(), err.getvalue()
+    return run_main(main, argv)
 
 
 def one_line_or_recovery(what: str, rc: int, out: str, err: str) -> None:

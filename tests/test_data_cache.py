@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BASE_PLAN, REPO, merge, run_cli
+from conftest import BASE_PLAN, REPO, merge, run_cli, run_main
 
 from gptplan import cachedirs
 from gptplan.plan import plan_from_dict
@@ -250,21 +250,12 @@ def _corpus_lines(start: int, count: int) -> str:
 def _runner(*argv: str) -> tuple[int, str, list[str]]:
     """`runner ARGV` in this process (no interpreter and Paddle start per call); for commands
     that train nothing (two trainings in one process do not mix)."""
-    import contextlib
-    import io
-
     from runner.cli import main
 
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(list(argv))
-        except SystemExit as exc:
-            rc = exc.code
-    text = err.getvalue()
+    rc, out, text = run_main(main, argv)
     assert "Traceback" not in text, text
     lines = [x for x in text.splitlines() if x.strip() and "Warning" not in x and "warn(" not in x]
-    return rc, out.getvalue(), lines
+    return rc, out, lines
 
 
 @pytest.mark.e2e
