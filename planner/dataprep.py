@@ -143,6 +143,8 @@ def stats_lines(stats, target: float) -> list[str]:
     from planner.corpus_stats import epochs_warning
 
     warning = epochs_warning(stats, target)
+    if getattr(stats, "compute_only", False):  # nothing was read: no truncation to report
+        return [warning] if warning else []
     return [truncation_line(stats)] + ([warning] if warning else [])
 
 
@@ -151,12 +153,14 @@ def report(stats, target: float, row: dict | None, *, cache_dir: str, currency: 
     from planner.corpus_stats import epochs_warning
 
     warning = epochs_warning(stats, target)
-    prep = for_row(stats, row, cache_dir=cache_dir, currency=currency) if row is not None else None
+    # compute-only (no corpus named): no data to prepare until one is
+    known = row is not None and not getattr(stats, "compute_only", False)
+    prep = for_row(stats, row, cache_dir=cache_dir, currency=currency) if known else None
     return {
         "notes": [x for x in (prep.describe() if prep else None, warning) if x],
         "json": {
             "warnings": [warning] if warning else [],
-            "epochs": stats.epochs_for(target),
+            "epochs": stats.epochs_for(target) if stats.total_tokens else None,
             "fresh_equivalent_tokens": _fresh(stats, target),
             "data_preparation": as_dict(prep) if prep else None,
         },

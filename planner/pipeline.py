@@ -120,7 +120,9 @@ def plan_space(spec, *, log: Callable = print, on_stats: Callable | None = None)
     stats = measure_corpus(spec, log=log)
     timings["corpus_statistics_s"] = time.perf_counter() - t0
     sample = min(spec.constraints.seq_lens) + 1
-    if stats.total_tokens < sample:  # the runner refuses such a corpus too
+    if (
+        not stats.compute_only and stats.total_tokens < sample
+    ):  # the runner refuses such a corpus too
         raise UserError(
             f"the corpus holds {stats.total_tokens:,.0f} tokens "
             f"({stats.total_tokens_source}), fewer "
@@ -151,23 +153,44 @@ def measure_corpus(spec, *, log: Callable = quiet):
 
 
 def set_planned_vocab(spec, stats, *, log: Callable = quiet) -> None:
-    """The model's vocab_size is the run's tokenizer's size, padded to whole 128 x tp tiles
-    (gptplan.tokenizer.padded_vocab); the padding rows are masked in training and sampling."""
-    from gptplan.tokenizer import padded_vocab
+    """The model's vocab_size: the one asked for (model.vocab_size, else the named size's),
+    kept unless the run's own tokenizer will have another size:
 
-    if not stats.tokenizer_target_vocab:
-        return
-    tp = max(spec.search.tensor_parallel or [1])
-    vocab = padded_vocab(stats.tokenizer_target_vocab, tp)
+    - the run trains its tokenizer on the corpus the spec names, and that whole corpus
+      supports fewer pieces than asked (sentencepiece stops short): the tokenizer's size;
+    - a given tokenizer with more pieces than asked: its size (the model must hold every id).
+
+    A sample that cannot train the asked size (job.corpus_bytes declares a larger corpus)
+    extrapolates tokens per character and keeps the asked size; a declared tokens_per_char
+    and a compute-only spec keep it too. Padding for tensor parallelism is the chosen plan's
+    (gptplan.tokenizer.padded_vocab, in the search and the plan). Every change is one line in
+    spec.model_changes (console, --json and the plan's notes)."""
     asked = spec.asked_vocab_size()
+    have = int(stats.tokenizer_target_vocab or 0)
+    vocab = asked
+    if spec.model_pinned:  # estimate --plan: the plan's model, exactly
+        pass
+    elif have and not stats.compute_only and stats.tokens_per_character_source == "measured":
+        trained = bool(stats.tokenizer_scheme)
+        if (trained and have < asked) or have > asked:
+            vocab = have
     spec.planned_vocab_size = vocab
     if vocab != asked:
-        log(
-            f"model.vocab_size {vocab:,}: the run's tokenizer has "
-            f"{stats.tokenizer_target_vocab:,} pieces ({stats.tokens_per_character_source}"
-            f"; asked {asked:,}), padded to a multiple of 128 x tp {tp} "
-            f"(the {vocab - stats.tokenizer_target_vocab:,} padding rows are masked)"
+        why = (
+            f"the run trains its {stats.tokenizer_scheme} tokenizer on the named corpus, "
+            f"which supports {have:,} of the {asked:,} asked pieces"
+            if vocab < asked
+            else f"the tokenizer {stats.tokenizer} has {have:,} pieces, more than the "
+            f"{asked:,} asked"
         )
+        model_change(spec, f"model.vocab_size {asked:,} -> {vocab:,}: {why}", log=log)
+
+
+def model_change(spec, line: str, *, log: Callable = quiet) -> None:
+    """Record (once) and log one change the planner makes to the model the spec asks for."""
+    if line not in spec.model_changes:
+        spec.model_changes.append(line)
+        log(line)
 
 
 def tune_locally(
@@ -312,6 +335,7 @@ def optimize(
     from planner.report import describe, race_note
 
     stats, target, decision, timings = plan_space(spec, log=log, on_stats=on_stats)
+    shown = len(spec.model_changes)  # printed already; later ones (the plan's) go to notes
     result = OptimizeResult(spec, stats, target, decision, timings, chosen=decision.chosen)
     cur = spec.constraints.currency
     from planner import dataprep
@@ -385,4 +409,12 @@ def optimize(
         result.plan = candidate_plan(
             spec, table.row(chosen), target=target, notes=notes, stats=stats
         )
+    from planner.planwriter import vocab_padding
+
+    padding = vocab_padding(
+        spec.model_section().vocab_size, result.plan.parallel.tensor_parallel_degree
+    )[1]
+    if padding:
+        model_change(spec, padding)
+    result.notes += spec.model_changes[shown:]
     return result

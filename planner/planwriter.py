@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 
@@ -58,9 +59,16 @@ def _interval_source(prof, precision: str, row: dict) -> str:
 def planned_corpus(spec: Spec, stats, *, trained_tokens: float) -> dict:
     """JobSection fields recording the corpus as planned (planner.corpus_stats statistics),
     apart from the sample they were measured on; {} without statistics."""
+    # the size the runner asks the trained tokenizer for: the planner's own request (the
+    # model's rows above it, padding for tensor parallelism, are masked)
+    vocab = {
+        "tokenizer_vocab_size": spec.asked_vocab_size()
+        if spec.job.tokenizer == "sentencepiece"
+        else 0
+    }
     if stats is None or not stats.total_tokens:
-        return {}
-    return {
+        return vocab
+    return vocab | {
         "corpus_sample": list(spec.job.corpus),
         "corpus_bytes": _sig(stats.declared_bytes or stats.local_bytes),
         "corpus_tokens": _sig(stats.total_tokens),
@@ -69,12 +77,32 @@ def planned_corpus(spec: Spec, stats, *, trained_tokens: float) -> dict:
         "tokens_per_char_source": stats.tokens_per_character_source,
         "tokens_per_char_p10": _sig(stats.tokens_per_character_p10),
         "tokens_per_char_p90": _sig(stats.tokens_per_character_p90),
-        # the size the runner asks the trained tokenizer for: the planner's own request
-        "tokenizer_vocab_size": spec.asked_vocab_size()
-        if spec.job.tokenizer == "sentencepiece"
-        else 0,
         "planned_epochs": _sig(trained_tokens / stats.total_tokens),
     }
+
+
+def vocab_padding(vocab: int, tp: int) -> tuple[int, str]:
+    """The plan's vocab_size for the chosen tensor-parallel degree and the line saying so
+    ('' = unchanged): padded only where tp does not divide it (gptplan.tokenizer.padded_vocab),
+    so a published vocabulary keeps its shape whenever it can."""
+    from gptplan.tokenizer import padded_vocab
+
+    padded = padded_vocab(vocab, tp)
+    if padded == vocab:
+        return vocab, ""
+    return padded, (
+        f"model.vocab_size {vocab:,} -> {padded:,}: padded to a multiple of the plan's "
+        f"tensor-parallel degree {tp} (Paddle splits the vocabulary evenly); the "
+        f"{padded - vocab:,} padding rows are masked in training and sampling"
+    )
+
+
+def planned_model(spec: Spec, tp: int):
+    """The plan's [model]: the spec's (with the planner's vocabulary, planner.pipeline), its
+    vocab_size padded for the chosen tensor-parallel degree (vocab_padding)."""
+    model = spec.model_section()
+    vocab, _ = vocab_padding(model.vocab_size, tp)
+    return model if vocab == model.vocab_size else dataclasses.replace(model, vocab_size=vocab)
 
 
 def _memory_notes(spec: Spec, row: dict) -> list[str]:
@@ -135,7 +163,7 @@ def candidate_plan(
             cache_dir=spec.job.cache_dir,
             **planned_corpus(spec, stats, trained_tokens=steps * row["tokens_per_step"]),
         ),
-        model=spec.model_section(),
+        model=planned_model(spec, int(row["tp"])),
         training=TrainingSection(
             seq_len=row["seq"],
             per_device_train_batch_size=row["micro"],
@@ -215,7 +243,13 @@ def candidate_plan(
             prices_source=offer.source,
             prices_as_of=offer.as_of,
             probes=probes,
-            notes=[price_note, *_memory_notes(spec, row), *(notes or [])],
+            notes=[
+                price_note,
+                *spec.model_changes,
+                *[x for x in [vocab_padding(spec.model_section().vocab_size, row["tp"])[1]] if x],
+                *_memory_notes(spec, row),
+                *(notes or []),
+            ],
         ),
     )
 

