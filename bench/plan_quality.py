@@ -159,8 +159,8 @@ def record(args) -> int:
     import os
 
     from planner.planwriter import candidate_plan
-    from planner.probes import LocalProbe, config_key
-    from planner.replay import RecordedConfig, Recording, worker_startups
+    from planner.probes import LocalProbe
+    from planner.replay import RecordedConfig, Recording, recording_key, worker_startups
     from runner.probe import layout_key
 
     spec, table, target = record_space(args.record_space)
@@ -176,7 +176,7 @@ def record(args) -> int:
     for i in rows:
         r = table.row(i)
         configs[i] = RecordedConfig(
-            config_key(plans[i]),
+            recording_key(plans[i]),
             describe(table, i),
             {
                 "processes": int(r["gpus_per_node"]),

@@ -751,11 +751,11 @@ def plan_as_overrides(plan) -> dict:
     import dataclasses
 
     from gptplan import families
+    from gptplan.layout import Layout
     from gptplan.modelfacts import kv_heads
     from planner.spec import ModelSpec
 
-    p, t, hw = plan.parallel, plan.training, plan.hardware
-    provider, _, instance = hw.offer.partition("/")
+    t, hw = plan.training, plan.hardware
     m = plan.model
     # every field the spec's [model] table sets besides the size's name, as the plan has it
     model = {
@@ -771,29 +771,16 @@ def plan_as_overrides(plan) -> dict:
     return {
         "model.size": m.name if keep_name else "",
         **model,
-        "constraints.seq_lens": [t.seq_len],
-        "constraints.precisions": [t.precision],
+        # the plan's layout as spec pins (gptplan.layout: the one translation)
+        **Layout.from_plan(plan).spec_pins(),
         "constraints.profiles": [hw.profile],
         "constraints.offers": [hw.offer],
         "constraints.global_batch_tokens_min": plan.tokens_per_step,
         "constraints.global_batch_tokens_max": plan.tokens_per_step,
-        "constraints.max_nodes": p.nnodes,
         "constraints.spot": hw.spot,
         "constraints.on_demand": not hw.spot,
         "constraints.budget": 0.0,
         "constraints.deadline_hours": 0.0,
-        "search.micro_batch_sizes": [t.per_device_train_batch_size],
-        "search.accumulation_steps": [t.gradient_accumulation_steps],
-        "search.tensor_parallel": [p.tensor_parallel_degree],
-        "search.pipeline_parallel": [p.pipeline_parallel_degree],
-        "search.virtual_pp": [p.virtual_pp_degree],
-        "search.sharding": [p.sharding],
-        "search.recompute": [p.recompute],
-        "search.recompute_layers": [p.recompute_layers // p.pipeline_parallel_degree],
-        "search.sharding_degrees": [p.sharding_parallel_degree] if p.sharding else [],
-        "search.flash_attention": t.use_flash_attention,
-        "search.sequence_parallel": [p.sequence_parallel],
-        "search.node_counts": [p.nnodes],
         "job.target_tokens": float(plan.job.target_tokens or plan.tokens_per_step * t.max_steps),
         "job.corpus": list(plan.job.corpus),
     }

@@ -7,7 +7,7 @@ import datetime as dt
 import math
 
 from gptplan import money
-from gptplan import precision as precision_table
+from gptplan.layout import Layout
 from gptplan.plan import (
     BudgetSection,
     CheckpointSection,
@@ -153,6 +153,8 @@ def candidate_plan(
         + (f" ({spec.rates_source})" if offer.currency != cur and spec.rates_source else "")
     )
     notes = [*_risk_notes(row, cur), *(notes or [])]
+    # the row's layout as the plan's fields (gptplan.layout: the one translation)
+    fields = Layout.from_row(row, fp16_opt_level=tr.fp16_opt_level).plan_fields()
     return Plan(
         name=spec.job.name,
         job=JobSection(
@@ -165,33 +167,16 @@ def candidate_plan(
         ),
         model=planned_model(spec, int(row["tp"])),
         training=TrainingSection(
-            seq_len=row["seq"],
-            per_device_train_batch_size=row["micro"],
-            gradient_accumulation_steps=row["acc"],
+            **fields["training"],
             max_steps=steps,
             learning_rate=tr.learning_rate,
             min_learning_rate=tr.min_learning_rate,
             warmup_steps=max(1, int(steps * tr.warmup_fraction)),
             weight_decay=tr.weight_decay,
-            precision=precision,
-            fp16_opt_level=tr.fp16_opt_level if precision_table.row(precision).mixed else "O1",
-            use_flash_attention=bool(row.get("flash", 0)),
             packing=tr.packing,
             logging_steps=max(1, min(100, steps // 20)),
         ),
-        parallel=ParallelSection(
-            nnodes=row["nodes"],
-            nproc_per_node=row["gpus_per_node"],
-            data_parallel_degree=row["dp"],
-            tensor_parallel_degree=row["tp"],
-            pipeline_parallel_degree=row["pp"],
-            virtual_pp_degree=row.get("vpp", 1),
-            sharding=row["sharding"],
-            sharding_parallel_degree=row["shard_degree"],
-            recompute=row["recompute"],
-            recompute_layers=int(row.get("rc_layers", 0)) * int(row["pp"]),
-            sequence_parallel=bool(row["sp"]),
-        ),
+        parallel=ParallelSection(**fields["parallel"]),
         hardware=HardwareSection(
             profile=prof.name,
             offer=offer.key,

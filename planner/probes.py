@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gptplan.errors import UserError
+from gptplan.layout import Layout
 from gptplan.lifeline import die_with_parent
 from gptplan.plan import Plan, write_plan
 from gptplan.tomlconf import write_text_atomic
@@ -72,26 +73,9 @@ def under_load(loadavg_1m: float, cpus: int | None = None) -> bool:
 
 
 def config_key(plan: Plan) -> str:
-    """What a probe's measurement depends on: model, shapes, precision, layout, device."""
-    t, p, m = plan.training, plan.parallel, plan.model
-    device, *layout = layout_key(plan)  # what a probe worker fixes at start-up
-    parts = [
-        m.vocab_size,
-        m.hidden_size,
-        m.num_hidden_layers,
-        m.num_attention_heads,
-        m.intermediate_size,
-        t.seq_len,
-        t.per_device_train_batch_size,
-        t.gradient_accumulation_steps,
-        t.precision,
-        t.fp16_opt_level,
-        *layout,
-        p.recompute,
-        p.sequence_parallel,
-        device,
-    ]
-    return "|".join(str(x) for x in parts)
+    """What a probe's measurement depends on: the plan's layout (every field of
+    gptplan.layout.Layout), its model (family, shape, KV heads, tied embeddings) and device."""
+    return Layout.from_plan(plan).probe_key(plan.model, plan.hardware.device)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from gptplan.plan import Plan
-from planner.probes import ProbeResult, config_key, under_load
+from planner.probes import ProbeResult, under_load
 from runner.probe import layout_key
 
 FORMAT = "gptplan-probe-recording"
@@ -37,11 +37,40 @@ class RecordingError(ValueError):
     """A recording that is not one, or of another version."""
 
 
+def recording_key(plan) -> str:
+    """The key a recording (format version 1) indexes its configurations by: the probe
+    cache's key as it was when the shipped recordings were made (model shape, seq_len,
+    micro-batch, accumulation, precision, AMP level, the worker's layout, recompute,
+    sequence parallel, device). The recorded CPU spaces never vary what it leaves out
+    (virtual pipeline, partial recompute, flash attention, family, KV heads, tied
+    embeddings), so within a recording it names each configuration once; the probe cache
+    itself keys by planner.probes.config_key, which holds every field of the layout."""
+    t, p, m = plan.training, plan.parallel, plan.model
+    device, *layout = layout_key(plan)
+    parts = [
+        m.vocab_size,
+        m.hidden_size,
+        m.num_hidden_layers,
+        m.num_attention_heads,
+        m.intermediate_size,
+        t.seq_len,
+        t.per_device_train_batch_size,
+        t.gradient_accumulation_steps,
+        t.precision,
+        t.fp16_opt_level,
+        *layout,
+        p.recompute,
+        p.sequence_parallel,
+        device,
+    ]
+    return "|".join(str(x) for x in parts)
+
+
 @dataclass
 class RecordedConfig:
     """All recorded probes of one configuration."""
 
-    key: str  # planner.probes.config_key of its plan
+    key: str  # recording_key of its plan
     describe: str  # e.g. "2p fp32 s64 m16x2 none"
     dims: dict  # processes, precision, seq, micro, acc, recompute
     layout: list  # runner.probe.layout_key of its plan (worker sharing)
@@ -199,7 +228,7 @@ class ReplayProbe:
         return layout_key(plan) in self._started
 
     def run(self, plan: Plan, *, steps: int | None = None) -> ProbeResult:
-        key = config_key(plan)
+        key = recording_key(plan)
         steps = steps or self.steps
         config = self.recording.configs.get(key)
         layout = layout_key(plan)
@@ -308,7 +337,7 @@ def replay_space(recording: Recording, spec_path: Path, *, profiles=None, keep=N
     plans, truth = {}, {}
     for i in np.flatnonzero(table["fits"]):
         plan = candidate_plan(spec, table.row(int(i)), target=target)
-        config = recording.configs.get(config_key(plan))
+        config = recording.configs.get(recording_key(plan))
         if config is None or not config.ok or (keep and not keep(config.dims)):
             continue
         plans[int(i)] = plan

@@ -34,16 +34,10 @@ def money(x: float) -> str:
 
 
 def layout(row: dict) -> str:
-    parts = [f"dp{row['dp']}"]
-    if row["tp"] > 1:
-        parts.append(f"tp{row['tp']}" + ("+sp" if row["sp"] else ""))
-    if row["pp"] > 1:
-        parts.append(f"pp{row['pp']}" + (f"v{row['vpp']}" if row.get("vpp", 1) > 1 else ""))
-    if row["sharding"]:
-        parts.append(f"{row['sharding']}x{row['shard_degree']}")
-    if row.get("flash"):
-        parts.append("flash")
-    return " ".join(parts)
+    """The layout of a candidate row in a few words (gptplan.layout.Layout.label)."""
+    from gptplan.layout import Layout
+
+    return Layout.from_row(row).label()
 
 
 def recompute_words(row: dict) -> str:

@@ -234,18 +234,11 @@ def _command(plan, args: list[str], log_dir: Path):
 
 
 def layout_key(plan) -> tuple:
-    """What a served worker fixes at start-up (fleet is initialised once): device and layout."""
-    p = plan.parallel
-    return (
-        plan.hardware.device,
-        p.nnodes,
-        p.nproc_per_node,
-        p.data_parallel_degree,
-        p.tensor_parallel_degree,
-        p.pipeline_parallel_degree,
-        p.sharding,
-        p.sharding_parallel_degree,
-    )
+    """What a served worker fixes at start-up (fleet is initialised once): device and layout
+    (gptplan.layout.Layout.worker_key)."""
+    from gptplan.layout import Layout
+
+    return Layout.from_plan(plan).worker_key(plan.hardware.device)
 
 
 def request_path(queue_dir: Path, number: int) -> Path:

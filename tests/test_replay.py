@@ -13,7 +13,7 @@ import pytest
 
 from planner.autotune import TuneSettings, measured_cost, tune
 from planner.probes import ProbeCache, ProbeResult
-from planner.replay import Recording, RecordingError, replay_space
+from planner.replay import Recording, RecordingError, recording_key, replay_space
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDING = REPO / "bench" / "recordings" / "cpu_space_v2.json.gz"
@@ -286,9 +286,9 @@ def synthetic_space(seed: int = 0, *, drift: float = 0.10, jitter: float = 0.03)
 
 def config_key_of(space, i: int) -> str:
     from planner.planwriter import candidate_plan
-    from planner.probes import config_key
+    from planner.replay import recording_key
 
-    return config_key(candidate_plan(space.spec, space.table.row(i), target=space.target))
+    return recording_key(candidate_plan(space.spec, space.table.row(i), target=space.target))
 
 
 def test_noise_aware_pick_keeps_its_stated_confidence():
@@ -356,7 +356,7 @@ def test_a_probe_taken_under_a_load_spike_is_flagged(tmp_path, monkeypatch):
     config.probes = [dict(p, loadavg_1m=9.0) for p in config.probes[:1]]
     recording.machine = dict(recording.machine, cpus=2)
     space = replay_space(recording, REPO / recording.space["spec"])
-    row = next(i for i, plan in space.plans.items() if probes.config_key(plan) == key)
+    row = next(i for i, plan in space.plans.items() if recording_key(plan) == key)
     replayed = space.backend(0).run(space.plans[row])
     assert replayed.under_load and replayed.loadavg_1m == 9.0
     other = next(i for i in space.plans if i != row)
