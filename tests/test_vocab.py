@@ -75,17 +75,23 @@ def test_tokens_per_char_for_a_larger_planned_vocabulary_is_extrapolated_by_the_
     assert whole.tokens_per_character == 0.805 and whole.tokenizer_target_vocab == 11940
 
 
-def test_model_vocab_is_the_tokenizers_size_padded_to_128_x_tp():
+def test_model_vocab_is_the_tokenizers_size_padded_only_for_tp():
     from planner.pipeline import set_planned_vocab
     from planner.spec import load_spec
 
-    assert padded_vocab(30000, 8) == 30720 and padded_vocab(11940, 1) == 12032
-    assert padded_vocab(32768, 8) == 32768
+    # padding only where tp does not divide the vocabulary (published shapes kept)
+    assert padded_vocab(30000, 8) == 30000 and padded_vocab(11940, 1) == 11940
+    assert padded_vocab(11941, 2) == 11942 and padded_vocab(32768, 8) == 32768
     spec = load_spec(None)  # the embedded bank-FAQ spec: gpt-base-110m, 30,000 asked
-    stats = SimpleNamespace(tokenizer_target_vocab=11940, tokens_per_character_source="measured")
-    set_planned_vocab(spec, stats)
-    tp = max(spec.search.tensor_parallel)
-    assert spec.model_section().vocab_size == padded_vocab(11940, tp) == 12288
+    stats = SimpleNamespace(
+        tokenizer_target_vocab=11940,
+        tokens_per_character_source="measured",
+        compute_only=False,
+        tokenizer_scheme="cpm",
+        tokenizer="cpm:x",
+    )
+    set_planned_vocab(spec, stats)  # the run's tokenizer on the whole corpus: 11,940 pieces
+    assert spec.model_section().vocab_size == 11940
     assert spec.asked_vocab_size() == 30000  # what the tokenizer is trained to
 
 
@@ -198,7 +204,7 @@ def test_generate_on_a_model_with_more_ids_than_its_tokenizer_prints_text(
 
 def test_a_local_tokenizer_folder_measures_and_sets_the_vocabulary(small_fit, tmp_path):
     """`tokenizer = "path/to/folder"` (a PaddleNLP / Hugging Face tokenizer folder): tokens per
-    character measured with it, the model's vocab_size its size padded."""
+    character measured with it; the model keeps the asked vocab_size (it has fewer pieces)."""
     from gptplan.tokenizer import FastEncoder, load_tokenizer, model_file_of
     from planner.pipeline import set_planned_vocab
     from planner.spec import load_spec
@@ -226,4 +232,6 @@ def test_a_local_tokenizer_folder_measures_and_sets_the_vocabulary(small_fit, tm
     assert given.tokenizer_target_vocab == given.tokenizer_vocab >= pieces
     spec = load_spec(None, overrides={"job.tokenizer": str(folder)})
     set_planned_vocab(spec, given)
-    assert spec.model_section().vocab_size == padded_vocab(given.tokenizer_vocab, 8)
+    # the given tokenizer has fewer pieces than the 30,000 asked: the asked size is kept
+    # (the rows above the tokenizer's are masked)
+    assert given.tokenizer_vocab < 30000 and spec.model_section().vocab_size == 30000
