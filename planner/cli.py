@@ -788,6 +788,7 @@ def plan_as_overrides(plan) -> dict:
 
 def cmd_estimate(args) -> int:
     from gptplan.plan import load_plan
+    from planner.costreport import fit_lines
     from planner.pipeline import optimize
     from planner.report import render_candidates, render_choice, render_model
     from planner.spec import load_spec
@@ -818,6 +819,8 @@ def cmd_estimate(args) -> int:
         print(json.dumps(optimize_json(result, None) | {"evaluated": what}, indent=1))
     else:
         print(what)
+        for line in spec.model_changes:  # every change to the asked model, one line each
+            print(fit_lines(line))
         print(render_candidates(result, 5))
         print(render_model(result))
         print(render_choice(result))

@@ -154,8 +154,11 @@ def report(stats, target: float, row: dict | None, *, cache_dir: str, currency: 
 
     warning = epochs_warning(stats, target)
     # compute-only (no corpus named): no data to prepare until one is
-    known = row is not None and not getattr(stats, "compute_only", False)
-    prep = for_row(stats, row, cache_dir=cache_dir, currency=currency) if known else None
+    prep = (
+        for_row(stats, row, cache_dir=cache_dir, currency=currency)
+        if row is not None and not getattr(stats, "compute_only", False)
+        else None
+    )
     return {
         "notes": [x for x in (prep.describe() if prep else None, warning) if x],
         "json": {

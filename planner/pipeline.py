@@ -183,14 +183,14 @@ def set_planned_vocab(spec, stats, *, log: Callable = quiet) -> None:
             else f"the tokenizer {stats.tokenizer} has {have:,} pieces, more than the "
             f"{asked:,} asked"
         )
-        model_change(spec, f"model.vocab_size {asked:,} -> {vocab:,}: {why}", log=log)
+        model_change(spec, f"model.vocab_size {asked:,} -> {vocab:,}: {why}")
 
 
-def model_change(spec, line: str, *, log: Callable = quiet) -> None:
-    """Record (once) and log one change the planner makes to the model the spec asks for."""
+def model_change(spec, line: str) -> None:
+    """Record (once) one change the planner makes to the model the spec asks for: the
+    result's notes show it on the console and in --json, the plan's provenance notes keep it."""
     if line not in spec.model_changes:
         spec.model_changes.append(line)
-        log(line)
 
 
 def tune_locally(
@@ -335,7 +335,6 @@ def optimize(
     from planner.report import describe, race_note
 
     stats, target, decision, timings = plan_space(spec, log=log, on_stats=on_stats)
-    shown = len(spec.model_changes)  # printed already; later ones (the plan's) go to notes
     result = OptimizeResult(spec, stats, target, decision, timings, chosen=decision.chosen)
     cur = spec.constraints.currency
     from planner import dataprep
@@ -344,6 +343,7 @@ def optimize(
         stats, target, None, cache_dir=str(userdata.cache_dir(spec.job.cache_dir)), currency=cur
     )["json"]
     if decision.chosen is None:
+        result.notes = [*spec.model_changes, *result.notes]
         return result
     chosen: int = decision.chosen
     notes = decision_notes(decision, lambda i: describe(decision.table, i, cur))
@@ -416,5 +416,5 @@ def optimize(
     )[1]
     if padding:
         model_change(spec, padding)
-    result.notes += spec.model_changes[shown:]
+    result.notes = [*spec.model_changes, *result.notes]
     return result

@@ -545,7 +545,8 @@ def _converted_budget(data: dict, overrides: dict, label: str) -> str:
     old, budget = table.get("currency", "USD"), table.get("budget", 0.0)
     if new == old or not budget or isinstance(budget, bool) or not isinstance(budget, (int, float)):
         return ""
-    table_rates = data.get("rates") if isinstance(data.get("rates"), dict) else {}
+    raw_rates = data.get("rates")
+    table_rates: dict = raw_rates if isinstance(raw_rates, dict) else {}
     given = {**table_rates, **{k[6:]: v for k, v in overrides.items() if k.startswith("rates.")}}
     quote = given.get("quote") or old
     have = {

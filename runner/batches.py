@@ -103,8 +103,8 @@ class DeterministicSampler:
             out.append(int(self._permutation(epoch)[pos]))
         return out
 
-    def micro_batch_indices(self, step: int, micro: int, rank: int) -> list[int]:
-        start = step * self.global_batch + (micro * self.batch_ranks + rank) * self.micro_batch
+    def micro_batch_indices(self, step: int, micro_step: int, rank: int) -> list[int]:
+        start = step * self.global_batch + (micro_step * self.batch_ranks + rank) * self.micro_batch
         return self.global_indices(start, self.micro_batch)
 
     def step_indices(self, step: int) -> list[int]:
@@ -122,9 +122,9 @@ class BatchSource:
         self.sampler = sampler
         self.rank = rank
 
-    def micro_batch(self, step: int, micro: int) -> MicroBatch:
+    def micro_batch(self, step: int, micro_step: int) -> MicroBatch:
         windows, real = [], 0
-        for index in self.sampler.micro_batch_indices(step, micro, self.rank):
+        for index in self.sampler.micro_batch_indices(step, micro_step, self.rank):
             window, n = self.dataset.sample(index)
             windows.append(window)
             real += n
@@ -135,7 +135,7 @@ class BatchSource:
             lengths = np.array(
                 [
                     self.dataset.sample_real_tokens(i)
-                    for i in self.sampler.micro_batch_indices(step, micro, self.rank)
+                    for i in self.sampler.micro_batch_indices(step, micro_step, self.rank)
                 ]
             )
             labels[positions >= lengths[:, None]] = IGNORE_INDEX

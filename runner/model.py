@@ -127,8 +127,9 @@ def build_model(
 
 
 # ---- the padding rows of the vocabulary --------------------------------------------------------
-# model.vocab_size is the tokenizer's size padded to whole 128 x tp tiles
-# (gptplan.tokenizer.padded_vocab): ids at and above the tokenizer's size never occur in the data;
+# model.vocab_size is at least the tokenizer's size (padded to a multiple of the plan's tp where
+# tp does not divide it, gptplan.tokenizer.padded_vocab): ids at and above the tokenizer's size
+# never occur in the data;
 # they are masked out of the loss (their logits get PADDING_LOGIT before the cross-entropy, so
 # they take no probability mass) and out of sampling.
 PADDING_LOGIT = -1.0e4  # exp(-1e4) is 0 in fp16, bf16 and fp32 alike, and -1e4 is finite in fp16

@@ -122,7 +122,7 @@ class SyntheticBatches:
         self.plan = plan
         self.rng = np.random.default_rng(seed)
 
-    def micro_batch(self, step: int, micro: int):
+    def micro_batch(self, step: int, micro_step: int):
         from runner.batches import MicroBatch
 
         t = self.plan.training

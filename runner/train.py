@@ -166,7 +166,7 @@ class Batches(Protocol):
     """What the loop asks of its data: runner.batches.BatchSource, or runner.probe's
     synthetic stand-in."""
 
-    def micro_batch(self, step: int, micro: int) -> MicroBatch: ...
+    def micro_batch(self, step: int, micro_step: int) -> MicroBatch: ...
 
 
 B = TypeVar("B", bound=Batches)
@@ -182,10 +182,10 @@ class Trainer(Generic[B]):
     batches: B
 
     # ---- one optimizer step ----
-    def forward_backward(self, step: int, micro: int, *, sync: bool) -> float:
+    def forward_backward(self, step: int, micro_step: int, *, sync: bool) -> float:
         import paddle
 
-        batch = self.batches.micro_batch(step, micro)
+        batch = self.batches.micro_batch(step, micro_step)
         inputs = paddle.to_tensor(batch.input_ids)
         labels = paddle.to_tensor(batch.labels)
         no_sync = getattr(self.model, "no_sync", None)
@@ -210,9 +210,9 @@ class Trainer(Generic[B]):
         if self.plan.parallel.pipeline_parallel_degree > 1:
             return self._pipeline_step(step)
         loss = 0.0
-        for micro in range(t.gradient_accumulation_steps):
+        for micro_step in range(t.gradient_accumulation_steps):
             loss += self.forward_backward(
-                step, micro, sync=micro == t.gradient_accumulation_steps - 1
+                step, micro_step, sync=micro_step == t.gradient_accumulation_steps - 1
             )
         if self.scaler is not None:
             self.scaler.step(self.optimizer)

@@ -1,7 +1,8 @@
 """The tokenizer that prices is the one that trains: tokens per character extrapolated to a
 planned vocabulary the sample cannot train (labelled, with its fit and range), the model's
-vocab_size = the tokenizer's size padded to 128 x tp, the padding rows masked out of the loss
-and of sampling, and a run whose model has more ids than its tokenizer still samples text."""
+vocab_size = the asked size (or the run's own tokenizer's), padded only where the plan's tp
+does not divide it, the padding rows masked out of the loss and of sampling, and a run whose
+model has more ids than its tokenizer still samples text."""
 
 from __future__ import annotations
 
