@@ -115,7 +115,11 @@ def _spec_with(spec, *, target: float, size: str | None = None):
         if name != "tie_word_embeddings"
     }
     model = dataclasses.replace(spec.model, size=size, **keep)
-    return dataclasses.replace(spec, job=job, model=model)
+    # each size keeps its own vocabulary, unless the run's own tokenizer set another one
+    # (planner.pipeline.set_planned_vocab)
+    changed = spec.planned_vocab_size and spec.planned_vocab_size != spec.asked_vocab_size()
+    vocab = spec.planned_vocab_size if changed else 0
+    return dataclasses.replace(spec, job=job, model=model, planned_vocab_size=vocab)
 
 
 def _search(spec, offers, target):

@@ -58,7 +58,10 @@ def _interval_source(prof, precision: str, row: dict) -> str:
 
 def planned_corpus(spec: Spec, stats, *, trained_tokens: float) -> dict:
     """JobSection fields recording the corpus as planned (planner.corpus_stats statistics),
-    apart from the sample they were measured on; {} without statistics."""
+    apart from the sample they were measured on; {} without statistics, only the tokenizer's
+    size when the corpus size is unknown (compute-only)."""
+    if stats is None:
+        return {}
     # the size the runner asks the trained tokenizer for: the planner's own request (the
     # model's rows above it, padding for tensor parallelism, are masked)
     vocab = {
@@ -66,7 +69,7 @@ def planned_corpus(spec: Spec, stats, *, trained_tokens: float) -> dict:
         if spec.job.tokenizer == "sentencepiece"
         else 0
     }
-    if stats is None or not stats.total_tokens:
+    if not stats.total_tokens:
         return vocab
     return vocab | {
         "corpus_sample": list(spec.job.corpus),
