@@ -121,21 +121,28 @@ def test_a_compute_only_spec_needs_its_tokens(tmp_path):
 
 def test_a_padded_vocabulary_is_padded_for_the_chosen_tp_only(tmp_path):
     """GPT-2's 50,257 pieces: kept where the plan's tp is 1, padded to the next multiple of
-    the chosen tp otherwise, and the change is one line in --json and the plan."""
+    the chosen tp otherwise (the search prices that tp with the padded model), and the change
+    is one line in --json and the plan; `estimate --plan` reproduces the padded plan."""
     from gptplan.tokenizer import padded_vocab
 
     assert padded_vocab(128256, 8) == 128256 and padded_vocab(151936, 8) == 151936
     assert padded_vocab(50257, 1) == 50257 and padded_vocab(50257, 2) == 50258
     spec = LLAMA3_8B.replace("vocab_size = 128256", "vocab_size = 50257")
+    spec += "\n[search]\ntensor_parallel = [2]\n"
     data = _optimize_json(tmp_path, _spec(tmp_path, spec))
     plan = load_plan(tmp_path / "plans" / "out.toml")
-    tp = plan.parallel.tensor_parallel_degree
-    assert plan.model.vocab_size == padded_vocab(50257, tp)
+    assert plan.parallel.tensor_parallel_degree == 2 and plan.model.vocab_size == 50258
     assert parameter_count(plan.model) == data["model_parameters"]
-    if tp > 1:
-        (line,) = data["model_changes"]
-        assert line.startswith(f"model.vocab_size 50,257 -> {plan.model.vocab_size:,}")
-        assert line in plan.provenance.notes and line in data["notes"]
+    (line,) = data["model_changes"]
+    assert line.startswith("model.vocab_size 50,257 -> 50,258: padded to a multiple of the plan")
+    assert line in plan.provenance.notes and line in data["notes"]
+    rc, out, err = call_main(
+        planner_main, ["estimate", "--plan", str(tmp_path / "plans" / "out.toml"), "--json"]
+    )
+    assert rc == 0, err[-5:]
+    again = json.loads(out)
+    assert again["plan_estimate"]["peak_memory_gb"] == plan.estimate.peak_memory_gb
+    assert again["plan_estimate"]["cost"] == plan.estimate.cost
 
 
 def test_a_sample_that_cannot_train_the_asked_size_keeps_it():
