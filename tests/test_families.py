@@ -88,8 +88,8 @@ def test_toy_family_plans_rehearses_and_exports(toy, write_plan, tmp_path):
     assert est.returncode == 0, est.stderr[-2000:]
     data = json.loads(est.stdout)
     assert data["model_family"] == "toy"
-    model = plan_from_dict(merge(BASE_PLAN, TOY_PLAN)).model  # the planner pads V to 128s
-    assert data["model_parameters"] == parameter_count(dataclasses.replace(model, vocab_size=4096))
+    model = plan_from_dict(merge(BASE_PLAN, TOY_PLAN)).model  # the plan's model, exactly
+    assert data["model_parameters"] == parameter_count(model)
     run = run_cli(
         "runner", "execute", str(plan), "--local", "--max-steps", "2", cwd=tmp_path, env=TOY_ENV
     )
