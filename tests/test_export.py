@@ -74,7 +74,8 @@ def test_export_and_generate_from_a_checkpoint(family_run, tmp_path):
     out = tmp_path / "step8"
     proc = run_cli("runner", "export", str(family_run), "--checkpoint", "8", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (out / "model_state.pdparams").exists() and (out / "tokenizer_config.json").exists()
+    assert (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists()
+    assert not list(out.glob("*.pdparams"))  # nothing a reader would have to unpickle
     assert (out / "gptplan_checkpoint.txt").read_text().strip() == "step_00000008"
     sample = generate(family_run, prompt="这个手机", checkpoint="8", max_new_tokens=8, seed=1)
     assert sample["source"].endswith("step_00000008") and 0 < sample["new_tokens"] <= 8
