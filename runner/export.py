@@ -328,7 +328,8 @@ def load_trained_model(plan: Plan, checkpoint: Path):
 # ---- verification: an export computes what the checkpoint does -------------------------------
 
 EXPORT_RECORD = "gptplan_export.json"  # in export/paddlenlp: written last, after the check
-JIT_RECORD = "model.gptplan.json"  # beside export/model.*: written last, after the check
+JIT_RECORD = "gptplan_jit.json"  # beside export/model.*, written last (paddle.jit.load reads
+# every model*.json in the folder as a program: the record must not be one)
 LOGIT_TOLERANCE = 1e-4  # max |logit difference| (fp32) an export may show on the fixed batch
 
 

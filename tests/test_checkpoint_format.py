@@ -7,8 +7,12 @@ merged by PaddleNLP's own mappings, an interrupted export redone by the next run
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -250,3 +254,55 @@ def test_a_crafted_pickle_in_a_run_folder_a_plan_names_is_never_unpickled(finish
         assert proc.returncode == 2, (argv, proc.stdout[-2000:], proc.stderr[-2000:])
         assert "--trust-pickled-checkpoint" in proc.stderr and "Traceback" not in proc.stderr
         assert not marker.exists(), argv
+
+
+@pytest.mark.e2e
+def test_a_killed_export_is_completed_by_the_rerun(finished_run, tmp_path):
+    """Issue 39: `runner execute PLAN --export` killed once "model + tokenizer in PaddleNLP
+    format" was printed: every rerun said "already finished" and wrote no export/model.*; a
+    half-written model.json broke paddle.jit.load; export/.paddlenlp.* stayed. The rerun now
+    redoes what is not whole and verified, removes the leftovers and says "export done"."""
+    import paddle
+
+    from gptplan.plan import load_plan
+    from runner.export import fixed_batch, load_trained_model, logits_of
+
+    run, _ = finished_run("gpt")
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / "export")
+    plan = tmp_path / "plan.toml"
+    plan.write_text((run.parent / "plan.toml").read_text())
+    argv = [sys.executable, "-m", "runner", "execute", str(plan), "--output-dir", str(copy)]
+    proc = subprocess.Popen(
+        [*argv, "--export"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("model + tokenizer in PaddleNLP format"):
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    # what a kill mid jit save leaves: a torn model.json, no record; a temporary export
+    (copy / "export" / "model.json").write_text('{"program": ')
+    (copy / "export" / ".paddlenlp.x1y2").mkdir()
+    (copy / "export" / ".paddlenlp.x1y2" / "model.safetensors").write_bytes(b"\0" * 64)
+    rerun = subprocess.run([*argv, "--export"], cwd=tmp_path, capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "already finished" in rerun.stdout
+    assert "exported for inference (paddle.jit.save)" in rerun.stdout
+    assert "model + tokenizer in PaddleNLP format" not in rerun.stdout  # that one was whole
+    assert "export done, verified" in rerun.stdout
+    assert not [p.name for p in (copy / "export").iterdir() if p.name.startswith(".")]
+    loaded = paddle.jit.load(str(copy / "export" / "model"))
+    trained = load_trained_model(load_plan(plan), ckpt.latest_checkpoint(copy / "checkpoints"))
+    batch = fixed_batch(4000, 32)
+    np.testing.assert_allclose(logits_of(loaded, batch), logits_of(trained, batch), atol=1e-5)
+    again = subprocess.run([*argv, "--export"], cwd=tmp_path, capture_output=True, text=True)
+    assert again.returncode == 0 and "export done" not in again.stdout  # nothing left to do
