@@ -359,8 +359,7 @@ def load_shard(path: Path, shard: ShardId) -> tuple[dict, dict, dict | None]:
     converted by the runner before any rank starts: `resume_point`)."""
     path = Path(path)
     model = retie(load_tensors(path / model_file(shard), kind="model"))
-    optimizer_path = path / optimizer_file(shard)
-    optimizer = load_tensors(optimizer_path, kind="optimizer") if optimizer_path.is_file() else {}
+    optimizer = load_tensors(path / optimizer_file(shard), kind="optimizer")
     scaler_path = path / SCALER_FILE
     scaler = _untree(read_json_file(scaler_path), {}) if scaler_path.is_file() else None
     return model, optimizer, scaler
@@ -510,21 +509,25 @@ def load_tensors(path: Path, *, kind: str) -> dict:
 
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"{path} is missing: the checkpoint holds no {kind} state")
+        raise CheckpointError(f"checkpoint file {path} is missing: no {kind} state of this shard")
     try:
         with safe_open(str(path), framework="paddle") as handle:
             header = json.loads((handle.metadata() or {}).get(HEADER_KEY, "null"))
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}
     except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} is not a readable safetensors file ({exc})") from None
+        raise CheckpointError(
+            f"checkpoint file {path} is not readable safetensors ({exc})"
+        ) from None
     if not isinstance(header, dict) or header.get("kind") != kind:
-        raise CheckpointError(f"{path} is not a {kind} state written by the runner")
+        raise CheckpointError(f"checkpoint file {path} is not a {kind} state written by the runner")
     try:
         state = _untree(header.get("tree") or {}, tensors)
     except KeyError as exc:
-        raise CheckpointError(f"{path}: its header names tensor {exc} it does not hold") from None
+        raise CheckpointError(
+            f"checkpoint file {path}: its header names tensor {exc} it does not hold"
+        ) from None
     if kind == "model" and not tensors:
-        raise CheckpointError(f"{path} holds no model weights")
+        raise CheckpointError(f"checkpoint file {path} holds no model weights")
     if header.get("tied"):
         state[TIED_KEY] = dict(header["tied"])
     return state
@@ -541,7 +544,7 @@ def read_json_file(path: Path):
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
-        raise CheckpointError(f"{path} is not readable JSON") from None
+        raise CheckpointError(f"checkpoint file {path} is not readable JSON") from None
 
 
 # ---- the earlier, pickled format -------------------------------------------------------------

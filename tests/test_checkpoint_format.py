@@ -239,7 +239,7 @@ def test_a_crafted_pickle_in_a_run_folder_a_plan_names_is_never_unpickled(finish
     (newest / "model.tp00_pp00.pdparams").write_bytes(pickle.dumps(_Payload(marker)))
     state = json.loads((newest / "state.json").read_text())
     for key in ("format", "model_files"):
-        state.pop(key)
+        state.pop(key, None)
     (newest / "state.json").write_text(json.dumps(state))
     ckpt.write_manifest(newest)
     plan = tmp_path / "plan.toml"
@@ -262,11 +262,6 @@ def test_a_killed_export_is_completed_by_the_rerun(finished_run, tmp_path):
     format" was printed: every rerun said "already finished" and wrote no export/model.*; a
     half-written model.json broke paddle.jit.load; export/.paddlenlp.* stayed. The rerun now
     redoes what is not whole and verified, removes the leftovers and says "export done"."""
-    import paddle
-
-    from gptplan.plan import load_plan
-    from runner.export import fixed_batch, load_trained_model, logits_of
-
     run, _ = finished_run("gpt")
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
@@ -300,6 +295,11 @@ def test_a_killed_export_is_completed_by_the_rerun(finished_run, tmp_path):
     assert "model + tokenizer in PaddleNLP format" not in rerun.stdout  # that one was whole
     assert "export done, verified" in rerun.stdout
     assert not [p.name for p in (copy / "export").iterdir() if p.name.startswith(".")]
+    import paddle
+
+    from gptplan.plan import load_plan
+    from runner.export import fixed_batch, load_trained_model, logits_of
+
     loaded = paddle.jit.load(str(copy / "export" / "model"))
     trained = load_trained_model(load_plan(plan), ckpt.latest_checkpoint(copy / "checkpoints"))
     batch = fixed_batch(4000, 32)
