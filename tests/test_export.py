@@ -86,6 +86,18 @@ def test_export_and_generate_from_a_checkpoint(family_run, tmp_path):
     assert "export" in final["source"] and final["new_tokens"] == 8  # no early <eod>
 
 
+def test_generate_samples_half_its_length_by_default_from_the_verified_export(gpt_run):
+    """`runner generate` without --min-new-tokens returned one token (a tiny model's <eod>
+    came first); it now samples at least half of --max-new-tokens, from the export only
+    because its record matches its files."""
+    import json
+
+    proc = run_cli("runner", "generate", str(gpt_run), "--prompt", "这个手机", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sample = json.loads(proc.stdout)
+    assert sample["new_tokens"] >= 16 and sample["source"].endswith("verified)")
+
+
 def test_bad_export_and_generate_input_is_one_line(gpt_run, tmp_path):
     proc = run_cli("runner", "export", str(tmp_path / "nothing"))
     assert proc.returncode == 2 and "not a run directory" in proc.stderr
