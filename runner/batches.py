@@ -39,7 +39,7 @@ class TokenDataset:
         self.packing = packing
         meta = data.meta
         self.tokens = np.memmap(data.path / "tokens.bin", dtype=meta["dtype"], mode="r")
-        self.doc_offsets = np.load(data.path / "docs.npy")
+        self.doc_offsets = np.load(data.path / "docs.npy", allow_pickle=False)
         self.pad_id = int(meta["pad_id"])
         if packing:
             self.num_samples = (len(self.tokens) - 1) // seq_len

@@ -1,21 +1,29 @@
 """Atomic checkpoints: written into `step_XXXXXXXX.tmp`, renamed to `step_XXXXXXXX` when whole.
 
-Layout of one checkpoint folder:
-  model.<shard>.pdparams       model state of one tensor/pipeline shard (paddle.save: a pickle)
-  optimizer.<shard>.pdopt      optimizer state (AdamW moments, beta powers) of that shard
-  scaler.pdstate               fp16 loss-scaler state (fp16 only)
-  state.json                   step, consumed samples, accounting, loss and the divergence
-                               guard's state (runner.divergence)
-  manifest.json                size and xxhash (XXH3-64) of every file above; written last
+Layout of one checkpoint folder (format 2; docs/checkpoints.md):
+  model.<shard>.safetensors      model state of one tensor/pipeline shard, under the bare
+                                 model's structured names (`gpt.decoder.layers.0...`) whatever
+                                 wrapper trained it (fleet, sharding, pipeline, tensor parallel)
+  optimizer.<shard>.safetensors  optimizer state (AdamW moments, beta powers, master weights) of
+                                 that shard; its non-tensor entries (the LR scheduler's) in the
+                                 file's JSON header
+  scaler.json                    fp16 loss-scaler state (fp16 only)
+  state.json                     step, consumed samples, accounting, loss, the divergence
+                                 guard's state (runner.divergence), `format` and `model_files`
+  manifest.json                  size and xxhash (XXH3-64) of every file above; written last
 A folder without the `.tmp` suffix and with manifest.json is complete; anything else is
-ignored and removed. On resume the newest complete checkpoint is verified against its manifest;
-a damaged one is moved aside (`damaged/`, never deleted) and the previous one is used.
-A weight shared by two names (GPT's lm_head is tied to the word embedding) is saved once and
-re-attached on load (`__tied__` in the model file). Only data-parallel rank 0 of each shard
-writes. Dropout is re-seeded from (seed, step, rank) every step, so no RNG state needs saving
-for a bit-exact resume.
+ignored and removed. On resume the newest complete checkpoint is verified against its manifest
+and must hold model weights (`model_files`); a damaged one is moved aside (`damaged/`, never
+deleted) and the previous one is used. A weight shared by two names (GPT's lm_head is tied to
+the word embedding) is saved once and re-attached on load (`tied` in the file's header). Only
+data-parallel rank 0 of each shard writes. Dropout is re-seeded from (seed, step, rank) every
+step, so no RNG state needs saving for a bit-exact resume.
 
-Checkpoints are pickles: load only checkpoints you wrote yourself.
+Nothing here can run code: safetensors and JSON only. Checkpoints of the earlier format
+(`paddle.save` pickles: model.*.pdparams, optimizer.*.pdopt, scaler.pdstate) are refused; with
+`--trust-pickled-checkpoint` they are unpickled once, by the runner, into this format (the
+pickles are kept in `checkpoints/pickled/`). Loading a model state whose names or shapes do
+not match the model is an error naming them (`load_model_state`), never a skipped key.
 """
 
 from __future__ import annotations
@@ -30,10 +38,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gptplan.diskspace import guard_disk_writes
+from gptplan.errors import UserError
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 MANIFEST = "manifest.json"
-TIED_KEY = "__tied__"  # in a saved model state: {alias name: name of the tensor it shares}
+TIED_KEY = "__tied__"  # in a loaded model state: {alias name: name of the tensor it shares}
+FORMAT = 2  # 1: paddle.save pickles (read only by convert_pickled); 2: safetensors + JSON
+HEADER_KEY = "gptplan"  # the safetensors header entry holding the JSON structure
+SCALER_FILE = "scaler.json"
+PICKLED_SUFFIXES = (".pdparams", ".pdopt", ".pdstate")
+
+
+class CheckpointError(UserError):
+    """A checkpoint that cannot be used as it is (another format, another model, no
+    weights): one line naming it and the way on."""
 
 
 @dataclass(frozen=True)
@@ -125,7 +143,34 @@ def verify(folder: Path) -> str | None:
             return "state.json has no step"
     except (OSError, ValueError):
         return "state.json is unreadable"
+    return weights_problem(folder, state, files)
+
+
+def weights_problem(folder: Path, state: dict, files: dict) -> str | None:
+    """None if the checkpoint holds model weights (every model file state.json lists is in
+    the manifest and holds tensors), else what is wrong."""
+    if is_pickled(folder):
+        return None  # resume_point and resolve_checkpoint refuse it (or convert it)
+    models = state.get("model_files")
+    if not isinstance(models, list) or not models:
+        return "it holds no model weights (state.json lists no model file)"
+    for name in models:
+        if not isinstance(name, str) or name not in files or "/" in name:
+            return f"it holds no model weights ({name!r} is not in manifest.json)"
+        if not _tensor_names(Path(folder) / name):
+            return f"it holds no model weights ({name} holds no tensors)"
     return None
+
+
+def _tensor_names(path: Path) -> list[str]:
+    """The tensor names in a safetensors file's header (nothing else is read)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="np") as handle:
+            return list(handle.keys())
+    except (SafetensorError, OSError, ValueError):
+        return []
 
 
 def move_aside(folder: Path) -> Path:
@@ -141,10 +186,16 @@ def move_aside(folder: Path) -> Path:
     return target
 
 
-def resume_point(root: Path, *, log=print) -> Path | None:
+def resume_point(root: Path, *, log=print, trust_pickled: bool = False) -> Path | None:
     """The newest checkpoint that verifies; damaged newer ones are moved aside with one line
-    each (`log`). Called by the runner before it launches the ranks."""
+    each (`log`). One of the earlier pickled format is refused (CheckpointError), or with
+    `trust_pickled` (--trust-pickled-checkpoint) converted. Called by the runner before it
+    launches the ranks, so no rank ever reads a pickle."""
     for _, folder in reversed(complete_checkpoints(root)):
+        if is_pickled(folder) and verify(folder) is None:
+            if not trust_pickled:
+                raise pickled_refusal(folder)
+            folder = convert_pickled(folder, log=log)
         problem = verify(folder)
         if problem is None:
             return folder
@@ -213,21 +264,25 @@ def write_shard(
     write_model: bool,
     write_optimizer: bool,
 ) -> None:
-    import paddle
-
+    """Write this rank's part (safetensors and JSON; `model_state` under canonical names:
+    `model_state(model)`)."""
     with guard_disk_writes(tmp):
         if write_model:
-            paddle.save(untie(model_state), str(tmp / f"model.{shard.model_tag}.pdparams"))
+            save_tensors(tmp / model_file(shard), untie(model_state), kind="model")
         if write_optimizer:
-            paddle.save(optimizer_state, str(tmp / f"optimizer.{shard.optimizer_tag}.pdopt"))
+            save_tensors(tmp / optimizer_file(shard), optimizer_state, kind="optimizer")
         if scaler_state is not None and shard == ShardId():
-            paddle.save(scaler_state, str(tmp / "scaler.pdstate"))
+            write_json_file(tmp / SCALER_FILE, _tree(scaler_state, {}, ""))
 
 
 def commit(tmp: Path, state: dict, *, keep_last: int) -> Path:
     """Write state.json and the manifest, fsync, rename the folder into place, drop the
     oldest ones."""
     state_file = tmp / "state.json"
+    models = sorted(p.name for p in tmp.glob("model.*.safetensors"))
+    if not models:
+        raise CheckpointError(f"{tmp}: no rank wrote model weights; the checkpoint is not kept")
+    state = {**state, "format": FORMAT, "model_files": models}
     with guard_disk_writes(tmp, needed_bytes=4096):
         with open(state_file, "w", encoding="utf-8") as handle:
             json.dump(state, handle, indent=1)
@@ -299,10 +354,258 @@ def protected(found: list[tuple[int, Path]]) -> set[Path]:
 
 
 def load_shard(path: Path, shard: ShardId) -> tuple[dict, dict, dict | None]:
+    """This rank's model state (canonical names, tied weights re-attached), optimizer state
+    and scaler state; safetensors and JSON only (a checkpoint of the pickled format is
+    converted by the runner before any rank starts: `resume_point`)."""
+    path = Path(path)
+    model = retie(load_tensors(path / model_file(shard), kind="model"))
+    optimizer = load_tensors(path / optimizer_file(shard), kind="optimizer")
+    scaler_path = path / SCALER_FILE
+    scaler = _untree(read_json_file(scaler_path), {}) if scaler_path.is_file() else None
+    return model, optimizer, scaler
+
+
+# ---- the format: safetensors for tensors, JSON for the rest ----------------------------------
+
+
+def model_file(shard: ShardId) -> str:
+    return f"model.{shard.model_tag}.safetensors"
+
+
+def optimizer_file(shard: ShardId) -> str:
+    return f"optimizer.{shard.optimizer_tag}.safetensors"
+
+
+def canonical_model(model):
+    """The bare model inside the wrappers that trained it: fleet's DataParallel,
+    ShardingParallel, TensorParallel and PipelineParallel keep it in `_layers`, sharding
+    stage 2/3 (GroupShardedStage2/3) in `_layer`. Its state dict has the structured names of
+    the PaddleNLP model (a pipeline model's own state_dict maps its stage names back to them)."""
+    seen = 0
+    while seen < 8:
+        inner = getattr(model, "_layers", None)
+        if inner is None or not hasattr(inner, "state_dict"):
+            inner = getattr(model, "_layer", None)
+        if inner is None or not hasattr(inner, "state_dict"):
+            return model
+        model, seen = inner, seen + 1
+    return model
+
+
+def model_state(model) -> dict:
+    """The model's state dict under canonical names (`canonical_model`)."""
+    return dict(canonical_model(model).state_dict())
+
+
+def _listing(names, limit: int = 4) -> str:
+    names = sorted(names)
+    shown = ", ".join(names[:limit])
+    return f"{shown} and {len(names) - limit} more" if len(names) > limit else shown
+
+
+def load_model_state(model, state: dict, *, source: str) -> None:
+    """Load `state` (canonical names) into `model` (or the bare model inside its wrappers);
+    names the model does not have, names it has that `state` lacks and shapes that differ are
+    one CheckpointError naming them: never a key skipped with a warning."""
+    bare = canonical_model(model)
+    expected = bare.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    shapes = [
+        f"{k} {list(state[k].shape)} (model: {list(expected[k].shape)})"
+        for k in expected
+        if k in state and list(state[k].shape) != list(expected[k].shape)
+    ]
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} missing ({_listing(missing)})")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected ({_listing(unexpected)})")
+    if shapes:
+        problems.append(f"{len(shapes)} of another shape ({_listing(shapes, 2)})")
+    if problems:
+        raise CheckpointError(
+            f"checkpoint {source} does not match the model: of {len(expected)} tensors, "
+            + "; ".join(problems)
+            + "; it was written by another model or layout (nothing was loaded)"
+        )
+    ordered = {}
+    for key, param in expected.items():
+        value = state[key]
+        if value.dtype != param.dtype:
+            value = value.astype(param.dtype)
+        ordered[key] = value
+    bare.set_state_dict(ordered)
+
+
+def _is_tensor(value) -> bool:
     import paddle
 
-    model = retie(paddle.load(str(path / f"model.{shard.model_tag}.pdparams")))
-    optimizer = paddle.load(str(path / f"optimizer.{shard.optimizer_tag}.pdopt"))
-    scaler_file = path / "scaler.pdstate"
-    scaler = paddle.load(str(scaler_file)) if scaler_file.exists() else None
-    return model, optimizer, scaler
+    return isinstance(value, paddle.Tensor)
+
+
+def _tree(value, tensors: dict, path: str):
+    """A JSON-able copy of `value` with tensors and arrays moved into `tensors` (under their
+    path) and replaced by {"__tensor__": name} / {"__ndarray__": name}."""
+    import numpy as np
+
+    if _is_tensor(value):
+        tensors[path] = value
+        return {"__tensor__": path}
+    if isinstance(value, np.ndarray):
+        tensors[path] = value
+        return {"__ndarray__": path}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"checkpoint state key {key!r} at {path!r} is not a string")
+            out[key] = _tree(item, tensors, f"{path}/{key}" if path else key)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_tree(item, tensors, f"{path}/{i}") for i, item in enumerate(value)]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"checkpoint state at {path!r} is a {type(value).__name__}")
+
+
+def _untree(value, tensors: dict):
+    if isinstance(value, dict):
+        if set(value) == {"__tensor__"}:
+            return tensors[value["__tensor__"]]
+        if set(value) == {"__ndarray__"}:
+            return tensors[value["__ndarray__"]].numpy()
+        return {k: _untree(v, tensors) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_untree(v, tensors) for v in value]
+    return value
+
+
+def save_tensors(path: Path, state: dict, *, kind: str) -> None:
+    """`state` (a dict of tensors, numbers, strings, nested dicts) as one safetensors file:
+    the tensors by their path (`a/b`), the rest as JSON in the header."""
+    import numpy as np
+    import paddle
+    from safetensors.paddle import save_file
+
+    state = dict(state)
+    tied = state.pop(TIED_KEY, None) or {}
+    tensors: dict = {}
+    tree = _tree(state, tensors, "")
+    flat = {
+        name: paddle.to_tensor(v) if isinstance(v, np.ndarray) else v.contiguous()
+        for name, v in tensors.items()
+    }
+    header = {"format": FORMAT, "kind": kind, "tree": tree, "tied": tied}
+    save_file(flat, str(path), metadata={HEADER_KEY: json.dumps(header)})
+
+
+def load_tensors(path: Path, *, kind: str) -> dict:
+    """What `save_tensors` wrote (the model's tied names in TIED_KEY); a file that is not one
+    is a CheckpointError naming it."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {path} is missing: no {kind} state of this shard")
+    try:
+        with safe_open(str(path), framework="paddle") as handle:
+            header = json.loads((handle.metadata() or {}).get(HEADER_KEY, "null"))
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(
+            f"checkpoint file {path} is not readable safetensors ({exc})"
+        ) from None
+    if not isinstance(header, dict) or header.get("kind") != kind:
+        raise CheckpointError(f"checkpoint file {path} is not a {kind} state written by the runner")
+    try:
+        state = _untree(header.get("tree") or {}, tensors)
+    except KeyError as exc:
+        raise CheckpointError(
+            f"checkpoint file {path}: its header names tensor {exc} it does not hold"
+        ) from None
+    if kind == "model" and not tensors:
+        raise CheckpointError(f"checkpoint file {path} holds no model weights")
+    if header.get("tied"):
+        state[TIED_KEY] = dict(header["tied"])
+    return state
+
+
+def write_json_file(path: Path, data) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_json_file(path: Path):
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        raise CheckpointError(f"checkpoint file {path} is not readable JSON") from None
+
+
+# ---- the earlier, pickled format -------------------------------------------------------------
+
+
+def is_pickled(folder: Path) -> bool:
+    """A checkpoint of the earlier format (paddle.save pickles), which only
+    `convert_pickled` (behind --trust-pickled-checkpoint) reads."""
+    folder = Path(folder)
+    state = checkpoint_state(folder) or {}
+    if state.get("format") == FORMAT:
+        return False
+    return any(folder.glob(f"*{suffix}") for suffix in PICKLED_SUFFIXES)
+
+
+def pickled_refusal(folder: Path) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint {folder} is in the earlier pickled format (model.*.pdparams); loading a "
+        "pickle runs any code the file holds, so it is not read. If this run directory is "
+        "your own, rerun with --trust-pickled-checkpoint to convert it once into safetensors "
+        "(the pickles are kept in checkpoints/pickled/); else start over with --fresh",
+        key="--trust-pickled-checkpoint",
+    )
+
+
+def convert_pickled(folder: Path, *, log=print) -> Path:
+    """Unpickle a checkpoint of the earlier format (paddle.load: this RUNS CODE a crafted file
+    holds; only behind --trust-pickled-checkpoint) and write it as format 2 in its place; the
+    pickled folder is moved to `<root>/pickled/`. Returns the converted folder."""
+    import paddle
+
+    folder = Path(folder)
+    tmp = folder.with_name(folder.name + ".convert.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        for src in sorted(folder.iterdir()):
+            if src.suffix == ".pdparams" and src.name.startswith("model."):
+                state = paddle.load(str(src))
+                save_tensors(tmp / f"{src.stem}.safetensors", state, kind="model")
+            elif src.suffix == ".pdopt" and src.name.startswith("optimizer."):
+                state = paddle.load(str(src))
+                save_tensors(tmp / f"{src.stem}.safetensors", state, kind="optimizer")
+            elif src.name == "scaler.pdstate":
+                write_json_file(tmp / SCALER_FILE, _tree(paddle.load(str(src)), {}, ""))
+        state = read_state(folder)
+        state.pop("format", None)
+        commit_dir = tmp.with_name(folder.name + ".tmp")
+        shutil.rmtree(commit_dir, ignore_errors=True)
+        os.replace(tmp, commit_dir)
+        kept = folder.parent / "pickled" / folder.name
+        kept.parent.mkdir(exist_ok=True)
+        if kept.exists():
+            shutil.rmtree(kept)
+        os.replace(folder, kept)
+        final = commit(commit_dir, state, keep_last=1 << 30)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(
+        f"--trust-pickled-checkpoint: {folder.name} converted to safetensors (the pickled "
+        f"files are kept in {kept})"
+    )
+    return final

@@ -93,8 +93,20 @@ def _execute_args(ex: argparse.ArgumentParser) -> None:
     )
 
 
+TRUST_PICKLED_HELP = (
+    "read a checkpoint of the earlier pickled format (model.*.pdparams) and convert it once "
+    "into safetensors; unpickling RUNS ANY CODE the file holds: only for run directories you "
+    "wrote yourself (default: refused, exit 2)"
+)
+
+
+def _trust_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trust-pickled-checkpoint", action="store_true", help=TRUST_PICKLED_HELP)
+
+
 def _resume_policy_args(ex: argparse.ArgumentParser) -> None:
     """What a resume does with changed data or a diverged loss (refused by default)."""
+    _trust_arg(ex)
     ex.add_argument(
         "--accept-new-data",
         action="store_true",
@@ -123,6 +135,7 @@ def _export_args(exp: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also write the paddle.jit.save inference export (RUN_DIR/export)",
     )
+    _trust_arg(exp)
 
 
 def _generate_args(gen: argparse.ArgumentParser) -> None:
@@ -138,13 +151,15 @@ def _generate_args(gen: argparse.ArgumentParser) -> None:
     gen.add_argument(
         "--min-new-tokens",
         type=int,
-        default=0,
-        help="generate at least this many tokens before <eod> may end the sample",
+        default=None,
+        help="generate at least this many tokens before <eod> may end the sample (default: "
+        "half of --max-new-tokens; 0 lets <eod> end it at once)",
     )
     gen.add_argument("--top-k", type=int, default=8, help="sample from the k likeliest tokens")
     gen.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     gen.add_argument("--seed", type=int, default=0, help="random seed of the sampling")
     gen.add_argument("--json", action="store_true", help="print the sample as JSON")
+    _trust_arg(gen)
 
 
 def main(argv: list[str] | None = None, *, started_at: float | None = None) -> int:
@@ -200,6 +215,7 @@ def execute_request(args: argparse.Namespace, started_at: float) -> ExecuteReque
         fresh=args.fresh,
         accept_new_data=args.accept_new_data,
         ignore_divergence=args.ignore_divergence,
+        trust_pickled_checkpoint=args.trust_pickled_checkpoint,
         local=args.local,
         max_steps=args.max_steps,
         overrides=tuple(args.set),
@@ -225,13 +241,21 @@ def _run_plan(run_dir: Path) -> Plan:
 
 
 def cmd_export(args) -> int:
-    from runner.export import export_model, export_pretrained
+    from runner.export import export_model, export_pretrained, export_summary
 
     plan = _run_plan(args.run_dir)
-    out = export_pretrained(plan, args.run_dir, checkpoint=args.checkpoint, out_dir=args.out)
+    trust = args.trust_pickled_checkpoint
+    out = export_pretrained(
+        plan, args.run_dir, checkpoint=args.checkpoint, out_dir=args.out, trust_pickled=trust
+    )
     print(f"PaddleNLP format (AutoModelForCausalLM / AutoTokenizer.from_pretrained): {out}")
     if args.jit:
-        print(f"exported for inference (paddle.jit.save): {export_model(plan, args.run_dir)}")
+        print(
+            "exported for inference (paddle.jit.save): "
+            f"{export_model(plan, args.run_dir, checkpoint=args.checkpoint, trust_pickled=trust)}"
+        )
+    jit_dir = args.run_dir if args.jit else None
+    print(f"export done, verified: {export_summary(out, jit_run_dir=jit_dir)}")
     return 0
 
 
@@ -243,7 +267,7 @@ def cmd_generate(args) -> int:
         ("--top-k", args.top_k, 1),
         ("--min-new-tokens", args.min_new_tokens, 0),
     ):
-        if value < low:
+        if value is not None and value < low:
             raise UserError(f"{value} must be >= {low}", key=key)
     if not args.temperature > 0:
         raise UserError(f"{args.temperature} must be > 0", key="--temperature")
@@ -253,8 +277,11 @@ def cmd_generate(args) -> int:
         prompt=args.prompt,
         checkpoint=args.checkpoint,
         max_new_tokens=args.max_new_tokens,
-        min_new_tokens=args.min_new_tokens,
+        min_new_tokens=(
+            args.max_new_tokens // 2 if args.min_new_tokens is None else args.min_new_tokens
+        ),
         top_k=args.top_k,
+        trust_pickled=args.trust_pickled_checkpoint,
         temperature=args.temperature,
         seed=args.seed,
     )

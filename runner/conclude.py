@@ -127,19 +127,38 @@ def finished_run(run: Run, resume: Resume) -> int:
 
 
 def export(run: Run, *, only_if_missing: bool = False) -> None:
-    from runner.export import PRETRAINED_DIR, export_model, export_pretrained
+    """The PaddleNLP-format export (and with --export the jit one) of the newest checkpoint,
+    each verified by logits (runner.export); with `only_if_missing` (a rerun of a finished
+    run) only the ones that are not whole and verified for that checkpoint are redone, and
+    what a killed export left is removed."""
+    from runner.export import (
+        PRETRAINED_DIR,
+        export_model,
+        export_pretrained,
+        export_summary,
+        remove_partial_exports,
+        verified_export,
+        verified_jit,
+    )
 
-    marker = run.run_dir / PRETRAINED_DIR / "gptplan_checkpoint.txt"
     found = ckpt.complete_checkpoints(run.run_dir / "checkpoints")
     newest = found[-1][1].name if found else None
-    done = marker.is_file() and marker.read_text(errors="replace").strip() == newest
-    if only_if_missing and done:
-        return
-    path = export_pretrained(run.plan, run.run_dir)
-    retried = " (retried: the export after training had not happened)" if only_if_missing else ""
-    print(f"model + tokenizer in PaddleNLP format: {path}{retried}")
-    if run.request.export:
-        print(f"exported for inference (paddle.jit.save): {export_model(run.plan, run.run_dir)}")
+    pretrained = run.run_dir / PRETRAINED_DIR
+    trust = run.request.trust_pickled_checkpoint
+    remove_partial_exports(run.run_dir)
+    retried = " (retried: the export after training had not finished)" if only_if_missing else ""
+    did = False
+    if not (only_if_missing and verified_export(pretrained, newest)):
+        path = export_pretrained(run.plan, run.run_dir, trust_pickled=trust)
+        print(f"model + tokenizer in PaddleNLP format: {path}{retried}")
+        did = True
+    if run.request.export and not (only_if_missing and verified_jit(run.run_dir, newest)):
+        path = export_model(run.plan, run.run_dir, trust_pickled=trust)
+        print(f"exported for inference (paddle.jit.save): {path}{retried}")
+        did = True
+    if did:
+        jit_dir = run.run_dir if run.request.export else None
+        print(f"export done, verified: {export_summary(pretrained, jit_run_dir=jit_dir)}")
 
 
 def report(run: Run, resume: Resume, result: dict | None) -> int:
@@ -207,7 +226,9 @@ def rank_error_line(log_dir: Path) -> str | None:
     for log in sorted(Path(log_dir).glob("workerlog.*")):
         for line in log.read_text(errors="replace").splitlines():
             if line.startswith("error: ") and (
-                "no space left" in line or "is not writable" in line
+                "no space left" in line
+                or "is not writable" in line
+                or line.startswith("error: checkpoint ")
             ):
                 return line
     return None

@@ -121,7 +121,13 @@ def read_resume_state(run: Run) -> Resume:
     """Node 0 bills the whole cluster (price x nnodes x its wall-clock time) and may repair
     the journal; other nodes only read it for the budget check."""
     writer = run.node_rank == 0 and not run.request.dry_run
-    latest, state = check_resume(run.plan, run.run_dir, run.plan_file, repair=writer)
+    latest, state = check_resume(
+        run.plan,
+        run.run_dir,
+        run.plan_file,
+        repair=writer,
+        trust_pickled=run.request.trust_pickled_checkpoint,
+    )
     step = int(state["step"]) if state else 0
     if step < run.plan.training.max_steps:
         from runner import divergence

@@ -28,6 +28,7 @@ class ExecuteRequest:
     fresh: bool = False
     accept_new_data: bool = False
     ignore_divergence: bool = False
+    trust_pickled_checkpoint: bool = False  # convert a pickled checkpoint (runs its code)
     local: bool = False
     max_steps: int | None = None
     overrides: tuple[str, ...] = ()  # --set SECTION.KEY=VALUE, in order

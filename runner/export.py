@@ -180,10 +180,22 @@ def repair_run_tokenizer(plan: Plan, run_dir: Path, problem: str, *, log=print) 
     return _write_run_tokenizer(plan, out, model_file=model_file, source_identity=identity)
 
 
-def resolve_checkpoint(run_dir: Path, checkpoint: str | None = None, *, log=print) -> Path:
+def resolve_checkpoint(
+    run_dir: Path, checkpoint: str | None = None, *, log=print, trust_pickled: bool = False
+) -> Path:
     """The newest complete checkpoint that matches its manifest (a damaged newer one is
     skipped with one line; the run's next `runner execute` moves it aside), or the one named
-    by step number or folder (refused, one line, if it is damaged)."""
+    by step number or folder (refused, one line, if it is damaged). One of the earlier
+    pickled format is refused, or converted with `trust_pickled`."""
+    path = _resolve_checkpoint(run_dir, checkpoint, log=log)
+    if ckpt.is_pickled(path):
+        if not trust_pickled:
+            raise ckpt.pickled_refusal(path)
+        path = ckpt.convert_pickled(path, log=log)
+    return path
+
+
+def _resolve_checkpoint(run_dir: Path, checkpoint: str | None, *, log) -> Path:
     root = Path(run_dir) / "checkpoints"
     found = ckpt.complete_checkpoints(root)
     if not found:
@@ -216,29 +228,234 @@ def resolve_checkpoint(run_dir: Path, checkpoint: str | None = None, *, log=prin
     )
 
 
-def _check_exportable(plan: Plan) -> None:
-    if plan.parallel.tensor_parallel_degree > 1 or plan.parallel.pipeline_parallel_degree > 1:
-        raise UserError(
-            "export of tensor/pipeline-parallel shards is not supported; merge the shards first",
-            key="parallel",
+def _shard_grid(plan: Plan, checkpoint: Path) -> dict[tuple[int, int], str]:
+    """{(pipeline rank, tensor rank): model file} of `checkpoint`, every one the plan's layout
+    writes (a missing one is a CheckpointError naming it)."""
+    import re
+
+    state = ckpt.read_state(checkpoint)
+    files = state.get("model_files") or []
+    grid = {}
+    for name in files:
+        match = re.fullmatch(r"model\.tp(\d+)_pp(\d+)\.safetensors", str(name))
+        if match:
+            grid[(int(match.group(2)), int(match.group(1)))] = str(name)
+    tp, pp = plan.parallel.tensor_parallel_degree, plan.parallel.pipeline_parallel_degree
+    wanted = {(s, t) for s in range(pp) for t in range(tp)}
+    if set(grid) != wanted:
+        raise ckpt.CheckpointError(
+            f"checkpoint {checkpoint} holds model files for {len(grid)} shards, the plan's "
+            f"layout (tp {tp} x pp {pp}) writes {len(wanted)}: missing "
+            + (", ".join(f"pp{s:02d} tp{t:02d}" for s, t in sorted(wanted - set(grid))) or "none")
+            + f"; unexpected {len(set(grid) - wanted)}"
         )
+    return grid
+
+
+def merge_tensor_parallel(plan: Plan, shards: list[dict]) -> dict:
+    """One state dict from the tensor-parallel ranks' ones (in rank order), merged along each
+    weight's split axis by the family's own PaddleNLP mappings
+    (`_get_tensor_parallel_mappings(config, is_split=False)`); unsplit tensors from rank 0."""
+    import dataclasses as dc
+
+    import numpy as np
+    import paddle
+
+    from runner.model import _import, build_config
+
+    if len(shards) == 1:
+        return shards[0]
+    spec = families.get(plan.model.family)
+    single = dc.replace(plan.parallel, pipeline_parallel_degree=1)
+    config = build_config(plan.model, single, seq_len=plan.training.seq_len)
+    config.tensor_parallel_degree, config.tensor_parallel_rank = len(shards), 0
+    cls = _import(spec.causal_lm_class)
+    actions = cls._get_tensor_parallel_mappings(config, is_split=False)
+    names = cls._resolve_prefix_keys(actions.keys(), shards[0].keys(), ignore_error=True)
+    for short, full in names.items():
+        actions[full] = actions.pop(short)
+    merged = {}
+    for key, value in shards[0].items():
+        if key in actions:
+            parts = [np.asarray(s[key].astype("float32").numpy()) for s in shards]
+            merged[key] = paddle.to_tensor(actions[key](parts))
+        else:
+            merged[key] = value
+    return merged
+
+
+def merged_model_state(plan: Plan, checkpoint: Path) -> dict:
+    """The checkpoint's model as one state dict (canonical names, fp32): tensor-parallel
+    shards merged along their split axes, pipeline stages concatenated."""
+    grid = _shard_grid(plan, checkpoint)
+    merged: dict = {}
+    for stage in range(plan.parallel.pipeline_parallel_degree):
+        shards = []
+        for rank in range(plan.parallel.tensor_parallel_degree):
+            state = ckpt.retie(ckpt.load_tensors(checkpoint / grid[(stage, rank)], kind="model"))
+            shards.append({k: v.astype("float32") for k, v in state.items()})
+        for key, value in merge_tensor_parallel(plan, shards).items():
+            merged.setdefault(key, value)  # a weight shared by two stages: the first's
+    return merged
 
 
 def load_trained_model(plan: Plan, checkpoint: Path):
-    """The family's PaddleNLP causal LM (fp32, eval mode) with the weights of `checkpoint`."""
+    """The family's PaddleNLP causal LM (one process, fp32, eval mode) with the weights of
+    `checkpoint`, merged from every shard its layout wrote; any name or shape that does not
+    match the model is an error (runner.checkpoint.load_model_state)."""
     import paddle
 
     quiet_paddlenlp()
-    _check_exportable(plan)
     paddle.set_device("cpu")
-    single = dataclasses.replace(plan.parallel, recompute="none", sequence_parallel=False)
-    net = build_model(plan.model, single, seq_len=plan.training.seq_len)
-    state, _, _ = ckpt.load_shard(checkpoint, ckpt.ShardId())
-    net.set_state_dict(
-        {k: v.astype("float32") if hasattr(v, "astype") else v for k, v in state.items()}
+    single = dataclasses.replace(
+        plan.parallel,
+        recompute="none",
+        sequence_parallel=False,
+        tensor_parallel_degree=1,
+        pipeline_parallel_degree=1,
+        data_parallel_degree=1,
+        sharding="",
+        sharding_parallel_degree=1,
+        nnodes=1,
+        nproc_per_node=1,
     )
+    net = build_model(plan.model, single, seq_len=plan.training.seq_len)
+    ckpt.load_model_state(net, merged_model_state(plan, checkpoint), source=str(checkpoint))
     net.eval()
     return net
+
+
+# ---- verification: an export computes what the checkpoint does -------------------------------
+
+EXPORT_RECORD = "gptplan_export.json"  # in export/paddlenlp: written last, after the check
+JIT_RECORD = "gptplan_jit.json"  # beside export/model.*, written last (paddle.jit.load reads
+# every model*.json in the folder as a program: the record must not be one)
+LOGIT_TOLERANCE = 1e-4  # max |logit difference| (fp32) an export may show on the fixed batch
+
+
+def fixed_batch(vocab_size: int, seq_len: int):
+    """The batch every export is checked on: 2 sequences of min(seq_len, 16) token ids drawn
+    with seed 0 from the first min(vocab_size, 1000) ids."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return rng.integers(0, min(vocab_size, 1000), size=(2, min(seq_len, 16)), dtype=np.int64)
+
+
+def logits_of(net, batch):
+    import paddle
+
+    with paddle.no_grad():
+        out = net(paddle.to_tensor(batch, dtype="int64"))
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    if hasattr(out, "logits"):
+        out = out.logits
+    return out.astype("float32").numpy()
+
+
+def compare_logits(want, got, *, what: str) -> float:
+    """The max |logit difference|; above LOGIT_TOLERANCE (or another shape) an error."""
+    import numpy as np
+
+    if want.shape != got.shape:
+        raise ckpt.CheckpointError(
+            f"{what} gives logits of shape {list(got.shape)}, the checkpoint {list(want.shape)}"
+        )
+    diff = float(np.max(np.abs(want - got)))
+    if not diff <= LOGIT_TOLERANCE:
+        raise ckpt.CheckpointError(
+            f"{what} does not reproduce the checkpoint: max |logit difference| {diff:.3g} on "
+            f"the fixed batch (allowed {LOGIT_TOLERANCE:g}); the export is not kept"
+        )
+    return diff
+
+
+def _write_record(path: Path, record: dict) -> None:
+    import json
+
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(record, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _read_record(path: Path) -> dict:
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _files_match(folder: Path, files) -> bool:
+    if not isinstance(files, dict) or not files:
+        return False
+    for name, digest in files.items():
+        path = Path(folder) / str(name)
+        if "/" in str(name) or not path.is_file() or _file_hash(path) != digest:
+            return False
+    return True
+
+
+def verified_export(folder: Path, checkpoint: str | None = None) -> dict | None:
+    """The verification record of a PaddleNLP-format export if the export is whole (every
+    file matches the checksums written after its logits were checked, weights in
+    safetensors, no pickle) and, when given, of checkpoint `checkpoint`; else None."""
+    folder = Path(folder)
+    record = _read_record(folder / EXPORT_RECORD)
+    files = record.get("files")
+    if not isinstance(files, dict) or "model.safetensors" not in files:
+        return None
+    if not _files_match(folder, files):
+        return None
+    if any(folder.glob("*.pdparams")):
+        return None
+    if checkpoint is not None and record.get("checkpoint") != checkpoint:
+        return None
+    return record
+
+
+def verified_jit(run_dir: Path, checkpoint: str | None = None) -> dict | None:
+    """Like `verified_export`, for the paddle.jit.save export (`export/model.*`)."""
+    folder = Path(run_dir) / "export"
+    record = _read_record(folder / JIT_RECORD)
+    if not _files_match(folder, record.get("files")):
+        return None
+    if checkpoint is not None and record.get("checkpoint") != checkpoint:
+        return None
+    return record
+
+
+def export_summary(folder: Path, *, jit_run_dir: Path | None = None) -> str:
+    """One phrase for the user: what the export was checked against and how well it matched."""
+    records = [("PaddleNLP format", _read_record(Path(folder) / EXPORT_RECORD))]
+    if jit_run_dir is not None:
+        records.append(("jit", _read_record(Path(jit_run_dir) / "export" / JIT_RECORD)))
+    parts = [
+        f"{what} max |logit difference| {r.get('max_abs_logit_diff', float('nan')):.2g}"
+        for what, r in records
+    ]
+    first = records[0][1]
+    shape = "x".join(str(n) for n in first.get("batch_shape", []))
+    return (
+        f"reloaded and compared with {first.get('checkpoint')} on a fixed {shape} batch of "
+        f"token ids: {', '.join(parts)} (measured; allowed {LOGIT_TOLERANCE:g})"
+    )
+
+
+def remove_partial_exports(run_dir: Path) -> None:
+    """What a killed export left: `export/.paddlenlp.*`, `export/.jit.*`, `*.old` folders."""
+    folder = Path(run_dir) / "export"
+    if not folder.is_dir():
+        return
+    for child in folder.iterdir():
+        if child.name.startswith((".paddlenlp.", ".jit.")) or child.name.endswith(".old"):
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
 
 
 def load_run_tokenizer(run_dir: Path, plan: Plan | None = None, *, log=print):
@@ -288,21 +505,49 @@ def set_special_ids(net, tokenizer) -> None:
 
 
 def export_pretrained(
-    plan: Plan, run_dir: Path, *, checkpoint: str | None = None, out_dir: Path | None = None
+    plan: Plan,
+    run_dir: Path,
+    *,
+    checkpoint: str | None = None,
+    out_dir: Path | None = None,
+    trust_pickled: bool = False,
 ) -> Path:
-    """Write model + tokenizer with `save_pretrained` (PaddleNLP format); returns the folder."""
+    """Write model + tokenizer with `save_pretrained` (PaddleNLP format, weights as
+    safetensors), reload it with AutoModelForCausalLM and compare its logits with the
+    checkpoint's on the fixed batch; only a matching export is moved into place, with its
+    record (EXPORT_RECORD: checkpoint, checksums, the difference). Returns the folder."""
+    from paddlenlp.transformers import AutoModelForCausalLM
+
     run_dir = Path(run_dir)
-    path = resolve_checkpoint(run_dir, checkpoint)
+    path = resolve_checkpoint(run_dir, checkpoint, trust_pickled=trust_pickled)
     tokenizer = load_run_tokenizer(run_dir, plan)
     net = load_trained_model(plan, path)
     set_special_ids(net, tokenizer)
+    batch = fixed_batch(plan.model.vocab_size, plan.training.seq_len)
+    want = logits_of(net, batch)
     out = Path(out_dir) if out_dir else run_dir / PRETRAINED_DIR
     out.parent.mkdir(parents=True, exist_ok=True)
+    if out_dir is None:
+        remove_partial_exports(run_dir)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        net.save_pretrained(str(tmp))
+        net.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
         (tmp / "gptplan_checkpoint.txt").write_text(f"{path.name}\n")
+        reloaded = AutoModelForCausalLM.from_pretrained(str(tmp), use_safetensors=True)
+        reloaded.eval()
+        diff = compare_logits(want, logits_of(reloaded, batch), what=f"the export of {path}")
+        files = {p.name: _file_hash(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+        _write_record(
+            tmp / EXPORT_RECORD,
+            {
+                "checkpoint": path.name,
+                "files": files,
+                "max_abs_logit_diff": diff,
+                "batch_shape": list(batch.shape),
+                "tolerance": LOGIT_TOLERANCE,
+            },
+        )
         _replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -333,13 +578,48 @@ def _jit_save(plan: Plan, net, prefix: Path) -> None:
         paddle.jit.save(net, str(prefix), input_spec=spec)
 
 
-def export_model(plan: Plan, run_dir: Path) -> Path:
+def export_model(
+    plan: Plan, run_dir: Path, *, checkpoint: str | None = None, trust_pickled: bool = False
+) -> Path:
     """paddle.jit.save of the newest checkpoint (static graph + params) for inference; input
-    `input_ids` [batch, seq] int64 (any sizes), output the logits."""
-    net = load_trained_model(plan, resolve_checkpoint(run_dir))
-    prefix = Path(run_dir) / "export" / "model"
-    _jit_save(plan, net, prefix)
-    return prefix
+    `input_ids` [batch, seq] int64 (any sizes), output the logits. Saved into a temporary
+    folder, reloaded with paddle.jit.load and compared by logits with the checkpoint; only
+    then moved to `export/model.*`, its record (JIT_RECORD) written last."""
+    import paddle
+
+    run_dir = Path(run_dir)
+    path = resolve_checkpoint(run_dir, checkpoint, trust_pickled=trust_pickled)
+    net = load_trained_model(plan, path)
+    batch = fixed_batch(plan.model.vocab_size, plan.training.seq_len)
+    want = logits_of(net, batch)
+    folder = run_dir / "export"
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".jit.", dir=folder))
+    try:
+        _jit_save(plan, net, tmp / "model")
+        loaded = paddle.jit.load(str(tmp / "model"))
+        diff = compare_logits(want, logits_of(loaded, batch), what=f"the jit export of {path}")
+        (folder / JIT_RECORD).unlink(missing_ok=True)  # the old one no longer describes them
+        for old in folder.glob("model.*"):
+            if old.is_file():
+                old.unlink()
+        files = {}
+        for part in sorted(tmp.iterdir()):
+            files[part.name] = _file_hash(part)
+            os.replace(part, folder / part.name)
+        _write_record(
+            folder / JIT_RECORD,
+            {
+                "checkpoint": path.name,
+                "files": files,
+                "max_abs_logit_diff": diff,
+                "batch_shape": list(batch.shape),
+                "tolerance": LOGIT_TOLERANCE,
+            },
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder / "model"
 
 
 def generate(
@@ -352,28 +632,33 @@ def generate(
     top_k: int = 8,
     temperature: float = 1.0,
     seed: int = 0,
+    trust_pickled: bool = False,
 ) -> dict:
     """Sample a continuation of `prompt` with PaddleNLP's generation API.
 
-    From `export/paddlenlp` (the end-of-run export) unless a checkpoint is named, in which case
-    the model is built from that checkpoint and the run's tokenizer.
+    From `export/paddlenlp` (the end-of-run export) when it is verified (its record matches
+    its files: runner.export.verified_export) and no checkpoint is named; else the model is
+    built from the named (or newest) checkpoint and the run's tokenizer, and `source` says
+    why the export was not used.
     """
     from gptplan.plan import load_plan
 
     run_dir = Path(run_dir)
     pretrained = run_dir / PRETRAINED_DIR
-    use_export = checkpoint is None and (pretrained / "config.json").exists()
-    path = None if use_export else resolve_checkpoint(run_dir, checkpoint)  # bad input first
+    record = verified_export(pretrained) if checkpoint is None else None
+    path = (
+        None if record else resolve_checkpoint(run_dir, checkpoint, trust_pickled=trust_pickled)
+    )  # bad input first
     import paddle
     from paddlenlp.transformers import AutoModelForCausalLM
 
     quiet_paddlenlp()
-    if use_export:
+    if record:
         paddle.set_device("cpu")
-        net = AutoModelForCausalLM.from_pretrained(str(pretrained))
+        net = AutoModelForCausalLM.from_pretrained(str(pretrained), use_safetensors=True)
         net.eval()
         tokenizer = load_run_tokenizer(run_dir)
-        source = f"{pretrained} ({(pretrained / 'gptplan_checkpoint.txt').read_text().strip()})"
+        source = f"{pretrained} ({record.get('checkpoint')}, verified)"
     else:
         plan_file = run_dir / "plan.toml"
         if not plan_file.exists():
@@ -382,6 +667,8 @@ def generate(
         assert path is not None  # resolved above whenever the export is not used
         net = load_trained_model(load_plan(plan_file), path)
         source = str(path)
+        if checkpoint is None and pretrained.exists():
+            source += f" ({pretrained} is not a verified export: not used)"
     set_special_ids(net, tokenizer)
     real, total = len(tokenizer), int(net.config.vocab_size)
     if real > total:

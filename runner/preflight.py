@@ -114,18 +114,22 @@ def check_paths(plan: Plan, plan_file: Path) -> None:
 
 
 def check_resume(
-    plan: Plan, run_dir: Path, plan_file: Path, *, repair: bool
+    plan: Plan, run_dir: Path, plan_file: Path, *, repair: bool, trust_pickled: bool = False
 ) -> tuple[Path | None, dict | None]:
     """The newest checkpoint that verifies and its state, if it belongs to this plan. With
-    `repair`, damaged newer ones are moved aside (one line each); a dry run only reports."""
+    `repair`, damaged newer ones are moved aside (one line each); a dry run only reports.
+    One of the earlier pickled format is refused, or converted with `trust_pickled`
+    (runner.checkpoint.resume_point)."""
     root = run_dir / "checkpoints"
     if repair:
-        latest = ckpt.resume_point(root)
+        latest = ckpt.resume_point(root, trust_pickled=trust_pickled)
     else:
         latest = next(
             (f for _, f in reversed(ckpt.complete_checkpoints(root)) if ckpt.verify(f) is None),
             None,
         )
+        if latest is not None and ckpt.is_pickled(latest) and not trust_pickled:
+            raise ckpt.pickled_refusal(latest)
     if latest is None:
         return None, None
     state = ckpt.read_state(latest)

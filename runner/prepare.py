@@ -444,7 +444,7 @@ def _record_throughput(cache_dir: Path, meta: dict) -> None:
 
 def truncation_loss(data: PreparedData, seq_len: int) -> float:
     """Share of the tokens a non-packed run never sees: each document is cut to seq_len + 1."""
-    offsets = np.load(data.path / "docs.npy", mmap_mode="r")
+    offsets = np.load(data.path / "docs.npy", mmap_mode="r", allow_pickle=False)
     lengths = np.diff(offsets)
     total = int(lengths.sum())
     return float(1.0 - np.minimum(lengths, seq_len + 1).sum() / total) if total else 0.0

@@ -260,7 +260,7 @@ class Trainer(Generic[B]):
         ckpt.write_shard(
             tmp,
             self.rank.shard,
-            model_state=self.model.state_dict(),
+            model_state=ckpt.model_state(self.model),  # canonical names, any wrapper
             optimizer_state=self.optimizer.state_dict(),
             scaler_state=scaler_state,
             write_model=writer
@@ -275,10 +275,11 @@ class Trainer(Generic[B]):
 
     def restore(self, path: Path) -> None:
         model_state, optimizer_state, scaler_state = ckpt.load_shard(path, self.rank.shard)
-        self.model.set_state_dict(model_state)
+        # every name and shape must match (an error naming them, never a skipped key)
+        ckpt.load_model_state(self.model, model_state, source=str(path))
         self.optimizer.set_state_dict(optimizer_state)
         if self.scaler is not None and scaler_state is not None:
-            # paddle.load gives a plain dict; Paddle types the scaler's state as a TypedDict
+            # a plain dict from JSON; Paddle types the scaler's state as a TypedDict
             self.scaler.load_state_dict(scaler_state)  # type: ignore[arg-type]
 
 

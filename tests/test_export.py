@@ -74,7 +74,8 @@ def test_export_and_generate_from_a_checkpoint(family_run, tmp_path):
     out = tmp_path / "step8"
     proc = run_cli("runner", "export", str(family_run), "--checkpoint", "8", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (out / "model_state.pdparams").exists() and (out / "tokenizer_config.json").exists()
+    assert (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists()
+    assert not list(out.glob("*.pdparams"))  # nothing a reader would have to unpickle
     assert (out / "gptplan_checkpoint.txt").read_text().strip() == "step_00000008"
     sample = generate(family_run, prompt="这个手机", checkpoint="8", max_new_tokens=8, seed=1)
     assert sample["source"].endswith("step_00000008") and 0 < sample["new_tokens"] <= 8
@@ -83,6 +84,18 @@ def test_export_and_generate_from_a_checkpoint(family_run, tmp_path):
     assert again["continuation"] == sample["continuation"]  # seeded sampling repeats
     final = generate(family_run, prompt="这个手机", max_new_tokens=8, min_new_tokens=8)
     assert "export" in final["source"] and final["new_tokens"] == 8  # no early <eod>
+
+
+def test_generate_samples_half_its_length_by_default_from_the_verified_export(gpt_run):
+    """`runner generate` without --min-new-tokens returned one token (a tiny model's <eod>
+    came first); it now samples at least half of --max-new-tokens, from the export only
+    because its record matches its files."""
+    import json
+
+    proc = run_cli("runner", "generate", str(gpt_run), "--prompt", "这个手机", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sample = json.loads(proc.stdout)
+    assert sample["new_tokens"] >= 16 and sample["source"].endswith("verified)")
 
 
 def test_bad_export_and_generate_input_is_one_line(gpt_run, tmp_path):

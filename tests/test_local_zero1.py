@@ -91,3 +91,39 @@ def test_bank_faq_local_runs_zero1_over_two_processes_with_the_data_parallel_los
     assert len(a) == len(b) == 2
     assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
     assert a[1] != a[0]  # the second loss follows one optimizer update
+    assert "export done, verified" in zero1.stdout
+    assert "Skip loading" not in zero1.stdout + zero1.stderr
+    _export_is_the_trained_model(tmp_path / "z1")
+
+
+def _export_is_the_trained_model(run_dir):
+    """Issue 34: the ZeRO-1 run's export held the initial weights (the checkpoint's keys
+    carried fleet's `_layers.` prefix and were skipped). Its weights are the checkpoint's,
+    under the bare model's names, and its logits on a fixed batch are the trained model's."""
+    import numpy as np
+    import paddle
+    from paddlenlp.transformers import AutoModelForCausalLM
+    from safetensors.numpy import load_file
+
+    from runner import checkpoint as ckpt
+    from runner.export import fixed_batch, load_trained_model, logits_of
+
+    latest = ckpt.latest_checkpoint(run_dir / "checkpoints")
+    saved = load_file(str(latest / "model.tp00_pp00.safetensors"))
+    assert saved and not any(k.startswith("_layers.") for k in saved)
+    exported = load_file(str(run_dir / "export" / "paddlenlp" / "model.safetensors"))
+    shared = set(saved) & set(exported)
+    assert len(shared) == len(saved)
+    equal = [k for k in shared if np.array_equal(saved[k], exported[k])]
+    assert len(equal) == len(shared)
+    biases = [k for k in shared if k.endswith("bias")]
+    assert biases and any(np.abs(exported[k]).max() > 0 for k in biases)  # trained, not init
+    plan = load_plan(run_dir / "plan.toml")
+    paddle.set_device("cpu")
+    export = AutoModelForCausalLM.from_pretrained(str(run_dir / "export" / "paddlenlp"))
+    export.eval()
+    batch = fixed_batch(plan.model.vocab_size, plan.training.seq_len)
+    trained = load_trained_model(plan, latest)
+    np.testing.assert_allclose(
+        logits_of(export, batch), logits_of(trained, batch), rtol=1e-5, atol=1e-5
+    )

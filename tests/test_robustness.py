@@ -78,16 +78,17 @@ def test_damaged_newest_checkpoint_is_moved_aside_and_run_resumes(write_plan, tm
     manifest = json.loads((newest / "manifest.json").read_text())["files"]
     assert set(manifest) >= {
         "state.json",
-        "model.tp00_pp00.pdparams",
-        "optimizer.tp00_pp00_sd00.pdopt",
+        "model.tp00_pp00.safetensors",
+        "optimizer.tp00_pp00_sd00.safetensors",
     }
     # The tied lm_head weight is stored once (as an alias of the word embedding).
-    import paddle
+    from safetensors import safe_open
 
-    saved = paddle.load(str(newest / "model.tp00_pp00.pdparams"))
-    assert "lm_head.weight" not in saved
-    assert saved[ckpt.TIED_KEY] == {"lm_head.weight": "gpt.embeddings.word_embeddings.weight"}
-    weights = newest / "model.tp00_pp00.pdparams"
+    with safe_open(str(newest / "model.tp00_pp00.safetensors"), framework="np") as handle:
+        assert "lm_head.weight" not in handle.keys()
+        header = json.loads(handle.metadata()[ckpt.HEADER_KEY])
+    assert header["tied"] == {"lm_head.weight": "gpt.embeddings.word_embeddings.weight"}
+    weights = newest / "model.tp00_pp00.safetensors"
     with open(weights, "r+b") as handle:  # 4 KiB overwritten inside the weight file
         handle.seek(weights.stat().st_size // 2)
         handle.write(b"\0" * 4096)
@@ -95,7 +96,7 @@ def test_damaged_newest_checkpoint_is_moved_aside_and_run_resumes(write_plan, tm
     proc = execute(plan)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (
-        "checkpoint step_00000006 is damaged (model.tp00_pp00.pdparams does not match "
+        "checkpoint step_00000006 is damaged (model.tp00_pp00.safetensors does not match "
         "its checksum)" in proc.stdout
     )
     assert "checkpoint step_00000004 is damaged" in proc.stdout
@@ -108,8 +109,8 @@ def test_damaged_newest_checkpoint_is_moved_aside_and_run_resumes(write_plan, tm
     assert [r["step"] for r in after] == list(range(6))  # one record per step
     assert {r["step"]: r["loss"] for r in after} == before  # same trajectory
     # A deleted optimizer file is damage too (found before Paddle ever reads the folder).
-    (ckpt.step_dir(root, 6) / "optimizer.tp00_pp00_sd00.pdopt").unlink()
-    assert ckpt.verify(ckpt.step_dir(root, 6)) == "optimizer.tp00_pp00_sd00.pdopt is missing"
+    (ckpt.step_dir(root, 6) / "optimizer.tp00_pp00_sd00.safetensors").unlink()
+    assert ckpt.verify(ckpt.step_dir(root, 6)) == "optimizer.tp00_pp00_sd00.safetensors is missing"
     assert ckpt.verify(ckpt.step_dir(root, 4)) is None
 
 
@@ -244,7 +245,7 @@ def test_full_disk_stops_cleanly_reports_one_line_and_recovers(write_plan, small
     assert line.startswith("error: no space left on the device of ") and "needed" in line
     # An incomplete checkpoint filling the disk is removed first, so the run recovers.
     (root / "step_00000006.tmp").mkdir()
-    filler.rename(root / "step_00000006.tmp" / "model.tp00_pp00.pdparams")
+    filler.rename(root / "step_00000006.tmp" / "model.tp00_pp00.safetensors")
     subprocess.run(["mount", "-o", "remount,size=40m", str(small_disk)], check=True)
     proc = execute(plan)
     assert proc.returncode == 0, proc.stderr[-3000:]
