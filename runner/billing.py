@@ -20,9 +20,10 @@ the run directory every node shares); node 0 reads those journals whenever it re
 copies their attempts into `billing.json` as lines `{"node": R, "attempt": N, ...}` (when it
 opens and closes an attempt), so one file holds the whole cluster's bill even if a node's own
 journal is lost later. The bill of a cluster (`Billing.total_seconds`, in seconds of the whole
-cluster, so that money = price x nnodes x seconds as everywhere) counts each node's own time,
-and at least node 0's for every node of the plan: a node whose runner was not running while
-node 0 ran is taken as rented all the same (the plan prices whole clusters).
+cluster, so that money = price x nnodes x seconds as everywhere) counts node 0's time and, for
+every other node of the plan, the time its own runner ran or node 0's did: a node whose runner
+was not running while node 0 ran is taken as rented all the same (the plan prices whole
+clusters), and a node that ran alone (restarted first, waiting for its peers) adds its time.
 
 Attempts that launched and trained nothing (a rerun that found the budget spent, flagged
 `budget_check`; a rerun of a finished run that had nothing left to do, flagged `idle`) are kept
@@ -312,27 +313,26 @@ class Billing:
                 f"{self.total_seconds():.1f} s billed, measured)"
             )
 
-    def node_seconds(self, *, current: bool = True) -> dict[int, float]:
-        """Billed seconds per node (this journal's node and, on node 0, every node R > 0 that
-        keeps a journal); `current=False` leaves out this node's current (last) attempt."""
-        own = self.attempts if current else self.attempts[:-1]
-        seconds = {self.node_rank: billed_seconds_of(own)}
-        for node, attempts in self.peers.items():
-            seconds[node] = billed_seconds_of(attempts)
-        return seconds
-
     def _cluster_seconds(self, current: bool) -> float:
-        """The cluster's bill in seconds of the whole cluster: each node's own time, and at
-        least node 0's for every node of the plan (module docstring)."""
-        seconds = self.node_seconds(current=current)
-        own = seconds.pop(self.node_rank)
+        """The cluster's bill in seconds of the whole cluster (module docstring): node 0's
+        attempts, and for every other node of the plan the time its own runner ran or node 0's
+        did (the union of both). Without `current`, node 0's current attempt is left out, and
+        the other nodes' time from its start on (the caller counts that attempt's seconds for
+        every node)."""
+        own = [a for a in (self.attempts if current else self.attempts[:-1]) if billable(a)]
+        seconds = billed_seconds_of(own)
         if self.node_rank != 0:
-            return own
-        nodes = set(range(1, self.nnodes)) | set(seconds)
-        total = own + sum(
-            max(seconds.get(n, 0.0), own) if n < self.nnodes else seconds[n] for n in nodes
-        )
-        return total / self.nnodes
+            return seconds
+        cut = self.attempts[-1]["start"] if self.attempts and not current else float("inf")
+        own_spans = [(a["start"], a["last_seen"]) for a in own]
+        for node in sorted(set(range(1, self.nnodes)) | set(self.peers)):
+            spans = [
+                (a["start"], min(a["last_seen"], cut))
+                for a in self.peers.get(node, [])
+                if billable(a) and a["start"] < cut
+            ]
+            seconds += _union_seconds(spans + own_spans if node < self.nnodes else spans)
+        return seconds / self.nnodes
 
     def previous_seconds(self) -> float:
         """Billed seconds of the cluster, all attempts but this node's current (last) one
@@ -405,6 +405,17 @@ class Billing:
             self.reload_peers()
             if self.peers:
                 self._append(self._peer_lines())
+
+
+def _union_seconds(spans: list[tuple[float, float]]) -> float:
+    """Seconds covered by the union of time spans."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(spans):
+        if stop <= end:
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
 
 
 def upper_bound_attempts(run_dir: Path) -> list[dict]:

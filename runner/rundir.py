@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -18,6 +19,27 @@ from gptplan.diskspace import guard_disk_writes
 from gptplan.errors import UserError
 
 LOCK_FILE = "runner.lock"
+# Files only the runner writes into a run directory: a folder holding one is a run folder. The
+# lock is created by the first runner that claims a folder and never removed (its flock is).
+RUN_MARKERS = re.compile(r"^(runner(\.node\d+)?\.lock|billing(\.node\d+)?(\.copy)?\.json)$")
+
+
+def foreign_folder_problem(run_dir: Path) -> str | None:
+    """None for a new or empty folder or a run folder; else what the folder holds that the
+    runner did not write (the runner never writes into, renames or moves aside such files)."""
+    try:
+        names = sorted(p.name for p in Path(run_dir).iterdir())
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # NotADirectoryError is the path check's; unreadable: say so
+        return f"cannot be listed ({exc.strerror or type(exc).__name__})"
+    if not names or any(RUN_MARKERS.match(name) for name in names):
+        return None
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return (
+        f"{run_dir} is not a run folder: it holds files the runner did not write ({shown}); "
+        "the runner never writes into such a folder: point it at a new or empty folder"
+    )
 
 
 class RunDirBusy(UserError):

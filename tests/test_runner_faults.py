@@ -287,3 +287,22 @@ def test_any_damaged_run_file_never_ends_in_a_traceback(
         proc = execute(plan)
     assert proc.returncode == 0, (name, how, proc.stderr[-2000:])
     assert json.loads((run / "result.json").read_text())["finished"]
+
+
+def test_a_folder_that_is_not_a_run_is_never_written(tmp_path, shared_cache):
+    """An output folder holding the user's own files (a plan.toml, a result.json of their
+    own) is refused in one line, exit 2; nothing in it is overwritten, moved or added
+    (issue 39). A new, an empty and a run folder are used as before."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "plan.toml").write_text("# my own plan, not a run's\n")
+    (mine / "result.json").write_text("not json: mine\n")
+    before = {p.name: p.read_bytes() for p in mine.iterdir()}
+    plan = make_plan(tmp_path, shared_cache, mine)
+    for extra in ((), ("--fresh",), ("--dry-run",)):
+        proc = run_cli("runner", "execute", str(plan), *extra, cwd=tmp_path)
+        assert proc.returncode == 2, (extra, proc.stdout[-2000:], proc.stderr[-2000:])
+        (line,) = at_most_one_line(proc)
+        assert "job.output_dir" in line and "is not a run folder" in line and "plan.toml" in line
+        assert {p.name: p.read_bytes() for p in mine.iterdir()} == before
+        assert not list(tmp_path.glob("mine.*"))  # --fresh renamed nothing aside
