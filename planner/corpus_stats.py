@@ -222,10 +222,13 @@ def corpus_statistics(
 
 def _cached(cache_file: Path, declared_bytes: float, *, log) -> CorpusStatistics | None:
     """The cached statistics, or None (absent; a damaged file is measured again, one line)."""
-    if not cache_file.exists():
+    from gptplan.userdata import read_json_record
+
+    data = read_json_record(cache_file, what="corpus statistics cache")  # a folder: moved aside
+    if data is None:
         return None
     try:
-        stats = _finish(json.loads(cache_file.read_text(encoding="utf-8")), declared_bytes)
+        stats = _finish(data, declared_bytes)
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
         log(
             f"corpus statistics cache {cache_file} is damaged ({type(exc).__name__}); "

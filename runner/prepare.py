@@ -426,11 +426,10 @@ def _record_throughput(cache_dir: Path, meta: dict) -> None:
     prep = meta["preparation"]
     if prep["bytes"] < 1e6:  # too small to say anything about throughput
         return
+    from gptplan.userdata import read_json_record
+
     path = cache_dir / THROUGHPUT_FILE
-    try:
-        data = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        data = {}
+    data = read_json_record(path, what="measured data-preparation rate") or {}
     data[meta["tokenizer_scheme"] or "other"] = {
         # per CPU-second of the whole process tree: what one core does, whatever the load
         "bytes_per_second_per_core": prep["bytes_per_cpu_second"],

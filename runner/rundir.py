@@ -53,11 +53,24 @@ class RunDirLock:
         self.fd: int | None = None
 
     def acquire(self) -> RunDirLock:
+        path = self.run_dir / self.lock_file
         with guard_disk_writes(self.run_dir, needed_bytes=4096):
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(
-                self.run_dir / self.lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644
-            )
+            if path.is_symlink() or (path.exists() and not path.is_file()):
+                # a folder (or a link) where the lock belongs: no runner holds it (a flock is
+                # taken on a file); kept in damaged/ like any damaged run file
+                from runner.billing import move_damaged
+
+                target = move_damaged(path, self.run_dir)
+                print(f"{path} was not a lock file; moved to {target}, a new lock written")
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except PermissionError as exc:
+                raise UserError(
+                    f"the run's lock file cannot be opened for writing ({exc.strerror}); make it "
+                    "writable (or remove it: it holds no state)",
+                    file=str(path),
+                ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
