@@ -341,9 +341,9 @@ def _state(pid: int) -> str:
 
 
 # A process that trains a sentencepiece tokenizer on a long one-line corpus with the runner's
-# signal rule (a handler that ends it, exit 143). The corpus is 2.5M random CJK characters on
-# one line with spaces between them: jieba's segmentation (minutes on such text) is skipped,
-# sentencepiece's training alone takes over 30 s on the CPU test machine.
+# signal rule (a handler that ends it, exit 143). The corpus is 4.5M random CJK characters on
+# one line (no newline: the issue's case); jieba's segmentation (minutes on such text) is
+# skipped: sentencepiece's training alone takes about 45 s on the CPU test machine (5M: 58 s).
 TOKENIZER_TRAINER = textwrap.dedent("""
     import random, signal, sys
     from pathlib import Path
@@ -353,10 +353,10 @@ TOKENIZER_TRAINER = textwrap.dedent("""
         raise SystemExit(143)
 
     signal.signal(signal.SIGTERM, stop)
-    T._segmented = lambda pieces, workers, progress: pieces  # spaces between characters
+    T._segmented = lambda pieces, workers, progress: pieces  # unsegmented, as one long line
     rng = random.Random(0)
     alphabet = [chr(0x4E00 + i) for i in range(3000)]
-    line = " ".join(rng.choice(alphabet) for _ in range(2_500_000))
+    line = "".join(rng.choices(alphabet, k=4_500_000))
     T.train_tokenizer([line], vocab_size=8000, out_dir=Path(sys.argv[1]) / "tok",
                       scheme="cpm", log=lambda m: print(m, flush=True))
 """)
@@ -385,7 +385,7 @@ def test_sigterm_during_sentencepiece_training_ends_within_the_bound(tmp_path):
     notice it held the handler off until it ended (76 s on a 200 MB one-line corpus). It runs
     in a child of its own group, killed on the way out: the notice ends all of it at once."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", TOKENIZER_TRAINER, str(tmp_path)],
+        [sys.executable, "-c", TOKENIZER_TRAINER, str(tmp_path)],  # ~8 s in all
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
