@@ -411,3 +411,21 @@ def test_sigterm_during_sentencepiece_training_ends_within_the_bound(tmp_path):
     assert group_members(proc.pid) == []  # nothing of its group left
     assert not trainer_children(), "the sentencepiece child outlived its parent"
     assert not (tmp_path / "tok").exists()  # no half-written cache entry
+
+
+def test_no_resource_tracker_warning_after_the_runners_last_line():
+    """Issue 39: the runner ends with os._exit (runner.__main__), so multiprocessing's exit hook
+    never ran and its resource tracker warned about leaked semaphores after the error line.
+    A semaphore of a spawn context stands for a pool's, left when a pool ended on an error."""
+    script = textwrap.dedent("""
+        import multiprocessing, sys
+        import runner.__main__ as entry
+        lock = multiprocessing.get_context("spawn").Lock()  # registered with the tracker
+        sys.argv = ["runner", "--version"]
+        entry.entry()
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and proc.stdout.startswith("runner ")
+    assert "resource_tracker" not in proc.stderr and "leaked" not in proc.stderr, proc.stderr
