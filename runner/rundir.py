@@ -25,17 +25,28 @@ RUN_MARKERS = re.compile(r"^(runner(\.node\d+)?\.lock|billing(\.node\d+)?(\.copy
 
 
 def foreign_folder_problem(run_dir: Path) -> str | None:
-    """None for a new or empty folder or a run folder; else what the folder holds that the
-    runner did not write (the runner never writes into, renames or moves aside such files)."""
+    """None for a new folder, a folder holding only (empty) folders (a mount point for
+    checkpoints, say) or a run folder; else what the folder holds that the runner did not
+    write (the runner never writes into, renames or moves aside such files)."""
     try:
         names = sorted(p.name for p in Path(run_dir).iterdir())
     except FileNotFoundError:
         return None
     except OSError as exc:  # NotADirectoryError is the path check's; unreadable: say so
         return f"cannot be listed ({exc.strerror or type(exc).__name__})"
-    if not names or any(RUN_MARKERS.match(name) for name in names):
+    if any(RUN_MARKERS.match(name) for name in names):
         return None
-    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    found = []
+    for root, dirs, files in os.walk(run_dir):
+        dirs.sort()
+        here = Path(root).relative_to(run_dir)
+        found += [str(here / name) for name in sorted(files)]
+        found += [str(here / d) for d in dirs if os.path.islink(os.path.join(root, d))]
+        if len(found) > 4:
+            break
+    if not found:
+        return None
+    shown = ", ".join(found[:4]) + (" and more" if len(found) > 4 else "")
     return (
         f"{run_dir} is not a run folder: it holds files the runner did not write ({shown}); "
         "the runner never writes into such a folder: point it at a new or empty folder"
