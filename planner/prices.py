@@ -180,14 +180,14 @@ def import_warnings(offers: list[dict]) -> list[str]:
 
 @contextlib.contextmanager
 def import_lock(folder: Path):
-    """One `planner prices import` at a time per price folder (an flock on `.import.lock`,
+    """One `planner prices import` at a time per price folder (an flock on the folder,
     released by the kernel however the holder ends); the temporary files a killed import left
     (`.NAME.toml.*.tmp`, write_text_atomic's) are removed once the lock is held: no other
     import can be writing them then."""
     import fcntl
 
     folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / ".import.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)  # the folder itself: no file of its own
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         for leftover in (*folder.glob(".*.tmp"), *folder.glob("history/.*.tmp")):

@@ -282,3 +282,34 @@ def test_every_nodes_time_is_in_the_cluster_bill(tmp_path):
     lone = tmp_path / "lone"
     two_attempts(lone).close(2005.0)
     assert Billing(lone, nnodes=2).total_seconds() == pytest.approx(25)
+
+
+@pytest.mark.e2e
+def test_a_rerun_of_a_finished_run_bills_what_it_does(finished_run, tmp_path):
+    """Issue 39: reruns of a finished run were not billed at all (a retried export took
+    8.5-10.2 s). One with nothing to do is kept but not billed (`idle`); one that retries the
+    export is billed."""
+    import shutil
+
+    from conftest import run_main
+
+    from runner.cli import main
+
+    run, _ = finished_run("gpt")
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    argv = ["execute", str(run.parent / "plan.toml"), "--output-dir", str(copy)]
+    before = Billing(copy)
+    billed = before.total_seconds()
+    rc, out, err = run_main(main, argv)
+    assert rc == 0 and "already finished" in out, err[-2000:]
+    after = Billing(copy)
+    assert len(after.attempts) == len(before.attempts) + 1 and after.attempts[-1]["idle"] == 1
+    assert after.total_seconds() == pytest.approx(billed)  # nothing done, nothing billed
+    shutil.rmtree(copy / "export")  # the export after training did not happen
+    rc, out, err = run_main(main, argv)
+    assert rc == 0 and "retried" in out, err[-2000:]
+    retried = Billing(copy)
+    assert not retried.attempts[-1].get("idle")
+    took = retried.attempts[-1]["last_seen"] - retried.attempts[-1]["start"]
+    assert retried.total_seconds() == pytest.approx(billed + took) and took > 0
