@@ -42,7 +42,7 @@ def entry() -> None:
         import multiprocessing.util
 
         try:
-            multiprocessing.util._exit_function()
+            multiprocessing.util._exit_function()  # type: ignore[attr-defined]
         except Exception:  # noqa: BLE001 - the exit goes on whatever a finalizer does
             pass
     os._exit(status)
