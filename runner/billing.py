@@ -26,9 +26,9 @@ was not running while node 0 ran is taken as rented all the same (the plan price
 clusters), and a node that ran alone (restarted first, waiting for its peers) adds its time.
 
 Attempts that launched and trained nothing (a rerun that found the budget spent, flagged
-`budget_check`; a rerun of a finished run that had nothing left to do, flagged `idle`) are kept
-with their seconds but not billed: the ceiling holds through any number of reruns
-(docs/faults.md). A rerun that does work (an export retried) is billed.
+`budget_check`; a rerun of a finished run, flagged `idle` when it starts) are kept with their
+seconds but not billed: the ceiling holds through any number of reruns (docs/faults.md). A
+rerun that does work (an export retried, flagged `work` when it starts it) is billed.
 """
 
 from __future__ import annotations
@@ -80,12 +80,13 @@ def process_start_time(pid: int | str = "self") -> float:
         return time.time()
 
 
-# Flags of attempts that launched and trained nothing: kept, not billed (module docstring).
-UNBILLED_FLAGS = ("budget_check", "idle")
-
-
 def billable(attempt: dict) -> bool:
-    return not any(attempt.get(flag) for flag in UNBILLED_FLAGS)
+    """Attempts that launched and trained nothing are kept, not billed (module docstring): a
+    budget check, and a rerun of a finished run (`idle`) unless it did work (`work`: an
+    export retried)."""
+    if attempt.get("budget_check"):
+        return False
+    return not attempt.get("idle") or bool(attempt.get("work"))
 
 
 def billed_seconds_of(attempts: list[dict]) -> float:

@@ -118,60 +118,59 @@ def deadline_reached(run: Run, billing: Billing, attempt: Attempt) -> int:
 def finished_run(run: Run, resume: Resume, attempt: Attempt) -> int:
     """A rerun of a finished run: its report (result.json rebuilt if it was lost), and the
     PaddleNLP export if the one after training did not happen (a full disk, a kill). Its
-    attempt is billed when it did work (the export), else kept as `idle` (runner.billing)."""
-    print(f"already finished: {resume.latest} is at step {resume.step}")
-    worked = False
-    if run.node_rank == 0:
-        status = report(run, resume, None)
-        worked = bool(
-            within_budget(attempt, "the export", lambda: export(run, only_if_missing=True))
-        )
-    else:
-        status = 0
-    if not worked and attempt.journal is not None:
+    attempt is kept but not billed (`idle`) unless it does work (runner.billing)."""
+    if attempt.journal is not None:
         attempt.journal.note(idle=1)
+    print(f"already finished: {resume.latest} is at step {resume.step}")
+    if run.node_rank > 0:
+        return 0
+    status = report(run, resume, None)
+    if not export_done(run):
+        within_budget(attempt, "the export", lambda: export(run, retried=True))
     return status
 
 
-def within_budget(attempt: Attempt, what: str, work):
-    """Work after training (an export, a retried one) under the attempt's budget deadline
-    (runner.ceiling), so that the billed total stays within the budget: not started when the
-    budget is spent, ended at the deadline; one line says so. Returns what `work` returns
-    (None when it did not run to its end)."""
+def within_budget(attempt: Attempt, what: str, work) -> None:
+    """Work after training (an export, a retried one): billed (`work` in the bill) and held to
+    the attempt's budget deadline (runner.ceiling), so that the billed total stays within the
+    budget: not started when the budget is spent, ended at the deadline; one line says so."""
     if attempt.deadline is not None and time.time() >= attempt.deadline:
         print(
             f"budget spent: {what} was not done; raise the limit and rerun, or run "
             "`runner export RUN_DIR` (not billed by the runner)"
         )
-        return None
+        return
+    if attempt.journal is not None:
+        attempt.journal.note(work=1)
     try:
         with ceiling.enforced(attempt.deadline):
-            return work()
+            work()
     except ceiling.BudgetDeadline:
         print(
             f"budget spent during {what}: ended at the budget's deadline; its files are "
             "redone by the next run; raise the limit and rerun, or run `runner export RUN_DIR`"
         )
-        return None
 
 
-def export(run: Run, *, only_if_missing: bool = False) -> bool:
-    """The PaddleNLP export (and --export's inference export); False when it was done
-    already (`only_if_missing`)."""
-    from runner.export import PRETRAINED_DIR, export_model, export_pretrained
+def export_done(run: Run) -> bool:
+    """The PaddleNLP export of the newest checkpoint is there."""
+    from runner.export import PRETRAINED_DIR
 
     marker = run.run_dir / PRETRAINED_DIR / "gptplan_checkpoint.txt"
     found = ckpt.complete_checkpoints(run.run_dir / "checkpoints")
     newest = found[-1][1].name if found else None
-    done = marker.is_file() and marker.read_text(errors="replace").strip() == newest
-    if only_if_missing and done:
-        return False
+    return marker.is_file() and marker.read_text(errors="replace").strip() == newest
+
+
+def export(run: Run, *, retried: bool = False) -> None:
+    """The PaddleNLP export (and --export's inference export)."""
+    from runner.export import export_model, export_pretrained
+
     path = export_pretrained(run.plan, run.run_dir)
-    retried = " (retried: the export after training had not happened)" if only_if_missing else ""
-    print(f"model + tokenizer in PaddleNLP format: {path}{retried}")
+    note = " (retried: the export after training had not happened)" if retried else ""
+    print(f"model + tokenizer in PaddleNLP format: {path}{note}")
     if run.request.export:
         print(f"exported for inference (paddle.jit.save): {export_model(run.plan, run.run_dir)}")
-    return True
 
 
 def report(run: Run, resume: Resume, result: dict | None) -> int:

@@ -306,6 +306,9 @@ def test_a_rerun_of_a_finished_run_bills_what_it_does(finished_run, tmp_path):
     after = Billing(copy)
     assert len(after.attempts) == len(before.attempts) + 1 and after.attempts[-1]["idle"] == 1
     assert after.total_seconds() == pytest.approx(billed)  # nothing done, nothing billed
+    report = json.loads((copy / "report.json").read_text())
+    hours = next(r for r in report["rows"] if r["metric"].startswith("hours"))["actual"]
+    assert hours * 3600 == pytest.approx(billed)  # nor in the report it rewrote
     shutil.rmtree(copy / "export")  # the export after training did not happen
     rc, out, err = run_main(main, argv)
     assert rc == 0 and "retried" in out, err[-2000:]
