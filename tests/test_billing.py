@@ -313,6 +313,6 @@ def test_a_rerun_of_a_finished_run_bills_what_it_does(finished_run, tmp_path):
     rc, out, err = run_main(main, argv)
     assert rc == 0 and "retried" in out, err[-2000:]
     retried = Billing(copy)
-    assert not retried.attempts[-1].get("idle")
+    assert retried.attempts[-1]["work"] == 1  # flagged idle when it started, then work
     took = retried.attempts[-1]["last_seen"] - retried.attempts[-1]["start"]
     assert retried.total_seconds() == pytest.approx(billed + took) and took > 0
