@@ -33,7 +33,7 @@ def free_bytes(directory: Path) -> int:
     return shutil.disk_usage(_existing(directory)).free
 
 
-def _message(directory: Path, needed: int | None) -> str:
+def _message(directory: Path, needed: int | None, setting: str = "job.output_dir") -> str:
     try:
         free = f"{free_bytes(directory):,} bytes free"
     except OSError:
@@ -41,14 +41,14 @@ def _message(directory: Path, needed: int | None) -> str:
     need = f"{needed:,} bytes needed" if needed else "more space needed"
     return (
         f"no space left on the device of {directory}: {need}, {free}; free space there "
-        "(or point job.output_dir elsewhere) and rerun; nothing else was lost"
+        f"(or point {setting} elsewhere) and rerun; nothing else was lost"
     )
 
 
-def not_writable_message(directory: Path, reason: str) -> str:
+def not_writable_message(directory: Path, reason: str, setting: str = "job.output_dir") -> str:
     return (
         f"{directory} is not writable ({reason}); the run stopped there, checkpoints "
-        "completed before are kept: make it writable (or point job.output_dir "
+        f"completed before are kept: make it writable (or point {setting} "
         "elsewhere) and rerun"
     )
 
@@ -62,10 +62,13 @@ def file_in_the_way(directory: Path) -> Path | None:
 
 
 @contextlib.contextmanager
-def guard_disk_writes(directory: Path, *, needed_bytes: int | None = None):
+def guard_disk_writes(
+    directory: Path, *, needed_bytes: int | None = None, setting: str = "job.output_dir"
+):
     """Turn ENOSPC/EDQUOT raised inside the block into one DiskFullError line, and EROFS/EACCES
     (a folder that turned read-only) into one NotWritableError line; a folder whose path is
-    an existing file (a data directory or --out given as a file) is bad input, one line."""
+    an existing file (a data directory or --out given as a file) is bad input, one line.
+    `setting`: what the user changes to write elsewhere (the cache's writers: job.cache_dir)."""
     try:
         yield
     except OSError as exc:
@@ -78,15 +81,15 @@ def guard_disk_writes(directory: Path, *, needed_bytes: int | None = None):
             ) from None
         if exc.errno in NOT_WRITABLE:
             raise NotWritableError(
-                not_writable_message(Path(directory), exc.strerror or "")
+                not_writable_message(Path(directory), exc.strerror or "", setting)
             ) from None
         if exc.errno not in NO_SPACE:
             raise
-        raise DiskFullError(_message(Path(directory), needed_bytes)) from None
+        raise DiskFullError(_message(Path(directory), needed_bytes, setting)) from None
     except RuntimeError as exc:  # paddle.save wraps some OSErrors in RuntimeError
         text = next((t for t in NOT_WRITABLE_TEXT if t in str(exc)), None)
         if text:
-            raise NotWritableError(not_writable_message(Path(directory), text)) from None
+            raise NotWritableError(not_writable_message(Path(directory), text, setting)) from None
         if "No space left" not in str(exc):
             raise
-        raise DiskFullError(_message(Path(directory), needed_bytes)) from None
+        raise DiskFullError(_message(Path(directory), needed_bytes, setting)) from None

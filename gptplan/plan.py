@@ -29,7 +29,7 @@ from gptplan.tomlconf import (
     setting,
     to_table,
     unknown_key_error,
-    write_toml_atomic,
+    write_text_atomic,
 )
 
 SCHEMA_VERSION = 1
@@ -518,7 +518,7 @@ def plan_from_dict(data: dict, *, file: str = "<plan>") -> Plan:
         if key not in allowed_top:
             raise unknown_key_error(key, allowed_top, file=file, prefix="", error=PlanError)
     schema = data.get("schema")
-    if schema != SCHEMA_VERSION:
+    if isinstance(schema, bool) or schema != SCHEMA_VERSION:  # `true` is no version (bool is int)
         raise PlanError(
             f"{schema!r} is not a supported schema version; allowed: {SCHEMA_VERSION}",
             file=file,
@@ -548,9 +548,16 @@ def load_plan(path: str | Path) -> Plan:
 
 
 def write_plan(plan: Plan, path: str | Path, *, header: str = "") -> None:
-    """Validate, then write atomically (temp file + rename): a plan is never half-written."""
-    validate(plan, file=str(path))
-    write_toml_atomic(Path(path), plan.to_dict(), header=header)
+    """Validate with the code that loads a plan (the text to be written, read back through
+    plan_from_dict: every key's type and range, then the plan's rules, as `runner execute`
+    reads it), then write atomically (temp file + rename): a plan written always loads, and
+    is never half-written."""
+    import tomli
+    import tomli_w
+
+    text = tomli_w.dumps(plan.to_dict())
+    plan_from_dict(tomli.loads(text), file=str(path))
+    write_text_atomic(Path(path), header + text)
 
 
 # ---- layout rules (shared with the planner's search; numpy arrays or ints) -----------------

@@ -225,9 +225,49 @@ def _segmented(pieces: list[str], workers: int, progress) -> list[str]:
     return _SEGMENTED["text"]
 
 
-def _train_cpm(pieces: list[str], vocab_size: int, tmp: Path, workers: int, progress, log) -> None:
-    import sentencepiece as spm
+# The child that trains a sentencepiece model: its options as JSON on stdin.
+SPM_CHILD = (
+    "import json, sys, sentencepiece as spm; spm.SentencePieceTrainer.train(**json.load(sys.stdin))"
+)
 
+
+def train_in_child(**options) -> None:
+    """sentencepiece's trainer (one long native call, minutes on a long-lined corpus, that no
+    Python signal handler can interrupt) in a child process in a group of its own, dying with
+    this one: a SIGTERM or SIGINT to this process runs its handler at once (the wait here is
+    interruptible) and the child's group is SIGKILLed on the way out. RuntimeError (its last
+    line) when the trainer refuses the input."""
+    import signal
+    import subprocess
+    import sys
+
+    from gptplan.lifeline import die_with_parent
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SPM_CHILD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=die_with_parent(signal.SIGKILL),
+    )
+    try:
+        _, err = proc.communicate(json.dumps(options))
+    finally:
+        if proc.returncode is None:  # interrupted: nothing of the child's group stays
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    if proc.returncode != 0:
+        lines = [line for line in (err or "").splitlines() if line.strip()]
+        last = lines[-1] if lines else f"exit status {proc.returncode}"
+        raise RuntimeError(last.removeprefix("RuntimeError: ").strip())
+
+
+def _train_cpm(pieces: list[str], vocab_size: int, tmp: Path, workers: int, progress, log) -> None:
     coverage = _character_coverage(pieces, vocab_size)
     segmented = _segmented(pieces, workers, progress)
     text_file = tmp / "train.txt"
@@ -236,7 +276,7 @@ def _train_cpm(pieces: list[str], vocab_size: int, tmp: Path, workers: int, prog
             handle.write(s + "\n")
     log(f"training a {vocab_size}-piece sentencepiece model on {len(pieces):,} sentences ...")
     try:
-        spm.SentencePieceTrainer.train(
+        train_in_child(
             input=str(text_file),
             model_prefix=str(tmp / "raw"),
             vocab_size=vocab_size,

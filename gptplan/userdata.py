@@ -97,3 +97,43 @@ def apply_flag(args: argparse.Namespace) -> None:
     if problem:
         raise UserError(problem, key="--data-dir")
     os.environ[DATA_ENV] = str(folder)
+
+
+def read_json_record(path: Path, *, what: str) -> dict | None:
+    """A JSON object this machine recorded in a cache (a measured rate, a start-up time,
+    corpus statistics), or None when there is none. A damaged one (not UTF-8, not JSON, not
+    an object; a folder, a link or an unreadable file in its place) is never a traceback: it
+    is moved aside to `<name>.damaged.<time>` (kept, never deleted) with one line on stderr,
+    and None is returned, so the value is measured again and written anew."""
+    import json
+    import time
+
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return None
+    problem = None
+    data = None
+    if path.is_symlink() or not path.is_file():
+        problem = "not a regular file"
+    else:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            problem = f"not readable: {exc.strerror or type(exc).__name__}"
+        except UnicodeDecodeError:
+            problem = "not UTF-8 text"
+        except ValueError:
+            problem = "not JSON"
+        else:
+            if not isinstance(data, dict):
+                problem = "not a JSON object"
+    if problem is None:
+        return data
+    target = path.with_name(f"{path.name}.damaged.{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        os.replace(path, target)
+        done = f"moved to {target.name}; measured again"
+    except OSError as exc:
+        done = f"ignored (it cannot be moved aside: {exc.strerror}); measured again"
+    print(f"warning: {what} {path} is damaged ({problem}): {done}", file=sys.stderr)
+    return None

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gptplan.corpus import default_dedupe, read_corpus, resolve_sources, source_key
+from gptplan.corpus import default_dedupe, resolve_sources, source_key
 from gptplan.errors import UserError
 from gptplan.tomlconf import write_text_atomic
 
@@ -169,18 +169,16 @@ def corpus_statistics(
     cached = _cached(cache_file, declared_bytes, log=log)
     if cached is not None:
         return cached
-    local = read_corpus(corpus)
-    docs = local.documents
-    step = max(1, len(docs) // sample_documents)
-    sample = docs[::step][:sample_documents]  # spread over the whole corpus, deterministic
-    chars = sum(len(d) for d in sample)
+    st, count, sample, sizes, bytes_per_char = _sample(corpus, sample_documents)
+    chars = sum(sizes)
     if tokens_per_char:
         # declared: nothing is tokenized; document lengths in tokens are estimated from it
-        lengths = np.array([max(1, round(len(d) * tokens_per_char)) + 1 for d in sample])
+        lengths = np.array([max(1, round(n * tokens_per_char)) + 1 for n in sizes])
         name, vocab, scheme, tpc = "declared in the spec", vocab_size, "", tokens_per_char
     else:
         name, vocab, scheme, lengths, fit = _measure(
             sample,
+            sizes=sizes,
             corpus=corpus,
             tokenizer=tokenizer,
             vocab_size=vocab_size,
@@ -190,8 +188,7 @@ def corpus_statistics(
         )
         tpc = float((lengths - 1).sum() / chars)
     waste, lost = _padding_tables(lengths, seq_lens)
-    st = local.stats
-    whole = len(sample) >= len(docs)
+    whole = len(sample) >= count
     data = {
         "local_files": st.files,
         "local_bytes": st.bytes,
@@ -206,8 +203,7 @@ def corpus_statistics(
         "sample_documents": len(sample),
         "tokens_per_character": tpc,
         "tokens_per_document_median": float(np.median(lengths)),
-        "bytes_per_character": sum(len(d.encode("utf-8")) + 1 for d in docs)
-        / sum(len(d) + 1 for d in docs),
+        "bytes_per_character": bytes_per_char,
         "padding_waste": waste,
         "truncation_loss": lost,
         "tokens_per_character_source": "declared" if tokens_per_char else "measured",
@@ -225,10 +221,13 @@ def corpus_statistics(
 
 def _cached(cache_file: Path, declared_bytes: float, *, log) -> CorpusStatistics | None:
     """The cached statistics, or None (absent; a damaged file is measured again, one line)."""
-    if not cache_file.exists():
+    from gptplan.userdata import read_json_record
+
+    data = read_json_record(cache_file, what="corpus statistics cache")  # a folder: moved aside
+    if data is None:
         return None
     try:
-        stats = _finish(json.loads(cache_file.read_text(encoding="utf-8")), declared_bytes)
+        stats = _finish(data, declared_bytes)
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
         log(
             f"corpus statistics cache {cache_file} is damaged ({type(exc).__name__}); "
@@ -242,7 +241,49 @@ def _cached(cache_file: Path, declared_bytes: float, *, log) -> CorpusStatistics
     return stats
 
 
-def _measure(sample: list[str], *, corpus, tokenizer, vocab_size, cache_dir, fit=False, log):
+# Characters of one document that are tokenized to measure it: a longer one (a corpus with no
+# newline is one document) is measured on its first MEASURE_CHARS and its length in tokens
+# extrapolated, so the memory and time of measuring stay bounded whatever the line lengths.
+MEASURE_CHARS = 100_000
+
+
+def _sample(corpus: list[str], sample_documents: int):
+    """The corpus streamed twice, holding one document at a time: its statistics, document
+    count and UTF-8 bytes per character, then the sample (every step-th document, spread over
+    the whole corpus, deterministic) as the first MEASURE_CHARS characters of each and their
+    full lengths. (stats, documents, sample heads, sample lengths in characters, bytes/char)"""
+    from gptplan.corpus import CorpusStats, iter_documents
+
+    paths = resolve_sources(corpus)
+    dedupe = default_dedupe(corpus)
+    stats = CorpusStats()
+    count = utf8 = chars = 0
+    for doc in iter_documents(paths, stats, dedupe=dedupe):
+        count += 1
+        utf8 += len(doc.encode("utf-8")) + 1
+        chars += len(doc) + 1
+    step = max(1, count // sample_documents)
+    picked = set(range(0, count, step)[:sample_documents])
+    heads, sizes = [], []
+    for i, doc in enumerate(iter_documents(paths, CorpusStats(), dedupe=dedupe)):
+        if i in picked:
+            heads.append(doc[:MEASURE_CHARS])
+            sizes.append(len(doc))
+    return stats, count, heads, sizes, (utf8 / chars if chars else 1.0)
+
+
+def _lengths(counts: list[int], heads: list[str], sizes: list[int]) -> np.ndarray:
+    """Document lengths in tokens (+ <eod>): measured, or for a document longer than its
+    measured head extrapolated at the head's tokens per character."""
+    return np.array(
+        [
+            (c if n <= len(h) else max(1, round(c * n / max(1, len(h))))) + 1
+            for c, h, n in zip(counts, heads, sizes, strict=True)
+        ]
+    )
+
+
+def _measure(sample: list[str], *, sizes, corpus, tokenizer, vocab_size, cache_dir, fit=False, log):
     """(name, pieces, scheme, document lengths in tokens, vocabulary fit or {}).
 
     A trained tokenizer that stops short of the planned `vocab_size` (the sample supports fewer
@@ -254,6 +295,7 @@ def _measure(sample: list[str], *, corpus, tokenizer, vocab_size, cache_dir, fit
     with keep_segmentation():  # the fit's tokenizers segment the sample once
         return _measure_with(
             sample,
+            sizes=sizes,
             corpus=corpus,
             tokenizer=tokenizer,
             vocab_size=vocab_size,
@@ -263,7 +305,7 @@ def _measure(sample: list[str], *, corpus, tokenizer, vocab_size, cache_dir, fit
         )
 
 
-def _measure_with(sample: list[str], *, corpus, tokenizer, vocab_size, cache_dir, fit, log):
+def _measure_with(sample: list[str], *, sizes, corpus, tokenizer, vocab_size, cache_dir, fit, log):
     from gptplan.tokenizer import (
         FastEncoder,
         ensure_tokenizer,
@@ -279,8 +321,9 @@ def _measure_with(sample: list[str], *, corpus, tokenizer, vocab_size, cache_dir
         scheme = read_manifest(directory)["scheme"]
         name = f"{scheme}:{directory.name}"
         log(f"measuring tokens/char on {len(sample)} documents with {name}")
-        lengths = np.array([a.size + 1 for a in enc.encode_batch(sample)])  # + <eod>
-        chars = sum(len(d) for d in sample)
+        counts = [a.size for a in enc.encode_batch(sample)]
+        lengths = _lengths(counts, sample, sizes)  # + <eod>
+        chars = sum(len(d) for d in sample)  # of the measured heads
         found: dict = {}
         if fit and enc.vocab_size < REACHED_SHARE * vocab_size:
             sizes, tpcs = [], []
@@ -302,7 +345,7 @@ def _measure_with(sample: list[str], *, corpus, tokenizer, vocab_size, cache_dir
                 sizes.append(e.vocab_size)
                 tpcs.append(float(sum(a.size for a in e.encode_batch(sample)) / chars))
             sizes.append(enc.vocab_size)
-            tpcs.append(float((lengths - 1).sum() / chars))
+            tpcs.append(float(sum(counts) / chars))
             found = {
                 "asked": int(vocab_size),
                 "supported": int(enc.vocab_size),
@@ -313,7 +356,7 @@ def _measure_with(sample: list[str], *, corpus, tokenizer, vocab_size, cache_dir
         return name, enc.vocab_size, scheme, lengths, found
     tok = load_tokenizer(tokenizer)
     log(f"measuring tokens/char on {len(sample)} documents with {tok.name}")
-    lengths = np.array([len(tok.encode(d)) + 1 for d in sample])
+    lengths = _lengths([len(tok.encode(d)) for d in sample], sample, sizes)
     return tok.name, tok.vocab_size, "", lengths, {}
 
 

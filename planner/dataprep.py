@@ -11,7 +11,6 @@ the rented nodes; scaling with cores is assumed linear (modelled).
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -60,16 +59,16 @@ class DataPrepEstimate:
 
 
 def _measured_rate(cache_dir: str, scheme: str) -> tuple[float, str]:
+    from gptplan.userdata import read_json_record
+
     path = Path(cache_dir) / THROUGHPUT_FILE
-    try:
-        data = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        data = {}
+    data = read_json_record(path, what="measured data-preparation rate") or {}
     entry = data.get(scheme) or (next(iter(data.values())) if data else None)
-    if entry and entry.get("bytes_per_second_per_core", 0) > 0:
-        return float(
-            entry["bytes_per_second_per_core"]
-        ), f"measured on this machine {entry.get('measured_at', '')[:10]}"
+    if isinstance(entry, dict):
+        rate, when = entry.get("bytes_per_second_per_core"), entry.get("measured_at", "")
+        if isinstance(rate, (int, float)) and not isinstance(rate, bool) and isinstance(when, str):
+            if 0 < rate < 1e15:
+                return float(rate), f"measured on this machine {when[:10]}"
     table = read_toml(NODE_FILE)["data_preparation"]
     return float(
         table["bytes_per_second_per_core"]

@@ -13,9 +13,11 @@ price list; the replaced one is kept under history/ (`planner prices history INS
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime as dt
 import math
+import os
 from pathlib import Path
 
 import tomli_w
@@ -176,6 +178,25 @@ def import_warnings(offers: list[dict]) -> list[str]:
     return warnings
 
 
+@contextlib.contextmanager
+def import_lock(folder: Path):
+    """One `planner prices import` at a time per price folder (an flock on the folder,
+    released by the kernel however the holder ends); the temporary files a killed import left
+    (`.NAME.toml.*.tmp`, write_text_atomic's) are removed once the lock is held: no other
+    import can be writing them then."""
+    import fcntl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)  # the folder itself: no file of its own
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        for leftover in (*folder.glob(".*.tmp"), *folder.glob("history/.*.tmp")):
+            leftover.unlink(missing_ok=True)
+        yield
+    finally:
+        os.close(fd)
+
+
 def import_catalog(
     path: Path,
     *,
@@ -215,44 +236,48 @@ def import_catalog(
             + ")",
             file=str(path),
         )
-    out = imported_prices_dir(directory) / f"{name}.toml"
-    history_file = imported_prices_dir(directory) / "history" / f"{name}.toml"
-    old = (
-        table_array(read_toml(out, ProfileError), "offers", file=str(out), error=ProfileError)
-        if out.exists()
-        else []
-    )
-    # one current row per key: the newer of the old and the new row (the new one on a tie)
-    rows = [_load_offer(t, file=str(out), index=i) for i, t in enumerate(old)]
-    new_rows = [Offer(**o) for o in offers]
-    current, _ = current_prices(rows + new_rows)
-    keep = {id(o) for o in current}
-    tables = [t for t, o in zip(old + offers, rows + new_rows, strict=True) if id(o) in keep]
-    gone = [t for t, o in zip(old + offers, rows + new_rows, strict=True) if id(o) not in keep]
-    header = (
-        f"# Written by 'planner prices import' ({path.name}, prices as of {as_of}). One row per\n"
-        "# (cloud, instance, region); older rows of a key are in history/. Network figures from\n"
-        "# hardware_profiles/instances/facts.toml; inter_node_gbits_per_s = 0 means no facts: the\n"
-        "# instance is planned single-node.\n"
-    )
-    if gone:
-        past = (
-            table_array(
-                read_toml(history_file, ProfileError),
-                "offers",
-                file=str(history_file),
-                error=ProfileError,
-            )
-            if history_file.exists()
+    with import_lock(imported_prices_dir(directory)):
+        out = imported_prices_dir(directory) / f"{name}.toml"
+        history_file = imported_prices_dir(directory) / "history" / f"{name}.toml"
+        old = (
+            table_array(read_toml(out, ProfileError), "offers", file=str(out), error=ProfileError)
+            if out.exists()
             else []
         )
-        write_text_atomic(
-            history_file,
-            "# Price rows replaced by newer imports of the same key (planner prices history).\n"
-            + tomli_w.dumps({"offers": past + gone}),
+        # one current row per key: the newer of the old and the new row (the new one on a tie)
+        rows = [_load_offer(t, file=str(out), index=i) for i, t in enumerate(old)]
+        new_rows = [Offer(**o) for o in offers]
+        current, _ = current_prices(rows + new_rows)
+        keep = {id(o) for o in current}
+        tables = [t for t, o in zip(old + offers, rows + new_rows, strict=True) if id(o) in keep]
+        gone = [t for t, o in zip(old + offers, rows + new_rows, strict=True) if id(o) not in keep]
+        header = (
+            f"# Written by 'planner prices import' ({path.name}, prices as of {as_of}). "
+            "One row per\n"
+            "# (cloud, instance, region); older rows of a key are in history/. Network "
+            "figures from\n"
+            "# hardware_profiles/instances/facts.toml; inter_node_gbits_per_s = 0 means no "
+            "facts: the\n"
+            "# instance is planned single-node.\n"
         )
-    write_text_atomic(out, header + tomli_w.dumps({"offers": tables}))
-    return out, len(offers), skipped, import_warnings(offers)
+        if gone:
+            past = (
+                table_array(
+                    read_toml(history_file, ProfileError),
+                    "offers",
+                    file=str(history_file),
+                    error=ProfileError,
+                )
+                if history_file.exists()
+                else []
+            )
+            write_text_atomic(
+                history_file,
+                "# Price rows replaced by newer imports of the same key (planner prices history).\n"
+                + tomli_w.dumps({"offers": past + gone}),
+            )
+        write_text_atomic(out, header + tomli_w.dumps({"offers": tables}))
+        return out, len(offers), skipped, import_warnings(offers)
 
 
 def price_history(instance: str, directory: Path | None = None) -> list[dict]:

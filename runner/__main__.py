@@ -35,6 +35,16 @@ def entry() -> None:
         except (OSError, ValueError):
             pass
     last_word()
+    if "multiprocessing.util" in sys.modules:
+        # what a normal exit runs for multiprocessing (its atexit hook): pools' workers ended,
+        # their semaphores unlinked, so its resource tracker has nothing to warn about after
+        # our last line
+        import multiprocessing.util
+
+        try:
+            multiprocessing.util._exit_function()  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - the exit goes on whatever a finalizer does
+            pass
     os._exit(status)
 
 

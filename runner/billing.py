@@ -14,6 +14,21 @@ checkpoint_s, shutdown_s) the largest, so the runner and rank 0 may append in an
   the other (one line says so); if both are lost, the run bills the upper bound its files' times
   prove, plus UPPER_BOUND_MARGIN_S per attempt, and says so in one line.
 - The format before the journal (one JSON object `{"attempts": [...]}`) is still read.
+
+Several nodes: each node's runner keeps its own time (node R > 0 in `billing.nodeRR.json`, on
+the run directory every node shares); node 0 reads those journals whenever it reads its own and
+copies their attempts into `billing.json` as lines `{"node": R, "attempt": N, ...}` (when it
+opens and closes an attempt), so one file holds the whole cluster's bill even if a node's own
+journal is lost later. The bill of a cluster (`Billing.total_seconds`, in seconds of the whole
+cluster, so that money = price x nnodes x seconds as everywhere) counts node 0's time and, for
+every other node of the plan, the time its own runner ran or node 0's did: a node whose runner
+was not running while node 0 ran is taken as rented all the same (the plan prices whole
+clusters), and a node that ran alone (restarted first, waiting for its peers) adds its time.
+
+Attempts that launched and trained nothing (a rerun that found the budget spent, flagged
+`budget_check`; a rerun of a finished run, flagged `idle` when it starts) are kept with their
+seconds but not billed: the ceiling holds through any number of reruns (docs/faults.md). A
+rerun that does work (an export retried, flagged `work` when it starts it) is billed.
 """
 
 from __future__ import annotations
@@ -65,6 +80,28 @@ def process_start_time(pid: int | str = "self") -> float:
         return time.time()
 
 
+def billable(attempt: dict) -> bool:
+    """Attempts that launched and trained nothing are kept, not billed (module docstring): a
+    budget check, and a rerun of a finished run (`idle`) unless it did work (`work`: an
+    export retried)."""
+    if attempt.get("budget_check"):
+        return False
+    return not attempt.get("idle") or bool(attempt.get("work"))
+
+
+def billed_seconds_of(attempts: list[dict]) -> float:
+    """Billed seconds of one node's attempts (those that launched or did work)."""
+    return sum(a["last_seen"] - a["start"] for a in attempts if billable(a))
+
+
+def _merge_nodes(records: list[dict]) -> dict[int, list[dict]]:
+    """Lines -> {node rank: attempts}; lines without `node` are the journal's own node's."""
+    by_node: dict[int, list[dict]] = {}
+    for rec in records:
+        by_node.setdefault(int(rec.get("node", 0)), []).append(rec)
+    return {node: _merge(recs) for node, recs in sorted(by_node.items())}
+
+
 def _merge(records: list[dict]) -> list[dict]:
     """Lines -> attempts (numbered from 1), each the merge of its lines."""
     by_number: dict[int, dict] = {}
@@ -72,7 +109,7 @@ def _merge(records: list[dict]) -> list[dict]:
         n = rec["attempt"]
         cur = by_number.setdefault(n, {})
         for key, value in rec.items():
-            if key == "attempt":
+            if key in ("attempt", "node"):
                 continue
             if key == "start":
                 cur[key] = min(value, cur.get(key, value))
@@ -93,9 +130,15 @@ def _valid_attempt(a) -> bool:
 
 
 def parse(text: str) -> list[dict] | None:
-    """Attempts in a journal's text (either format); None when the text is damaged."""
+    """The journal's own node's attempts in its text (either format); None when damaged."""
+    nodes = parse_nodes(text)
+    return None if nodes is None else nodes.get(0, [])
+
+
+def parse_nodes(text: str) -> dict[int, list[dict]] | None:
+    """{node rank: attempts} in a journal's text (either format); None when damaged."""
     if not text.strip():
-        return []
+        return {}
     try:
         whole = json.loads(text)
     except ValueError:
@@ -103,7 +146,7 @@ def parse(text: str) -> list[dict] | None:
     if isinstance(whole, dict):  # the format before the journal
         attempts = whole.get("attempts")
         if isinstance(attempts, list) and all(_valid_attempt(a) for a in attempts):
-            return [dict(a) for a in attempts]
+            return {0: [dict(a) for a in attempts]}
         if "attempt" not in whole:
             return None
     lines = text.split("\n")
@@ -117,6 +160,9 @@ def parse(text: str) -> list[dict] | None:
                 not isinstance(rec, dict)
                 or not isinstance(rec.get("attempt"), int)
                 or rec["attempt"] < 1
+                or not isinstance(rec.get("node", 0), int)
+                or isinstance(rec.get("node", 0), bool)
+                or rec.get("node", 0) < 0
             ):
                 raise ValueError(line)
         except ValueError:
@@ -124,15 +170,16 @@ def parse(text: str) -> list[dict] | None:
                 continue
             return None
         records.append(rec)
-    return _merge(records)
+    return _merge_nodes(records)
 
 
-def _read(path: Path) -> list[dict] | None:
-    """Attempts in one file; [] if it does not exist; None if damaged (or not a file)."""
+def _read(path: Path) -> dict[int, list[dict]] | None:
+    """{node: attempts} in one file; {} if it does not exist; None if damaged (or not a
+    file)."""
     if not path.exists() and not path.is_symlink():
-        return []
+        return {}
     try:
-        return parse(path.read_text(encoding="utf-8"))
+        return parse_nodes(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError):
         return None
 
@@ -167,16 +214,36 @@ def journal_paths(run_dir: Path, node_rank: int = 0) -> tuple[Path, Path]:
     return Path(run_dir) / f"{stem}.json", Path(run_dir) / f"{stem}.copy.json"
 
 
+NODE_JOURNAL = re.compile(r"^billing\.node(\d+)\.json$")
+
+
+def peer_journals(run_dir: Path) -> dict[int, tuple[Path, Path]]:
+    """The journals nodes R > 0 keep in a shared run directory, by node rank."""
+    found = {}
+    try:
+        names = [p.name for p in Path(run_dir).iterdir()]
+    except OSError:
+        return {}
+    for name in names:
+        match = NODE_JOURNAL.match(name)
+        if match and int(match.group(1)) > 0:
+            found[int(match.group(1))] = journal_paths(run_dir, int(match.group(1)))
+    return dict(sorted(found.items()))
+
+
 class Billing:
     """The run's billing journal. `repair=True` (the runner of node 0, holding the run
-    directory's lock) may rewrite damaged copies; everyone may append."""
+    directory's lock) may rewrite damaged copies; everyone may append. `nnodes`: the plan's
+    node count, for the cluster's bill (module docstring)."""
 
-    def __init__(self, run_dir: Path, *, repair: bool = False, node_rank: int = 0):
+    def __init__(self, run_dir: Path, *, repair: bool = False, node_rank: int = 0, nnodes: int = 1):
         self.run_dir = Path(run_dir)
         self.paths = journal_paths(self.run_dir, node_rank)
         self.node_rank = node_rank
+        self.nnodes = max(1, int(nnodes))
         self.repair = repair
         self.attempts: list[dict] = []
+        self.peers: dict[int, list[dict]] = {}  # node R > 0 -> its attempts (node 0 only)
         self.notice: str | None = None  # the one line a recovery printed
         self._lock = threading.Lock()
         self.reload()
@@ -185,20 +252,43 @@ class Billing:
     def reload(self) -> None:
         read = {p: _read(p) for p in self.paths if p.exists() or p.is_symlink()}
         usable = {p: a for p, a in read.items() if a is not None}
-        merged = _merge([{"attempt": i + 1, **a} for g in usable.values() for i, a in enumerate(g)])
+        own = {p: nodes.get(0, []) for p, nodes in usable.items()}
+        merged = _merge([{"attempt": i + 1, **a} for g in own.values() for i, a in enumerate(g)])
         if merged:
             self.attempts = merged
-            damaged = [p for p in self.paths if not usable.get(p)]
+            damaged = [p for p in self.paths if not own.get(p)]
         else:  # both damaged, empty or missing: the upper bound (nothing for a new run dir)
             # (file times are node 0's: a node R > 0 with no journal has billed nothing)
             self.attempts = upper_bound_attempts(self.run_dir) if self.node_rank == 0 else []
             damaged = list(self.paths) if self.attempts or read else []
+        if self.node_rank == 0:
+            self.reload_peers(copied=list(usable.values()))
         if damaged == [self.paths[1]] and not self.paths[1].exists() and _old_format(self.paths[0]):
             damaged = []  # a run billed before the journal: its copy is written from now on
             if self.repair:
                 self.compact()
         if damaged and self.repair:
             self._recover(damaged)
+
+    def reload_peers(self, copied: list[dict[int, list[dict]]] | None = None) -> None:
+        """Nodes R > 0: their own journals merged with what node 0 copied of them."""
+        if copied is None:
+            copied = [n for n in (_read(p) for p in self.paths) if n is not None]
+        records: list[dict] = []
+        for nodes in copied:
+            for node, attempts in nodes.items():
+                if node > 0:
+                    records += [
+                        {"node": node, "attempt": i + 1, **a} for i, a in enumerate(attempts)
+                    ]
+        for node, paths in peer_journals(self.run_dir).items():
+            for path in paths:
+                own = _read(path)
+                if own:
+                    records += [
+                        {"node": node, "attempt": i + 1, **a} for i, a in enumerate(own.get(0, []))
+                    ]
+        self.peers = {n: a for n, a in _merge_nodes(records).items() if n > 0 and a}
 
     def _recover(self, damaged: list[Path]) -> None:
         existed = [p for p in damaged if p.exists() or p.is_symlink()]
@@ -224,24 +314,60 @@ class Billing:
                 f"{self.total_seconds():.1f} s billed, measured)"
             )
 
+    def _cluster_seconds(self, current: bool) -> float:
+        """The cluster's bill in seconds of the whole cluster (module docstring): node 0's
+        attempts, and for every other node of the plan the time its own runner ran or node 0's
+        did (the union of both). Without `current`, node 0's current attempt is left out, and
+        the other nodes' time from its start on (the caller counts that attempt's seconds for
+        every node)."""
+        own = [a for a in (self.attempts if current else self.attempts[:-1]) if billable(a)]
+        seconds = billed_seconds_of(own)
+        if self.node_rank != 0:
+            return seconds
+        cut = self.attempts[-1]["start"] if self.attempts and not current else float("inf")
+        own_spans = [(a["start"], a["last_seen"]) for a in own]
+        for node in sorted(set(range(1, self.nnodes)) | set(self.peers)):
+            spans = [
+                (a["start"], min(a["last_seen"], cut))
+                for a in self.peers.get(node, [])
+                if billable(a) and a["start"] < cut
+            ]
+            seconds += _union_seconds(spans + own_spans if node < self.nnodes else spans)
+        return seconds / self.nnodes
+
     def previous_seconds(self) -> float:
-        """Billed seconds of all attempts but the current (last) one."""
-        return sum(a["last_seen"] - a["start"] for a in self.attempts[:-1])
+        """Billed seconds of the cluster, all attempts but this node's current (last) one
+        (the other nodes' as far as their journals go)."""
+        return self._cluster_seconds(current=False)
 
     def total_seconds(self) -> float:
-        return sum(a["last_seen"] - a["start"] for a in self.attempts)
+        """Billed seconds of the cluster (node 0's journal) or of this node (R > 0)."""
+        return self._cluster_seconds(current=True)
+
+    def unbilled(self) -> tuple[int, float]:
+        """Attempts of this node that launched and trained nothing, and their seconds."""
+        idle = [a for a in self.attempts if not billable(a)]
+        return len(idle), sum(a["last_seen"] - a["start"] for a in idle)
 
     # ---- writing -------------------------------------------------------------------------
+    def _peer_lines(self) -> str:
+        return "".join(
+            json.dumps({"node": node, "attempt": i + 1, **a}) + "\n"
+            for node, attempts in self.peers.items()
+            for i, a in enumerate(attempts)
+        )
+
     def compact(self) -> None:
         """Rewrite both copies with one line per attempt (atomically, the journal first)."""
         text = "".join(
             json.dumps({"attempt": i + 1, **a}) + "\n" for i, a in enumerate(self.attempts)
         )
+        text += self._peer_lines()
         for path in self.paths:
             write_text_atomic(path, text)
 
-    def _append(self, record: dict) -> None:
-        line = (json.dumps(record) + "\n").encode()
+    def _append(self, record: dict | str) -> None:
+        line = (record if isinstance(record, str) else json.dumps(record) + "\n").encode()
         with self._lock, guard_disk_writes(self.run_dir, needed_bytes=len(line)):
             for path in self.paths:
                 fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -276,6 +402,21 @@ class Billing:
 
     def close(self, now: float | None = None) -> None:
         self.touch(now, closed=1)
+        if self.node_rank == 0:  # the other nodes' time, as far as it goes, in this journal
+            self.reload_peers()
+            if self.peers:
+                self._append(self._peer_lines())
+
+
+def _union_seconds(spans: list[tuple[float, float]]) -> float:
+    """Seconds covered by the union of time spans."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(spans):
+        if stop <= end:
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
 
 
 def upper_bound_attempts(run_dir: Path) -> list[dict]:
@@ -371,6 +512,6 @@ def last_word() -> None:
             pass
 
 
-def billed_seconds(run_dir: Path) -> float:
+def billed_seconds(run_dir: Path, nnodes: int = 1) -> float:
     """Total billed seconds of a run (read-only; for reports and tests)."""
-    return Billing(run_dir).total_seconds()
+    return Billing(run_dir, nnodes=nnodes).total_seconds()

@@ -236,6 +236,7 @@ class Attempt:
 
     start: float
     deadline: float | None
+    journal: Billing | None = None  # the journal this node's attempt is written in
 
 
 @contextlib.contextmanager
@@ -245,8 +246,8 @@ def billed_attempt(
     """Node 0 opens the attempt (from this process's start, `started_at`) before preparing or
     launching anything, and a heartbeat keeps it current until the attempt is closed at exit."""
     if node_rank > 0:  # its own time, in its own journal (runner.billing.journal_paths)
-        attempt = Attempt(start=time.time(), deadline=None)
         own = Billing(plan.run_dir, repair=True, node_rank=node_rank)
+        attempt = Attempt(start=time.time(), deadline=None, journal=own)
         own.open_attempt(started_at)
         heartbeat = Heartbeat(own).start()
         try:
@@ -258,6 +259,7 @@ def billed_attempt(
     attempt = Attempt(
         start=start,
         deadline=deadline(plan, billed_s=billing.previous_seconds(), attempt_start=start),
+        journal=billing,
     )
     heartbeat = Heartbeat(billing).start()
     try:

@@ -82,10 +82,10 @@ def _startup_file(plan) -> Path:
 
 def machine_startup_s(plan) -> float | None:
     """The slowest start-up measured on this machine for plans of this shape, if any."""
+    data = userdata.read_json_record(_startup_file(plan), what="measured start-up record")
     try:
-        data = json.loads(_startup_file(plan).read_text())
-        value = data[shape_key(plan)]["slowest_s"]
-    except (OSError, ValueError, KeyError, TypeError):
+        value = (data or {})[shape_key(plan)]["slowest_s"]
+    except (KeyError, TypeError):
         return None
     return float(value) if isinstance(value, (int, float)) and 0 < value < 1e7 else None
 
@@ -101,12 +101,7 @@ def record_startup(plan, seconds: float | None, *, data_prep_s: float = 0.0) -> 
     from gptplan.tomlconf import write_text_atomic
 
     path = _startup_file(plan)
-    try:
-        data = json.loads(path.read_text())
-        if not isinstance(data, dict):
-            data = {}
-    except (OSError, ValueError):
-        data = {}
+    data = userdata.read_json_record(path, what="measured start-up record") or {}
     key = shape_key(plan)
     old = data.get(key, {}).get("slowest_s", 0.0) if isinstance(data.get(key), dict) else 0.0
     if isinstance(old, (int, float)) and old >= seconds:

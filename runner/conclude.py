@@ -56,7 +56,7 @@ def conclude(
         )
         return 1
     if result["finished"]:
-        export(run)
+        within_budget(attempt, "the export after training", lambda: export(run))
     interrupted = not result["finished"] and result["stop_reason"] == STOP_SIGNAL
     return signals.EXIT_SIGNALLED if interrupted else status
 
@@ -115,15 +115,58 @@ def deadline_reached(run: Run, billing: Billing, attempt: Attempt) -> int:
     return 0
 
 
-def finished_run(run: Run, resume: Resume) -> int:
+def finished_run(run: Run, resume: Resume, attempt: Attempt) -> int:
     """A rerun of a finished run: its report (result.json rebuilt if it was lost), and the
-    PaddleNLP export if the one after training did not happen (a full disk, a kill)."""
+    PaddleNLP export if the one after training did not happen (a full disk, a kill). Its
+    attempt is kept but not billed (`idle`) unless it does work (runner.billing)."""
+    if attempt.journal is not None:
+        attempt.journal.note(idle=1)
     print(f"already finished: {resume.latest} is at step {resume.step}")
     if run.node_rank > 0:
         return 0
     status = report(run, resume, None)
-    export(run, only_if_missing=True)
+    if not export_done(run):
+        within_budget(attempt, "the export", lambda: export(run, only_if_missing=True))
     return status
+
+
+def within_budget(attempt: Attempt, what: str, work) -> None:
+    """Work after training (an export, a retried one): billed (`work` in the bill) and held to
+    the attempt's budget deadline (runner.ceiling), so that the billed total stays within the
+    budget: not started when the budget is spent, ended at the deadline; one line says so."""
+    if attempt.deadline is not None and time.time() >= attempt.deadline:
+        print(
+            f"budget spent: {what} was not done; raise the limit and rerun, or run "
+            "`runner export RUN_DIR` (not billed by the runner)"
+        )
+        return
+    if attempt.journal is not None:
+        attempt.journal.note(work=1)
+    try:
+        with ceiling.enforced(attempt.deadline):
+            work()
+    except ceiling.BudgetDeadline:
+        print(
+            f"budget spent during {what}: ended at the budget's deadline; its files are "
+            "redone by the next run; raise the limit and rerun, or run `runner export RUN_DIR`"
+        )
+
+
+def export_done(run: Run) -> bool:
+    """Every export this run asks for is whole and verified for the newest checkpoint, and a
+    killed export left nothing behind (runner.export's records)."""
+    from runner.export import PRETRAINED_DIR, verified_export, verified_jit
+
+    found = ckpt.complete_checkpoints(run.run_dir / "checkpoints")
+    newest = found[-1][1].name if found else None
+    export_dir = run.run_dir / "export"
+    leftovers = export_dir.is_dir() and any(
+        c.name.startswith((".paddlenlp.", ".jit.")) or c.name.endswith(".old")
+        for c in export_dir.iterdir()
+    )
+    if leftovers or not verified_export(run.run_dir / PRETRAINED_DIR, newest):
+        return False
+    return not run.request.export or verified_jit(run.run_dir, newest) is not None
 
 
 def export(run: Run, *, only_if_missing: bool = False) -> None:

@@ -39,12 +39,13 @@ def execute(request: ExecuteRequest) -> int:
     with claimed_run_dir(run):  # lock, leftovers, --fresh, damaged run files moved aside
         resume = read_resume_state(run)  # newest verified checkpoint and the bill, read once
         if resume.step >= run.plan.training.max_steps:
-            return finished_run(run, resume)  # report, and an export that did not happen yet
+            with open_attempt(run, resume) as attempt:  # billed if it does work, else idle
+                return finished_run(run, resume, attempt)  # report, an export not done yet
         spent = budget_check(run, resume)  # refuses (exit 2) a run that cannot buy one step
         if spent:
-            with open_attempt(run, resume):  # its seconds are machine time too (flagged)
-                if run.node_rank == 0:  # (a node > 0 keeps only its own time)
-                    resume.billing.note(budget_check=1)
+            with open_attempt(run, resume) as attempt:  # kept, flagged, not billed
+                if attempt.journal is not None:
+                    attempt.journal.note(budget_check=1)
                 print(spent)
             return 0
         with open_attempt(run, resume) as attempt:  # its record and heartbeat, closed at exit
@@ -133,7 +134,7 @@ def read_resume_state(run: Run) -> Resume:
         from runner import divergence
 
         divergence.check_resume(state, latest, run.run_dir, ignore=run.request.ignore_divergence)
-    billing = Billing(run.run_dir, repair=writer)
+    billing = Billing(run.run_dir, repair=writer, nnodes=run.plan.parallel.nnodes)
     if billing.notice:
         print(billing.notice)
     return Resume(latest, state, billing)

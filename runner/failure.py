@@ -39,7 +39,7 @@ PEER_LOST_TEXT = (
 class Failure:
     """One run's failure, as data; `line` is what the console shows."""
 
-    cause: str  # memory_limit | oom_killer | oom_error | signal | exit | unknown
+    cause: str  # memory_limit | oom_killer | oom_error | peer_lost | signal | exit | unknown
     rank: int | None
     exit_code: int | None
     signal: str | None
@@ -136,6 +136,23 @@ def diagnose(
         line = (
             f"out of memory: rank {rank} reached {_gb(peak)} GB (peak RSS, measured) of "
             f"{_gb(machine_bytes)} GB and the kernel's OOM killer ended it ({how}); {fix}"
+        )
+    elif len(records) > 1 and _is_consequence(culprit, log_dir):
+        # every rank that ended did so because a peer stopped answering (gloo's timeout
+        # aborts the healthy ranks with SIGABRT): the cause is a rank that has not ended or
+        # ended without a record (stopped, hung in a collective, on a dead mount)
+        cause = "peer_lost"
+        silent = [r["rank"] for r in records if r.get("exit_code") is None]
+        who = (
+            f"rank(s) {', '.join(map(str, silent))} stopped answering (still running or "
+            "stopped, no end recorded)"
+            if silent
+            else "a peer rank stopped answering first"
+        )
+        line = (
+            f"{who}; rank {rank} waited for it in a collective until gloo gave up and ended "
+            f"({how}): rank {rank} is not the cause; rerun the same command to resume from "
+            "the last checkpoint"
         )
     elif any(word in "\n".join(tail) for word in OOM_TEXT):
         cause = "oom_error"

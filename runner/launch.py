@@ -13,10 +13,11 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
-from gptplan.errors import HardwareError
+from gptplan.errors import HardwareError, UserError
 from gptplan.lifeline import die_with_parent
 from gptplan.plan import Plan
 from runner.parallel import LaunchCommand, local_device_count
@@ -96,11 +97,7 @@ def run_group(
             stderr=subprocess.STDOUT if out else None,
         )
         if group_file is not None:
-            group_file.write_text(
-                json.dumps(
-                    {"launcher_pid": proc.pid, "process_group": proc.pid, "runner_pid": os.getpid()}
-                )
-            )
+            record_group(group_file, proc.pid)
         if forwarded_signals:  # a notice came while the launcher was being started
             tell()
         while True:
@@ -132,6 +129,34 @@ def run_group(
                 pass
         if out:
             out.close()
+
+
+def record_group(group_file: Path, pid: int) -> None:
+    """Write which process group this launch is (for operators and tests), atomically; a file
+    that cannot be replaced (immutable, a folder, a read-only disk) costs that record only:
+    one line says so, the run goes on."""
+    from gptplan.tomlconf import write_text_atomic
+
+    text = json.dumps({"launcher_pid": pid, "process_group": pid, "runner_pid": os.getpid()})
+    try:
+        write_text_atomic(group_file, text)
+    except (OSError, UserError) as exc:
+        if group_file.is_dir():
+            from runner.billing import move_damaged
+
+            try:
+                target = move_damaged(group_file, group_file.parent)
+                write_text_atomic(group_file, text)
+                print(f"{group_file} was a folder; moved to {target}", file=sys.stderr)
+                return
+            except OSError:
+                pass
+        print(
+            f"warning: {group_file} cannot be written "
+            f"({getattr(exc, 'strerror', None) or type(exc).__name__}); "
+            f"the launcher's process group {pid} is not recorded there",
+            file=sys.stderr,
+        )
 
 
 def end_group(pid: int, status_dir: str | None) -> None:

@@ -103,7 +103,10 @@ def describe_differences(old: dict, new: dict, limit: int = 4) -> str:
 
 
 def check_paths(plan: Plan, plan_file: Path) -> None:
-    """Folders the run writes must be folders (or not exist yet)."""
+    """Folders the run writes must be folders (or not exist yet), and the run folder new,
+    empty or a run folder (runner.rundir.foreign_folder_problem)."""
+    from runner.rundir import foreign_folder_problem
+
     for key, value in (
         ("job.output_dir", plan.run_dir),
         ("job.cache_dir", userdata.cache_dir(plan.job.cache_dir)),
@@ -111,6 +114,9 @@ def check_paths(plan: Plan, plan_file: Path) -> None:
         problem = folder_problem(str(value))
         if problem:
             raise PlanError(problem, file=str(plan_file), key=key)
+    problem = foreign_folder_problem(plan.run_dir)  # never a folder of the user's own files
+    if problem:
+        raise PlanError(problem, file=str(plan_file), key="job.output_dir")
 
 
 def check_resume(

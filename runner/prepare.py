@@ -168,6 +168,10 @@ def _tokenizer_info(tokenizer: str, directory: Path | None) -> dict:
     }
 
 
+# What a user points elsewhere when the cache's device is full (not job.output_dir)
+CACHE_SETTING = "job.cache_dir (or --data-dir)"
+
+
 def prepare_data(
     plan: Plan, *, workers: int | None = None, log=print, progress: bool = True
 ) -> PreparedData:
@@ -177,7 +181,7 @@ def prepare_data(
     dedupe = default_dedupe(job.corpus)
     corpus_key = source_key(paths, max_documents=job.max_documents, dedupe=dedupe)
     workers = workers or default_workers()
-    with guard_disk_writes(userdata.cache_dir(job.cache_dir) / "tokenizers", needed_bytes=None):
+    with guard_disk_writes(userdata.cache_dir(job.cache_dir) / "tokenizers", setting=CACHE_SETTING):
         directory = ensure_tokenizer(
             tokenizer=job.tokenizer,
             vocab_size=job.tokenizer_vocab_size or plan.model.vocab_size,
@@ -205,7 +209,9 @@ def prepare_data(
     # the folder and the bytes the entry needs (modelled: job.corpus_tokens when the planner
     # measured them, else at most one token id per corpus byte)
     with (
-        guard_disk_writes(out.parent, needed_bytes=entry_bytes(plan, paths, info)),
+        guard_disk_writes(
+            out.parent, needed_bytes=entry_bytes(plan, paths, info), setting=CACHE_SETTING
+        ),
         cachedirs.writing(out.parent, key) as tmp,
     ):
         meta = _stream_prepare(
@@ -426,11 +432,10 @@ def _record_throughput(cache_dir: Path, meta: dict) -> None:
     prep = meta["preparation"]
     if prep["bytes"] < 1e6:  # too small to say anything about throughput
         return
+    from gptplan.userdata import read_json_record
+
     path = cache_dir / THROUGHPUT_FILE
-    try:
-        data = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        data = {}
+    data = read_json_record(path, what="measured data-preparation rate") or {}
     data[meta["tokenizer_scheme"] or "other"] = {
         # per CPU-second of the whole process tree: what one core does, whatever the load
         "bytes_per_second_per_core": prep["bytes_per_cpu_second"],

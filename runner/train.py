@@ -655,7 +655,8 @@ def start_attempt(plan: Plan, data_dir: Path, run_dir: Path) -> Attempt:
     trainer = build_trainer(plan, data_dir, rank)
     notice = StopSignal()  # after importing paddle, which installs its own handlers
     signals.unblock()  # a notice that came during start-up is delivered now
-    billing = Billing(run_dir)  # the runner opened this attempt (runner.billing)
+    # the runner opened this attempt (runner.billing); the other nodes' time is in the bill
+    billing = Billing(run_dir, nnodes=plan.parallel.nnodes)
     attempt_start = billing.attempts[-1]["start"] if billing.attempts else time.time()
     root = run_dir / "checkpoints"
     start_step, tokens_before, padded_before = 0, 0, 0

@@ -254,3 +254,65 @@ def test_one_process_plan_that_cannot_buy_a_step_with_start_up_is_refused(write_
     assert "cannot buy one step with start-up" in lines[0] and "budget.max_cost" in lines[0]
     assert "stated bound" in lines[0]
     assert not (tmp_path / "run").exists()  # nothing launched, nothing billed
+
+
+def test_every_nodes_time_is_in_the_cluster_bill(tmp_path):
+    """Issue 39: node 1's own journal reaches node 0's bill and billing.json. Node 0 ran
+    1000-1020 and 2000-2005; node 1 ran 990-1020 (restarted
+    first: 10 s alone) and 3000-3030 (alone: node 0 not running)."""
+    from runner.billing import journal_paths, parse_nodes
+
+    node1 = Billing(tmp_path, repair=True, node_rank=1)
+    for start, stop in ((990.0, 1020.0), (3000.0, 3030.0)):
+        node1.open_attempt(start, now=start)
+        node1.close(stop)
+    node0 = two_attempts(tmp_path)
+    billing = Billing(tmp_path, nnodes=2)
+    assert billing.peers[1][1]["last_seen"] == 3030.0
+    # node 0: 25 s; node 1: its 60 s and node 0's 5 s at 2000 = 65 s; of the 2-node cluster:
+    assert billing.total_seconds() == pytest.approx((25 + 65) / 2)
+    # the current attempt (2000-) left out, and node 1's time from its start on
+    assert billing.previous_seconds() == pytest.approx((20 + 30) / 2)
+    node0.close(2005.0)  # node 0 copies node 1's attempts into billing.json
+    (tmp_path / journal_paths(tmp_path, 1)[0]).unlink()
+    (tmp_path / journal_paths(tmp_path, 1)[1]).unlink()
+    assert len(parse_nodes((tmp_path / JOURNAL).read_text())[1]) == 2
+    assert Billing(tmp_path, nnodes=2).total_seconds() == pytest.approx((25 + 65) / 2)
+    # a lone node 0 (node 1 never started a runner) bills node 1 for node 0's time
+    lone = tmp_path / "lone"
+    two_attempts(lone).close(2005.0)
+    assert Billing(lone, nnodes=2).total_seconds() == pytest.approx(25)
+
+
+@pytest.mark.e2e
+def test_a_rerun_of_a_finished_run_bills_what_it_does(finished_run, tmp_path):
+    """Issue 39: reruns of a finished run were not billed at all (a retried export took
+    8.5-10.2 s). One with nothing to do is kept but not billed (`idle`); one that retries the
+    export is billed."""
+    import shutil
+
+    from conftest import run_main
+
+    from runner.cli import main
+
+    run, _ = finished_run("gpt")
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    argv = ["execute", str(run.parent / "plan.toml"), "--output-dir", str(copy)]
+    before = Billing(copy)
+    billed = before.total_seconds()
+    rc, out, err = run_main(main, argv)
+    assert rc == 0 and "already finished" in out, err[-2000:]
+    after = Billing(copy)
+    assert len(after.attempts) == len(before.attempts) + 1 and after.attempts[-1]["idle"] == 1
+    assert after.total_seconds() == pytest.approx(billed)  # nothing done, nothing billed
+    report = json.loads((copy / "report.json").read_text())
+    hours = next(r for r in report["rows"] if r["metric"].startswith("hours"))["actual"]
+    assert hours * 3600 == pytest.approx(billed)  # nor in the report it rewrote
+    shutil.rmtree(copy / "export")  # the export after training did not happen
+    rc, out, err = run_main(main, argv)
+    assert rc == 0 and "retried" in out, err[-2000:]
+    retried = Billing(copy)
+    assert retried.attempts[-1]["work"] == 1  # flagged idle when it started, then work
+    took = retried.attempts[-1]["last_seen"] - retried.attempts[-1]["start"]
+    assert retried.total_seconds() == pytest.approx(billed + took) and took > 0

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import run_cli
 
 from gptplan import money
 from gptplan.plan import load_plan
@@ -70,3 +71,37 @@ def test_set_budget_max_cost_still_overrides_and_old_plans_load(tmp_path):
     assert plan.budget.max_cost == 20000
     assert plan.budget.budget_total == 0 and plan.budget.planned_cost_p90 == 0
     assert guard.projection_alert(plan, [SimpleNamespace(projected_cost=1e9)]) is None
+
+
+# ---- the ceiling through any number of reruns (issue 39) ---------------------------------------
+
+
+def spent_run(write_plan, tmp_path, *, billed_s: float) -> tuple[Path, Path]:
+    """A plan at 36 USD/h (0.01 USD/s) whose run directory billed `billed_s` of a 25 s
+    ceiling: reruns find it spent before preparing or launching anything."""
+    from runner.billing import Billing
+
+    plan = write_plan(
+        {"hardware": {"price_per_node_hour": 36.0}, "budget": {"max_cost": 0.25}},
+    )
+    run = tmp_path / "run"
+    run.mkdir()
+    billing = Billing(run, repair=True)
+    billing.open_attempt(1000.0, now=1000.0)
+    billing.close(1000.0 + billed_s)
+    return plan, run
+
+
+def test_ten_reruns_of_a_spent_run_stay_within_max_cost(write_plan, tmp_path):
+    from runner.billing import Billing
+
+    plan, run = spent_run(write_plan, tmp_path, billed_s=24.5)
+    for _ in range(10):
+        proc = run_cli("runner", "execute", str(plan), cwd=tmp_path)
+        assert proc.returncode == 0 and "budget spent:" in proc.stdout, proc.stderr[-2000:]
+    billing = Billing(run)
+    assert len(billing.attempts) == 11  # every rerun kept, with its seconds ...
+    assert billing.total_seconds() * 36.0 / 3600 <= 0.25  # ... but none billed past the ceiling
+    assert billing.total_seconds() == pytest.approx(24.5)
+    checks, seconds = billing.unbilled()
+    assert checks == 10 and seconds > 0

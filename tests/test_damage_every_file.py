@@ -15,6 +15,7 @@ rebuilding a tokenizer or a tokenized corpus takes a second, not the shared corp
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import shutil
@@ -175,3 +176,78 @@ def test_garbled_tokenizer_copy_is_repaired_and_the_export_happens(finished_run,
     assert "saved again from the tokenizer cache" in out and "retried" in out
     assert (copy / "export" / "paddlenlp" / "special_tokens_map.json").is_file()
     assert list((copy / "damaged").glob("tokenizer.*"))  # the damaged copy is kept
+
+
+# ---- the user data directory (issue 39) --------------------------------------------------------
+
+DAMAGES = ("garbled", "folder")
+
+
+def damage(path: Path, how: str, seed: int) -> None:
+    """`garbled`: 50 random bytes over its middle (not UTF-8 any more); `folder`: a folder
+    (holding a file) in its place."""
+    if how == "garbled":
+        garble(path, seed)
+        return
+    path.unlink()
+    path.mkdir()
+    (path / "inside").write_text("x")
+
+
+@pytest.fixture(scope="module")
+def user_data(tmp_path_factory):
+    """A user data directory as `planner optimize` leaves it (corpus statistics, the tokenizer
+    it trained), with the runner's records the planner reads too (the measured preparation
+    rate, start-up times): (data dir, work dir)."""
+    from conftest import REPO, run_cli
+
+    root = tmp_path_factory.mktemp("user-data")
+    data, work = root / "data", root / "work"
+    work.mkdir()
+    spec = (REPO / "planner" / "specs" / "cpu_demo.toml").read_text()
+    (work / "spec.toml").write_text(
+        spec.replace("sample_documents = 2000", "sample_documents = 600")
+    )
+    proc = run_cli(
+        "planner", "optimize", "--spec", "spec.toml", "--out", "p.toml",
+        cwd=work, env={"GPTPLAN_DATA_DIR": str(data)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = {"bytes_per_second_per_core": 2.0e6, "bytes": 2e6, "workers": 1, "cpus": 1}
+    (data / "cache" / "prep_throughput.json").write_text(
+        json.dumps({"sentencepiece": record | {"measured_at": "2026-01-01T00:00:00Z"}})
+    )
+    (data / "cache" / "startup_seconds.json").write_text(
+        json.dumps({"cpu:1x1:gpt:1": {"slowest_s": 5.0, "measured_at": "2026-01-01T00:00:00Z"}})
+    )
+    return data, work
+
+
+def user_kind_of(relative: str) -> str:
+    return re.sub(r"(stats|tokenizers)/[0-9a-zA-Z-]+", r"\1/KEY", relative)
+
+
+def test_every_user_data_file_kind_damaged_is_one_line_or_recovery(
+    user_data, tmp_path, monkeypatch
+):
+    """Every file kind of the user data directory, garbled or a folder in its place: the
+    planner (which reads them all) recovers (measures again, one line says what was moved
+    aside) or says one line; never a traceback."""
+    from planner.cli import main
+
+    data, work = user_data
+    found: dict[str, Path] = {}
+    for path in sorted(p for p in data.rglob("*") if p.is_file()):
+        found[user_kind_of(str(path.relative_to(data)))] = path
+    assert {"cache/stats/KEY.json", "cache/prep_throughput.json"} <= set(found), sorted(found)
+    monkeypatch.chdir(work)
+    for index, (kind, original) in enumerate(sorted(found.items())):
+        for how in DAMAGES:
+            copy = tmp_path / f"data{index}-{how}"
+            shutil.copytree(data, copy)
+            damage(copy / original.relative_to(data), how, seed=index)
+            monkeypatch.setenv("GPTPLAN_DATA_DIR", str(copy))
+            rc, out, err = run_main(main, ["optimize", "--spec", "spec.toml", "--out", "q.toml"])
+            one_line_or_recovery(f"{kind} ({how})", rc, out, err)
+            assert rc == 0, (kind, how, err[-2000:])
+            shutil.rmtree(copy)

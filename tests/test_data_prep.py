@@ -335,4 +335,5 @@ def test_disk_full_while_tokens_bin_is_written_is_one_line(tmp_path, monkeypatch
     assert rc == 1 and len(lines) == 1, err.getvalue()
     assert lines[0].startswith(f"error: no space left on the device of {cache / 'data'}")
     assert "bytes needed" in lines[0] and "more space needed" not in lines[0]
+    assert "point job.cache_dir" in lines[0] and "job.output_dir" not in lines[0]  # issue 39
     assert not list((cache / "data").glob("*"))  # nothing half-written is left

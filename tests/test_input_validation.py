@@ -187,3 +187,33 @@ def test_in_process_runner_gives_back_the_callers_signal_mask(tmp_path):
     assert cli.main(["execute", str(bad), "--dry-run"]) == 2
     assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
     assert signal.getsignal(signal.SIGTERM) is handler
+
+
+def test_planner_refuses_a_plan_the_runner_would_refuse(tmp_path, monkeypatch):
+    """One validation (issue 39): the plan the planner writes is read back through the code
+    that loads it in `runner execute` (every key's type and range); a spec whose values break
+    it is refused, exit 2, one line, nothing written."""
+    from conftest import REPO
+
+    from planner.cli import main
+
+    spec = (REPO / "planner" / "specs" / "cpu_demo.toml").read_text()
+    spec = spec.replace('size = "gpt-tiny"', 'size = "gpt-tiny"\nintermediate_size = 3', 1)
+    (tmp_path / "tiny_ffn.toml").write_text(spec)
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = call_main(main, ["optimize", "--spec", "tiny_ffn.toml", "--out", "p.toml"])
+    assert rc == 2, (out[-2000:], err)
+    assert len(err) == 1 and err[0].startswith("error: tiny_ffn.toml: model.intermediate_size:")
+    assert ">= 8" in err[0] and "Traceback" not in out
+    assert not (tmp_path / "p.toml").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name != "tiny_ffn.toml"] == [], "half-written"
+
+
+def test_schema_true_is_not_schema_1():
+    """`schema = true` is no schema version (a bool is an int in Python; issue 39)."""
+    from gptplan.errors import PlanError
+    from gptplan.plan import plan_from_dict
+
+    with pytest.raises(PlanError, match="True is not a supported schema version"):
+        plan_from_dict(merge(BASE_PLAN, {"schema": True}))
+    plan_from_dict(merge(BASE_PLAN, {"schema": 1}))

@@ -24,6 +24,7 @@ from runner.billing import Billing
 
 pytestmark = pytest.mark.e2e
 STEPS = 12  # BASE_PLAN's, checkpoints every 4
+LATE_S = 12.0  # node 0's restart after node 1's
 
 
 def free_port() -> int:
@@ -100,9 +101,13 @@ def test_two_nodes_kill9_sigterm_resume_match_one_node(write_plan, tmp_path, fin
     killed_at = max(metrics(run))
     assert killed_at < STEPS - 1, "the kill came too late to test anything"
 
-    # 2. resume both; SIGTERM to node 1 only: every rank stops at the same step, node 0 writes
-    #    the checkpoint, both runners exit 143.
-    nodes = start_cluster(plan)
+    # 2. resume both, node 1 first and node 0 LATE_S later (node 1's machine is billed while it
+    #    waits); SIGTERM to node 1 only: every rank stops at the same step, node 0 writes the
+    #    checkpoint, both runners exit 143.
+    port = free_port()
+    node1 = start_node(plan, 1, port)
+    time.sleep(LATE_S)
+    nodes = [start_node(plan, 0, port), node1]
     wait_for_step(run, killed_at + 1, nodes)
     nodes[1].send_signal(signal.SIGTERM)
     (rc0, out0), (rc1, out1) = finish(nodes)
@@ -147,24 +152,25 @@ def test_two_nodes_kill9_sigterm_resume_match_one_node(write_plan, tmp_path, fin
         for node in ("node_00", "node_01")
     }
     assert logs == {"node_00": 4, "node_01": 3}  # node 1's refused start logged on its disk
+    every_nodes_time_is_billed(run, out0)
 
 
-def test_loopback_nodes_share_this_machines_cores(monkeypatch):
-    """Two "nodes" on one machine split its cores like 1 node x 2 processes does (the same
-    thread count gives the same float reductions); real nodes each use all of theirs."""
-    from conftest import BASE_PLAN, merge
+def every_nodes_time_is_billed(run: Path, out0: str) -> None:
+    """Node 0's report, the guard's total and billing.json count node 1's own time (issue 39):
+    node 1 ran LATE_S alone in step 2, which node 0's time x 2 nodes missed."""
+    from runner.billing import journal_paths, parse_nodes
 
-    from gptplan.plan import plan_from_dict
-    from runner.parallel import launch_commands
-
-    monkeypatch.setattr(os, "cpu_count", lambda: 8)
-    plan = plan_from_dict(
-        merge(
-            BASE_PLAN, {"parallel": {"nnodes": 2, "nproc_per_node": 1, "data_parallel_degree": 2}}
-        )
-    )
-    paths = dict(plan_path=Path("p"), data_dir=Path("d"), run_dir=Path("r"), log_dir=Path("l"))
-    for master, threads in (("127.0.0.1:8090", "4"), ("localhost:1", "4"), ("10.0.0.1:8090", "8")):
-        commands = launch_commands(plan, master=master, python="python", **paths)
-        assert [c.env["OMP_NUM_THREADS"] for c in commands] == [threads, threads], master
-        assert commands[1].argv[commands[1].argv.index("--rank") + 1] == "1"
+    node0 = Billing(run, nnodes=2)
+    s0 = sum(a["last_seen"] - a["start"] for a in node0.attempts)
+    s1 = sum(a["last_seen"] - a["start"] for a in Billing(run, node_rank=1).attempts)
+    cluster = node0.total_seconds()  # seconds of the 2-node cluster
+    assert 2 * cluster >= s0 + s1 and 2 * cluster >= 2 * s0 + LATE_S / 2, (s0, s1, cluster)
+    copied = parse_nodes(journal_paths(run, 0)[0].read_text())
+    assert copied is not None and len(copied.get(1, [])) == 3  # node 1's attempts on this disk
+    report = json.loads((run / "report.json").read_text())
+    billed = next(r for r in report["rows"] if r["metric"].startswith("total cost"))["actual"]
+    # at 1 USD per node-hour: more than node 0's time x 2 nodes (what was billed before) as of
+    # the report (node 0 went on with the export and closing after it)
+    after = node0.attempts[-1]["last_seen"] - (run / "report.json").stat().st_mtime
+    s0_at_report = s0 - max(0.0, after)
+    assert billed * 3600 > 2 * s0_at_report + LATE_S / 2 - 1, (billed * 3600, s0, after, s1)

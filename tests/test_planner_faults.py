@@ -329,3 +329,38 @@ def test_study_storage_under_a_file_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="--storage") as info:
         studies.open_storage("runs/study.journal")
     assert "\n" not in str(info.value) and "existing file" in str(info.value)
+
+
+def test_corpus_statistics_of_a_one_line_corpus_stay_bounded(tmp_path, monkeypatch):
+    """Issue 39: a corpus with no newline is one document; the planner tokenized it whole
+    (a 200 MB line peaked at 6.75 GB RSS). Now it holds one document at a time and tokenizes
+    at most MEASURE_CHARS of any document, extrapolating the rest at the measured rate."""
+    from types import SimpleNamespace
+
+    from gptplan import tokenizer as tk
+    from planner import corpus_stats
+
+    asked: list[int] = []
+
+    def encode(text: str) -> list[int]:
+        asked.append(len(text))
+        return [0] * (len(text) // 2)  # 0.5 tokens per character
+
+    fake = SimpleNamespace(name="fake", vocab_size=4000, encode=encode)
+    monkeypatch.setattr(tk, "ensure_tokenizer", lambda **kw: None)
+    monkeypatch.setattr(tk, "load_tokenizer", lambda spec: fake)
+    line = "ab" * 1_500_000  # 3M characters, no newline
+    corpus = tmp_path / "one_line.txt"
+    corpus.write_text(line)
+    stats = corpus_stats.corpus_statistics(
+        corpus=[str(corpus)],
+        tokenizer="fake",
+        vocab_size=4000,
+        cache_dir=str(tmp_path / "cache"),
+        sample_documents=100,
+        declared_bytes=0,
+        seq_lens=[128],
+        log=lambda *a: None,
+    )
+    assert max(asked) <= corpus_stats.MEASURE_CHARS == 100_000  # never the 3M-character line
+    assert stats.tokens_per_character == pytest.approx(0.5, rel=1e-3)

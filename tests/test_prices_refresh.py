@@ -232,3 +232,16 @@ def test_shipped_offers_agree_with_the_instance_facts():
             assert facts is not None, offer.key
             assert (facts.profile, facts.gpus) == (name, offer.gpus_per_node), offer.key
             assert facts.inter_node_gbits_per_s == offer.inter_node_gbits_per_s, offer.key
+
+
+def test_a_killed_import_leaves_no_temporary_file(profiles_dir):
+    """Issue 39: a SIGKILL in the middle of writing a price list left `offers/.NAME.toml.*.tmp`
+    (16.8 MB) for good; the next import removes what a killed one left."""
+    from planner.prices import imported_prices_dir
+
+    folder = imported_prices_dir(profiles_dir)
+    (folder / "history").mkdir(parents=True)
+    for leftover in (folder / ".aws.toml.k1ll3d.tmp", folder / "history" / ".aws.toml.x.tmp"):
+        leftover.write_text("[[offers]]\n" * 1000)  # what a killed write_text_atomic leaves
+    import_catalog(CATALOG, as_of="2026-12-01", directory=profiles_dir)
+    assert not list(folder.rglob("*.tmp"))

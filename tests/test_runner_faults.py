@@ -287,3 +287,66 @@ def test_any_damaged_run_file_never_ends_in_a_traceback(
         proc = execute(plan)
     assert proc.returncode == 0, (name, how, proc.stderr[-2000:])
     assert json.loads((run / "result.json").read_text())["finished"]
+
+
+def test_a_folder_that_is_not_a_run_is_never_written(tmp_path, shared_cache):
+    """An output folder holding the user's own files (a plan.toml, a result.json of their
+    own) is refused in one line, exit 2; nothing in it is overwritten, moved or added
+    (issue 39). A new, an empty and a run folder are used as before."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "plan.toml").write_text("# my own plan, not a run's\n")
+    (mine / "result.json").write_text("not json: mine\n")
+    before = {p.name: p.read_bytes() for p in mine.iterdir()}
+    plan = make_plan(tmp_path, shared_cache, mine)
+    for extra in ((), ("--fresh",), ("--dry-run",)):
+        proc = run_cli("runner", "execute", str(plan), *extra, cwd=tmp_path)
+        assert proc.returncode == 2, (extra, proc.stdout[-2000:], proc.stderr[-2000:])
+        (line,) = at_most_one_line(proc)
+        assert "job.output_dir" in line and "is not a run folder" in line and "plan.toml" in line
+        assert {p.name: p.read_bytes() for p in mine.iterdir()} == before
+        assert not list(tmp_path.glob("mine.*"))  # --fresh renamed nothing aside
+
+
+def test_lock_folder_and_unwritable_launcher_file_are_one_line(
+    finished_run, tmp_path, monkeypatch, capsys
+):
+    """Issue 39: `runner.lock` as a folder (was an IsADirectoryError traceback) is moved to
+    damaged/ with one line and the rerun goes on; a `launcher.json` that cannot be replaced
+    (immutable: EPERM; was a PermissionError traceback) costs one warning line, not the run."""
+    import errno
+
+    from conftest import run_main
+
+    from runner import launch
+    from runner.cli import main
+
+    run, _ = finished_run("gpt")
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    (copy / "runner.lock").unlink()
+    (copy / "runner.lock").mkdir()
+    rc, out, err = run_main(
+        main, ["execute", str(run.parent / "plan.toml"), "--output-dir", str(copy)]
+    )
+    assert rc == 0 and "Traceback" not in err, err[-3000:]
+    assert "runner.lock was not a lock file; moved to" in out and "already finished" in out
+    assert (copy / "runner.lock").is_file() and list((copy / "damaged").glob("runner.lock.*"))
+
+    group_file = tmp_path / "launcher.json"
+    group_file.write_text("{}")
+
+    def immutable(src, dst):
+        raise PermissionError(errno.EPERM, "Operation not permitted", str(dst))
+
+    monkeypatch.setattr("os.replace", immutable)
+    launch.record_group(group_file, 4242)
+    monkeypatch.undo()
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"warning: {group_file} cannot be written (")
+    assert "\n" not in line and "4242" in line and group_file.read_text() == "{}"
+    assert not list(tmp_path.glob(".launcher.json.*"))  # no temporary file left
+    group_file.unlink()
+    group_file.mkdir()  # a folder in its place: moved aside, written
+    launch.record_group(group_file, 4243)
+    assert json.loads(group_file.read_text())["process_group"] == 4243

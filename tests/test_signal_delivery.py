@@ -338,3 +338,94 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
     except (OSError, IndexError):
         return ""
+
+
+# A process that trains a sentencepiece tokenizer on a long one-line corpus with the runner's
+# signal rule (a handler that ends it, exit 143). The corpus is 4.5M random CJK characters on
+# one line (no newline: the issue's case); jieba's segmentation (minutes on such text) is
+# skipped: sentencepiece's training alone takes about 45 s on the CPU test machine (5M: 58 s).
+TOKENIZER_TRAINER = textwrap.dedent("""
+    import random, signal, sys
+    from pathlib import Path
+    from gptplan import tokenizer as T
+
+    def stop(signum, frame):
+        raise SystemExit(143)
+
+    signal.signal(signal.SIGTERM, stop)
+    T._segmented = lambda pieces, workers, progress: pieces  # unsegmented, as one long line
+    rng = random.Random(0)
+    alphabet = [chr(0x4E00 + i) for i in range(3000)]
+    line = "".join(rng.choices(alphabet, k=4_500_000))
+    T.train_tokenizer([line], vocab_size=8000, out_dir=Path(sys.argv[1]) / "tok",
+                      scheme="cpm", log=lambda m: print(m, flush=True))
+""")
+STOP_BOUND_S = 20.0  # the README's bound for a notice during tokenizer training
+
+
+def trainer_children() -> list[int]:
+    """Processes running gptplan.tokenizer's sentencepiece child (its own group)."""
+    from gptplan.tokenizer import SPM_CHILD
+
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if (
+                entry.isdigit()
+                and SPM_CHILD.encode() in Path(f"/proc/{entry}/cmdline").read_bytes()
+            ):
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def test_sigterm_during_sentencepiece_training_ends_within_the_bound(tmp_path):
+    """Issue 39: sentencepiece's trainer is one native call; in the process that got the
+    notice it held the handler off until it ended (76 s on a 200 MB one-line corpus). It runs
+    in a child of its own group, killed on the way out: the notice ends all of it at once."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TOKENIZER_TRAINER, str(tmp_path)],  # ~8 s in all
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        for line in proc.stdout:
+            if "sentencepiece model" in line:
+                break
+        time.sleep(2.0)  # well inside the native call
+        assert proc.poll() is None, "training ended before the notice: nothing tested"
+        proc.send_signal(signal.SIGTERM)
+        sent = time.time()
+        proc.wait(timeout=STOP_BOUND_S + 30)
+        took = time.time() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143
+    assert took <= STOP_BOUND_S, f"{took:.1f} s after SIGTERM"
+    assert group_members(proc.pid) == []  # nothing of its group left
+    assert not trainer_children(), "the sentencepiece child outlived its parent"
+    assert not (tmp_path / "tok").exists()  # no half-written cache entry
+
+
+def test_no_resource_tracker_warning_after_the_runners_last_line():
+    """Issue 39: the runner ends with os._exit (runner.__main__), so multiprocessing's exit hook
+    never ran and its resource tracker warned about leaked semaphores after the error line.
+    A semaphore of a spawn context stands for a pool's, left when a pool ended on an error."""
+    script = textwrap.dedent("""
+        import multiprocessing, sys
+        import runner.__main__ as entry
+        lock = multiprocessing.get_context("spawn").Lock()  # registered with the tracker
+        sys.argv = ["runner", "--version"]
+        entry.entry()
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and proc.stdout.startswith("runner ")
+    assert "resource_tracker" not in proc.stderr and "leaked" not in proc.stderr, proc.stderr

@@ -106,6 +106,38 @@ def test_failure_wording_follows_what_the_ranks_reported(tmp_path):
     assert "after step 6" in line and "before any rank" not in line
 
 
+def test_a_stopped_rank_is_blamed_not_the_healthy_one_gloo_aborted(tmp_path):
+    """Issue 39: rank 1 stopped (SIGSTOP), rank 0 waited in a collective until gloo's timeout
+    aborted it (SIGABRT): the line blamed rank 0 ("killed by SIGABRT")."""
+    plan = plan_from_dict(BASE_PLAN)
+    status = tmp_path / "ranks"
+    write(
+        status,
+        "rank_0.json",
+        {"rank": 0, "pid": 1, "ended": 5.0, "exit_code": -6, "signal": "SIGABRT"},
+    )
+    write(status, "rank_1.json", {"rank": 1, "pid": 2, "ended": None, "exit_code": None})
+    (tmp_path / "workerlog.0").write_text(
+        "terminate called after 'gloo::EnforceNotMet' ... Timed out\n"
+    )
+    failure = diagnose(
+        plan=plan,
+        status_dir=status,
+        log_dir=tmp_path,
+        launcher_rc=1,
+        oom_kills_before=0,
+        oom_kills_after=0,
+        machine_bytes=1 << 34,
+        local=False,
+    )
+    assert failure.cause == "peer_lost"
+    assert (
+        failure.line.startswith("rank(s) 1 stopped answering")
+        and "rank 0 is not the cause" in failure.line
+    )
+    assert "killed by" not in failure.line
+
+
 def test_planner_stop_line_names_trial_numbers():
     from planner.stopping import Stopped
 
