@@ -99,12 +99,13 @@ def apply_flag(args: argparse.Namespace) -> None:
     os.environ[DATA_ENV] = str(folder)
 
 
-def read_json_record(path: Path, *, what: str) -> dict | None:
+def read_json_record(path: Path, *, what: str, log=None) -> dict | None:
     """A JSON object this machine recorded in a cache (a measured rate, a start-up time,
     corpus statistics), or None when there is none. A damaged one (not UTF-8, not JSON, not
     an object; a folder, a link or an unreadable file in its place) is never a traceback: it
     is moved aside to `<name>.damaged.<time>` (kept, never deleted) with one line on stderr,
-    and None is returned, so the value is measured again and written anew."""
+    and None is returned, so the value is measured again and written anew. `log`: where the
+    line goes (default: stderr, as a warning)."""
     import json
     import time
 
@@ -135,5 +136,9 @@ def read_json_record(path: Path, *, what: str) -> dict | None:
         done = f"moved to {target.name}; measured again"
     except OSError as exc:
         done = f"ignored (it cannot be moved aside: {exc.strerror}); measured again"
-    print(f"warning: {what} {path} is damaged ({problem}): {done}", file=sys.stderr)
+    line = f"{what} {path} is damaged ({problem}); {done}"
+    if log is None:
+        print(f"warning: {line}", file=sys.stderr)
+    else:
+        log(line)
     return None

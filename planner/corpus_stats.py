@@ -223,7 +223,8 @@ def _cached(cache_file: Path, declared_bytes: float, *, log) -> CorpusStatistics
     """The cached statistics, or None (absent; a damaged file is measured again, one line)."""
     from gptplan.userdata import read_json_record
 
-    data = read_json_record(cache_file, what="corpus statistics cache")  # a folder: moved aside
+    # damaged (a folder, not UTF-8, not JSON): moved aside, one line, measured again
+    data = read_json_record(cache_file, what="corpus statistics cache", log=log)
     if data is None:
         return None
     try:

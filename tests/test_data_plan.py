@@ -40,7 +40,7 @@ def test_statistics_are_cached_by_file_identity_and_declared_tpc_skips_tokenizin
     assert first.tokens_per_character == 0.8
     assert first.tokens_per_character_source == first.total_tokens_source == "declared"
     # warm: the corpus is not read again (keyed on path, size, mtime) and it says so
-    monkeypatch.setattr(cs, "read_corpus", lambda *a, **k: pytest.fail("re-read the corpus"))
+    monkeypatch.setattr(cs, "_sample", lambda *a, **k: pytest.fail("re-read the corpus"))
     said = []
     again = cs.corpus_statistics(**(args | {"log": said.append}))
     assert again == first and any("reused" in s for s in said)
