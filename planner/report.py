@@ -506,12 +506,22 @@ def render_choice(result) -> str:
     est = result.plan.estimate
     cur = result.currency
     source = "measured by probes" if est.source == "probe" else "modelled"
+    from planner.risk import row_risk
+
+    risk = row_risk(result.spec, result.table, int(result.chosen))
+    chosen_offer = result.table.offers[int(result.table["offer"][int(result.chosen)])]
+    energy_basis = chosen_offer.offer.energy_basis(chosen_offer.profile.tdp_w)
+    c = result.spec.constraints
+    bet = risk.bet_line(budget=c.budget, currency=cur)
     lines = [
         f"chosen: {short_config(result.table, result.chosen)}: {money(est.cost)} {cur}, "
         f"{est.hours:,.3g} h ({source})",
+        "        risk: "
+        + risk.headline(budget=c.budget, deadline_hours=c.deadline_hours, currency=cur),
+        *([f"        {bet}"] if bet else []),
         f"        {est.tokens_per_second:,.0f} tokens/s, {est.peak_memory_gb:.2f} "
         f"GB/device, MFU {est.mfu:.1%}, {est.cost_per_million_tokens:.4g} {cur}/Mtok "
-        f"({source}), {est.energy_kwh:,.3g} kWh (modelled, TDP upper bound)",
+        f"({source}), {est.energy_kwh:,.3g} kWh (modelled; {energy_basis})",
     ]
     lines.append(memory_line(result))
     from planner.costreport import budget_line, price_lines, sensitivity, sensitivity_line
