@@ -531,7 +531,12 @@ def import_catalog(
         if out.exists()
         else []
     )
-    _, everything = all_price_rows(PROFILE_DIR if directory is None else directory)
+    # the current prices before the import: shipped rows and every price list (a folder given
+    # for the imports alone, without profiles, is compared with the shipped profiles' rows)
+    has_profiles = directory is not None and any(Path(directory).glob("*.toml"))
+    _, everything = all_price_rows(Path(directory) if has_profiles else PROFILE_DIR)
+    if directory is not None and not has_profiles:
+        everything += [_load_offer(t, file=str(out), index=i) for i, t in enumerate(old)]
     before, _ = current_prices(everything)
     # one current row per key: the newer of the old and the new row (the new one on a tie);
     # an old row equal to its new one is simply the same row (not history)
