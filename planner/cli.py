@@ -894,6 +894,8 @@ def cmd_profiles(args) -> int:
             else:
                 od = offer.on_demand_per_hour / gpus
                 spot = money(spot_offer.spot_per_hour / gpus) if spot_offer.spot_per_hour else "-"
+                if spot_offer.price_flag:
+                    spot += " (placeholder)"
             row = {
                 "profile": name,
                 "GB": f"{prof.memory_gb:g}",
@@ -903,7 +905,8 @@ def cmd_profiles(args) -> int:
                 "Gbit/s": f"{offer.inter_node_gbits_per_s:g}"
                 if offer.inter_node_gbits_per_s
                 else "1 node",
-                "/GPU-h": money(od) + (" (power)" if offer.kind == "on_prem" else ""),
+                "/GPU-h": (money(od) if od > 0 else "spot only")
+                + (" (power)" if offer.kind == "on_prem" else ""),
                 "spot/GPU-h": spot,
                 "cur": offer.currency,
                 "age": f"{age} d" if age is not None else "undated",
