@@ -524,6 +524,7 @@ def render_choice(result) -> str:
         f"({source}), {est.energy_kwh:,.3g} kWh (modelled; {energy_basis})",
     ]
     lines.append(memory_line(result))
+    lines += [x for x in [efa_line(result)] if x]
     from planner.costreport import budget_line, price_lines, sensitivity, sensitivity_line
 
     lines += price_lines(result)
@@ -567,6 +568,28 @@ def render_choice(result) -> str:
     else:
         lines.append(f"        the model alone chose {short_config(result.table, decision.chosen)}")
     return "\n".join(lines)
+
+
+def efa_line(result) -> str:
+    """A multi-node AWS plan costed on EFA needs a launcher that attaches EFA (planner.search
+    .launchable): said on the chosen plan, with the way to cost it on what 0.9.2 gives."""
+    from planner.search import PINNED_SKYPILOT
+
+    table, i = result.table, int(result.chosen)
+    offer = table.offers[int(table["offer"][i])].offer
+    if not (
+        offer.provider == "aws"
+        and "EFA" in offer.network_source
+        and int(table["nodes"][i]) > 1
+        and offer.inter_node_gbits_per_s > 0
+    ):
+        return ""
+    return (
+        f"        launch: costed on EFA ({offer.inter_node_gbits_per_s:g} Gbit/s) between its "
+        f"{int(table['nodes'][i])} nodes; SkyPilot {PINNED_SKYPILOT} (pinned) attaches no EFA: "
+        "launch with a SkyPilot whose resources.network_tier: best attaches it, or set "
+        "constraints.launcher_attaches_efa = false to cost what 0.9.2 gives (single-node)"
+    )
 
 
 def memory_line(result) -> str:

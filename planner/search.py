@@ -352,10 +352,11 @@ PINNED_SKYPILOT = "0.9.2"
 
 
 def launchable(offer: Offer, c) -> Offer:
-    """The offer as the launch path gets it: SkyPilot 0.9.2 attaches no EFA interfaces to EC2
-    VMs (planner.skypilot), so an AWS instance whose network is EFA has no inter-node figure
-    to be costed on and is planned single-node, unless constraints.launcher_attaches_efa says
-    the launcher attaches EFA (a newer SkyPilot with resources.network_tier: best)."""
+    """The offer as the launch path gets it. SkyPilot 0.9.2 attaches no EFA interfaces to EC2
+    VMs (planner.skypilot): with constraints.launcher_attaches_efa = false an AWS instance
+    whose network is EFA has no inter-node figure to be costed on and is planned single-node;
+    by default it is costed on EFA and the chosen line says the launch needs a SkyPilot that
+    attaches it (resources.network_tier: best)."""
     if (
         offer.provider == "aws"
         and "EFA" in offer.network_source
@@ -1156,9 +1157,9 @@ def first_ranked(table: CandidateTable, mask: np.ndarray) -> int | None:
         return None
     cost, hours = table["cost"][idx], table["hours"][idx]
     if np.isnan(cost).any() or np.isnan(hours).any():
-        return owned_fastest(table, idx, int(ranked(table, mask)[0]))
+        return int(ranked(table, mask)[0])
     best = idx[cost == cost.min()]
-    return owned_fastest(table, idx, int(best[np.argmin(table["hours"][best])]))
+    return int(best[np.argmin(table["hours"][best])])
 
 
 # On owned machines time is free up to their count: a plan on more of them costs the same
@@ -1321,6 +1322,8 @@ def decide(spec: Spec, table: CandidateTable, target: float) -> Decision:
         tokens_bought=tokens_within(spec, table, target) if spec.constraints.budget else None,
     )
     cheapest = first_ranked(table, feasible)
+    if cheapest is not None:  # owned machines: the fastest plan of equal cost
+        cheapest = owned_fastest(table, np.flatnonzero(feasible), cheapest)
     if cheapest is not None:
         chosen, alternative = choose_fitting(table, feasible, cheapest)
         return dataclasses.replace(

@@ -137,11 +137,11 @@ class ConstraintSpec:
         "for each (false: both from one region, the table names it).",
     )
     launcher_attaches_efa: bool = setting(
-        False,
-        "The launch path attaches AWS EFA to EC2 VMs (a SkyPilot newer than the pinned 0.9.2, "
-        "with resources.network_tier: best). false: AWS instances whose network is EFA are "
-        "planned single-node, since 0.9.2 gives them no EFA and no NCCL-over-TCP figure is "
-        "stated for them.",
+        True,
+        "Cost AWS instances whose network is EFA multi-node on EFA: the launch then needs a "
+        "SkyPilot newer than the pinned 0.9.2 that attaches EFA (resources.network_tier: best), "
+        "and the plan says so. false: plan them single-node, which is what 0.9.2 gives (no EFA, "
+        "and no NCCL-over-TCP figure is stated for them).",
     )
     allow_outlier_prices: bool = setting(
         False,

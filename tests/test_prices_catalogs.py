@@ -300,3 +300,52 @@ def test_the_50k_maximize_answer_states_deadline_odds_and_the_capacity_bet(tmp_p
     )
     m = json.loads(proc.stdout)["maximize"]
     assert 0 < m["probability_meeting_deadline"] < 1 and m["capacity_bet"]
+
+
+def test_a_price_interval_widens_with_the_price_age():
+    """A stale or undated price was only labelled; its interval now widens 2% per month of
+    age (planner.pricebook.age_spreads; undated counts as 24 months)."""
+    from planner.pricebook import age_spreads
+
+    assert age_spreads(0, (0.7, 1.3)) == ((0.7, 1.3), (1.0, 1.0))
+    spot, on_demand = age_spreads(365, (0.7, 1.3))
+    assert spot[0] < 0.7 < 1.3 < spot[1] and 0.55 < on_demand[0] < 1.0
+    assert age_spreads(None, (0.7, 1.3)) == ((0.3, pytest.approx(1.78)), (0.55, 1.0))
+
+
+def test_the_capacity_bet_threshold_and_the_fallback_flag():
+    from planner.risk import CAPACITY_BET_GPU_HOURS, plan_risk
+
+    common = dict(cost=40e3, cost_p10=30e3, cost_p90=80e3, hours_p10=600.0, hours_p90=1400.0)
+    bet = plan_risk(
+        **common,
+        hours=719.0,
+        budget=5e4,
+        deadline_hours=720.0,
+        spot=True,
+        gpus=128,
+        fallback_cost=308e3,
+    )
+    assert bet.capacity_bet and bet.fallback_over_budget
+    assert 0.45 < bet.probability_meeting_deadline < 0.55
+    small = plan_risk(
+        **common,
+        hours=CAPACITY_BET_GPU_HOURS / 32,
+        budget=5e4,
+        deadline_hours=720.0,
+        spot=True,
+        gpus=32,
+        fallback_cost=4e4,
+    )
+    assert not small.capacity_bet and not small.fallback_over_budget
+    assert small.bet_line(budget=5e4, currency="USD") == ""
+    on_demand = plan_risk(
+        **common,
+        hours=719.0,
+        budget=5e4,
+        deadline_hours=0.0,
+        spot=False,
+        gpus=128,
+        fallback_cost=float("nan"),
+    )
+    assert not on_demand.capacity_bet and on_demand.probability_meeting_deadline == 1.0

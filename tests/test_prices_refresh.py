@@ -62,7 +62,7 @@ def test_imported_instance_with_facts_is_planned_multi_node(profiles_dir):
             "budget": 0,
             "deadline_hours": 0,
             "max_nodes": 2,
-            # EFA needs a launcher that attaches it (issue 37: SkyPilot 0.9.2 does not)
+            # costed on EFA: the launch needs a SkyPilot that attaches it (0.9.2 does not)
             "launcher_attaches_efa": True,
         },
         search={"node_counts": [2]},
@@ -71,7 +71,7 @@ def test_imported_instance_with_facts_is_planned_multi_node(profiles_dir):
     assert decision.chosen is not None, decision.problems
     row = table.row(decision.chosen)
     assert row["nodes"] == 2 and row["offer_choice"].offer.as_of == "2026-12-01"
-    # with the pinned SkyPilot 0.9.2 (no EFA attached) the same offer is costed single-node
+    # costed on what the pinned SkyPilot 0.9.2 gives (no EFA attached): single-node
     pinned = spec_of(
         constraints={
             "profiles": ["a100-80gb"],
@@ -79,6 +79,7 @@ def test_imported_instance_with_facts_is_planned_multi_node(profiles_dir):
             "budget": 0,
             "deadline_hours": 0,
             "max_nodes": 2,
+            "launcher_attaches_efa": False,
         },
         search={"node_counts": [1, 2]},
     )
