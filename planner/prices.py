@@ -533,8 +533,9 @@ def import_catalog(
     )
     # the current prices before the import: shipped rows and every price list (a folder given
     # for the imports alone, without profiles, is compared with the shipped profiles' rows)
-    has_profiles = directory is not None and any(Path(directory).glob("*.toml"))
-    _, everything = all_price_rows(Path(directory) if has_profiles else PROFILE_DIR)
+    folder = Path(directory) if directory is not None else None
+    has_profiles = folder is not None and any(folder.glob("*.toml"))
+    _, everything = all_price_rows(folder if folder is not None and has_profiles else PROFILE_DIR)
     if directory is not None and not has_profiles:
         everything += [_load_offer(t, file=str(out), index=i) for i, t in enumerate(old)]
     before, _ = current_prices(everything)
