@@ -1013,7 +1013,26 @@ def _estimate_check(plan: Plan) -> Problem:
 
 
 # validate's order: the first broken rule is the one reported
+# Offers whose node-hour may cost nothing: this machine ('local') and owned machines whose
+# electricity is stated as free ('owned'). Any other offer is rented: its price is > 0.
+UNPRICED_PROVIDERS = ("local", "owned")
+
+
+def _price_check(plan: Plan) -> Problem:
+    """A rented node is never free: a price of 0 would let the budget guard never stop."""
+    h = plan.hardware
+    provider = h.offer.split("/", 1)[0]
+    if h.price_per_node_hour <= 0 and provider not in UNPRICED_PROVIDERS:
+        return "hardware.price_per_node_hour", (
+            f"{h.price_per_node_hour:g} for the rented offer {h.offer!r}: a rented node-hour "
+            "costs more than 0 (a catalog row without a price is not free); re-plan with a "
+            "priced offer, or name a 'local' or 'owned/...' offer"
+        )
+    return OK
+
+
 PLAN_CHECKS: tuple[Callable[[Plan], Problem], ...] = (
+    _price_check,
     _model_check,
     _schedule_check,
     _precision_check,

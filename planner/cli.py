@@ -144,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument(
         "--as-of",
         default=None,
-        help="date the catalog was fetched, YYYY-MM-DD (required: SkyPilot's CSVs carry none)",
+        help="the catalog's own date, YYYY-MM-DD: the commit date of the vms.csv (required: "
+        "SkyPilot's CSVs carry none; a file in a git clone is never dated later than its commit)",
     )
     his = prices_sub.add_parser("history", help="every price row of an instance, newest first")
     his.add_argument("instance", help="instance type, e.g. p4de.24xlarge or aws/p4de.24xlarge")
@@ -451,17 +452,9 @@ def write_spec_plan(plan, out: Path, spec) -> None:
 
 
 def cmd_optimize(args) -> int:
-    from planner.costreport import fit_lines, render_decisions, render_offers
+    from planner.costreport import fit_lines
     from planner.pipeline import optimize
-    from planner.report import (
-        plot_pareto,
-        render_calibration,
-        render_candidates,
-        render_choice,
-        render_model,
-        render_probed,
-        render_stats,
-    )
+    from planner.report import plot_pareto, render_stats
     from planner.spec import load_spec
 
     spec = load_spec(args.spec, overrides=spec_overrides(args))
@@ -517,38 +510,57 @@ def cmd_optimize(args) -> int:
         on_stats=on_stats,
         on_probe=probe_logger(log),
     )
+    # everything is rendered before anything is written: a command that fails (a report that
+    # cannot be drawn, a plan the schema refuses) leaves no plan, plot or half a console answer
     cur = spec.constraints.currency
-    if args.plot:
-        plot_pareto(result.decision, str(args.plot), cur, spec=spec, chosen=result.chosen)
     out = args.out or Path("plans") / f"{spec.job.name}.toml"
-    if result.plan is not None:
-        write_spec_plan(result.plan, out, spec)
     if quiet:
         data = optimize_json(result, out if result.plan else None)
         if answer is not None:
             data["maximize"] = answer.to_json()
-        print(json.dumps(data, indent=1))
-        return 0 if result.plan is not None else 1
-    if result.tuning is not None and result.tuning.calibration is not None:
-        print(fit_lines(render_calibration(result.tuning)))
-    for note in result.notes:
-        print(fit_lines(note))
-    top = spec.search.top
-    print(render_offers(result.decision, spec, wide=args.wide))
-    print()
-    if args.wide:
-        print(render_candidates(result, top))
-    elif result.tuning is not None:
-        print(render_probed(result, top))
+        text = json.dumps(data, indent=1)
     else:
-        print(render_decisions(result, top))
-    print()
-    print(fit_lines(render_model(result)))
+        text = "\n".join(optimize_console(result, spec, args, answer, out))
+    if result.plan is not None:
+        write_spec_plan(result.plan, out, spec)
+    if args.plot:
+        plot_pareto(result.decision, str(args.plot), cur, spec=spec, chosen=result.chosen)
+    print(text)
+    if args.plot and not quiet:
+        print(f"wrote {args.plot}")
+    return 0 if result.plan is not None else 1
+
+
+def optimize_console(result, spec, args, answer, out: Path) -> list[str]:
+    """The console answer of `planner optimize`, as lines (printed after the plan is written)."""
+    from planner.costreport import fit_lines, render_decisions, render_offers
+    from planner.report import (
+        render_calibration,
+        render_candidates,
+        render_choice,
+        render_model,
+        render_probed,
+    )
+
+    lines = []
+    if result.tuning is not None and result.tuning.calibration is not None:
+        lines.append(fit_lines(render_calibration(result.tuning)))
+    for note in result.notes:
+        lines.append(fit_lines(note))
+    top = spec.search.top
+    lines += [render_offers(result.decision, spec, wide=args.wide), ""]
+    if args.wide:
+        lines.append(render_candidates(result, top))
+    elif result.tuning is not None:
+        lines.append(render_probed(result, top))
+    else:
+        lines.append(render_decisions(result, top))
+    lines += ["", fit_lines(render_model(result))]
     if answer is not None:
-        print(fit_lines("\n".join(answer.lines())))
-    print(fit_lines(render_choice(result)))
+        lines.append(fit_lines("\n".join(answer.lines())))
+    lines.append(fit_lines(render_choice(result)))
     timings = result.timings
-    print(
+    lines.append(
         fit_lines(
             f"planned in {timings['search_s']:.2f} s ({timings['candidates']:,} candidates; "
             f"corpus statistics {timings['corpus_statistics_s']:.1f} s"
@@ -561,15 +573,13 @@ def cmd_optimize(args) -> int:
         )
     )
     if result.plan is not None:
-        print(
+        lines.append(
             fit_lines(
                 f"wrote {out}\n  next: runner execute {out} --dry-run on the planned "
                 "machines, or --local --max-steps 2 to rehearse it here"
             )
         )
-    if args.plot:
-        print(f"wrote {args.plot}")
-    return 0 if result.plan is not None else 1
+    return lines
 
 
 def optimize_json(result, out) -> dict:
@@ -881,6 +891,8 @@ def cmd_profiles(args) -> int:
             else:
                 od = offer.on_demand_per_hour / gpus
                 spot = money(spot_offer.spot_per_hour / gpus) if spot_offer.spot_per_hour else "-"
+                if spot_offer.price_flag:
+                    spot += " (placeholder)"
             row = {
                 "profile": name,
                 "GB": f"{prof.memory_gb:g}",
@@ -890,7 +902,8 @@ def cmd_profiles(args) -> int:
                 "Gbit/s": f"{offer.inter_node_gbits_per_s:g}"
                 if offer.inter_node_gbits_per_s
                 else "1 node",
-                "/GPU-h": money(od) + (" (power)" if offer.kind == "on_prem" else ""),
+                "/GPU-h": (money(od) if od > 0 else "spot only")
+                + (" (power)" if offer.kind == "on_prem" else ""),
                 "spot/GPU-h": spot,
                 "cur": offer.currency,
                 "age": f"{age} d" if age is not None else "undated",
@@ -985,13 +998,15 @@ def cmd_prices(args) -> int:
             )
         print(tabulate(rows, headers="keys", tablefmt="simple", maxcolwidths=[None] * 7 + [50]))
         return 0
+    changes: list[str] = []
     path, count, skipped, warnings = import_catalog(
-        args.csv, name=args.name, provider=args.provider, as_of=args.as_of
+        args.csv, name=args.name, provider=args.provider, as_of=args.as_of, changes=changes
     )
-    print(
-        f"imported {count} price rows (one per instance and region) into {path}"
-        + (f"; skipped {len(skipped)} rows: {'; '.join(skipped[:5])}" if skipped else "")
-    )
+    print(f"imported {count} price rows (one per instance and region) into {path}")
+    for line in skipped:
+        print(f"  skipped {line}")
+    for line in changes:
+        print(line)
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
     return 0

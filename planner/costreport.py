@@ -12,7 +12,15 @@ import numpy as np
 from tabulate import tabulate
 
 from gptplan import precision as precision_table
-from planner.search import CandidateTable, Decision, outlier_rows, ranked, tokens_bought_interval
+from planner.pricebook import AGE_WIDENING, UNDATED_MONTHS
+from planner.search import (
+    CandidateTable,
+    Decision,
+    outlier_rows,
+    owned_fastest,
+    ranked,
+    tokens_bought_interval,
+)
 
 WIDTH = 120
 
@@ -196,7 +204,9 @@ def offer_summary(decision: Decision, spec) -> list[dict]:
             base
             | {
                 "status": status,
-                "capacity": "spot" if r["spot"] else "on_demand",
+                "capacity": "spot"
+                if r["spot"]
+                else ("owned" if choice.offer.owned else "on_demand"),
                 "nodes": r["nodes"],
                 "devices_per_node": r["gpus_per_node"],
                 "precision": r["precision"],
@@ -223,7 +233,9 @@ def no_layout_reason(choice, spec) -> str:
     offer = choice.offer
     if offer.kind == "cloud" and not offer.inter_node_gbits_per_s:
         why = offer.network_source.split(" in hardware_profiles/")[0]
-        if not why.startswith("no instance facts"):
+        if "attaches no EFA" in why:
+            why = "the pinned SkyPilot attaches no EFA"
+        elif not why.startswith("no instance facts"):
             why = "inter-node bandwidth not stated"
         return f"no valid layout: single-node only ({why})"
     return "no valid layout"
@@ -239,19 +251,22 @@ def _best_row(spec, decision: Decision, mine: np.ndarray):
         return None
     feasible = ranked(table, decision.feasible & mine)
     if len(feasible):
-        return int(feasible[0]), "ok"
+        return owned_fastest(table, feasible, int(feasible[0])), "ok"
     fitting = ranked(table, table["fits"] & mine)
     if not len(fitting):
         return None
     i = int(fitting[0])
     c = spec.constraints
-    if outlier_rows(table)[i] and not c.allow_outlier_prices:
-        return i, "outlier price"
-    if c.budget and table["cost"][i] > c.budget:
-        return i, "over budget"
-    if c.deadline_hours and table["hours"][i] > c.deadline_hours:
-        return i, "misses deadline"
-    return i, "excluded"
+    reasons = [
+        why
+        for why, on in (
+            ("outlier price", outlier_rows(table)[i] and not c.allow_outlier_prices),
+            ("over budget", c.budget and table["cost"][i] > c.budget),
+            ("misses deadline", c.deadline_hours and table["hours"][i] > c.deadline_hours),
+        )
+        if on
+    ]
+    return i, ", ".join(reasons) or "excluded"
 
 
 def render_offers(decision: Decision, spec, *, wide: bool = False) -> str:
@@ -339,6 +354,14 @@ def _wrap(text: str, indent: str = "") -> str:
     )
 
 
+def spread_ratio(high: float, low: float) -> float:
+    """p90/p10 of an input; 1.0 where the low end is 0 or not a number (a zero low end means
+    the input does not move the cost: no spread, never a division by zero)."""
+    if not (low > 0 and math.isfinite(low) and math.isfinite(high)):
+        return 1.0
+    return max(high / low, 1.0)
+
+
 def sensitivity(table: CandidateTable, i: int, target_from_tokens: bool = True, stats=None) -> dict:
     """p90/p10 ratio of the cost when each input alone varies over its 80% range (tokens per
     character: its range when extrapolated to the planned vocabulary, planner.corpus_stats)."""
@@ -346,9 +369,9 @@ def sensitivity(table: CandidateTable, i: int, target_from_tokens: bool = True, 
     f = r["offer_choice"].price
     spread = f.spot_spread if r["spot"] else f.on_demand_spread
     out = {
-        "price": spread[1] / spread[0],
-        "throughput interval": r["throughput_cost_p90"] / r["throughput_cost_p10"],
-        "preemption rate": r["preemption_hours_p90"] / r["preemption_hours_p10"],
+        "price": spread_ratio(spread[1], spread[0]),
+        "throughput interval": spread_ratio(r["throughput_cost_p90"], r["throughput_cost_p10"]),
+        "preemption rate": spread_ratio(r["preemption_hours_p90"], r["preemption_hours_p10"]),
     }
     # tokens per character moves the cost only when the target is in epochs of the corpus;
     # with a target in tokens it moves the corpus tokens and epochs instead
@@ -395,9 +418,17 @@ def price_lines(result) -> list[str]:
     )
     age = "undated" if f.age_days is None else f"{f.age_days} days old"
     stale = "; STALE: refresh with 'planner prices import'" if f.stale else ""
+    spread = f.spot_spread if r["spot"] else f.on_demand_spread
+    widened = (
+        f"; interval x{spread[0]:.2f}-x{spread[1]:.2f} of the price, widened with its age "
+        f"({AGE_WIDENING:.0%} per month, undated = {UNDATED_MONTHS:g} months; "
+        "planner/pricebook.py)"
+        if offer.kind == "cloud"
+        else ""
+    )
     lines = [
         f"price: {native:g} {offer.currency}/node-hour{rate}; price as of "
-        f"{offer.as_of or '(no date)'} ({age}{stale})"
+        f"{offer.as_of or '(no date)'} ({age}{stale}{widened})"
     ]
     fallback = spec.spot.fallback_wait_hours
     if r["spot"] and fallback:

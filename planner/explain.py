@@ -405,7 +405,7 @@ def _article_run_claims(data, spec, profiles) -> list[dict]:
         _claim(
             "100 kWh / 70 yuan",
             run["energy_claim"],
-            f"{kwh:,.0f} kWh for 8 P4s at TDP over that time (x PUE {p4.offer.pue:g}); "
+            f"{kwh:,.0f} kWh for 8 P4s over that time ({p4.offer.energy_basis(p4.profile.tdp_w)}); "
             f"{run['compare_gpus']} A100s for 7 days would draw {scale:,.0f} kWh",
             "does not hold" if kwh > run["kwh_hold_below"] else "holds",
             f"holds at <= {run['kwh_hold_below']:g} kWh",

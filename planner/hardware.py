@@ -46,7 +46,12 @@ class Offer:
     )
     gpus_per_node: int = setting(1, "Devices per node.", min=1)
     inter_node_gbits_per_s: float = setting(0.0, "Network bandwidth between nodes, Gbit/s.", min=0)
-    on_demand_per_hour: float = setting(0.0, "On-demand price per node-hour.", min=0)
+    on_demand_per_hour: float = setting(
+        0.0,
+        "On-demand price per node-hour (0 = not sold on-demand, e.g. a catalog row with a "
+        "spot price only: never a free node).",
+        min=0,
+    )
     spot_per_hour: float = setting(0.0, "Spot price per node-hour (0 = no spot).", min=0)
     spot_per_hour_low: float = setting(
         0.0,
@@ -75,8 +80,27 @@ class Offer:
     electricity_per_kwh: float = setting(0.0, "on_prem: electricity price per kWh.", min=0)
     pue: float = setting(1.0, "on_prem: power usage effectiveness.", min=1)
     host_power_w: float = setting(0.0, "on_prem: host power per node beyond the devices.", min=0)
+    gpu_power_w: float = setting(
+        0.0, "on_prem: power per device under training load, W (0 = the profile's TDP).", min=0
+    )
     amortization_per_gpu_hour: float = setting(
         0.0, "on_prem: hardware cost per device-hour.", min=0
+    )
+    max_nodes: int = setting(
+        0, "Most nodes of this offer that exist (owned machines: their count; 0 = no cap).", min=0
+    )
+    example: bool = setting(
+        False,
+        "A shipped illustration of owned machines (nobody declared them): planned only when "
+        "named in constraints.offers.",
+    )
+    declared: bool = setting(
+        False, "Declared in the spec's [[owned]] (set by the planner, not in price files)."
+    )
+    price_flag: str = setting(
+        "",
+        "Why this row's spot price looks like a placeholder (set by 'planner prices import'; "
+        "such a price is kept out of the headline like an outlier).",
     )
     currency: str = setting("USD", "Currency of the prices.")
     source: str = setting("", "Where the price comes from.")
@@ -89,12 +113,30 @@ class Offer:
     def key(self) -> str:
         return f"{self.provider}/{self.instance}"
 
+    def node_power_kw(self, tdp_w: float) -> float:
+        """Power one node draws from the grid, kW: owned machines their devices (gpu_power_w,
+        else the profile's TDP) plus the host, times PUE; a rented node its devices at TDP
+        (what the cloud bill does not show). The energy line and the owned price use it."""
+        per_gpu = self.gpu_power_w or tdp_w
+        if self.kind == "on_prem":
+            return (self.gpus_per_node * per_gpu + self.host_power_w) / 1000 * self.pue
+        return self.gpus_per_node * per_gpu / 1000
+
+    def energy_basis(self, tdp_w: float) -> str:
+        """What the modelled energy counts, for its label."""
+        per_gpu = self.gpu_power_w or tdp_w
+        if self.kind == "on_prem":
+            return (
+                f"{self.gpus_per_node} x {per_gpu:g} W devices + {self.host_power_w:g} W host "
+                f"per node, x PUE {self.pue:g}: what the cost counts"
+            )
+        return f"devices at {per_gpu:g} W TDP, an upper bound; host and cooling not counted"
+
     def node_price_per_hour(self, *, spot: bool, tdp_w: float) -> float:
         """Price of one node-hour in self.currency; on_prem = energy x PUE + amortisation."""
         if self.kind == "on_prem":
-            watts = self.gpus_per_node * tdp_w + self.host_power_w
             return (
-                watts / 1000 * self.pue * self.electricity_per_kwh
+                self.node_power_kw(tdp_w) * self.electricity_per_kwh
                 + self.amortization_per_gpu_hour * self.gpus_per_node
             )
         return self.spot_per_hour if spot else self.on_demand_per_hour
@@ -102,6 +144,16 @@ class Offer:
     @property
     def has_spot(self) -> bool:
         return self.kind == "cloud" and self.spot_per_hour > 0
+
+    @property
+    def has_on_demand(self) -> bool:
+        """Owned machines always; a rented offer only with an on-demand price > 0 (a catalog
+        row with a spot price only is spot-only, never a free on-demand node)."""
+        return self.kind == "on_prem" or self.on_demand_per_hour > 0
+
+    @property
+    def owned(self) -> bool:
+        return self.kind == "on_prem"
 
 
 @dataclass(frozen=True)
@@ -112,8 +164,23 @@ class Profile(DeviceProfile):
     offers: tuple[Offer, ...] = ()
 
 
+def priced_offer_problem(offer: Offer) -> str:
+    """Why an offer cannot be planned on ('' = it can): a rented offer needs a price > 0
+    for at least one capacity; 0 (or less) is never a price, so no plan rests on a free node."""
+    if offer.kind == "cloud" and not (offer.on_demand_per_hour > 0 or offer.spot_per_hour > 0):
+        return (
+            "a rented offer needs on_demand_per_hour > 0 or spot_per_hour > 0 (0 means "
+            "'not sold that way', never 'free')"
+        )
+    return ""
+
+
 def _load_offer(table: dict, *, file: str, index: int) -> Offer:
-    return from_table(Offer, table, file=file, section=f"offers[{index}]", error=ProfileError)
+    offer = from_table(Offer, table, file=file, section=f"offers[{index}]", error=ProfileError)
+    problem = priced_offer_problem(offer)
+    if problem:
+        raise ProfileError(problem, file=file, key=f"offers[{index}]")
+    return offer
 
 
 def load_profile(path: Path) -> Profile:

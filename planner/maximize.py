@@ -24,29 +24,13 @@ from dataclasses import dataclass
 
 from gptplan import families
 from gptplan.errors import UserError
+from planner.risk import Z90, probability_within, row_risk  # noqa: F401 (re-exported)
 
 MAX_ROUNDS = 8
 TOLERANCE = 0.005  # stop when the chosen plan spends within 0.5% of what the limits allow
 # aim this far under the linear estimate: whole optimizer steps round the tokens up
 UNDERSHOOT = 0.001
 TOKENS_PER_PARAM = 20.0  # Hoffmann et al. 2022 (Chinchilla): about 20 tokens per parameter
-Z90 = 1.2815515655446004  # standard normal 90th percentile
-
-
-def probability_within(cost: float, p10: float, p90: float, budget: float) -> float:
-    """P(cost <= budget) for a cost whose median is `cost` and whose 10th/90th percentiles are
-    p10/p90: a log-normal on each side of the median (two-piece), so an asymmetric interval
-    keeps its asymmetry. 1.0 without a budget."""
-    if not budget:
-        return 1.0
-    if cost <= 0:
-        return 1.0
-    z = math.log(budget / cost)
-    side = (p90 if z >= 0 else p10) or cost
-    sigma = abs(math.log(side / cost)) / Z90
-    if sigma <= 0:
-        return 1.0 if budget >= cost else 0.0
-    return 0.5 * (1.0 + math.erf(z / sigma / math.sqrt(2.0)))
 
 
 @dataclass
@@ -72,6 +56,9 @@ class Maximum:
     searches: int
     binding: str  # what stops more: "budget", "deadline" or "both"
     tried: list[dict] = dataclasses.field(default_factory=list)  # params: each size tried
+    probability_meeting_deadline: float = 1.0  # from the same hours interval (planner.risk)
+    spot_gpu_hours: float = 0.0
+    capacity_bet: str = ""  # planner.risk's bet line ('' = not a bet, fallback within budget)
 
     def lines(self) -> list[str]:
         cur = self.currency
@@ -88,9 +75,17 @@ class Maximum:
             f"maximize {self.maximize}: {what}{within} (modelled): "
             f"{self.model_size} ({self.model_parameters / 1e9:.3g}B parameters), "
             f"{self.target_tokens:.3g} tokens",
+            f"  P(within budget) = {self.probability_within_budget:.0%}, "
+            + (
+                f"P(meeting the {self.deadline_hours:,.0f} h deadline) = "
+                f"{self.probability_meeting_deadline:.0%}"
+                if self.deadline_hours
+                else "no deadline set"
+            )
+            + " (modelled, from the plan's 80% cost and hours intervals)",
+            *([f"  {self.capacity_bet}"] if self.capacity_bet else []),
             f"  cost {self.cost:,.0f} {cur} (p10-p90 {self.cost_p10:,.0f}-{self.cost_p90:,.0f}), "
-            f"{self.hours:,.3g} h (p10-p90 {self.hours_p10:,.3g}-{self.hours_p90:,.3g}); "
-            f"P(within budget) = {self.probability_within_budget:.0%}",
+            f"{self.hours:,.3g} h (p10-p90 {self.hours_p10:,.3g}-{self.hours_p90:,.3g})",
             f"  with 90% probability within budget: {self.tokens_p90_within_budget:.3g} tokens "
             f"(where the p90 cost meets the budget); limited by the {self.binding}; "
             f"{self.searches} search(es) of the space"
@@ -248,6 +243,7 @@ def maximize(spec, stats, *, what: str, tokens_per_param: float = TOKENS_PER_PAR
     cost, p10, p90 = (float(row[k]) for k in ("cost", "cost_p10", "cost_p90"))
     model = planned.model_section()
     params = _params(planned)
+    risk = row_risk(planned, table, i)
     answer = Maximum(
         maximize=what,
         target_tokens=float(target),
@@ -268,5 +264,8 @@ def maximize(spec, stats, *, what: str, tokens_per_param: float = TOKENS_PER_PAR
         searches=searches,
         binding=_binding(spec, table, i) if what == "tokens" else _next_size(tried, c.currency),
         tried=tried,
+        probability_meeting_deadline=risk.probability_meeting_deadline,
+        spot_gpu_hours=risk.spot_gpu_hours,
+        capacity_bet=risk.bet_line(budget=c.budget, currency=c.currency),
     )
     return planned, answer

@@ -30,7 +30,26 @@ OUTLIER_MIN_OTHER_PROVIDERS = 2  # ... of at least this many other providers (ou
 # spot prices move with demand; a stale on-demand list price may since have been cut (AWS cut
 # P4/P5 on-demand prices by up to 45% in mid-2025).
 SPOT_PRICE_SPREAD = (0.7, 1.3)
-STALE_ON_DEMAND_SPREAD = (0.55, 1.0)
+STALE_ON_DEMAND_SPREAD = (0.55, 1.0)  # the widest an on-demand list price's interval gets
+# The interval widens with the price's age instead of only a label: AWS cut P4/P5 on-demand
+# list prices by up to 45% in June 2025, about 23 months after P5's launch (July 2023), i.e.
+# about 2% per month of age; an on-demand price's low end falls AGE_WIDENING per month (to
+# STALE_ON_DEMAND_SPREAD's 0.55 at most) and a spot price's interval widens by as much on each
+# side (to SPOT_WIDEST). An undated price counts as UNDATED_MONTHS old (the widest).
+AGE_WIDENING = 0.02  # per month of age
+UNDATED_MONTHS = 24.0
+SPOT_WIDEST = (0.3, 2.0)
+DAYS_PER_MONTH = 30.44
+
+
+def age_spreads(age_days: int | None, spot: tuple[float, float]) -> tuple[tuple, tuple]:
+    """(spot spread, on-demand spread) of a price this many days old (None: undated), from
+    the spot spread it states (or SPOT_PRICE_SPREAD): the rule above."""
+    months = UNDATED_MONTHS if age_days is None else age_days / DAYS_PER_MONTH
+    widen = AGE_WIDENING * months
+    on_demand = (max(STALE_ON_DEMAND_SPREAD[0], 1.0 - widen), 1.0)
+    spot_spread = (max(SPOT_WIDEST[0], spot[0] - widen), min(SPOT_WIDEST[1], spot[1] + widen))
+    return spot_spread, on_demand
 
 
 @dataclass(frozen=True)
@@ -199,6 +218,9 @@ def price_facts(
     for i, c in enumerate(choices):
         age = price_age_days(c.offer.as_of, today)
         stale = age is None or age > stale_after_days
+        # a placeholder spot price (planner.prices flags it on import) is kept out of the
+        # headline like an outlier, unless this choice prices the row's on-demand only
+        flagged = bool(c.offer.price_flag and c.offer.has_spot and c.capacity != "on_demand")
         spot = (
             (
                 c.offer.spot_per_hour_low / c.offer.spot_per_hour,
@@ -207,18 +229,19 @@ def price_facts(
             if c.offer.spot_per_hour_low and c.offer.spot_per_hour_high and c.offer.spot_per_hour
             else SPOT_PRICE_SPREAD
         )
+        rented = c.offer.kind == "cloud"
+        spot, on_demand = age_spreads(age, spot) if rented else (spot, (1.0, 1.0))
         out.append(
             PriceFacts(
                 as_of=c.offer.as_of,
                 age_days=age,
                 stale=stale and c.offer.kind == "cloud",
-                outlier=i in notes,
-                outlier_note=notes.get(i, ""),
+                outlier=i in notes or flagged,
+                outlier_note=notes.get(i, "")
+                or (f"placeholder spot price: {c.offer.price_flag}" if flagged else ""),
                 risk=spot_risk(c.offer, override=preemption_override),
                 spot_spread=spot,
-                on_demand_spread=STALE_ON_DEMAND_SPREAD
-                if stale and c.offer.kind == "cloud"
-                else (1.0, 1.0),
+                on_demand_spread=on_demand,
             )
         )
     return out

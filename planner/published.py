@@ -38,7 +38,10 @@ RUNS_CSV = PROFILE_DIR / "published_runs.csv"
 
 # Which profiles share fitted constants: one GPU generation each (A100 40 and 80 GB are the same
 # chip; H200 is an H100 with more memory).
-GENERATIONS = {"ampere": ("a100-40gb", "a100-80gb"), "hopper": ("h100-80gb", "h200-141gb")}
+GENERATIONS = {
+    "ampere": ("a100-40gb", "a100-80gb"),
+    "hopper": ("h100-80gb", "h200-141gb", "h100-pcie"),
+}
 # A run's precision is any row of gptplan.precision: the planner's, plus "fp8" for published
 # Transformer Engine runs (GEMMs in FP8, the rest bf16; fitting only, never a plan's choice).
 # The prior each constant is pulled towards (weakly: PRIOR_SIGMA in log space), and bounds.

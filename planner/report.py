@@ -520,14 +520,25 @@ def render_choice(result) -> str:
     est = result.plan.estimate
     cur = result.currency
     source = "measured by probes" if est.source == "probe" else "modelled"
+    from planner.risk import row_risk
+
+    risk = row_risk(result.spec, result.table, int(result.chosen))
+    chosen_offer = result.table.offers[int(result.table["offer"][int(result.chosen)])]
+    energy_basis = chosen_offer.offer.energy_basis(chosen_offer.profile.tdp_w)
+    c = result.spec.constraints
+    bet = risk.bet_line(budget=c.budget, currency=cur)
     lines = [
         f"chosen: {short_config(result.table, result.chosen)}: {money(est.cost)} {cur}, "
         f"{est.hours:,.3g} h ({source})",
+        "        risk: "
+        + risk.headline(budget=c.budget, deadline_hours=c.deadline_hours, currency=cur),
+        *([f"        {bet}"] if bet else []),
         f"        {est.tokens_per_second:,.0f} tokens/s, {est.peak_memory_gb:.2f} "
         f"GB/device, MFU {est.mfu:.1%}, {est.cost_per_million_tokens:.4g} {cur}/Mtok "
-        f"({source}), {est.energy_kwh:,.3g} kWh (modelled, TDP upper bound)",
+        f"({source}), {est.energy_kwh:,.3g} kWh (modelled; {energy_basis})",
     ]
     lines.append(memory_line(result))
+    lines += [x for x in [efa_line(result)] if x]
     from planner.costreport import budget_line, price_lines, sensitivity, sensitivity_line
 
     lines += price_lines(result)
@@ -571,6 +582,28 @@ def render_choice(result) -> str:
     else:
         lines.append(f"        the model alone chose {short_config(result.table, decision.chosen)}")
     return "\n".join(lines)
+
+
+def efa_line(result) -> str:
+    """A multi-node AWS plan costed on EFA needs a launcher that attaches EFA (planner.search
+    .launchable): said on the chosen plan, with the way to cost it on what 0.9.2 gives."""
+    from planner.search import PINNED_SKYPILOT
+
+    table, i = result.table, int(result.chosen)
+    offer = table.offers[int(table["offer"][i])].offer
+    if not (
+        offer.provider == "aws"
+        and "EFA" in offer.network_source
+        and int(table["nodes"][i]) > 1
+        and offer.inter_node_gbits_per_s > 0
+    ):
+        return ""
+    return (
+        f"        launch: costed on EFA ({offer.inter_node_gbits_per_s:g} Gbit/s) between its "
+        f"{int(table['nodes'][i])} nodes; SkyPilot {PINNED_SKYPILOT} (pinned) attaches no EFA: "
+        "launch with a SkyPilot whose resources.network_tier: best attaches it, or set "
+        "constraints.launcher_attaches_efa = false to cost what 0.9.2 gives (single-node)"
+    )
 
 
 def memory_line(result) -> str:

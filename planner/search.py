@@ -314,14 +314,23 @@ def allowed_offers(spec: Spec, profiles: dict[str, Profile]) -> list[OfferChoice
     for name, prof in profiles.items():
         if c.profiles and name not in c.profiles:
             continue
-        for offer in prof.offers:
+        for offer in (*prof.offers, *owned_offers(spec, profiles).get(name, ())):
             if c.offers and offer.key not in c.offers:
                 continue
-            if offer.kind == "on_prem" and not (c.owned_hardware or offer.key in c.offers):
+            # shipped owned machines are examples: planned only when named; owned machines
+            # of a user-data price list with constraints.owned_hardware; the spec's [[owned]]
+            # always (they are what the team declared)
+            if offer.owned and offer.example and offer.key not in c.offers:
+                continue
+            if (
+                offer.owned
+                and not offer.declared
+                and not (c.owned_hardware or offer.key in c.offers)
+            ):
                 continue
             if offer.provider == "local" and not (name in c.profiles or offer.key in c.offers):
                 continue
-            groups.setdefault((name, offer.key), []).append(offer)
+            groups.setdefault((name, offer.key), []).append(launchable(offer, c))
     choices = []
     for (name, _), offers in groups.items():
         prof = profiles[name]
@@ -339,6 +348,50 @@ def allowed_offers(spec: Spec, profiles: dict[str, Profile]) -> list[OfferChoice
     return [dataclasses.replace(ch, facts=f) for ch, f in zip(choices, facts, strict=True)]
 
 
+# The pinned launcher (constraints.txt) and what it cannot give a multi-node plan.
+PINNED_SKYPILOT = "0.9.2"
+
+
+def launchable(offer: Offer, c) -> Offer:
+    """The offer as the launch path gets it. SkyPilot 0.9.2 attaches no EFA interfaces to EC2
+    VMs (planner.skypilot): with constraints.launcher_attaches_efa = false an AWS instance
+    whose network is EFA has no inter-node figure to be costed on and is planned single-node;
+    by default it is costed on EFA and the chosen line says the launch needs a SkyPilot that
+    attaches it (resources.network_tier: best)."""
+    if (
+        offer.provider == "aws"
+        and "EFA" in offer.network_source
+        and offer.inter_node_gbits_per_s > 0
+        and not c.launcher_attaches_efa
+    ):
+        return dataclasses.replace(
+            offer,
+            inter_node_gbits_per_s=0.0,
+            network_source=f"{offer.network_source}; but SkyPilot {PINNED_SKYPILOT} (the pinned "
+            "launcher) attaches no EFA: planned single-node (constraints.launcher_attaches_efa "
+            "= true with a SkyPilot that sets resources.network_tier: best)",
+        )
+    return offer
+
+
+def owned_offers(spec: Spec, profiles: dict[str, Profile]) -> dict[str, list[Offer]]:
+    """The spec's [[owned]] machines as offers, by profile; an unknown profile is the spec's
+    error (its file and key)."""
+    from planner.spec import SpecError
+
+    out: dict[str, list[Offer]] = {}
+    for i, o in enumerate(spec.owned):
+        if o.profile not in profiles:
+            raise SpecError(
+                f"{o.profile!r} is not a hardware profile; allowed: {', '.join(profiles)}",
+                file=spec.path,
+                key=f"owned[{i}].profile",
+            )
+        fields = {k: v for k, v in o.offer_fields().items() if k != "profile"}
+        out.setdefault(o.profile, []).append(Offer(**fields, declared=True))
+    return out
+
+
 def region_choices(
     offers: list[Offer], *, any_region: bool = False
 ) -> list[tuple[Offer, str, str]]:
@@ -354,8 +407,11 @@ def region_choices(
         key=lambda o: (o.on_demand_per_hour, o.region),
         default=None,
     )
+    # a region whose spot price looks like a placeholder (Offer.price_flag) is the spot
+    # region only when no other region sells spot; then it is flagged like an outlier
+    spot_rows = [o for o in offers if o.spot_per_hour > 0]
     sp = min(
-        (o for o in offers if o.spot_per_hour > 0),
+        [o for o in spot_rows if not o.price_flag] or spot_rows,
         key=lambda o: (o.spot_per_hour, o.region),
         default=None,
     )
@@ -365,6 +421,7 @@ def region_choices(
             od,
             spot_per_hour=sp.spot_per_hour,
             spot_region=sp.region,
+            price_flag=sp.price_flag,
             as_of=older.as_of,
             source=f"on-demand: {od.source}; spot: {sp.source}",
         )
@@ -502,6 +559,14 @@ def _offer_layout_parts(
     return _evaluated_parts(spec, choice, index, target, g)
 
 
+def offer_node_cap(max_nodes: int, offer: Offer) -> int:
+    """Most nodes of one offer: owned machines their declared count alone (constraints.max_nodes
+    caps rented offers), a rented offer constraints.max_nodes (and its own cap if stated)."""
+    if offer.owned and offer.max_nodes:
+        return offer.max_nodes
+    return min(max_nodes, offer.max_nodes) if offer.max_nodes else max_nodes
+
+
 def _layout_grid(
     spec: Spec, prof: Profile, offer: Offer, precisions: list[int], tps: list[int]
 ) -> dict | None:
@@ -523,7 +588,9 @@ def _layout_grid(
         and (p == 1 or not family.pipeline_why_not)  # gptplan.families: pp offered?
     ]
     stages = [SHARDING_STAGES.index(z) for z in s.sharding if prof.device != "cpu" or z == ""]
-    nodes = sorted({n for n in s.node_counts if n <= c.max_nodes})
+    nodes = sorted({n for n in s.node_counts if n <= offer_node_cap(c.max_nodes, offer)})
+    if offer.owned and offer.max_nodes:  # all the owned nodes are a layout too (e.g. 3)
+        nodes = sorted(set(nodes) | {offer.max_nodes})
     if not offer.inter_node_gbits_per_s:  # unknown network: plan single-node only
         nodes = [n for n in nodes if n == 1]
     vpps = sorted(set(s.virtual_pp) | {1})
@@ -932,7 +999,11 @@ def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) ->
     on-demand fallback (the provider's chance that spot cannot be had)."""
     offer, prof, sp = choice.offer, choice.profile, spec.spot
     modes = []
-    if (spec.constraints.on_demand or offer.kind == "on_prem") and choice.capacity != "spot":
+    if (
+        (spec.constraints.on_demand or offer.owned)
+        and offer.has_on_demand
+        and choice.capacity != "spot"
+    ):
         modes.append(False)
     if spec.constraints.spot and offer.has_spot and choice.capacity != "on_demand":
         modes.append(True)
@@ -977,9 +1048,8 @@ def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) ->
         r["cost"] = cost
         r["cost_on_demand"] = cost_od if od_price > 0 else np.full(n, np.nan)
         r["preemptions"] = preemptions
-        r["energy_kwh"] = (
-            r["world"] * prof.tdp_w * hours / 1000 * (offer.pue if offer.kind == "on_prem" else 1.0)
-        )
+        # what the cost counts: an owned node's devices, host and PUE (Offer.node_power_kw)
+        r["energy_kwh"] = r["nodes"] * offer.node_power_kw(prof.tdp_w) * hours
         parts.append(r)
     return parts
 
@@ -1112,6 +1182,29 @@ def first_ranked(table: CandidateTable, mask: np.ndarray) -> int | None:
         return int(ranked(table, mask)[0])
     best = idx[cost == cost.min()]
     return int(best[np.argmin(table["hours"][best])])
+
+
+# On owned machines time is free up to their count: a plan on more of them costs the same
+# energy (GPU-hours) plus a little communication. Of owned plans whose cost is within the cost
+# model's own error of the cheapest one (the profile's median held-out error, fit_error, at
+# least OWNED_EQUAL_COST): equal cost as far as the model can tell, so the fastest is chosen
+# (2 nodes for 3 days rather than 1 node for 6).
+OWNED_EQUAL_COST = 0.05
+
+
+def owned_fastest(table: CandidateTable, idx: np.ndarray, best: int) -> int:
+    """`best`, or, when it runs on owned machines, the fastest row of the same owned offer
+    whose cost is equal to its within the model's error (see OWNED_EQUAL_COST)."""
+    offer = int(table["offer"][best])
+    choice = table.offers[offer]
+    if not choice.offer.owned:
+        return best
+    tolerance = max(OWNED_EQUAL_COST, choice.profile.efficiency.fit_error)
+    cost, hours = table["cost"], table["hours"]
+    same = idx[(table["offer"][idx] == offer) & (cost[idx] <= cost[best] * (1 + tolerance))]
+    if not len(same):
+        return best
+    return int(same[np.argmin(hours[same])])
 
 
 def pareto_front(table: CandidateTable, mask: np.ndarray) -> np.ndarray:
@@ -1251,6 +1344,8 @@ def decide(spec: Spec, table: CandidateTable, target: float) -> Decision:
         tokens_bought=tokens_within(spec, table, target) if spec.constraints.budget else None,
     )
     cheapest = first_ranked(table, feasible)
+    if cheapest is not None:  # owned machines: the fastest plan of equal cost
+        cheapest = owned_fastest(table, np.flatnonzero(feasible), cheapest)
     if cheapest is not None:
         chosen, alternative = choose_fitting(table, feasible, cheapest)
         safer = precision_by_risk(table, feasible, chosen)

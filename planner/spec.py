@@ -30,8 +30,10 @@ from gptplan.tomlconf import (
     DEFAULT_MAX,
     folder_problem,
     from_table,
+    name_problem,
     read_toml,
     setting,
+    table_array,
     unknown_key_error,
 )
 
@@ -143,6 +145,13 @@ class ConstraintSpec:
         "Take an instance's on-demand and spot prices from whichever regions are cheapest "
         "for each (false: both from one region, the table names it).",
     )
+    launcher_attaches_efa: bool = setting(
+        True,
+        "Cost AWS instances whose network is EFA multi-node on EFA: the launch then needs a "
+        "SkyPilot newer than the pinned 0.9.2 that attaches EFA (resources.network_tier: best), "
+        "and the plan says so. false: plan them single-node, which is what 0.9.2 gives (no EFA, "
+        "and no NCCL-over-TCP figure is stated for them).",
+    )
     allow_outlier_prices: bool = setting(
         False,
         "Let a spot price far below the same GPU's "
@@ -234,6 +243,58 @@ class TrainingSpec:
 
 
 @dataclass
+class OwnedSpec:
+    """One kind of machine the team owns ([[owned]] in the spec; docs/owned.md): costed by the
+    electricity it draws (devices + host, times PUE) plus an optional amortisation, and used at
+    most `count` nodes at once (that cap applies to these machines alone)."""
+
+    name: str = setting(
+        "", "Name of these machines; the offer is owned/<name> (a name like 'a100-rack')."
+    )
+    profile: str = setting("", "Hardware profile of their accelerators (planner profiles).")
+    count: int = setting(1, "Nodes the team owns: the most a plan uses of them.", min=1)
+    gpus_per_node: int = setting(8, "Accelerators per node.", min=1)
+    gpu_power_w: float = setting(
+        0.0, "Power per accelerator under training load, W (0 = the profile's TDP).", min=0
+    )
+    host_power_w: float = setting(
+        0.0, "Power of the rest of one node (CPUs, memory, fans, NICs), W.", min=0
+    )
+    pue: float = setting(1.0, "Power usage effectiveness of the room (>= 1).", min=1)
+    electricity_per_kwh: float = setting(0.0, "Electricity price per kWh.", min=0)
+    currency: str = setting("USD", "Currency of the electricity price and amortisation.")
+    amortization_per_node_hour: float = setting(
+        0.0, "Hardware cost per node-hour of use (0 = already paid for).", min=0
+    )
+    inter_node_gbits_per_s: float = setting(
+        0.0, "Network between these nodes, Gbit/s (0 = unknown: planned single-node).", min=0
+    )
+    as_of: str = setting("", "Date of the electricity price.")
+    source: str = setting("", "Where the figures come from (meter, contract, datasheet).")
+
+    def offer_fields(self) -> dict:
+        """The planner.hardware.Offer fields of these machines (kind on_prem)."""
+        return {
+            "kind": "on_prem",
+            "provider": "owned",
+            "instance": self.name,
+            "gpus_per_node": self.gpus_per_node,
+            "inter_node_gbits_per_s": self.inter_node_gbits_per_s,
+            "network_source": "declared in the spec's [[owned]]",
+            "electricity_per_kwh": self.electricity_per_kwh,
+            "pue": self.pue,
+            "host_power_w": self.host_power_w,
+            "gpu_power_w": self.gpu_power_w,
+            "amortization_per_gpu_hour": self.amortization_per_node_hour / self.gpus_per_node,
+            "max_nodes": self.count,
+            "currency": self.currency,
+            "source": self.source or "declared in the spec's [[owned]]",
+            "as_of": self.as_of,
+            "profile": self.profile,
+        }
+
+
+@dataclass
 class Spec:
     job: JobSpec = field(default_factory=JobSpec)
     model: ModelSpec = field(default_factory=ModelSpec)
@@ -242,6 +303,7 @@ class Spec:
     spot: SpotSpec = field(default_factory=SpotSpec)
     training: TrainingSpec = field(default_factory=TrainingSpec)
     rates: dict[str, float] = field(default_factory=dict)
+    owned: list[OwnedSpec] = field(default_factory=list)  # [[owned]]: the team's machines
     rates_source: str = ""
     rates_quote: str = ""  # the currency [rates] are quoted in ('' = constraints.currency)
     rates_as_of: str = ""
@@ -325,7 +387,7 @@ SECTIONS = {
 
 
 def spec_from_dict(data: dict, *, file: str) -> Spec:
-    allowed = [*SECTIONS, "rates"]
+    allowed = [*SECTIONS, "rates", "owned"]
     for key in data:
         if key not in allowed:
             raise unknown_key_error(key, allowed, file=file, prefix="", error=SpecError)
@@ -333,6 +395,10 @@ def spec_from_dict(data: dict, *, file: str) -> Spec:
         name: from_table(cls, data.get(name, {}), file=file, section=name, error=SpecError)
         for name, cls in SECTIONS.items()
     }
+    owned = [
+        from_table(OwnedSpec, t, file=file, section=f"owned[{i}]", error=SpecError)
+        for i, t in enumerate(table_array(data, "owned", file=file, error=SpecError))
+    ]
     rates_table = data.get("rates", {})
     if not isinstance(rates_table, dict):
         raise SpecError(
@@ -374,6 +440,7 @@ def spec_from_dict(data: dict, *, file: str) -> Spec:
     spec = Spec(
         **sections,
         rates=rates,
+        owned=owned,
         rates_source=str(source),
         path=file,
         rates_quote=quote,
@@ -388,6 +455,22 @@ def validate_spec(spec: Spec) -> None:
 
     def fail(key, message):
         raise SpecError(message, file=file, key=key)
+
+    names = set()
+    for i, o in enumerate(spec.owned):
+        problem = name_problem(o.name)
+        if problem:
+            fail(f"owned[{i}].name", f"{problem} (it names the offer owned/<name>)")
+        if o.name in names:
+            fail(f"owned[{i}].name", f"{o.name!r} is declared twice; one [[owned]] per kind")
+        names.add(o.name)
+        if not o.profile:
+            fail(
+                f"owned[{i}].profile",
+                "is required: the hardware profile of the accelerators (see 'planner profiles')",
+            )
+        if not CURRENCY.match(o.currency):
+            fail(f"owned[{i}].currency", f"{o.currency!r} is not an ISO currency code like 'USD'")
 
     c, m, s, j = spec.constraints, spec.model, spec.search, spec.job
     if folder_problem(j.cache_dir):
@@ -462,8 +545,12 @@ def validate_spec(spec: Spec) -> None:
     for mode in s.recompute:
         if mode not in RECOMPUTE_MODES:
             fail("search.recompute", f"{mode!r}; allowed: {allowed(RECOMPUTE_MODES)}")
-    if not (c.spot or c.on_demand):
-        fail("constraints.spot", "spot and on_demand are both false: nothing can be rented")
+    if not (c.spot or c.on_demand or spec.owned or c.owned_hardware):
+        fail(
+            "constraints.spot",
+            "spot and on_demand are both false: nothing can be rented (declare owned "
+            "machines with [[owned]] to plan on them alone)",
+        )
     t = spec.training
     if t.min_learning_rate > t.learning_rate:  # the plan's rule (gptplan.plan.validate)
         fail(

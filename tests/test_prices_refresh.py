@@ -62,6 +62,8 @@ def test_imported_instance_with_facts_is_planned_multi_node(profiles_dir):
             "budget": 0,
             "deadline_hours": 0,
             "max_nodes": 2,
+            # costed on EFA: the launch needs a SkyPilot that attaches it (0.9.2 does not)
+            "launcher_attaches_efa": True,
         },
         search={"node_counts": [2]},
     )
@@ -69,6 +71,21 @@ def test_imported_instance_with_facts_is_planned_multi_node(profiles_dir):
     assert decision.chosen is not None, decision.problems
     row = table.row(decision.chosen)
     assert row["nodes"] == 2 and row["offer_choice"].offer.as_of == "2026-12-01"
+    # costed on what the pinned SkyPilot 0.9.2 gives (no EFA attached): single-node
+    pinned = spec_of(
+        constraints={
+            "profiles": ["a100-80gb"],
+            "offers": ["aws/p4de.24xlarge"],
+            "budget": 0,
+            "deadline_hours": 0,
+            "max_nodes": 2,
+            "launcher_attaches_efa": False,
+        },
+        search={"node_counts": [1, 2]},
+    )
+    decision, table = plan_on(pinned, profiles_dir)
+    assert set(table["nodes"].tolist()) == {1}
+    assert "attaches no EFA" in table.offers[0].offer.network_source
 
 
 def test_instance_without_facts_is_imported_with_a_warning_and_the_reason_shown(profiles_dir):
