@@ -39,23 +39,16 @@ def _one(spec, choice: OfferChoice, target: float, **pins) -> dict | None:
 
 
 def _pins_from_plan(plan: Plan) -> dict:
-    p, t = plan.parallel, plan.training
-    return dict(
-        seq_lens=[t.seq_len],
-        precisions=[t.precision],
-        micro_batch_sizes=[t.per_device_train_batch_size],
-        accumulation_steps=[t.gradient_accumulation_steps],
-        tensor_parallel=[p.tensor_parallel_degree],
-        pipeline_parallel=[p.pipeline_parallel_degree],
-        virtual_pp=[p.virtual_pp_degree],
-        sharding=[p.sharding],
-        sharding_degrees=[p.sharding_parallel_degree] if p.sharding else [],
-        flash_attention=t.use_flash_attention,
-        recompute=[p.recompute],
-        recompute_layers=[p.recompute_layers // p.pipeline_parallel_degree],
-        sequence_parallel=[p.sequence_parallel],
-        node_counts=[p.nnodes],
-        max_nodes=p.nnodes,
+    """The plan's layout as search/constraint pins (gptplan.layout: the one translation),
+    its capacity kind, and no global-batch range (the layout fixes the batch)."""
+    from gptplan.layout import Layout
+
+    pins = {
+        key.split(".", 1)[1]: value
+        for key, value in Layout.from_plan(plan).spec_pins().items()
+        if not key.startswith("training.")
+    }
+    return pins | dict(
         spot=plan.hardware.spot,
         on_demand=not plan.hardware.spot,
         global_batch_tokens_min=0,

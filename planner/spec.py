@@ -636,11 +636,14 @@ def _converted_budget(data: dict, overrides: dict, label: str) -> str:
     table_rates: dict = raw_rates if isinstance(raw_rates, dict) else {}
     given = {**table_rates, **{k[6:]: v for k, v in overrides.items() if k.startswith("rates.")}}
     quote = given.get("quote") or old
+    codes = {k: v for k, v in given.items() if k not in ("quote", "source", "as_of")}
     have = {
         k: float(v)
-        for k, v in given.items()
+        for k, v in codes.items()
         if CURRENCY.match(k) and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
     }
+    if len(have) < len(codes):  # a malformed rate: spec_from_dict names it (one line)
+        return ""
     have[quote] = 1.0
     missing = [c for c in (old, new) if c not in have]
     if missing:

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-import tomli
 
 from gptplan.modelfacts import parameter_count
 from gptplan.plan import load_plan
@@ -245,22 +244,19 @@ def test_estimate_of_the_shipped_plan_is_the_plan(tmp_path):
     assert data["model_changes"] == []
 
 
-def test_currency_converts_the_budget_or_refuses(tmp_path):
+def test_currency_converts_the_budget_or_refuses():
     """--currency EUR on the embedded spec (12,000 CNY): never 12,000 EUR."""
+    from planner.spec import load_spec
+
     rc, out, err = call_main(planner_main, ["optimize", "--currency", "EUR", "--json"])
     assert rc == 2 and len(err) == 1 and "rate for EUR" in err[0], err
-    data = _optimize_json(
-        tmp_path,
-        REPO / "planner" / "specs" / "bank_faq.toml",
-        "--currency",
-        "EUR",
-        "--rate",
-        "EUR=8",
-    )
-    assert data["currency"] == "EUR"
-    assert data["budget_conversion"].startswith("budget 12,000.00 CNY = 1,500.00 EUR at 8 CNY")
-    plan = tomli.loads((tmp_path / "plans" / "out.toml").read_text())
-    assert plan["budget"]["budget_total"] == pytest.approx(1500.0)
+    spec = load_spec(None, overrides={"constraints.currency": "EUR", "rates.EUR": 8.0})
+    assert spec.constraints.currency == "EUR"
+    assert spec.constraints.budget == pytest.approx(1500.0)
+    assert spec.budget_conversion.startswith("budget 12,000.00 CNY = 1,500.00 EUR at 8 CNY")
+    # a budget given in the new currency is taken as given
+    spec = load_spec(None, overrides={"constraints.currency": "EUR", "constraints.budget": 900})
+    assert spec.constraints.budget == 900 and not spec.budget_conversion
 
 
 def test_binding_constraint_is_what_bound_the_next_cheaper_candidate():

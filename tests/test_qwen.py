@@ -130,8 +130,7 @@ def test_qwen_probe_trains_one_process(write_plan, tmp_path):
 @pytest.mark.e2e
 def test_qwen_plan_is_estimated_with_its_exact_count(write_plan):
     """`planner estimate --plan` of a QWen plan on an A100 offer: the family and exact count
-    reach the planner's output (vocabulary padded to whole 128 tiles: 4,096)."""
-    import dataclasses
+    reach the planner's output (the plan's own vocabulary, exactly)."""
     import json
 
     from conftest import run_cli
@@ -143,4 +142,4 @@ def test_qwen_plan_is_estimated_with_its_exact_count(write_plan):
     data = json.loads(proc.stdout)
     model = plan_from_dict(merge(QWEN_PLAN, ON_A100)).model
     assert data["model_family"] == "qwen"
-    assert data["model_parameters"] == parameter_count(dataclasses.replace(model, vocab_size=4096))
+    assert data["model_parameters"] == parameter_count(model)
