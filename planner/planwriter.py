@@ -84,11 +84,7 @@ def _memory_notes(spec: Spec, row: dict) -> list[str]:
 
     out = []
     if row.get("may_fit"):
-        out.append(
-            may_fit_note(
-                row["memory_gb"], row["offer_choice"].profile, spec.constraints.memory_headroom
-            )
-        )
+        out.append(may_fit_note(row, row["offer_choice"].profile, spec.constraints.memory_headroom))
     layers, pp = spec.model_section().num_hidden_layers, int(row.get("pp", 1))
     if pp > 1 and layers % pp:
         out.append(

@@ -27,10 +27,11 @@ from gptplan import precision as precision_table
 from gptplan.memory import (
     GIB,
     MAY_FIT_SAVING,
-    MEMORY_RATIO_P10,
     MEMORY_RATIO_P90,
-    NCCL_GB_PER_COMMUNICATOR,
+    TERMS,
+    device_memory_args,
     layout_memory_bytes,
+    memory_band,
     memory_fit,
 )
 from gptplan.money import checkpoint_bytes
@@ -224,12 +225,13 @@ class CandidateTable:
         lo, hi = ratios[..., 0], ratios[..., 1]
         offer, prec = self["offer"][idx], self["precision_code"][idx]
         p10, p90 = coverage.widen(lo[offer, prec], hi[offer, prec], *self.outside_count(idx))
-        # the physical cap (planner.coverage.mfu_cap): the p90 (and so the p10) never above
-        # the best MFU a fitted published run of the generation attained
+        # the physical cap (planner.coverage.mfu_cap): the interval's top never above the
+        # best 16-bit MFU published for the generation; the point estimate (the model's
+        # median) is never clamped, so a point at or past the cap makes the top the point
         caps = np.array([getattr(coverage.mfu_cap(c.profile), "mfu", np.inf) for c in self.offers])
         ceiling = caps[offer] / np.maximum(self["mfu"][idx], 1e-12)
         capped = p90 > ceiling
-        p90 = np.minimum(p90, ceiling)
+        p90 = np.maximum(np.minimum(p90, ceiling), 1.0)
         p10 = np.minimum(p10, p90)
         out = cm.interval_from_throughput(
             tokens_per_s=self["tokens_per_s"][idx],
@@ -637,13 +639,8 @@ def partial_recompute_rows(m, prof: Profile, g: dict, headroom: float, pinned) -
     if not len(idx):
         return g
     shape = cm.ModelShape.from_section(m)
-    eff = prof.efficiency
     sub = {key: v[idx] for key, v in g.items()}
-    args = dict(
-        overhead_gb=eff.memory_overhead_gb,
-        fragmentation=eff.fragmentation,
-        communicator_gb=communicator_gb(prof),
-    )
+    args = memory_args(prof)
     every = layout_memory_bytes(shape, sub, **args)
     plain = layout_memory_bytes(shape, {**sub, "recompute_code": np.zeros(len(idx), int)}, **args)
     S = stage_layers[idx]
@@ -675,10 +672,11 @@ def evaluate_layouts(
     runner use too. `efficiency` overrides the profile's fitted constants per precision;
     `overlap` the share of gradient sync hidden behind compute.
 
-    Memory (gptplan.memory.memory_fit): a row whose modelled peak times the band's top
-    (MEMORY_RATIO_P90, measured) is within the usable limit (memory_gb x memory_headroom)
-    surely fits; past it but within the card's physical memory it is kept as `may_fit`
-    (chosen only past MAY_FIT_SAVING, `decide`); past the card it is cut.
+    Memory (gptplan.memory.memory_band / memory_fit): a row whose band's high end (each
+    term at its worst credible error) is within the usable limit (memory_gb x
+    memory_headroom) surely fits; past it but with its optimistic end within the card's
+    physical memory it is kept as `may_fit` (chosen only past MAY_FIT_SAVING, `decide`);
+    only where even the optimistic end exceeds the card is it cut.
     """
     shape = cm.ModelShape.from_section(m)
     gpn = offer.gpus_per_node
@@ -696,8 +694,9 @@ def evaluate_layouts(
         )[g["precision_code"]]
 
     g.setdefault("rc_layers", np.zeros(len(g["tp"]), dtype=int))
-    mem = layout_memory_bytes(shape, g, **memory_args(prof))
-    sure, may_fit = memory_fit(mem, prof.memory_gb * GIB, memory_headroom)
+    terms = layout_memory_bytes(shape, g, terms=True, **memory_args(prof))
+    low, mem, high, decider = memory_band(terms)
+    sure, may_fit = memory_fit(low, high, prof.memory_gb * GIB, memory_headroom)
 
     peak = precision_table.TABLE.column(lambda r: prof.peak_for(r.name))[g["precision_code"]] * 1e12
     dev = _device(prof, offer, peak)
@@ -713,29 +712,26 @@ def evaluate_layouts(
     parts = step_time_parts(shape, g, dev, rates)
     speed = _speed(m, prof, g["seq"], parts["step_time_s"], tokens_per_step, world, peak)
     fit = {"memory_gb": mem / cm.GB, "fits": sure | may_fit, "may_fit": may_fit}
+    fit |= {"memory_low_gb": low / cm.GB, "memory_high_gb": high / cm.GB}
+    fit["memory_decider"] = decider
     return _layout_columns(m, g, gpn, tokens_per_step, fit, parts, speed)
 
 
 def _speed(m, prof: Profile, seq, step_time, tokens_per_step, world, peak) -> dict:
-    """Step time within the physical cap (planner.coverage.mfu_cap: never faster than the best
-    MFU any fitted published run of this generation attained), tokens/s and MFU per row."""
+    """Step time, tokens/s and MFU per row: the model's median, never clamped (only the
+    interval's top is held to planner.coverage.mfu_cap, `CandidateTable.intervals`)."""
     f_model = cm.model_flops_per_token(m, seq)
-    cap = coverage.mfu_cap(prof)
-    if cap is not None:
-        step_time = np.maximum(step_time, tokens_per_step * f_model / (cap.mfu * world * peak))
     tokens_per_s = tokens_per_step / step_time
     mfu = f_model * tokens_per_s / (world * peak)
     return {"step_time_s": step_time, "tokens_per_s": tokens_per_s, "mfu": mfu}
 
 
 def memory_args(prof: Profile) -> dict:
-    """The profile's terms of gptplan.memory.layout_memory_bytes beyond the layout."""
+    """The profile's terms of gptplan.memory.layout_memory_bytes beyond the layout: the cited
+    GPU-side terms on a GPU, the profile's measured ones elsewhere
+    (gptplan.memory.device_memory_args)."""
     eff = prof.efficiency
-    return dict(
-        overhead_gb=eff.memory_overhead_gb,
-        fragmentation=eff.fragmentation,
-        communicator_gb=communicator_gb(prof),
-    )
+    return device_memory_args(prof.device, eff.memory_overhead_gb, eff.fragmentation)
 
 
 def _device(prof: Profile, offer: Offer, peak: np.ndarray) -> Device:
@@ -762,6 +758,7 @@ def _layout_columns(
     out |= {k: g[k] for k in layout.split()[1:] + ["recompute_code", "sp", "flash"]}
     out |= {"tokens_per_step": tokens_per_step, "memory_gb": fit["memory_gb"]}
     out |= {"rc_layers": g["rc_layers"], "fits": fit["fits"], "may_fit": fit["may_fit"]}
+    out |= {k: fit[k] for k in ("memory_low_gb", "memory_high_gb", "memory_decider")}
     out |= {"efficiency": parts["efficiency"], "hidden_per_tp": m.hidden_size / g["tp"]}
     out["step_time_s"] = speed["step_time_s"]
     out |= {k: parts[k] for k in ("compute_s", "comm_s", "dp_sync_s", "tp_s", "pp_s", "opt_s")}
@@ -787,12 +784,6 @@ def _hours(rows: dict, checkpoint_hours, spot_rate: float, sp) -> tuple:
         nodes=rows["nodes"], rate_per_node_hour=spot_rate, running_hours=running
     )
     return running + sp.startup_minutes / 60, interval, useful, preemptions
-
-
-def communicator_gb(prof: Profile) -> float:
-    """GB per NCCL communicator on this profile's devices (gptplan.memory); 0 on CPU, where
-    gloo's buffers are inside the measured process overhead."""
-    return 0.0 if prof.device == "cpu" else NCCL_GB_PER_COMMUNICATOR
 
 
 def memory_breakdown(m, prof: Profile, row: dict, gpus_per_node: int) -> dict:
@@ -885,21 +876,30 @@ def _memory_alternatives(m, row: dict, gpus_per_node: int) -> list[tuple[str, di
     return alts
 
 
-def memory_share(memory_gb: float, prof: Profile) -> tuple[float, float, float]:
-    """Modelled peak per device as a share of the card's physical memory, with the band's
-    80% interval (MEMORY_RATIO_P10..P90, measured): (point, low, high)."""
-    share = memory_gb * 1e9 / (prof.memory_gb * GIB) if prof.memory_gb else float("nan")
-    return share, share * MEMORY_RATIO_P10, share * MEMORY_RATIO_P90
+def memory_share(row, prof: Profile) -> tuple[float, float, float]:
+    """A layout row's modelled peak per device as a share of the card's physical memory,
+    with its band (gptplan.memory.memory_band: each term's worst credible error):
+    (point, low, high)."""
+    card = prof.memory_gb * GIB if prof.memory_gb else float("nan")
+    return tuple(float(row[k]) * 1e9 / card for k in MEMORY_GB_KEYS)  # type: ignore[return-value]
 
 
-def may_fit_note(memory_gb: float, prof: Profile, memory_headroom: float) -> str:
+MEMORY_GB_KEYS = ("memory_gb", "memory_low_gb", "memory_high_gb")
+
+
+def deciding_term(row) -> str:
+    """The memory term whose error moves the band's top the most (gptplan.memory.TERMS)."""
+    return TERMS[int(row["memory_decider"])].replace("_", " ")
+
+
+def may_fit_note(row, prof: Profile, memory_headroom: float) -> str:
     """The flag a user sees on a row kept inside the memory model's band."""
-    share, lo, hi = memory_share(memory_gb, prof)
+    share, lo, hi = memory_share(row, prof)
     return (
-        f"may fit (modelled {memory_gb * cm.GB / 2**30:.1f} GiB = {share:.0%} of the "
-        f"{prof.memory_gb:g} GiB card, 80% interval {lo:.0%}-{hi:.0%} (x{MEMORY_RATIO_P10:g}"
-        f"-x{MEMORY_RATIO_P90:g}, measured); usable {memory_headroom:.0%}): probe it before a "
-        "long run"
+        f"may fit (modelled {float(row['memory_gb']) * cm.GB / 2**30:.1f} GiB = {share:.0%} "
+        f"of the {prof.memory_gb:g} GiB card, band {lo:.0%}-{hi:.0%} from each term's worst "
+        f"credible error, decided by the {deciding_term(row)} term; usable "
+        f"{memory_headroom:.0%}): probe it before a long run"
     )
 
 
@@ -1250,13 +1250,15 @@ def _nothing_fits(base: Decision) -> Decision:
     smallest = int(np.argmin(table["memory_gb"]))
     prof = table.offers[int(table["offer"][smallest])].profile
     need = float(table["memory_gb"][smallest])
+    low = float(table["memory_low_gb"][smallest])
     return dataclasses.replace(
         base,
         problems=[
             f"nothing fits in device memory: the smallest configuration needs "
-            f"{need:.1f} GB per device (modelled; {need * 1e9 / GIB:.1f} GiB, x"
-            f"{MEMORY_RATIO_P90:g} at the band's top, measured, against the "
-            f"{prof.memory_gb:g} GiB card); planner estimate --memory shows its terms"
+            f"{need:.1f} GB per device (modelled; {need * 1e9 / GIB:.1f} GiB; even the "
+            f"band's optimistic end, {low * 1e9 / GIB:.1f} GiB, exceeds the "
+            f"{prof.memory_gb:g} GiB card; the {deciding_term(table.row(smallest))} term "
+            "decides the band's width); planner estimate --memory shows its terms"
         ],
         smallest_memory_row=smallest,
     )
