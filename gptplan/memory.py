@@ -156,8 +156,8 @@ def memory_fit(low_bytes, high_bytes, physical_bytes, headroom):
 # the published per-device check layouts (bench/memory_accuracy.py writes them to
 # bench/results/memory_accuracy.json; bench/README.md section 8). Every decision uses the
 # layout's own band (memory_band).
-MEMORY_RATIO_P10 = 0.85
-MEMORY_RATIO_P90 = 1.25
+MEMORY_RATIO_P10 = 0.72
+MEMORY_RATIO_P90 = 1.47
 
 
 def band_ratios(terms: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -186,12 +186,13 @@ class ModelShape:
     gated: bool = False  # SwiGLU MLP (Llama: gate, up and down projections)
 
     @property
-    def largest_param(self) -> float:
+    def largest_param(self):
         """Elements of the largest single parameter before tensor parallelism: the word
         embedding (V·h), an MLP matrix (h·ffn) or a fused QKV projection (3h²). Sharding
         gives whole parameters to ranks ([PARTITION])."""
-        h = float(self.hidden)
-        return max(float(self.vocab) * h, h * float(self.ffn), 3.0 * h * h)
+        h = np.asarray(self.hidden, dtype=float)
+        v, f = np.asarray(self.vocab, dtype=float), np.asarray(self.ffn, dtype=float)
+        return np.maximum(np.maximum(v * h, h * f), 3.0 * h * h)
 
     @classmethod
     def from_section(cls, m: ModelSection) -> ModelShape:
@@ -411,7 +412,7 @@ def memory_terms(
     mixed = np.asarray(o, dtype=float) > 2.0 * np.asarray(w, dtype=float)  # master weights kept
     g = np.where(np.asarray(main_grad, dtype=bool) & mixed, 4.0, w)
     largest = shape.largest_param / t
-    layer_matrix = float(shape.hidden) * float(shape.ffn) / t
+    layer_matrix = np.asarray(shape.hidden, dtype=float) * np.asarray(shape.ffn, dtype=float) / t
     share = sharded_share(params_per_device, largest, layer_matrix, d, stage)
     buffer = np.minimum(STAGE2_BUFFER_ELEMENTS, share)
     # the transient: the largest parameter another rank owns (the busiest rank owns the
@@ -445,7 +446,7 @@ def memory_terms(
     sbh = (
         np.asarray(seq_len, dtype=float)
         * np.asarray(micro_batch, dtype=float)
-        * float(shape.hidden)
+        * np.asarray(shape.hidden, dtype=float)
         / np.where(sp, t, 1.0)
     )
     stage_output = np.where(p > 1, sbh * act_bytes, 0.0)  # [1F1B] output_buffers
@@ -455,7 +456,7 @@ def memory_terms(
         FLASH_DQ_ACCUM_BYTES
         * np.asarray(seq_len, dtype=float)
         * np.asarray(micro_batch, dtype=float)
-        * float(shape.hidden)
+        * np.asarray(shape.hidden, dtype=float)
         / t,
         0.0,
     )

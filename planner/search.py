@@ -714,6 +714,9 @@ def evaluate_layouts(
     fit = {"memory_gb": mem / cm.GB, "fits": sure | may_fit, "may_fit": may_fit}
     fit |= {"memory_low_gb": low / cm.GB, "memory_high_gb": high / cm.GB}
     fit["memory_decider"] = decider
+    # the point itself within the usable memory: a "may fit" row past it is never chosen
+    # while another row fits (choose_fitting)
+    fit["memory_point_fits"] = mem <= prof.memory_gb * GIB * memory_headroom
     return _layout_columns(m, g, gpn, tokens_per_step, fit, parts, speed)
 
 
@@ -758,7 +761,8 @@ def _layout_columns(
     out |= {k: g[k] for k in layout.split()[1:] + ["recompute_code", "sp", "flash"]}
     out |= {"tokens_per_step": tokens_per_step, "memory_gb": fit["memory_gb"]}
     out |= {"rc_layers": g["rc_layers"], "fits": fit["fits"], "may_fit": fit["may_fit"]}
-    out |= {k: fit[k] for k in ("memory_low_gb", "memory_high_gb", "memory_decider")}
+    keys = ("memory_low_gb", "memory_high_gb", "memory_decider", "memory_point_fits")
+    out |= {k: fit[k] for k in keys}
     out |= {"efficiency": parts["efficiency"], "hidden_per_tp": m.hidden_size / g["tp"]}
     out["step_time_s"] = speed["step_time_s"]
     out |= {k: parts[k] for k in ("compute_s", "comm_s", "dp_sync_s", "tp_s", "pp_s", "opt_s")}
@@ -1268,14 +1272,27 @@ def choose_fitting(table: CandidateTable, feasible: np.ndarray, cheapest: int):
     """The feasibility rule: (chosen row, surely-fitting alternative or None). The cheapest
     feasible row is chosen when it surely fits; a "may fit" row only when it costs more than
     MAY_FIT_SAVING less than the cheapest feasible row that surely fits (then that row is the
-    alternative the chosen line prints), or when no row surely fits."""
+    alternative the chosen line prints), or when no row surely fits. A "may fit" row whose
+    modelled point itself is past the usable memory is chosen only when nothing else fits."""
     if not bool(table["may_fit"][cheapest]):
         return cheapest, None
+    point_fits = table["memory_point_fits"].astype(bool)
     best_sure = first_ranked(table, feasible & ~table["may_fit"].astype(bool))
     if best_sure is None:
-        return cheapest, None
-    if table["cost"][cheapest] < (1.0 - MAY_FIT_SAVING) * table["cost"][best_sure]:
+        if point_fits[cheapest]:
+            return cheapest, None
+        best_point = first_ranked(table, feasible & point_fits)
+        return (cheapest if best_point is None else best_point), None
+    if point_fits[cheapest] and (
+        table["cost"][cheapest] < (1.0 - MAY_FIT_SAVING) * table["cost"][best_sure]
+    ):
         return cheapest, best_sure
+    if not point_fits[cheapest]:
+        best_point = first_ranked(table, feasible & point_fits & table["may_fit"].astype(bool))
+        if best_point is not None and (
+            table["cost"][best_point] < (1.0 - MAY_FIT_SAVING) * table["cost"][best_sure]
+        ):
+            return best_point, best_sure
     return best_sure, None
 
 
