@@ -134,12 +134,16 @@ def memory_band(terms: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     """(low, point, high, deciding term index into TERMS) per layout: each term times its
     worst credible error (TERM_BAND), summed. The deciding term is the one whose error
     moves the high end the most."""
-    each = np.array([np.asarray(terms[k], dtype=float) for k in TERMS])
-    lows = np.array([TERM_BAND[k][0] for k in TERMS]).reshape((-1,) + (1,) * (each.ndim - 1))
-    highs = np.array([TERM_BAND[k][1] for k in TERMS]).reshape(lows.shape)
-    spread = each * (highs - 1.0)
-    point = each.sum(axis=0)
-    return (each * lows).sum(axis=0), point, point + spread.sum(axis=0), spread.argmax(axis=0)
+    each = [np.asarray(terms[k], dtype=float) for k in TERMS]
+    # elementwise, term by term: a row's band is the same evaluated alone or in a table
+    point, low, high = 0.0 * each[0], 0.0 * each[0], 0.0 * each[0]
+    for k, x in zip(TERMS, each, strict=True):
+        point = point + x
+        low = low + x * TERM_BAND[k][0]
+    spread = [x * (TERM_BAND[k][1] - 1.0) for k, x in zip(TERMS, each, strict=True)]
+    for x in spread:
+        high = high + x
+    return low, point, point + high, np.argmax(np.array(spread), axis=0)
 
 
 def memory_fit(low_bytes, high_bytes, physical_bytes, headroom):

@@ -49,6 +49,8 @@ def _interval_source(prof, precision: str, row: dict) -> str:
     cap = coverage.mfu_cap(prof)
     if row.get("throughput_capped") and cap is not None:
         where += f"; p90 {cap.words()}"
+        if hi <= 1.0 + 1e-9:  # the point (never clamped) is at or past the cap: the top is it
+            where += "; the point estimate is at or above the cap, so it is the interval's top"
     return (
         f"80% interval on throughput x{lo:.3g}..x{hi:.3g}: {where}; hours and cost add the "
         "price spread and the spot preemption rate's range (planner.spotrisk)"

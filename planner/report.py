@@ -190,13 +190,14 @@ def candidate_record(
             else None
         ),
     }
-    from planner.search import memory_share
+    from planner.search import deciding_term, memory_share
 
     share, lo, hi = memory_share(r, r["offer_choice"].profile)
     out |= {
         "modelled_memory_share_of_card": share,
-        "modelled_memory_share_of_card_p10": lo,
-        "modelled_memory_share_of_card_p90": hi,
+        "modelled_memory_share_of_card_low": lo,
+        "modelled_memory_share_of_card_high": hi,
+        "modelled_memory_band_widest_term": deciding_term(r),
     }
     from planner.costreport import price_record
 

@@ -694,9 +694,7 @@ def evaluate_layouts(
         )[g["precision_code"]]
 
     g.setdefault("rc_layers", np.zeros(len(g["tp"]), dtype=int))
-    terms = layout_memory_bytes(shape, g, terms=True, **memory_args(prof))
-    low, mem, high, decider = memory_band(terms)
-    sure, may_fit = memory_fit(low, high, prof.memory_gb * GIB, memory_headroom)
+    fit = _memory_columns(shape, g, prof, memory_headroom)
 
     peak = precision_table.TABLE.column(lambda r: prof.peak_for(r.name))[g["precision_code"]] * 1e12
     dev = _device(prof, offer, peak)
@@ -711,13 +709,26 @@ def evaluate_layouts(
     )
     parts = step_time_parts(shape, g, dev, rates)
     speed = _speed(m, prof, g["seq"], parts["step_time_s"], tokens_per_step, world, peak)
-    fit = {"memory_gb": mem / cm.GB, "fits": sure | may_fit, "may_fit": may_fit}
-    fit |= {"memory_low_gb": low / cm.GB, "memory_high_gb": high / cm.GB}
-    fit["memory_decider"] = decider
-    # the point itself within the usable memory: a "may fit" row past it is never chosen
-    # while another row fits (choose_fitting)
-    fit["memory_point_fits"] = mem <= prof.memory_gb * GIB * memory_headroom
     return _layout_columns(m, g, gpn, tokens_per_step, fit, parts, speed)
+
+
+def _memory_columns(shape, g: dict, prof: Profile, memory_headroom: float) -> dict:
+    """Modelled memory per row (GB) with its band (gptplan.memory.memory_band), the widest
+    term and the verdict (memory_fit); `memory_point_fits`: the point itself within the
+    usable memory (a "may fit" row past it is never chosen while another fits)."""
+    terms = layout_memory_bytes(shape, g, terms=True, **memory_args(prof))
+    low, mem, high, decider = memory_band(terms)
+    usable = prof.memory_gb * GIB * memory_headroom
+    sure, may_fit = memory_fit(low, high, prof.memory_gb * GIB, memory_headroom)
+    return {
+        "memory_gb": mem / cm.GB,
+        "fits": sure | may_fit,
+        "may_fit": may_fit,
+        "memory_low_gb": low / cm.GB,
+        "memory_high_gb": high / cm.GB,
+        "memory_decider": decider,
+        "memory_point_fits": mem <= usable,
+    }
 
 
 def _speed(m, prof: Profile, seq, step_time, tokens_per_step, world, peak) -> dict:
