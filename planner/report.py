@@ -197,7 +197,7 @@ def candidate_record(
         "modelled_memory_share_of_card": share,
         "modelled_memory_share_of_card_low": lo,
         "modelled_memory_share_of_card_high": hi,
-        "modelled_memory_band_widest_term": deciding_term(r),
+        "memory_band_widest_term": deciding_term(r),
     }
     from planner.costreport import price_record
 
