@@ -119,13 +119,15 @@ def regime_table(rows, loo) -> list[dict]:
 
 def memory_table(rows) -> list[dict]:
     """Every published run ran on its device: the memory model's peak over the device memory,
-    per source, and how many runs the planner's own rule (gptplan.memory.memory_fit: modelled x
-    MEMORY_RATIO_P90 past the card is never planned; past 90% headroom "may fit") would cut."""
-    from gptplan.memory import MEMORY_RATIO_P90
+    per source, and what the planner's own rule (gptplan.memory.memory_band / memory_fit)
+    does with it: "may fit" where the band's high end passes 90% of the card, refused only
+    where even its optimistic end exceeds the card."""
+    from gptplan.memory import GIB, memory_band
     from planner import published as pb
 
-    ratio = pb.modelled_memory_over_device(rows)
-    top = ratio * MEMORY_RATIO_P90
+    card = np.array([r.prof.memory_gb for r in rows]) * GIB
+    low, point, high, _ = memory_band(pb.published_memory_terms(rows))
+    ratio, low_r, high_r = point / card, low / card, high / card
     srcs = np.array([r.source_key for r in rows])
     out = []
     for src in dict.fromkeys(srcs):
@@ -137,14 +139,13 @@ def memory_table(rows) -> list[dict]:
                 "median_modelled_over_device": float(np.median(ratio[m])),
                 "max_modelled_over_device": float(ratio[m].max()),
                 "over_device": int((ratio[m] > 1.0).sum()),
-                "may_fit": int(((top[m] > 0.9) & (top[m] <= 1.0)).sum()),
-                "cut_by_planner": int((top[m] > 1.0).sum()),
+                "may_fit": int(((high_r[m] > 0.9) & (low_r[m] <= 1.0)).sum()),
+                "cut_by_planner": int((low_r[m] > 1.0).sum()),
             }
         )
     print(
-        f"\nmemory: modelled peak / device memory of runs that ran (cut above "
-        f"{1 / MEMORY_RATIO_P90:.3f}: x{MEMORY_RATIO_P90:g} band top past the card; may fit "
-        f"above {0.9 / MEMORY_RATIO_P90:.3f}: past 90% headroom)"
+        "\nmemory: modelled peak / device memory of runs that ran (cut: the band's optimistic "
+        "end past the card; may fit: its high end past 90% of the card)"
     )
     print(
         tabulate(

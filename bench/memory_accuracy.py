@@ -13,9 +13,18 @@ Sources (each measured, none fitted to here):
 - Korthikanti et al. 2022 gives per-layer activation bytes (table 2, the model's own source)
   and shares of an 80 GB device in figures, not per-device totals: not a check of the model.
 
-The band (gptplan.memory.MEMORY_RATIO_P10/P90) is the 10th/90th percentile of measured /
-modelled over Paddle's own peaks. Writes bench/results/memory_accuracy.json and prints the
-tables bench/README.md quotes. Runs in seconds (no probes: it reads the recorded peaks).
+- Paddle's own code (issue 35): the gradient bytes Paddle 3.3.1's group-sharded stage 2
+  holds on the busiest rank, computed by running its partition and storage code on each
+  GPT shape's parameter list (bench/paddle_memory_code.py), against the model's term.
+- Rajbhandari et al. 2020 (ZeRO) table 1: published per-device model states of a 7.5B
+  model under P_os / P_os+g / P_os+g+p at DP 4-1024 (bench/published/memory_tables.csv),
+  against the model's weights + gradients + optimizer terms.
+
+The band (issue 35) is per layout, each term at its worst credible error
+(gptplan.memory.TERM_BAND, memory_band); MEMORY_RATIO_P10/P90 are its widest ends over the
+published layouts of hardware_profiles/published_runs.csv (the single factors the
+recompute-layer search uses). Writes bench/results/memory_accuracy.json and prints the tables
+bench/README.md quotes. Runs in seconds (no probes: it reads the recorded peaks).
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ def cpu_rows() -> list[dict]:
 
     from gptplan.memory import layout_memory_bytes
     from planner import costmodel as cm
-    from planner.search import communicator_gb
+    from planner.search import memory_args
 
     recorded = json.loads((RESULTS / "plan_quality.json").read_text())["grid"]
     measured = {
@@ -55,15 +64,7 @@ def cpu_rows() -> list[dict]:
             continue
         g = {k: table[k][i : i + 1] for k in table.columns}
         prof = table.offers[int(table["offer"][i])].profile
-        eff = prof.efficiency
-        terms = layout_memory_bytes(
-            shape,
-            g,
-            overhead_gb=eff.memory_overhead_gb,
-            fragmentation=eff.fragmentation,
-            communicator_gb=communicator_gb(prof),
-            terms=True,
-        )
+        terms = layout_memory_bytes(shape, g, terms=True, **memory_args(prof))
         terms = {k: float(v[0]) / cm.GB for k, v in terms.items()}
         out.append(
             {
@@ -90,6 +91,97 @@ def torchtitan_rows() -> list[dict]:
         }
         for r, q in zip(rows, ratio, strict=True)
     ]
+
+
+def stage2_rows() -> list[dict]:
+    """Per GPT shape, stage 2 over 8 ranks, bf16: the gradient bytes Paddle's own code holds
+    on the busiest rank (bench/paddle_memory_code.py) and the model's gradient term."""
+    from paddle_memory_code import paddle_stage2_gradient_bytes
+
+    from gptplan import memory as mem
+    from gptplan import precision
+    from gptplan.modelfacts import MODEL_SIZES
+    from gptplan.plan import ModelSection
+
+    out = []
+    for size in ("gpt-base-110m", "gpt-1.3b", "gpt-6.7b", "gpt-13b"):
+        m = ModelSection(**vars(MODEL_SIZES[size]))
+        g = dict(seq=2048, micro=1, acc=8, tp=1, pp=1, vpp=1, stage_code=2, shard_degree=8)
+        g |= dict(recompute_code=3, sp=0, flash=1, precision_code=precision.code("bf16"))
+        g = {k: np.array([v]) for k, v in g.items()}
+        shape = mem.ModelShape.from_section(m)
+        terms = mem.layout_memory_bytes(
+            shape, g, terms=True, **mem.device_memory_args("gpu", 0.0, 1.0)
+        )
+        out.append(
+            {
+                "config": f"{size} stage2 x 8 bf16",
+                "paddle_code_gb": paddle_stage2_gradient_bytes(m, 8) / 1e9,
+                "modelled_gb": float(terms["gradients"][0]) / 1e9,
+                "before_gb": 2.0 * shape.params_total / 8 / 1e9,  # 2 bytes x P / d
+            }
+        )
+    return out
+
+
+def zero_table_rows() -> list[dict]:
+    """ZeRO table 1 (bench/published/memory_tables.csv) against the model's model states:
+    as the paper splits them (evenly) and as Paddle partitions them (whole parameters; stage
+    2's GradStorage buffers)."""
+    import csv
+
+    from gptplan import memory as mem
+    from gptplan import precision
+    from gptplan.plan import SHARDING_STAGES
+
+    out = []
+    path = REPO / "bench" / "published" / "memory_tables.csv"
+    with open(path, newline="", encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            n = float(r["params_billion"]) * 1e9
+            d = int(r["dp_degree"])
+            # a GPT-3-like 7.5B shape (h 4096, 36 layers, ffn 16384, vocab 50304)
+            shape = mem.ModelShape(36, 4096, 32, 16384, 50304, int(n), int(n) - 50304 * 4096)
+            g = dict(seq=2048, micro=1, acc=1, tp=1, pp=1, vpp=1, shard_degree=d, dp=1)
+            g |= dict(recompute_code=3, sp=0, flash=1, precision_code=precision.code("fp16"))
+            g["stage_code"] = SHARDING_STAGES.index(r["stage"])
+            g = {k: np.array([v]) for k, v in g.items()}
+            terms = mem.layout_memory_bytes(
+                shape, g, terms=True, **mem.device_memory_args("gpu", 0.0, 1.0)
+            )
+            states = sum(float(terms[k][0]) for k in ("weights", "gradients", "optimizer"))
+            stage = g["stage_code"][0]
+            even = n * (2 + (2 if stage < 2 else 2 / d) + 12 / d) if stage < 3 else n * 16 / d
+            out.append(
+                {
+                    "config": f"{r['params_billion']}B {r['stage']} DP {d}",
+                    "published_gb": float(r["published_gb"]),
+                    "even_split_gb": even / 1e9,
+                    "paddle_gb": states / 1e9,
+                }
+            )
+    return out
+
+
+def published_band() -> dict:
+    """The band of every published layout (hardware_profiles/published_runs.csv), as factors
+    on its modelled peak: the widest low and high ends, and which term decides them."""
+    from gptplan import memory as mem
+    from planner import published as pb
+
+    rows = [r for r in pb.load_rows() if r.prof is not None]
+    terms = pb.published_memory_terms(rows)
+    low, point, high, decider = mem.memory_band(terms)
+    lo, hi = low / point, high / point
+    names, counts = np.unique([mem.TERMS[int(k)] for k in decider], return_counts=True)
+    return {
+        "rows": len(rows),
+        "low_min": float(lo.min()),
+        "low_median": float(np.median(lo)),
+        "high_median": float(np.median(hi)),
+        "high_max": float(hi.max()),
+        "deciding_terms": dict(zip(names.tolist(), counts.tolist(), strict=True)),
+    }
 
 
 def summary(rows: list[dict]) -> dict:
@@ -160,9 +252,48 @@ def main() -> int:
         + " (rest = weights + gradients + optimizer + activations + allocator, under 6% of "
         "these peaks: not resolved)"
     )
+    stage2 = stage2_rows()
+    print("\nstage 2 x 8, bf16: gradient GB on the busiest rank, Paddle's code vs the model")
     print(
-        f"\nband (gptplan.memory): MEMORY_RATIO_P10 = {s_cpu['ratio_p10']:.2f}, "
-        f"MEMORY_RATIO_P90 = {s_cpu['ratio_p90']:.2f} (Paddle's own peaks)"
+        tabulate(
+            [
+                [
+                    r["config"],
+                    f"{r['paddle_code_gb']:.3f}",
+                    f"{r['modelled_gb']:.3f} ({r['modelled_gb'] / r['paddle_code_gb'] - 1:+.1%})",
+                    f"{r['before_gb']:.3f} ({r['before_gb'] / r['paddle_code_gb'] - 1:+.1%})",
+                ]
+                for r in stage2
+            ],
+            headers=["layout", "Paddle code", "model now", "model before"],
+        )
+    )
+    zero = zero_table_rows()
+    print("\nZeRO table 1 (7.5B, model states per device, GB): published vs the model")
+    print(
+        tabulate(
+            [
+                [
+                    r["config"],
+                    r["published_gb"],
+                    f"{r['even_split_gb']:.2f}",
+                    f"{r['paddle_gb']:.2f}",
+                ]
+                for r in zero
+            ],
+            headers=["layout", "published", "even split (paper)", "as Paddle partitions"],
+        )
+    )
+    band = published_band()
+    print(
+        f"\nband over {band['rows']} published layouts (each term at its worst credible error):"
+        f" low x{band['low_min']:.2f} (median x{band['low_median']:.2f}), high median "
+        f"x{band['high_median']:.2f}, widest x{band['high_max']:.2f}; deciding terms "
+        f"{band['deciding_terms']}"
+    )
+    print(
+        f"MEMORY_RATIO_P10 = {band['low_min']:.2f}, MEMORY_RATIO_P90 = {band['high_max']:.2f}"
+        " (gptplan.memory; the single factors where a layout's own band is not at hand)"
     )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "memory_accuracy.json").write_text(
@@ -174,7 +305,10 @@ def main() -> int:
                 "per_term_share_median": per_term,
                 "residual_gb_median": statistics.median(residual),
                 "per_term_factor": {k: float(v) for k, v in factors.items()},
-                "band": {"p10": s_cpu["ratio_p10"], "p90": s_cpu["ratio_p90"]},
+                "band": {"p10": band["low_min"], "p90": band["high_max"]},
+                "published_band": band,
+                "stage2_gradients": stage2,
+                "zero_table_1": zero,
                 "rows": cpu + titan,
             },
             indent=1,

@@ -24,30 +24,150 @@ GB = 1e9  # modelled bytes are shown in GB (10^9)
 # "80 GB" H100 or A100 has 81,920 MiB of HBM (nvidia-smi), a "40 GB" A100 40,960 MiB, and the
 # CPU profile is half of a 24 GiB machine. Counting them as 10^9 bytes cut 7% off every device.
 GIB = 2**30
+MIB = 2**20
 # The memory model's median absolute error against the measured peak memory of Paddle runs,
 # 52 held-out configurations (bench/README.md section 2, bench/results/plan_quality.json
 # memory_ape_median 0.1197, worst 0.20; CPU, the only hardware where Paddle ran here).
 MEMORY_MODEL_ERROR = 0.12
-# The feasibility band: the 10th and 90th percentiles of MEASURED / MODELLED peak memory per
-# device over every measurement of an allowed source (bench/memory_accuracy.py writes them to
-# bench/results/memory_accuracy.json; bench/README.md section "Memory"): Paddle's own peaks
-# from the CPU rehearsals and torchtitan's published per-device peaks. A layout whose modelled
-# memory x MEMORY_RATIO_P90 exceeds the usable memory (card x headroom) may not fit; one whose
-# modelled memory x MEMORY_RATIO_P90 exceeds the card's physical memory is never planned.
-MEMORY_RATIO_P10 = 0.96
-MEMORY_RATIO_P90 = 1.12
+
+# ---- the GPU-side terms, each from a cited source (no GPU on this project's machines) --------
+# [CTX] CUDA context of one process: 287 MB with lazy module loading, 667 MB eager, measured
+#   on one GPU (PyTorch PR 86509, "Sets CUDA_MODULE_LOADING to LAZY when not set by the
+#   user"); lazy loading is the default on Linux from CUDA 12.2 (CUDA C++ Programming Guide,
+#   "Lazy Loading", change history). Paddle 3.3.1's GPU wheels are CUDA 11.8 and 12.x builds,
+#   so either can apply: the point is the midpoint, the band the two measurements.
+CUDA_CONTEXT_GB = (0.29, 0.48, 0.67)  # (low, point, high)
+# [CUBLAS] cuBLAS Library, cublasSetWorkspace: recommended workspace 32 MiB on Hopper, 4 MiB
+#   on earlier GPUs, per handle; CUBLAS_WORKSPACE_CONFIG=":4096:8" (the documented setting
+#   for deterministic results) holds 8 x 4 MiB. Paddle keeps a cuBLAS and a cuBLASLt handle
+#   per stream (compute and communication): 4 handles x 32 MiB at the high end.
+CUBLAS_WORKSPACE_GB = (4 * MIB / GB, 2 * 32 * MIB / GB, 4 * 32 * MIB / GB)
+# The fixed runtime of a GPU process: context + library workspaces (cuDNN's handle is small
+# next to them; flash attention's workspace scales with the tokens and is charged with the
+# activations, `FLASH_DQ_ACCUM_BYTES`).
+GPU_RUNTIME_GB = tuple(a + b for a, b in zip(CUDA_CONTEXT_GB, CUBLAS_WORKSPACE_GB))
+# [FA2] FlashAttention-2 backward (flash_api.cpp mha_bwd, the kernels Paddle's
+#   flash_attention calls): a float32 `dq_accum` of shape (b, s, heads, head_dim), i.e.
+#   4 bytes per element of the layer's s·b·h/t query, alive during one layer's backward.
+FLASH_DQ_ACCUM_BYTES = 4.0
+# [NCCL] Each communicator holds its own buffers ("more communicators = more memory used",
+#   NCCL maintainers in NVIDIA/nccl issue 864; NCCL_BUFFSIZE, default 4 MiB per channel and
+#   peer, NCCL User Guide "Environment Variables"). Measured per communicator with a 4 MiB
+#   all-reduce on 4 x A100 with NVLink: 544 MB for a 2-rank group, 688 MB for 3-4 ranks
+#   (NVIDIA/nccl issue 964). Memory is linear in the channel count, which is higher on H100
+#   NVLink (issue 864), and a communicator that never runs a collective costs less (lazy
+#   connection): the band is x0.5-x1.5 of the measurement.
+NCCL_GB_PAIR = 0.544
+NCCL_GB_GROUP = 0.688
+NCCL_GB_PER_COMMUNICATOR = NCCL_GB_GROUP  # kept for callers that price one communicator
+NCCL_BAND = (0.5, 1.5)
+# [FRAG] GPU caching allocators (PyTorch's, and Paddle's auto_growth best-fit allocator,
+#   FLAGS_allocator_strategy's default since Paddle 2.0, which also splits cached blocks)
+#   fragment under recompute, sharding and pipelining: GMLake (Guo et al., ASPLOS 2024,
+#   arXiv 2401.08156) measured 15% fragmentation on average and up to 33% across eight LLMs
+#   on A100-80GB (reserved = allocated / (1 - fragmentation)). The blocks that fragment are
+#   the short-lived ones (activations, logits, transient buffers); model states are allocated
+#   once. Point 1/(1-0.15) on the dynamic part, band 1 (no caching: the allocated peak) to
+#   1/(1-0.33).
+GPU_FRAGMENTATION = 1.0 / (1.0 - 0.15)
+FRAGMENTATION_HIGH = 1.0 / (1.0 - 0.33)
+
+# ---- Paddle's own buffers (paddle 3.3.1; the code each term follows) ---------------------------
+# [STAGE2] paddle/distributed/fleet/meta_parallel/sharding/group_sharded_stage2.py, what
+#   paddle.distributed.sharding.group_sharded_parallel(level="os_g") builds (runner/train.py
+#   and PaddleNLP 2.8.1's Trainer both call it with the default buffer_max_size = 2**23):
+#   `_setup_use_grad_storage` makes one GradStorage per (dtype, owning rank) of
+#   min(largest rank's share, 2**23) elements, `_build_grad_storages` rebuilds the d-1
+#   storages of the other ranks at every forward and `_get_reduce_fn` frees each only after
+#   its reduce, which waits for its last (first-layer) gradient: they live through backward.
+#   A parameter that fits no storage keeps its own gradient until its hook reduces and
+#   clears it (the largest one is the transient).
+STAGE2_BUFFER_ELEMENTS = 2**23
+# [PARTITION] Both sharding optimizers give whole parameters to ranks (greedy to the least
+#   loaded rank: GroupShardedOptimizerStage2._segment_params, and
+#   DygraphShardingOptimizer._partition_parameters, largest first): the busiest rank holds
+#   at least the largest parameter, so its share is max(P/d, largest), not P/d. Stage 3
+#   (GroupShardedStage3) slices parameters into segments and is even.
+# [DPFUSE] Data parallel without group sharding copies every gradient into fused buffers
+#   before all-reducing them: DataParallel's EagerReducer (reducer.cc: ConcatTensors in
+#   FusedAllReduceSchedule, `dense_contents_` reset only in FinalizeBackward) and fleet's
+#   hybrid all-reduce (fleet/utils/hybrid_parallel_util.py _apply_collective_grads_eager:
+#   build_groups coalesces all gradients before the first all_reduce). The copy exists as
+#   backward ends, when the activations are freed: it adds max(0, copy - activations).
+# [MAINGRAD] PaddleNLP's amp_master_grad (paddle/distributed/fleet/utils/mix_precision_utils
+#   MixPrecisionLayer): an fp32 `main_grad` per parameter replaces the 16-bit gradient
+#   (4 bytes, not 2); the runner does not use it (paddle.amp.decorate O2, 16-bit gradients).
+# [1F1B] paddle/distributed/fleet/meta_parallel/pipeline_parallel.py
+#   forward_backward_pipeline: stage k runs min(p - k - 1, m) warm-up forwards, so stage 0
+#   holds p micro-batches' activations, and keeps each one's input and output tensors
+#   (input_buffers / output_buffers) until its backward; interleaved: (p - k - 1)·2 +
+#   (v - 1)·p warm-up chunks ([K22] section 4.2.3's 1 + (p-1)/(p·v)).
+# [RECOMP] paddle.distributed.fleet.recompute: the backward of a recomputed layer re-runs its
+#   forward with gradients on, so one layer's full activations exist again while the others
+#   keep only what the granularity keeps (Chen et al. 2016, "Training Deep Nets with
+#   Sublinear Memory Cost": peak = checkpoints + one segment).
+
+# The band: each term's worst credible error, as factors (low, high) on the term. Model states
+# follow Paddle's code (alignment to 256 bytes per parameter and AdamW's beta-power scalars are
+# the only slack: +2%); activations follow [K22]'s per-tensor accounting, which Paddle's
+# unfused ops can exceed or undercut by about one 4·s·b·h tensor per sub-layer out of ~34
+# (x0.85-x1.25); the loss path was fitted x1.08 on Paddle's CPU peaks (x0.9-x1.1); the
+# allocator from no caching to GMLake's worst; the runtime and communicators their sources'.
+TERM_BAND = {
+    "weights": (1.0, 1.02),
+    "gradients": (1.0, 1.02),
+    "optimizer": (1.0, 1.02),
+    "activations": (0.85, 1.25),
+    "logits": (0.9, 1.1),
+    "comm_buffers": (0.0, 1.0),  # the fused copy may overlap nothing or everything it can
+    "allocator": (0.0, (FRAGMENTATION_HIGH - 1.0) / (GPU_FRAGMENTATION - 1.0)),
+    "runtime": (GPU_RUNTIME_GB[0] / GPU_RUNTIME_GB[1], GPU_RUNTIME_GB[2] / GPU_RUNTIME_GB[1]),
+    "communicators": NCCL_BAND,
+}
+TERMS = tuple(TERM_BAND)
 # A "may fit" layout is chosen only when it costs at least this share less than the best
 # layout that surely fits (planner.search.decide); otherwise the surely-fitting one is chosen.
 MAY_FIT_SAVING = 0.05
 
 
-def memory_fit(mem_bytes, physical_bytes, headroom):
-    """(surely fits, may fit) per layout: modelled peak x the band's top within the usable
-    memory (physical x headroom), or past it but within the card's physical memory."""
-    upper = np.asarray(mem_bytes, dtype=float) * MEMORY_RATIO_P90
+def memory_band(terms: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(low, point, high, deciding term index into TERMS) per layout: each term times its
+    worst credible error (TERM_BAND), summed. The deciding term is the one whose error
+    moves the high end the most."""
+    each = [np.asarray(terms[k], dtype=float) for k in TERMS]
+    # elementwise, term by term: a row's band is the same evaluated alone or in a table
+    point, low, high = 0.0 * each[0], 0.0 * each[0], 0.0 * each[0]
+    for k, x in zip(TERMS, each, strict=True):
+        point = point + x
+        low = low + x * TERM_BAND[k][0]
+    spread = [x * (TERM_BAND[k][1] - 1.0) for k, x in zip(TERMS, each, strict=True)]
+    for x in spread:
+        high = high + x
+    return low, point, point + high, np.argmax(np.array(spread), axis=0)
+
+
+def memory_fit(low_bytes, high_bytes, physical_bytes, headroom):
+    """(surely fits, may fit) per layout. Surely fits: the band's high end within the usable
+    memory (physical x headroom). May fit: not surely, but the optimistic end within the
+    card's physical memory. Past that even the optimistic end exceeds the card: refused."""
     physical = np.asarray(physical_bytes, dtype=float)
-    sure = upper <= physical * headroom
-    return sure, ~sure & (upper <= physical)
+    sure = np.asarray(high_bytes, dtype=float) <= physical * headroom
+    return sure, ~sure & (np.asarray(low_bytes, dtype=float) <= physical)
+
+
+# The band as single factors on the modelled peak, where a layout's own band is not at hand
+# (the recompute-layer search's target): the lowest low/point and the highest high/point over
+# the published per-device check layouts (bench/memory_accuracy.py writes them to
+# bench/results/memory_accuracy.json; bench/README.md section 8). Every decision uses the
+# layout's own band (memory_band).
+MEMORY_RATIO_P10 = 0.72
+MEMORY_RATIO_P90 = 1.47
+
+
+def band_ratios(terms: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(low / point, high / point) per layout: its band as factors on the modelled peak."""
+    low, point, high, _ = memory_band(terms)
+    return low / point, high / point
 
 
 @dataclass(frozen=True)
@@ -68,6 +188,15 @@ class ModelShape:
     kept_split: float = 19.0  # ... and the MLP
     kv_heads: int = 0  # grouped-query attention (Llama); 0 = as many as heads
     gated: bool = False  # SwiGLU MLP (Llama: gate, up and down projections)
+
+    @property
+    def largest_param(self):
+        """Elements of the largest single parameter before tensor parallelism: the word
+        embedding (V·h), an MLP matrix (h·ffn) or a fused QKV projection (3h²). Sharding
+        gives whole parameters to ranks ([PARTITION])."""
+        h = np.asarray(self.hidden, dtype=float)
+        v, f = np.asarray(self.vocab, dtype=float), np.asarray(self.ffn, dtype=float)
+        return np.maximum(np.maximum(v * h, h * f), 3.0 * h * h)
 
     @classmethod
     def from_section(cls, m: ModelSection) -> ModelShape:
@@ -166,17 +295,21 @@ def activation_bytes_per_layer(
     return per_layer_16bit * (np.asarray(act_bytes, dtype=float) / 2.0)
 
 
-# ---- the runtime: what a GPU process holds beyond tensors the model owns ---------------------
-# [CUDA] NVIDIA CUDA C++ Programming Guide, "Lazy Loading" and context creation; [NCCL] NVIDIA
-# NCCL User Guide, "Environment Variables": NCCL_BUFFSIZE (4 MiB per channel and peer, send and
-# receive), NCCL_MAX_NCHANNELS (up to 32 on NVLink A100/H100); [PADDLE-ALLOC] Paddle's
-# auto_growth allocator (FLAGS_allocator_strategy, the default since Paddle 2.0) keeps freed
-# blocks cached, so reserved exceeds allocated.
-# Each communication group of more than one rank (data, tensor, pipeline, sharding, plus the
-# global one) is its own NCCL communicator with its own buffers: 4 MiB x 2 (send, receive)
-# x 2 ring neighbours x 32 channels = 512 MiB upper bound, fewer channels in practice. MODELLED,
-# an assumption with its source, not measured here (no GPU on this project's machines).
-NCCL_GB_PER_COMMUNICATOR = 0.5
+# ---- the runtime: what a process holds beyond tensors the model owns ------------------------
+
+
+def device_memory_args(device: str, overhead_gb: float, fragmentation: float) -> dict:
+    """The terms of `memory_terms` that depend on the device kind, not the layout: on a GPU
+    the cited GPU-side terms (GPU_RUNTIME_GB, GPU_FRAGMENTATION, NCCL communicators);
+    elsewhere the profile's measured process overhead and allocator margin (on CPU gloo's
+    buffers are inside the measured overhead: no communicator term)."""
+    if device == "gpu":
+        return dict(
+            overhead_gb=GPU_RUNTIME_GB[1],
+            fragmentation=GPU_FRAGMENTATION,
+            communicator_gb=NCCL_GB_GROUP,
+        )
+    return dict(overhead_gb=overhead_gb, fragmentation=fragmentation, communicator_gb=0.0)
 
 
 def communicators(*, world, tp, pp, shard_degree, dp) -> np.ndarray:
@@ -187,6 +320,31 @@ def communicators(*, world, tp, pp, shard_degree, dp) -> np.ndarray:
     return sum(
         (np.asarray(x, dtype=float) > 1) * one for x in (world, dp, tp, pp, pp, shard_degree)
     )
+
+
+def communicator_gb_total(*, world, tp, pp, shard_degree, dp) -> np.ndarray:
+    """GB of NCCL buffers a rank holds ([NCCL]): NCCL_GB_PAIR for a 2-rank group (the
+    pipeline's p2p pairs, any group of 2), NCCL_GB_GROUP for a larger one."""
+    one = np.ones_like(np.asarray(world, dtype=float))
+    total = 0.0 * one
+    for x in (world, dp, tp, shard_degree):
+        n = np.asarray(x, dtype=float) * one
+        total = total + np.where(n > 2, NCCL_GB_GROUP, np.where(n == 2, NCCL_GB_PAIR, 0.0))
+    # the previous and the next stage: two p2p pairs on a middle stage, one on the first
+    return total + np.where(np.asarray(pp, dtype=float) * one > 1, 2.0 * NCCL_GB_PAIR, 0.0)
+
+
+def sharded_share(params_per_device, largest, layer_matrix, shard_degree, stage_code):
+    """Elements of the busiest rank's share of sharded states ([PARTITION]) for stage 1 and
+    2 (whole parameters per rank): max(P/d + half a layer matrix, the largest parameter);
+    P/d for stage 3. Greedy placement in parameter order leaves the busiest rank about half
+    of one layer's largest matrix above the mean (Paddle's own partition of the GPT 1.3B,
+    6.7B and 13B shapes over 8 ranks: 0.45-0.6 of h x ffn, tests/test_memory_paddle.py)."""
+    d = np.asarray(shard_degree, dtype=float)
+    even = params_per_device / d
+    greedy = even + (1.0 - 1.0 / d) * layer_matrix / 2.0
+    whole = np.maximum(greedy, np.minimum(largest, params_per_device))
+    return np.where(np.asarray(stage_code) >= 3, even, np.where(d > 1, whole, even))
 
 
 def memory_terms(
@@ -209,20 +367,26 @@ def memory_terms(
     recompute_layers=0,
     dp=1,
     communicator_gb=0.0,
+    main_grad=False,
 ) -> dict[str, np.ndarray]:
     """Peak bytes on the busiest device, term by term (each an array; their sum is the peak).
 
-    weights, gradients, optimizer: [Z20] per sharding stage; 16-bit training keeps bf16/fp16
-      weights and gradients (paddle.amp.decorate level O2, 2 + 2 bytes) and the AdamW fp32
-      master weight and two moments in the optimizer (multi_precision=True, 12 bytes);
-      stage1 shards the optimizer (Paddle DygraphShardingOptimizer), stage2 also the gradients
-      (GroupShardedStage2), stage3 also the weights (GroupShardedStage3).
+    weights, gradients, optimizer: [Z20] per sharding stage as Paddle 3.3.1 holds them.
+      16-bit training keeps bf16/fp16 weights and gradients (paddle.amp.decorate O2) and the
+      fp32 master weight and two AdamW moments (12 bytes); `main_grad` (PaddleNLP's
+      amp_master_grad, [MAINGRAD]) makes the gradient an fp32 one (4 bytes). Stage 1 and 2
+      shard the optimizer over whole parameters ([PARTITION]: the busiest rank holds
+      max(P/d, largest parameter)); stage 2's gradients are that share plus the d-1 other
+      ranks' GradStorage buffers of min(share, 2**23) elements and the largest parameter's
+      transient gradient ([STAGE2]); stage 3 shards everything evenly.
     activations: per layer by recompute choice (`activation_bytes_per_layer`, [K22] table 2
       with each family's coefficients); with `recompute_layers` k > 0 only k of a stage's
       ceil(L/p) layers keep the recompute granularity's bytes and the others keep everything
-      (PaddleNLP 2.8.1 LlamaModel / LlamaForCausalLMPipe `no_recompute_layers`). The first
-      pipeline stage holds min(p, m) micro-batches in flight (1F1B; interleaved: x (1 +
-      (p-1)/(p·v)), [K22] section 4.2.3).
+      (PaddleNLP 2.8.1 LlamaModel / LlamaForCausalLMPipe `no_recompute_layers`). Under
+      recompute, one layer's full activations exist again in its backward ([RECOMP]); flash
+      attention's backward adds its fp32 dq accumulator ([FA2]). The first pipeline stage
+      holds min(p, m) micro-batches in flight (1F1B; interleaved: x (1 + (p-1)/(p·v))), each
+      with its stage output kept for backward ([1F1B]).
     logits: the loss path as PaddleNLP 2.8.1 computes it (LlamaPretrainingCriterion and
       GPTPretrainingCriterion: `prediction_scores.astype("float32")` into CrossEntropyLoss, or
       ParallelCrossEntropy under tp, whose softmax is kept for backward). The runner keeps
@@ -231,12 +395,14 @@ def memory_terms(
       (4) are all alive, and in backward the logits, the softmax and the fp32 logit gradient
       (4): 10 bytes a logit in 16-bit training; 12 in fp32 (Paddle's cast to the same dtype
       copies); b·s·V/t logits.
-    allocator: the fragmentation margin on the dynamic part (activations + logits),
-      [PADDLE-ALLOC].
-    runtime: the profile's fixed overhead (CUDA context, cuBLAS/cuDNN handles and workspaces;
-      on CPU the Python + Paddle process, measured) plus `communicator_gb` per NCCL
-      communicator (`communicators`; 0 on CPU, where gloo's buffers are in the measured
-      overhead).
+    comm_buffers: data parallel without group sharding copies all gradients into fused
+      buffers as backward ends ([DPFUSE]): what that copy needs beyond the freed activations.
+    allocator: the fragmentation margin on the dynamic part (activations, logits, buffers):
+      [FRAG] on a GPU, the profile's measured margin elsewhere.
+    runtime: the process's fixed overhead (GPU: CUDA context and cuBLAS workspaces, [CTX]
+      [CUBLAS]; CPU: the Python + Paddle process, measured).
+    communicators: NCCL buffers per communicator ([NCCL]; 0 on CPU, where gloo's buffers are
+      in the measured overhead). `communicator_gb` scales them (NCCL_GB_GROUP = as measured).
     """
     t = np.asarray(tp, dtype=float)
     p = np.asarray(pp, dtype=float)
@@ -247,47 +413,88 @@ def memory_terms(
     stage = np.asarray(stage_code)
     w = precision.of_codes("bytes_per_element", precision_code)  # gptplan.precision's rows
     o = precision.of_codes("optimizer_bytes_per_param", precision_code)
-    weights = params_per_device * w / np.where(stage >= 3, d, 1.0)
-    gradients = params_per_device * w / np.where(stage >= 2, d, 1.0)
-    optimizer = params_per_device * o / np.where(stage >= 1, d, 1.0)
+    mixed = np.asarray(o, dtype=float) > 2.0 * np.asarray(w, dtype=float)  # master weights kept
+    g = np.where(np.asarray(main_grad, dtype=bool) & mixed, 4.0, w)
+    largest = shape.largest_param / t
+    layer_matrix = np.asarray(shape.hidden, dtype=float) * np.asarray(shape.ffn, dtype=float) / t
+    share = sharded_share(params_per_device, largest, layer_matrix, d, stage)
+    buffer = np.minimum(STAGE2_BUFFER_ELEMENTS, share)
+    # the transient: the largest parameter another rank owns (the busiest rank owns the
+    # largest one where it sets the share; then the next, a layer matrix)
+    owns_largest = share <= largest * (1 + 1e-12)
+    transient = np.where(owns_largest, layer_matrix, largest)
+    # its own storage is allocated whole (GradStorage.rebuild) and, on a rank whose share is
+    # one large parameter that fits no storage, stays nearly empty beside it
+    storages = (d - 1.0 + (owns_largest & (share > buffer))) * buffer
+    stage2_grads = share + storages + np.where(share > buffer, transient, 0.0)
+    weights = np.where(stage >= 3, share, params_per_device) * w
+    gradients = g * np.select(
+        [stage <= 1, stage == 2], [params_per_device, stage2_grads], default=share
+    )
+    optimizer = o * np.where(stage >= 1, share, params_per_device)
     act_bytes = w
     args = (shape, seq_len, micro_batch, tp, seq_parallel)
     per_layer = activation_bytes_per_layer(*args, recompute_code, act_bytes, flash_attention)
+    keep_all = activation_bytes_per_layer(*args, 0, act_bytes, flash_attention)
     k = np.minimum(np.asarray(recompute_layers, dtype=float), stage_layers)
-    partial = (k > 0) & (np.asarray(recompute_code) > 0)
-    if np.any(partial):
-        keep_all = activation_bytes_per_layer(*args, 0, act_bytes, flash_attention)
-        stage_acts = np.where(
-            partial, k * per_layer + (stage_layers - k) * keep_all, stage_layers * per_layer
-        )
-    else:
-        stage_acts = stage_layers * per_layer
+    code = np.asarray(recompute_code)
+    partial = (k > 0) & (code > 0)
+    stage_acts = np.where(
+        partial, k * per_layer + (stage_layers - k) * keep_all, stage_layers * per_layer
+    )
     v = np.asarray(virtual_pp, dtype=float)
     in_flight = np.minimum(p, np.asarray(accumulation, dtype=float)) * np.where(
         v > 1, 1.0 + (p - 1.0) / (p * v), 1.0
     )
-    activations = stage_acts * in_flight
+    sp = np.asarray(seq_parallel, dtype=bool)
+    sbh = (
+        np.asarray(seq_len, dtype=float)
+        * np.asarray(micro_batch, dtype=float)
+        * np.asarray(shape.hidden, dtype=float)
+        / np.where(sp, t, 1.0)
+    )
+    stage_output = np.where(p > 1, sbh * act_bytes, 0.0)  # [1F1B] output_buffers
+    # the layer in backward: recomputed in full ([RECOMP]) plus flash's dq accumulator ([FA2])
+    working = np.where(code > 0, keep_all - per_layer, 0.0) + np.where(
+        np.asarray(flash_attention, dtype=bool),
+        FLASH_DQ_ACCUM_BYTES
+        * np.asarray(seq_len, dtype=float)
+        * np.asarray(micro_batch, dtype=float)
+        * np.asarray(shape.hidden, dtype=float)
+        / t,
+        0.0,
+    )
+    activations = (stage_acts + stage_output) * in_flight + working
     per_logit = precision.of_codes("logit_bytes", precision_code)
     logits = per_logit * np.asarray(micro_batch) * np.asarray(seq_len) * shape.vocab / t
-    allocator = (activations + logits) * (np.asarray(fragmentation, dtype=float) - 1.0)
+    fused_copy = np.where(
+        (np.asarray(dp, dtype=float) > 1) & (stage <= 1), g * params_per_device, 0.0
+    )
+    comm_buffers = np.maximum(0.0, fused_copy - activations)
+    allocator = (activations + logits + comm_buffers) * (
+        np.asarray(fragmentation, dtype=float) - 1.0
+    )
     world = t * p * d * np.asarray(dp, dtype=float)
-    comms = communicators(world=world, tp=t, pp=p, shard_degree=d, dp=dp)
-    runtime = (np.asarray(overhead_gb, dtype=float) + comms * communicator_gb) * GB
-    ones = np.ones_like(weights + activations + logits + runtime)
+    comms = communicator_gb_total(world=world, tp=t, pp=p, shard_degree=d, dp=dp)
+    comms = comms * (np.asarray(communicator_gb, dtype=float) / NCCL_GB_GROUP) * GB
+    runtime = np.asarray(overhead_gb, dtype=float) * GB
+    ones = np.ones_like(weights + activations + logits + runtime + comms)
     return {
         "weights": weights * ones,
         "gradients": gradients * ones,
         "optimizer": optimizer * ones,
         "activations": activations * ones,
         "logits": logits * ones,
+        "comm_buffers": comm_buffers * ones,
         "allocator": allocator * ones,
         "runtime": runtime * ones,
+        "communicators": comms * ones,
     }
 
 
 def memory_per_device_bytes(shape: ModelShape, **kwargs):
     """Peak bytes on the busiest device: the sum of `memory_terms` (model states +
-    activations + logits + allocator margin + runtime).
+    activations + logits + buffers + allocator margin + runtime + communicators).
 
     Uneven pipeline stages (L not divisible by p, which Paddle's PipelineLayer segments
     allow): the biggest stage, ceil(L/p) layers, sets the peak. Logits live on the last stage
@@ -300,9 +507,9 @@ def layout_memory_bytes(
 ):
     """`memory_per_device_bytes` of layout columns `g` (the names gptplan.steptime uses: seq,
     micro, acc, tp, pp, vpp, stage_code, shard_degree, recompute_code, sp, flash,
-    precision_code; optional dp and rc_layers, the recomputed layers per stage): the one call
-    the planner's search and the published-run check share. `terms=True`: the dict of
-    `memory_terms` instead of the sum."""
+    precision_code; optional dp, rc_layers (the recomputed layers per stage) and main_grad):
+    the one call the planner's search and the published-run check share. `terms=True`: the
+    dict of `memory_terms` instead of the sum."""
     n = np.asarray(g["tp"]).shape
     terms_ = memory_terms(
         shape,
@@ -323,5 +530,6 @@ def layout_memory_bytes(
         recompute_layers=g.get("rc_layers", np.zeros(n)),
         dp=g.get("dp", np.ones(n)),
         communicator_gb=communicator_gb,
+        main_grad=g.get("main_grad", np.zeros(n, dtype=bool)),
     )
     return terms_ if terms else sum(terms_.values())

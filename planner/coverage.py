@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from gptplan import families
-from gptplan import precision as precision_table
 from gptplan.plan import RECOMPUTE_MODES, SHARDING_STAGES
 
 # A continuous axis counts as covered up to this factor beyond the rows' extremes (model size,
@@ -190,9 +189,11 @@ def basis_words(eff, outside: list[str]) -> str:
 
 @dataclass(frozen=True)
 class MfuCap:
-    """The highest model FLOPs utilisation (PaLM definition: 6N + 12·L·h·s per token over the
-    dense 16-bit peak) any fitted published run of a generation attained: no modelled
-    throughput, nor its p90, goes above it (planner.search)."""
+    """The highest 16-bit model FLOPs utilisation (PaLM definition, over the dense 16-bit
+    peak) published for a generation by any framework in the allowed sources, end-to-end
+    training or the best 16-bit kernel (the physical ceiling a layer's work can approach):
+    hardware_profiles/mfu_published.csv. Only the top of a throughput interval is held to it
+    (planner.search): the point estimate is the model's median, never clamped."""
 
     generation: str
     mfu: float
@@ -201,43 +202,44 @@ class MfuCap:
 
     def words(self) -> str:
         return (
-            f"capped at {self.mfu:.1%} MFU, the highest of the {self.generation} published runs "
-            f"({self.row_id}, {self.source}; hardware_profiles/published_runs.csv)"
+            f"capped at {self.mfu:.1%} MFU, the best 16-bit utilisation published for "
+            f"{self.generation} ({self.row_id}: {self.source}; hardware_profiles/mfu_published.csv)"
         )
 
 
-_CAPS: list = [None, {}]  # (the coverages() they were read with, the caps)
+MFU_CSV = "mfu_published.csv"
+_CAPS: dict[str, MfuCap] = {}
 
 
 def mfu_caps() -> dict[str, MfuCap]:
     """Per generation (and "" for hardware outside every generation: the highest of all), the
-    MfuCap of its 16-bit published runs (fp8 runs count against the fp8 peak, not here). Read
-    with `coverages()` (once per process, and again after its cache is cleared; a damaged
-    file fails there first, one ProfileError)."""
-    cov = coverages()
-    if _CAPS[0] is not cov:
-        _CAPS[:] = [cov, _read_caps()]
-    return _CAPS[1]
+    MfuCap of its published rows, read once per process."""
+    if not _CAPS:
+        _CAPS.update(_read_caps())
+    return _CAPS
 
 
 def _read_caps() -> dict[str, MfuCap]:
-    from gptplan.modelfacts import training_flops_per_token
-    from planner import published as pb
+    import csv
 
+    from planner.hardware import PROFILE_DIR, ProfileError
+
+    path = PROFILE_DIR / MFU_CSV
     best: dict[str, MfuCap] = {}
-    for r in pb.load_rows(pb.RUNS_CSV):
-        rec = r.record
-        row = precision_table.row(rec["precision"])  # 16-bit runs (not fp8's narrow GEMMs)
-        if not row.mixed or row.narrow_gemms or r.model is None or r.prof is None:
-            continue
-        flops = training_flops_per_token(r.model, int(rec["seq"]))
-        peak = r.prof.peak_for(rec["precision"]) * 1e12
-        if not peak:
-            continue
-        mfu = r.measured_tokens_per_s_per_device * flops / peak
-        for gen in (r.generation, ""):
-            if gen not in best or mfu > best[gen].mfu:
-                best[gen] = MfuCap(gen or "all", float(mfu), r.id, r.source_key)
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        for r in rows:
+            mfu = float(r["mfu"])
+            if not 0 < mfu < 1:
+                raise ValueError(f"mfu {mfu} is not a share in (0, 1)")
+            for gen in (r["generation"], ""):
+                if gen not in best or mfu > best[gen].mfu:
+                    best[gen] = MfuCap(gen or "all", mfu, r["id"], r["source"])
+    except (OSError, KeyError, ValueError) as e:
+        raise ProfileError(
+            f"{path}: {e}; each row needs id, generation, mfu in (0, 1), source"
+        ) from None
     return best
 
 

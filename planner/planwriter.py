@@ -50,6 +50,8 @@ def _interval_source(prof, precision: str, row: dict) -> str:
     cap = coverage.mfu_cap(prof)
     if row.get("throughput_capped") and cap is not None:
         where += f"; p90 {cap.words()}"
+        if hi <= 1.0 + 1e-9:  # the point (never clamped) is at or past the cap: the top is it
+            where += "; the point estimate is at or above the cap, so it is the interval's top"
     return (
         f"80% interval on throughput x{lo:.3g}..x{hi:.3g}: {where}; hours and cost add the "
         "price spread and the spot preemption rate's range (planner.spotrisk)"
@@ -116,11 +118,7 @@ def _memory_notes(spec: Spec, row: dict) -> list[str]:
 
     out = []
     if row.get("may_fit"):
-        out.append(
-            may_fit_note(
-                row["memory_gb"], row["offer_choice"].profile, spec.constraints.memory_headroom
-            )
-        )
+        out.append(may_fit_note(row, row["offer_choice"].profile, spec.constraints.memory_headroom))
     layers, pp = spec.model_section().num_hidden_layers, int(row.get("pp", 1))
     if pp > 1 and layers % pp:
         out.append(

@@ -299,18 +299,20 @@ def modelled_memory_over_device(rows: list[Row]) -> np.ndarray:
     """Per row: the memory model's peak per device (gptplan.memory, the planner's own rule)
     over the device's memory. Every published run ran, so a ratio above 1 is an overestimate
     of at least that much."""
-    from gptplan.memory import GIB, NCCL_GB_PER_COMMUNICATOR, layout_memory_bytes
+    from gptplan.memory import GIB
+
+    mem = sum(published_memory_terms(rows).values())
+    return mem / (np.array([r.prof.memory_gb for r in rows]) * GIB)
+
+
+def published_memory_terms(rows: list[Row]) -> dict:
+    """Per row the memory model's terms (gptplan.memory.memory_terms) with the GPU-side terms
+    (every published run ran on GPUs; gptplan.memory.device_memory_args)."""
+    from gptplan.memory import device_memory_args, layout_memory_bytes
 
     cols = _columns(rows)
-    effs = [r.prof.efficiency for r in rows]
-    mem = layout_memory_bytes(
-        cols["shape"],
-        cols["g"],
-        overhead_gb=np.array([e.memory_overhead_gb for e in effs]),
-        fragmentation=np.array([e.fragmentation for e in effs]),
-        communicator_gb=NCCL_GB_PER_COMMUNICATOR,  # every published run ran on GPUs
-    )
-    return mem / (np.array([r.prof.memory_gb for r in rows]) * GIB)
+    args = device_memory_args("gpu", 0.0, 1.0)
+    return layout_memory_bytes(cols["shape"], cols["g"], terms=True, **args)
 
 
 @dataclass(frozen=True)

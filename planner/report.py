@@ -185,13 +185,14 @@ def candidate_record(
             else None
         ),
     }
-    from planner.search import memory_share
+    from planner.search import deciding_term, memory_share
 
-    share, lo, hi = memory_share(r["memory_gb"], r["offer_choice"].profile)
+    share, lo, hi = memory_share(r, r["offer_choice"].profile)
     out |= {
         "modelled_memory_share_of_card": share,
-        "modelled_memory_share_of_card_p10": lo,
-        "modelled_memory_share_of_card_p90": hi,
+        "modelled_memory_share_of_card_low": lo,
+        "modelled_memory_share_of_card_high": hi,
+        "memory_band_widest_term": deciding_term(r),
     }
     from planner.costreport import price_record
 
@@ -610,16 +611,18 @@ def memory_line(result) -> str:
     """Memory per device as a share of the card, with its interval and the feasibility verdict
     (planner.search.choose_fitting): a "may fit" choice names the surely-fitting alternative
     and its cost."""
-    from gptplan.memory import MAY_FIT_SAVING, MEMORY_RATIO_P10, MEMORY_RATIO_P90
-    from planner.search import memory_share
+    from gptplan.memory import MAY_FIT_SAVING
+    from planner.search import deciding_term, memory_share
 
     table, i, cur = result.table, int(result.chosen), result.currency
     prof = table.offers[int(table["offer"][i])].profile
-    share, lo, hi = memory_share(float(table["memory_gb"][i]), prof)
+    row = {k: table[k][i] for k in ("memory_gb", "memory_low_gb", "memory_high_gb")}
+    row["memory_decider"] = table["memory_decider"][i]
+    share, lo, hi = memory_share(row, prof)
     head = (
         f"        memory {share:.0%} of the {prof.memory_gb:g} GiB card per device (modelled; "
-        f"80% interval {lo:.0%}-{hi:.0%}, band x{MEMORY_RATIO_P10:g}-x{MEMORY_RATIO_P90:g} "
-        "measured, bench/README.md)"
+        f"band {lo:.0%}-{hi:.0%} from each term's worst credible error, widest: "
+        f"{deciding_term(row)}; docs/memory.md)"
     )
     if not bool(table["may_fit"][i]):
         return head + ": fits"

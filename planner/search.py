@@ -27,10 +27,11 @@ from gptplan import precision as precision_table
 from gptplan.memory import (
     GIB,
     MAY_FIT_SAVING,
-    MEMORY_RATIO_P10,
     MEMORY_RATIO_P90,
-    NCCL_GB_PER_COMMUNICATOR,
+    TERMS,
+    device_memory_args,
     layout_memory_bytes,
+    memory_band,
     memory_fit,
 )
 from gptplan.money import checkpoint_bytes
@@ -225,12 +226,13 @@ class CandidateTable:
         lo, hi = ratios[..., 0], ratios[..., 1]
         offer, prec = self["offer"][idx], self["precision_code"][idx]
         p10, p90 = coverage.widen(lo[offer, prec], hi[offer, prec], *self.outside_count(idx))
-        # the physical cap (planner.coverage.mfu_cap): the p90 (and so the p10) never above
-        # the best MFU a fitted published run of the generation attained
+        # the physical cap (planner.coverage.mfu_cap): the interval's top never above the
+        # best 16-bit MFU published for the generation; the point estimate (the model's
+        # median) is never clamped, so a point at or past the cap makes the top the point
         caps = np.array([getattr(coverage.mfu_cap(c.profile), "mfu", np.inf) for c in self.offers])
         ceiling = caps[offer] / np.maximum(self["mfu"][idx], 1e-12)
         capped = p90 > ceiling
-        p90 = np.minimum(p90, ceiling)
+        p90 = np.maximum(np.minimum(p90, ceiling), 1.0)
         p10 = np.minimum(p10, p90)
         out = cm.interval_from_throughput(
             tokens_per_s=self["tokens_per_s"][idx],
@@ -726,13 +728,8 @@ def partial_recompute_rows(m, prof: Profile, g: dict, headroom: float, pinned) -
     if not len(idx):
         return g
     shape = cm.ModelShape.from_section(m)
-    eff = prof.efficiency
     sub = {key: v[idx] for key, v in g.items()}
-    args = dict(
-        overhead_gb=eff.memory_overhead_gb,
-        fragmentation=eff.fragmentation,
-        communicator_gb=communicator_gb(prof),
-    )
+    args = memory_args(prof)
     every = layout_memory_bytes(shape, sub, **args)
     plain = layout_memory_bytes(shape, {**sub, "recompute_code": np.zeros(len(idx), int)}, **args)
     S = stage_layers[idx]
@@ -764,10 +761,11 @@ def evaluate_layouts(
     runner use too. `efficiency` overrides the profile's fitted constants per precision;
     `overlap` the share of gradient sync hidden behind compute.
 
-    Memory (gptplan.memory.memory_fit): a row whose modelled peak times the band's top
-    (MEMORY_RATIO_P90, measured) is within the usable limit (memory_gb x memory_headroom)
-    surely fits; past it but within the card's physical memory it is kept as `may_fit`
-    (chosen only past MAY_FIT_SAVING, `decide`); past the card it is cut.
+    Memory (gptplan.memory.memory_band / memory_fit): a row whose band's high end (each
+    term at its worst credible error) is within the usable limit (memory_gb x
+    memory_headroom) surely fits; past it but with its optimistic end within the card's
+    physical memory it is kept as `may_fit` (chosen only past MAY_FIT_SAVING, `decide`);
+    only where even the optimistic end exceeds the card is it cut.
     """
     shape = cm.ModelShape.from_section(m)
     gpn = offer.gpus_per_node
@@ -785,8 +783,7 @@ def evaluate_layouts(
         )[g["precision_code"]]
 
     g.setdefault("rc_layers", np.zeros(len(g["tp"]), dtype=int))
-    mem = layout_memory_bytes(shape, g, **memory_args(prof))
-    sure, may_fit = memory_fit(mem, prof.memory_gb * GIB, memory_headroom)
+    fit = _memory_columns(shape, g, prof, memory_headroom)
 
     peak = precision_table.TABLE.column(lambda r: prof.peak_for(r.name))[g["precision_code"]] * 1e12
     dev = _device(prof, offer, peak)
@@ -801,30 +798,43 @@ def evaluate_layouts(
     )
     parts = step_time_parts(shape, g, dev, rates)
     speed = _speed(m, prof, g["seq"], parts["step_time_s"], tokens_per_step, world, peak)
-    fit = {"memory_gb": mem / cm.GB, "fits": sure | may_fit, "may_fit": may_fit}
     return _layout_columns(m, g, gpn, tokens_per_step, fit, parts, speed)
 
 
+def _memory_columns(shape, g: dict, prof: Profile, memory_headroom: float) -> dict:
+    """Modelled memory per row (GB) with its band (gptplan.memory.memory_band), the widest
+    term and the verdict (memory_fit); `memory_point_fits`: the point itself within the
+    usable memory (a "may fit" row past it is never chosen while another fits)."""
+    terms = layout_memory_bytes(shape, g, terms=True, **memory_args(prof))
+    low, mem, high, decider = memory_band(terms)
+    usable = prof.memory_gb * GIB * memory_headroom
+    sure, may_fit = memory_fit(low, high, prof.memory_gb * GIB, memory_headroom)
+    return {
+        "memory_gb": mem / cm.GB,
+        "fits": sure | may_fit,
+        "may_fit": may_fit,
+        "memory_low_gb": low / cm.GB,
+        "memory_high_gb": high / cm.GB,
+        "memory_decider": decider,
+        "memory_point_fits": mem <= usable,
+    }
+
+
 def _speed(m, prof: Profile, seq, step_time, tokens_per_step, world, peak) -> dict:
-    """Step time within the physical cap (planner.coverage.mfu_cap: never faster than the best
-    MFU any fitted published run of this generation attained), tokens/s and MFU per row."""
+    """Step time, tokens/s and MFU per row: the model's median, never clamped (only the
+    interval's top is held to planner.coverage.mfu_cap, `CandidateTable.intervals`)."""
     f_model = cm.model_flops_per_token(m, seq)
-    cap = coverage.mfu_cap(prof)
-    if cap is not None:
-        step_time = np.maximum(step_time, tokens_per_step * f_model / (cap.mfu * world * peak))
     tokens_per_s = tokens_per_step / step_time
     mfu = f_model * tokens_per_s / (world * peak)
     return {"step_time_s": step_time, "tokens_per_s": tokens_per_s, "mfu": mfu}
 
 
 def memory_args(prof: Profile) -> dict:
-    """The profile's terms of gptplan.memory.layout_memory_bytes beyond the layout."""
+    """The profile's terms of gptplan.memory.layout_memory_bytes beyond the layout: the cited
+    GPU-side terms on a GPU, the profile's measured ones elsewhere
+    (gptplan.memory.device_memory_args)."""
     eff = prof.efficiency
-    return dict(
-        overhead_gb=eff.memory_overhead_gb,
-        fragmentation=eff.fragmentation,
-        communicator_gb=communicator_gb(prof),
-    )
+    return device_memory_args(prof.device, eff.memory_overhead_gb, eff.fragmentation)
 
 
 def _device(prof: Profile, offer: Offer, peak: np.ndarray) -> Device:
@@ -851,6 +861,8 @@ def _layout_columns(
     out |= {k: g[k] for k in layout.split()[1:] + ["recompute_code", "sp", "flash"]}
     out |= {"tokens_per_step": tokens_per_step, "memory_gb": fit["memory_gb"]}
     out |= {"rc_layers": g["rc_layers"], "fits": fit["fits"], "may_fit": fit["may_fit"]}
+    keys = ("memory_low_gb", "memory_high_gb", "memory_decider", "memory_point_fits")
+    out |= {k: fit[k] for k in keys}
     out |= {"efficiency": parts["efficiency"], "hidden_per_tp": m.hidden_size / g["tp"]}
     out["step_time_s"] = speed["step_time_s"]
     out |= {k: parts[k] for k in ("compute_s", "comm_s", "dp_sync_s", "tp_s", "pp_s", "opt_s")}
@@ -876,12 +888,6 @@ def _hours(rows: dict, checkpoint_hours, spot_rate: float, sp) -> tuple:
         nodes=rows["nodes"], rate_per_node_hour=spot_rate, running_hours=running
     )
     return running + sp.startup_minutes / 60, interval, useful, preemptions
-
-
-def communicator_gb(prof: Profile) -> float:
-    """GB per NCCL communicator on this profile's devices (gptplan.memory); 0 on CPU, where
-    gloo's buffers are inside the measured process overhead."""
-    return 0.0 if prof.device == "cpu" else NCCL_GB_PER_COMMUNICATOR
 
 
 def memory_breakdown(m, prof: Profile, row: dict, gpus_per_node: int) -> dict:
@@ -974,21 +980,30 @@ def _memory_alternatives(m, row: dict, gpus_per_node: int) -> list[tuple[str, di
     return alts
 
 
-def memory_share(memory_gb: float, prof: Profile) -> tuple[float, float, float]:
-    """Modelled peak per device as a share of the card's physical memory, with the band's
-    80% interval (MEMORY_RATIO_P10..P90, measured): (point, low, high)."""
-    share = memory_gb * 1e9 / (prof.memory_gb * GIB) if prof.memory_gb else float("nan")
-    return share, share * MEMORY_RATIO_P10, share * MEMORY_RATIO_P90
+def memory_share(row, prof: Profile) -> tuple[float, float, float]:
+    """A layout row's modelled peak per device as a share of the card's physical memory,
+    with its band (gptplan.memory.memory_band: each term's worst credible error):
+    (point, low, high)."""
+    card = prof.memory_gb * GIB if prof.memory_gb else float("nan")
+    return tuple(float(row[k]) * 1e9 / card for k in MEMORY_GB_KEYS)  # type: ignore[return-value]
 
 
-def may_fit_note(memory_gb: float, prof: Profile, memory_headroom: float) -> str:
+MEMORY_GB_KEYS = ("memory_gb", "memory_low_gb", "memory_high_gb")
+
+
+def deciding_term(row) -> str:
+    """The memory term whose error moves the band's top the most (gptplan.memory.TERMS)."""
+    return TERMS[int(row["memory_decider"])].replace("_", " ")
+
+
+def may_fit_note(row, prof: Profile, memory_headroom: float) -> str:
     """The flag a user sees on a row kept inside the memory model's band."""
-    share, lo, hi = memory_share(memory_gb, prof)
+    share, lo, hi = memory_share(row, prof)
     return (
-        f"may fit (modelled {memory_gb * cm.GB / 2**30:.1f} GiB = {share:.0%} of the "
-        f"{prof.memory_gb:g} GiB card, 80% interval {lo:.0%}-{hi:.0%} (x{MEMORY_RATIO_P10:g}"
-        f"-x{MEMORY_RATIO_P90:g}, measured); usable {memory_headroom:.0%}): probe it before a "
-        "long run"
+        f"may fit (modelled {float(row['memory_gb']) * cm.GB / 2**30:.1f} GiB = {share:.0%} "
+        f"of the {prof.memory_gb:g} GiB card, band {lo:.0%}-{hi:.0%} from each term's worst "
+        f"credible error, decided by the {deciding_term(row)} term; usable "
+        f"{memory_headroom:.0%}): probe it before a long run"
     )
 
 
@@ -1388,13 +1403,15 @@ def _nothing_fits(base: Decision) -> Decision:
     smallest = int(np.argmin(table["memory_gb"]))
     prof = table.offers[int(table["offer"][smallest])].profile
     need = float(table["memory_gb"][smallest])
+    low = float(table["memory_low_gb"][smallest])
     return dataclasses.replace(
         base,
         problems=[
             f"nothing fits in device memory: the smallest configuration needs "
-            f"{need:.1f} GB per device (modelled; {need * 1e9 / GIB:.1f} GiB, x"
-            f"{MEMORY_RATIO_P90:g} at the band's top, measured, against the "
-            f"{prof.memory_gb:g} GiB card); planner estimate --memory shows its terms"
+            f"{need:.1f} GB per device (modelled; {need * 1e9 / GIB:.1f} GiB; even the "
+            f"band's optimistic end, {low * 1e9 / GIB:.1f} GiB, exceeds the "
+            f"{prof.memory_gb:g} GiB card; the {deciding_term(table.row(smallest))} term "
+            "decides the band's width); planner estimate --memory shows its terms"
         ],
         smallest_memory_row=smallest,
     )
@@ -1404,14 +1421,27 @@ def choose_fitting(table: CandidateTable, feasible: np.ndarray, cheapest: int):
     """The feasibility rule: (chosen row, surely-fitting alternative or None). The cheapest
     feasible row is chosen when it surely fits; a "may fit" row only when it costs more than
     MAY_FIT_SAVING less than the cheapest feasible row that surely fits (then that row is the
-    alternative the chosen line prints), or when no row surely fits."""
+    alternative the chosen line prints), or when no row surely fits. A "may fit" row whose
+    modelled point itself is past the usable memory is chosen only when nothing else fits."""
     if not bool(table["may_fit"][cheapest]):
         return cheapest, None
+    point_fits = table["memory_point_fits"].astype(bool)
     best_sure = first_ranked(table, feasible & ~table["may_fit"].astype(bool))
     if best_sure is None:
-        return cheapest, None
-    if table["cost"][cheapest] < (1.0 - MAY_FIT_SAVING) * table["cost"][best_sure]:
+        if point_fits[cheapest]:
+            return cheapest, None
+        best_point = first_ranked(table, feasible & point_fits)
+        return (cheapest if best_point is None else best_point), None
+    if point_fits[cheapest] and (
+        table["cost"][cheapest] < (1.0 - MAY_FIT_SAVING) * table["cost"][best_sure]
+    ):
         return cheapest, best_sure
+    if not point_fits[cheapest]:
+        best_point = first_ranked(table, feasible & point_fits & table["may_fit"].astype(bool))
+        if best_point is not None and (
+            table["cost"][best_point] < (1.0 - MAY_FIT_SAVING) * table["cost"][best_sure]
+        ):
+            return best_point, best_sure
     return best_sure, None
 
 
