@@ -1,8 +1,11 @@
 """The plan TOML (schema 1): the only contract between planner and runner.
 
 One dataclass per TOML table; every field is defaulted and documented where it is declared.
-Names follow PaddleNLP 2.8.1's TrainingArguments (llm/run_pretrain.py) wherever one exists, so a
-plan maps 1:1 onto `run_pretrain.py` arguments. `load_plan` is strict (unknown keys, types,
+Names follow PaddleNLP 2.8.1's TrainingArguments (llm/run_pretrain.py) wherever one exists; the
+few that differ (seq_len, precision, recompute, recompute_layers, sharding, the checkpoint
+interval and count) are mapped in one place, gptplan.paddlenlp_args, which writes a plan as
+`run_pretrain.py` arguments (`planner paddlenlp-args`; tests/test_paddlenlp_args.py parses them
+back with PaddleNLP's own parser). `load_plan` is strict (unknown keys, types,
 choices, ranges, cross-field rules); `write_plan` is atomic. This module imports nothing from
 the rest of the project except the error types and the TOML helpers.
 """
