@@ -30,10 +30,17 @@ from gptplan import precision
 from gptplan.errors import HardwareError
 from gptplan.memory import GB, ModelShape, memory_per_device_bytes
 from gptplan.modelfacts import training_flops_per_token
-from gptplan.plan import SHARDING_STAGES, Device, EstimateSection, Plan, Precision
+from gptplan.plan import (
+    REHEARSAL_PROFILE,
+    SHARDING_STAGES,
+    Device,
+    EstimateSection,
+    Plan,
+    Precision,
+    validate,
+)
 from gptplan.profile import DeviceProfile, ProfileError, read_performance
 from gptplan.steptime import RECOMPUTE_CODES, data_parallel_step_time_s
-from runner.launch import local_precisions
 from runner.parallel import local_device_count
 from runner.supervise import machine_memory_bytes, machine_share_bytes
 
@@ -153,6 +160,9 @@ def fit_memory(
     if ft == t:
         return plan, {}
     accumulation = math.ceil(tokens_per_rank / (ft.per_device_train_batch_size * ft.seq_len))
+    pp = plan.parallel.pipeline_parallel_degree
+    if plan.parallel.virtual_pp_degree > 1:  # the interleaved schedule: a multiple of pp
+        accumulation = -(-accumulation // pp) * pp
     fitted = _with_training(fitted, gradient_accumulation_steps=accumulation)
     why = (
         f"memory: modelled {modelled_memory_bytes(plan, perf) / GB:.1f} GB per rank > "
@@ -175,15 +185,18 @@ def fit_time(
     """Lower accumulation, then micro-batch, until a step is modelled at <= STEP_TARGET_S."""
     before = data_parallel_step_time_s(plan, perf)
     fitted = plan
+    p = plan.parallel
+    floor = min_accumulation(p.pipeline_parallel_degree, p.virtual_pp_degree)
     while data_parallel_step_time_s(fitted, perf) > STEP_TARGET_S:
         ft = fitted.training
+        lower = max(floor, ft.gradient_accumulation_steps // 2)
+        if p.virtual_pp_degree > 1:
+            lower = -(-lower // p.pipeline_parallel_degree) * p.pipeline_parallel_degree
         if (
-            ft.gradient_accumulation_steps > 1
+            lower < ft.gradient_accumulation_steps
             and "training.gradient_accumulation_steps" not in pinned
         ):
-            fitted = _with_training(
-                fitted, gradient_accumulation_steps=max(1, ft.gradient_accumulation_steps // 2)
-            )
+            fitted = _with_training(fitted, gradient_accumulation_steps=lower)
         elif (
             ft.per_device_train_batch_size > 1
             and "training.per_device_train_batch_size" not in pinned
@@ -215,9 +228,6 @@ def rehearse(
     """Fit a localized plan (localize) to this machine; see the module doc."""
     perf = local_performance(plan)
     changes: list[str] = []
-    if plan.training.use_flash_attention and plan.hardware.device != "gpu":
-        changes.append("training.use_flash_attention: True -> False (needs a GPU)")
-        plan = _with_training(plan, use_flash_attention=False)
     if plan.parallel.virtual_pp_degree > 1 and plan.parallel.pipeline_parallel_degree == 1:
         changes.append(
             f"parallel.virtual_pp_degree: {plan.parallel.virtual_pp_degree} -> 1 (no pipeline here)"
@@ -261,6 +271,7 @@ def rehearse(
             f"global batch: {before.global_batch_size} x {before.training.seq_len}"
             f" -> {plan.global_batch_size} x {plan.training.seq_len} tokens per step"
         )
+    validate(plan, file="the rehearsal of the plan")  # the fitted layout still obeys every rule
     memory = modelled_memory_bytes(plan, perf)
     if perf is not None and math.isfinite(step_time):
         tokens_per_s = plan.tokens_per_step / step_time
@@ -324,58 +335,203 @@ def describe(r: Rehearsal) -> list[str]:
     return lines
 
 
-def localize(plan: Plan) -> tuple[Plan, list[str]]:
-    """The plan rehearsed on this machine: per-device settings kept, topology shrunk.
+def layout_kinds(p) -> list[str]:
+    """The layout kinds a [parallel] table uses (runner.rehearsal_device's names)."""
+    from runner import rehearsal_device as rd
 
-    Keeps seq_len, micro-batch, accumulation, precision where possible and the model; moves to
-    the local device type, one node, as many processes as fit, data parallel only. Price
-    becomes 0: a rehearsal on your own machine is not billed at the cloud price.
-    """
-    import paddle
+    kinds = []
+    if p.tensor_parallel_degree > 1:
+        kinds.append(rd.TENSOR)
+    if p.sequence_parallel:
+        kinds.append(rd.SEQUENCE)
+    if p.pipeline_parallel_degree > 1:
+        kinds.append(rd.PIPELINE)
+    if p.virtual_pp_degree > 1:
+        kinds.append(rd.INTERLEAVED)
+    if p.sharding:
+        kinds.append({"stage1": rd.STAGE1, "stage2": rd.STAGE2, "stage3": rd.STAGE3}[p.sharding])
+    if p.data_parallel_degree > 1:
+        kinds.append(rd.DATA)
+    return kinds
 
-    changes: list[str] = []
-    device: Device = (
-        "gpu" if paddle.is_compiled_with_cuda() and local_device_count("gpu") else "cpu"
-    )
-    nproc = min(plan.parallel.world_size, local_device_count(device))
-    if device == "cpu":
-        nproc = min(nproc, 2)
-    par = plan.parallel
-    # One node: tensor/pipeline layouts and sharding stages 2/3 need the planned devices; a
-    # plan's ZeRO-1 stays ZeRO-1 over the local processes (Paddle's DygraphShardingOptimizer
-    # through fleet.distributed_optimizer with sharding_degree runs on CPU with gloo), the
-    # rest is data parallel.
-    zero1 = par.sharding == "stage1" and nproc > 1
-    new_par = dataclasses.replace(
-        par,
+
+def _pipeline_width(layers: int, pp: int, vpp: int) -> tuple[int, int]:
+    """(local pp, layers): 2 stages, or with virtual stages 4 or 3 (Paddle's interleaved
+    schedule needs pp > 2) whose pp x vpp divides the layers; (4, fewer layers) if none does."""
+    if vpp == 1:
+        return min(pp, 2), layers
+    for width in (4, 3):
+        if width <= pp and layers % (width * vpp) == 0:
+            return width, layers
+    width = 4 if layers >= 4 * vpp else 3
+    return width, max(width * vpp, layers // (width * vpp) * width * vpp)
+
+
+def local_layout(plan: Plan, sup) -> tuple[Plan, list[str]]:
+    """The plan's own kinds of parallelism at a width `sup` (runner.rehearsal_device.Support)
+    holds: each degree > 1 becomes 2 (pipeline with virtual stages 4 or 3), what does not run
+    here or does not fit sup.max_ranks is dropped (data parallel first, then sharding, the
+    virtual stages, pipeline, sequence and tensor parallel last), and the model changes only
+    where a divisibility rule needs it. Pure: no Paddle, no machine state."""
+    from runner import rehearsal_device as rd
+
+    p, m, t = plan.parallel, plan.model, plan.training
+    notes: list[str] = []
+    where = f"the rehearsal device ({sup.device})" if sup.on_device else "plain CPU (gloo)"
+    missing = [k for k in layout_kinds(p) if k not in sup.kinds]
+    if missing:
+        why = f"; {sup.why_not}" if sup.why_not else ""
+        notes.append(
+            f"layout: {', '.join(missing)} cannot run on {where}{why}: those ranks "
+            "rehearse as data parallel"
+        )
+    runs = set(layout_kinds(p)) - set(missing)
+    # the smallest factor of the plan's tp: it divides every width the plan's tp divides
+    tp_plan = p.tensor_parallel_degree
+    tp = min(d for d in range(2, tp_plan + 1) if tp_plan % d == 0) if rd.TENSOR in runs else 1
+    sp = rd.SEQUENCE in runs and tp > 1
+    vpp = p.virtual_pp_degree if rd.INTERLEAVED in runs and rd.PIPELINE in runs else 1
+    layers = m.num_hidden_layers
+    if rd.PIPELINE in runs:
+        pp, layers = _pipeline_width(layers, p.pipeline_parallel_degree, vpp)
+    else:
+        pp, vpp = 1, 1
+    sharding = p.sharding if p.sharding and {rd.STAGE1, rd.STAGE2, rd.STAGE3} & runs else ""
+    shard = 2 if sharding else 1
+    # what does not run here becomes data parallel, like the plan's batch ranks
+    dp = 2 if (rd.DATA in runs or (missing and p.world_size > 1)) else 1
+
+    def ranks() -> int:
+        return tp * pp * shard * dp
+
+    dropped: list[str] = []
+    while ranks() > sup.max_ranks:
+        if dp > 1:
+            dp, what = 1, "data parallel"
+        elif shard > 1:
+            shard, sharding, what = 1, "", f"sharding {p.sharding}"
+        elif vpp > 1:
+            vpp, what = 1, "the virtual pipeline stages"
+            pp, layers = _pipeline_width(m.num_hidden_layers, p.pipeline_parallel_degree, 1)
+        elif pp > 1:
+            pp, layers, what = 1, m.num_hidden_layers, "pipeline parallel"
+        else:
+            tp, sp, what = 1, False, "tensor parallel"
+        dropped.append(what)
+    if dropped:
+        notes.append(
+            f"layout: {', '.join(dropped)} not rehearsed: with the rest it needs more than "
+            f"{sup.max_ranks} processes, the most this machine runs"
+        )
+    new_p = dataclasses.replace(
+        p,
         nnodes=1,
-        nproc_per_node=nproc,
+        nproc_per_node=ranks(),
         master="",
-        data_parallel_degree=1 if zero1 else nproc,
-        tensor_parallel_degree=1,
-        pipeline_parallel_degree=1,
-        sharding="stage1" if zero1 else "",
-        sharding_parallel_degree=nproc if zero1 else 1,
-        sequence_parallel=False,
+        data_parallel_degree=dp,
+        tensor_parallel_degree=tp,
+        pipeline_parallel_degree=pp,
+        virtual_pp_degree=vpp,
+        sharding=sharding,  # type: ignore[arg-type]
+        sharding_parallel_degree=shard,
+        sequence_parallel=sp,
+        recompute_layers=_recompute_layers(p, m.num_hidden_layers, layers, pp),
     )
+    new_m = dataclasses.replace(m, num_hidden_layers=layers)
+    new_t = t
+    # the pipeline's own rules: accumulation fills the stages (>= pp; interleaved: a multiple
+    # of pp, at least 2 x pp), sequence parallel splits micro x seq over tp
+    need = min_accumulation(pp, vpp)
+    if t.gradient_accumulation_steps < need or (vpp > 1 and t.gradient_accumulation_steps % pp):
+        acc = max(need, -(-t.gradient_accumulation_steps // pp) * pp if vpp > 1 else need)
+        new_t = dataclasses.replace(new_t, gradient_accumulation_steps=acc)
+    return dataclasses.replace(plan, parallel=new_p, model=new_m, training=new_t), notes
+
+
+def min_accumulation(pp: int, vpp: int) -> int:
+    """Micro-batches a step needs to fill a pipeline of pp stages (interleaved: 2 x pp)."""
+    return 2 * pp if vpp > 1 else pp
+
+
+def _recompute_layers(p, layers_before: int, layers: int, pp: int) -> int:
+    """Per-layer recompute kept in proportion: the same share of layers per stage, a multiple
+    of the local pp (0 stays 0: every layer)."""
+    if p.recompute_layers == 0 or p.recompute == "none":
+        return 0
+    per_stage = layers // pp
+    share = p.recompute_layers / layers_before
+    return max(1, min(per_stage, round(share * per_stage))) * pp
+
+
+def localize(plan: Plan, sup=None) -> tuple[Plan, list[str]]:
+    """The plan rehearsed on this machine: its own kinds of parallelism, shrunk.
+
+    Keeps seq_len, micro-batch, accumulation, precision where possible and the model; keeps
+    every layout kind that runs here (runner.rehearsal_device.support(): tensor, pipeline with
+    its virtual stages, sequence parallel, sharding stages, recompute on the rehearsal device;
+    data parallel and ZeRO-1 on plain CPU) at degree 2 (local_layout), one node. Price
+    becomes 0: a rehearsal on your own machine is not billed at the cloud price. Every change
+    is listed.
+    """
+    from runner import rehearsal_device
+
+    if sup is None:
+        sup = rehearsal_device.support()
+    changes: list[str] = []
+    device: Device = "cpu"
+    if sup is rehearsal_device.PLAIN_CPU or not sup.on_device:
+        import paddle
+
+        if paddle.is_compiled_with_cuda() and local_device_count("gpu"):
+            device = "gpu"
+    par, model = plan.parallel, plan.model
+    if device == "gpu":  # a GPU machine: every kind runs, as many ranks as it has GPUs
+        sup = dataclasses.replace(
+            sup, kinds=rehearsal_device.ALL_KINDS, max_ranks=local_device_count("gpu")
+        )
+    elif not sup.on_device:
+        sup = dataclasses.replace(sup, max_ranks=min(sup.max_ranks, local_device_count("cpu")))
+    shrunk, notes = local_layout(plan, sup)
+    new_par = shrunk.parallel
+    changes += notes
     for f in dataclasses.fields(par):
         old, new = getattr(par, f.name), getattr(new_par, f.name)
         if old != new:
             changes.append(f"parallel.{f.name}: {old!r} -> {new!r}")
-    t = plan.training
-    precisions = local_precisions() if device == "cpu" else plan.hardware.precisions
+    if shrunk.model.num_hidden_layers != model.num_hidden_layers:
+        changes.append(
+            f"model.num_hidden_layers: {model.num_hidden_layers} -> "
+            f"{shrunk.model.num_hidden_layers} (pipeline {new_par.pipeline_parallel_degree} x "
+            f"virtual {new_par.virtual_pp_degree} stages need whole layers each)"
+        )
+    t = shrunk.training
+    if t.gradient_accumulation_steps != plan.training.gradient_accumulation_steps:
+        changes.append(
+            f"training.gradient_accumulation_steps: {plan.training.gradient_accumulation_steps}"
+            f" -> {t.gradient_accumulation_steps} (fills the {new_par.pipeline_parallel_degree}"
+            "-stage pipeline)"
+        )
+    precisions = list(sup.precisions) if device == "cpu" else plan.hardware.precisions
     new_t = t
     if t.precision not in precisions:
         mixed = precision.row(t.precision).mixed
         fallback: Precision = "bf16" if "bf16" in precisions and mixed else "fp32"
         level = t.fp16_opt_level if precision.row(fallback).mixed else "O1"
         new_t = dataclasses.replace(t, precision=fallback, fp16_opt_level=level)
-        changes.append(f"training.precision: {t.precision!r} -> {fallback!r}")
+        why = (
+            "AMP does not run on the rehearsal device yet (no low-precision kernels)"
+            if sup.on_device
+            else "Paddle's AMP is a no-op on CPU"
+        )
+        changes.append(f"training.precision: {t.precision!r} -> {fallback!r} ({why})")
+    if new_t.use_flash_attention and (device != "gpu" or not precision.row(new_t.precision).mixed):
+        changes.append("training.use_flash_attention: True -> False (needs a GPU and fp16/bf16)")
+        new_t = dataclasses.replace(new_t, use_flash_attention=False)
     hw = plan.hardware
     new_hw = dataclasses.replace(
         hw,
         device=device,
-        profile=f"local-{device}",
+        profile=REHEARSAL_PROFILE if device == "cpu" and sup.on_device else f"local-{device}",
         offer="local",
         precisions=precisions,
         spot=False,
@@ -385,14 +541,20 @@ def localize(plan: Plan) -> tuple[Plan, list[str]]:
     for key in ("device", "profile", "price_per_node_hour"):
         if getattr(hw, key) != getattr(new_hw, key):
             changes.append(f"hardware.{key}: {getattr(hw, key)!r} -> {getattr(new_hw, key)!r}")
+    if device == "cpu":
+        changes.append(
+            f"runs on: the rehearsal device ({sup.device}), {new_par.world_size} process(es)"
+            if sup.on_device
+            else f"runs on: plain CPU (gloo), {new_par.world_size} process(es)"
+            + (f"; the rehearsal device is unavailable: {sup.why_not}" if sup.why_not else "")
+        )
     budget = dataclasses.replace(plan.budget, max_cost=0.0)
     if plan.budget.max_cost:
         changes.append("budget.max_cost: not enforced locally (price 0)")
     if plan.estimate.source != "none":
         changes.append("estimate: dropped (it describes the planned cluster, not this machine)")
     new_plan = dataclasses.replace(
-        plan,
-        parallel=new_par,
+        shrunk,
         training=new_t,
         hardware=new_hw,
         budget=budget,

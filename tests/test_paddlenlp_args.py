@@ -110,8 +110,8 @@ def parsed(tmp_path_factory):
         path.write_text(json.dumps(args))
         seen: dict = {}
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(paddle.distributed, "get_world_size", lambda: plan.parallel.world_size)
-            mp.setattr(fleet, "init", lambda **kw: seen.update(kw))
+            mp.setattr(paddle.distributed, "get_world_size", lambda w=plan.parallel.world_size: w)
+            mp.setattr(fleet, "init", lambda seen=seen, **kw: seen.update(kw))
             mp.setenv("PADDLE_RANK_IN_NODE", "0")  # rank 0 of the plan's world, as launched
             model, data, training = PdArgumentParser(
                 (ModelArguments, DataArguments, PreTrainingArguments)
