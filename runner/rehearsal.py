@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptplan import precision
+from gptplan import families, precision
 from gptplan.errors import HardwareError
 from gptplan.memory import GB, ModelShape, memory_per_device_bytes
 from gptplan.modelfacts import training_flops_per_token
@@ -133,6 +133,50 @@ def _with_training(plan: Plan, **fields) -> Plan:
     return dataclasses.replace(plan, training=dataclasses.replace(plan.training, **fields))
 
 
+def _changed(a, b) -> list[str]:
+    return [f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(b, f.name)]
+
+
+def smaller_model(plan: Plan) -> Plan | None:
+    """The model one step smaller, for a rehearsal that does not fit even at micro-batch 1:
+    half the layers while every pipeline stage (x virtual stages) keeps whole layers, then half
+    the width (hidden and FFN; the heads while tensor parallel still divides them). The
+    vocabulary is the tokenizer's and stays. None when nothing can shrink."""
+    m, p = plan.model, plan.parallel
+    stages = p.pipeline_parallel_degree * p.virtual_pp_degree
+    layers = m.num_hidden_layers // 2
+    if layers >= max(2, stages) and (p.virtual_pp_degree == 1 or layers % stages == 0):
+        return _with_parallel(plan, p, dataclasses.replace(m, num_hidden_layers=layers))
+    tp = p.tensor_parallel_degree
+    hidden, ffn = m.hidden_size // 2, m.intermediate_size // 2
+    heads = m.num_attention_heads
+    if (hidden // heads) < 16 and heads // 2 >= tp and (heads // 2) % tp == 0:
+        heads //= 2
+    kv = m.num_key_value_heads
+    if kv and (kv > heads or heads % kv):
+        kv = heads
+    smaller = dataclasses.replace(
+        m,
+        hidden_size=hidden,
+        intermediate_size=ffn,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+    )
+    if hidden < 64 or hidden % heads or ffn % tp or families.model_problem(smaller, tp)[1]:
+        return None
+    return _with_parallel(plan, p, smaller)
+
+
+def _with_parallel(plan: Plan, p, m) -> Plan:
+    """`plan` with model `m`; per-layer recompute kept in proportion to its layers."""
+    if p.recompute_layers and m.num_hidden_layers != plan.model.num_hidden_layers:
+        share = p.recompute_layers / plan.model.num_hidden_layers
+        per_stage = m.num_hidden_layers // p.pipeline_parallel_degree
+        kept = max(1, min(per_stage, round(share * per_stage))) * p.pipeline_parallel_degree
+        p = dataclasses.replace(p, recompute_layers=kept)
+    return dataclasses.replace(plan, model=m, parallel=p)
+
+
 def fit_memory(
     plan: Plan, perf: DeviceProfile | None, budget_bytes: float
 ) -> tuple[Plan, dict[str, str]]:
@@ -148,17 +192,29 @@ def fit_memory(
             )
         elif ft.seq_len > MIN_SEQ_LEN:
             fitted = _with_training(fitted, seq_len=max(MIN_SEQ_LEN, ft.seq_len // 2))
+        elif (smaller := smaller_model(fitted)) is not None:
+            fitted = smaller
         else:
             need = modelled_memory_bytes(fitted, perf)
+            m = fitted.model
             raise HardwareError(
-                f"even micro-batch 1 x seq_len {ft.seq_len} needs {need / GB:.2f} GB per rank "
-                f"(modelled), more than {budget_bytes / GB:.2f} GB ({HEADROOM:.0%} of this "
-                "machine's memory per rank); the model itself is too large to rehearse here",
+                f"even micro-batch 1 x seq_len {ft.seq_len} with {m.num_hidden_layers} layers "
+                f"of width {m.hidden_size} needs {need / GB:.2f} GB per rank (modelled), more "
+                f"than {budget_bytes / GB:.2f} GB ({HEADROOM:.0%} of this machine's memory per "
+                "rank); the model itself is too large to rehearse here (its vocabulary, "
+                f"{m.vocab_size}, is the tokenizer's and is kept)",
                 key="model",
             )
     ft = fitted.training
+    reasons: dict[str, str] = {}
+    if fitted.model != plan.model:
+        why = (
+            f"memory: modelled {modelled_memory_bytes(plan, perf) / GB:.1f} GB per rank > "
+            f"{budget_bytes / GB:.1f} GB even at micro-batch 1 x seq_len {ft.seq_len}"
+        )
+        reasons |= {f"model.{k}": why for k in _changed(plan.model, fitted.model)}
     if ft == t:
-        return plan, {}
+        return fitted, reasons
     accumulation = math.ceil(tokens_per_rank / (ft.per_device_train_batch_size * ft.seq_len))
     pp = plan.parallel.pipeline_parallel_degree
     if plan.parallel.virtual_pp_degree > 1:  # the interleaved schedule: a multiple of pp
@@ -168,7 +224,7 @@ def fit_memory(
         f"memory: modelled {modelled_memory_bytes(plan, perf) / GB:.1f} GB per rank > "
         f"{budget_bytes / GB:.1f} GB, {HEADROOM:.0%} of the rank's memory"
     )
-    reasons = {"per_device_train_batch_size": why}
+    reasons["per_device_train_batch_size"] = why
     if ft.seq_len != t.seq_len:
         reasons["seq_len"] = why + ", even at micro-batch 1"
     reasons["gradient_accumulation_steps"] = (
@@ -263,6 +319,14 @@ def rehearse(
         old, new = getattr(before.training, key), getattr(plan.training, key)
         if old != new:
             changes.append(f"training.{key}: {old} -> {new} ({reasons[key]})")
+    for key in _changed(before.model, plan.model):
+        old, new = getattr(before.model, key), getattr(plan.model, key)
+        changes.append(f"model.{key}: {old} -> {new} ({reasons[f'model.{key}']})")
+    if before.parallel.recompute_layers != plan.parallel.recompute_layers:
+        changes.append(
+            f"parallel.recompute_layers: {before.parallel.recompute_layers} -> "
+            f"{plan.parallel.recompute_layers} (the same share of the fewer layers)"
+        )
     if (
         before.global_batch_size != plan.global_batch_size
         or before.training.seq_len != plan.training.seq_len

@@ -216,3 +216,22 @@ def test_a_rehearsal_device_plan_needs_the_device():
                 rehearsal_device.launch_env(local)
     finally:
         rehearsal_device.support.cache_clear()
+
+
+def test_model_shrinks_only_when_micro_batch_and_seq_len_cannot_fit():
+    """Layers first (whole layers per pipeline stage), then width; every change listed, the
+    layout and the vocabulary (the tokenizer's) kept."""
+    from gptplan.memory import GB
+    from runner.rehearsal import HEADROOM, rehearse
+
+    local, _ = localize(PLANS["tp4xpp2"](), DEVICE)
+    roomy = rehearse(local, max_steps_given=True, limit_gb=64.0)
+    assert roomy.plan.model == local.model  # fits: the model is the plan's
+    tight = rehearse(local, max_steps_given=True, limit_gb=1.2)
+    m, p = tight.plan.model, tight.plan.parallel
+    assert m.num_hidden_layers < 12 and m.num_hidden_layers >= p.pipeline_parallel_degree
+    assert m.vocab_size == local.model.vocab_size
+    assert (p.tensor_parallel_degree, p.pipeline_parallel_degree) == (2, 2)
+    assert tight.memory_bytes <= HEADROOM * 1.2 * GB
+    assert any(c.startswith("model.num_hidden_layers: 12 -> ") for c in tight.changes)
+    validate(tight.plan)
