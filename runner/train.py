@@ -54,6 +54,9 @@ STOP_ORDER = (STOP_SIGNAL, "budget.max_cost", "budget.max_hours", STOP_DISK)  # 
 # ---- schedule --------------------------------------------------------------------------------
 
 
+REHEARSAL_LINE_EVERY_S = 5.0  # a rehearsal's step line at least this often (logging_steps aside)
+
+
 def learning_rate_at(step: int, t: TrainingSection) -> float:
     """Linear warm-up, then cosine/linear decay to min_learning_rate; a function of step only,
     so a resumed run needs no scheduler state."""
@@ -583,6 +586,7 @@ class Attempt:
     ignore_divergence: bool = False
     data: dict = dataclasses.field(default_factory=dict)  # runner.datacache.data_identity
     divergence: dict | None = None  # why the guard stopped the run
+    last_line_at: float = dataclasses.field(default_factory=time.monotonic)  # rank 0's last line
 
     @property
     def is_main(self) -> bool:
@@ -748,10 +752,23 @@ def run_step(run: Attempt, step: int) -> float:
             cost=f"{record.cost:.4f}",
             refresh=False,
         )
-    if done % plan.training.logging_steps == 0 or done == plan.training.max_steps:
+    due = done % plan.training.logging_steps == 0 or done == plan.training.max_steps
+    if due:
         run.writer.write(record)
+    if step_line_due(plan, done, time.monotonic() - run.last_line_at):
         (run.progress.write if run.progress is not None else say)(log_line(plan, record))
+        run.last_line_at = time.monotonic()
     return loss
+
+
+def step_line_due(plan: Plan, done: int, quiet_s: float) -> bool:
+    """Whether rank 0 prints the line of step `done` (1-based): every logging_steps and the
+    last step; in a rehearsal (hardware.offer 'local', whose steps are slow here) also when
+    no line came for REHEARSAL_LINE_EVERY_S, whatever the plan's logging_steps."""
+    t = plan.training
+    if done % t.logging_steps == 0 or done == t.max_steps:
+        return True
+    return plan.hardware.offer == "local" and quiet_s >= REHEARSAL_LINE_EVERY_S
 
 
 def save_checkpoint(run: Attempt, step: int, loss: float) -> None:

@@ -235,3 +235,20 @@ def test_model_shrinks_only_when_micro_batch_and_seq_len_cannot_fit():
     assert tight.memory_bytes <= HEADROOM * 1.2 * GB
     assert any(c.startswith("model.num_hidden_layers: 12 -> ") for c in tight.changes)
     validate(tight.plan)
+
+
+def test_rehearsal_prints_a_step_line_every_few_seconds_whatever_logging_steps():
+    """Issue 38: `--local --max-steps 30` with logging_steps 100 printed nothing for 10 min."""
+    from runner.train import REHEARSAL_LINE_EVERY_S, step_line_due
+
+    local, _ = localize(PLANS["bank_faq"](), DEVICE)
+    local = dataclasses.replace(
+        local, training=dataclasses.replace(local.training, logging_steps=100, max_steps=30)
+    )
+    assert step_line_due(local, 3, REHEARSAL_LINE_EVERY_S + 0.1)
+    assert not step_line_due(local, 3, 0.5)
+    assert step_line_due(local, 30, 0.0)  # the last step, always
+    planned = PLANS["bank_faq"]()  # on its cluster: logging_steps decides
+    assert not step_line_due(planned, 3, 600.0)
+    assert step_line_due(planned, planned.training.logging_steps, 0.0)
+    assert REHEARSAL_LINE_EVERY_S <= 10
