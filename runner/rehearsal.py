@@ -28,7 +28,7 @@ from pathlib import Path
 
 from gptplan import families, precision
 from gptplan.errors import HardwareError
-from gptplan.memory import GB, ModelShape, memory_per_device_bytes
+from gptplan.memory import GB, ModelShape, memory_per_device_bytes, memory_terms
 from gptplan.modelfacts import training_flops_per_token
 from gptplan.plan import (
     REHEARSAL_PROFILE,
@@ -85,31 +85,60 @@ def local_performance(plan: Plan) -> DeviceProfile | None:
         return None  # no profile of that name here: the rehearsal is not modelled
 
 
-def modelled_memory_bytes(plan: Plan, perf: DeviceProfile | None) -> float:
-    """Peak bytes per rank of `plan`, from gptplan.memory's formulas."""
+def _memory_args(plan: Plan, perf: DeviceProfile | None) -> dict:
+    """gptplan.memory's arguments for `plan` on `perf` (one place for both callers below)."""
     t, p = plan.training, plan.parallel
     eff = perf.efficiency_for(t.precision) if perf else None
-    return float(
-        memory_per_device_bytes(
-            ModelShape.from_section(plan.model),
-            seq_len=t.seq_len,
-            micro_batch=t.per_device_train_batch_size,
-            accumulation=t.gradient_accumulation_steps,
-            tp=p.tensor_parallel_degree,
-            pp=p.pipeline_parallel_degree,
-            stage_code=STAGE_CODES[p.sharding],
-            shard_degree=p.sharding_parallel_degree,
-            recompute_code=RECOMPUTE_CODES[p.recompute],
-            seq_parallel=p.sequence_parallel,
-            precision_code=precision.code(t.precision),
-            overhead_gb=eff.memory_overhead_gb if eff else 0.0,
-            fragmentation=eff.fragmentation if eff else 1.0,
-            flash_attention=t.use_flash_attention,
-            virtual_pp=p.virtual_pp_degree,
-            recompute_layers=p.recompute_layers // p.pipeline_parallel_degree,
-            dp=p.data_parallel_degree,
-        )
+    return dict(
+        seq_len=t.seq_len,
+        micro_batch=t.per_device_train_batch_size,
+        accumulation=t.gradient_accumulation_steps,
+        tp=p.tensor_parallel_degree,
+        pp=p.pipeline_parallel_degree,
+        stage_code=STAGE_CODES[p.sharding],
+        shard_degree=p.sharding_parallel_degree,
+        recompute_code=RECOMPUTE_CODES[p.recompute],
+        seq_parallel=p.sequence_parallel,
+        precision_code=precision.code(t.precision),
+        overhead_gb=eff.memory_overhead_gb if eff else 0.0,
+        fragmentation=eff.fragmentation if eff else 1.0,
+        flash_attention=t.use_flash_attention,
+        virtual_pp=p.virtual_pp_degree,
+        recompute_layers=p.recompute_layers // p.pipeline_parallel_degree,
+        dp=p.data_parallel_degree,
     )
+
+
+def modelled_memory_bytes(plan: Plan, perf: DeviceProfile | None) -> float:
+    """Peak bytes per rank of `plan`, from gptplan.memory's formulas."""
+    shape = ModelShape.from_section(plan.model)
+    return float(memory_per_device_bytes(shape, **_memory_args(plan, perf)))
+
+
+# Terms of gptplan.memory that are not in the device allocator (the process itself, the
+# communicators' own buffers)
+NOT_ALLOCATOR_TERMS = ("runtime", "communicators")
+
+
+def modelled_allocator_gb(plan: Plan) -> dict[str, float]:
+    """What the memory model says the allocator holds per rank at the phases a run records
+    (runner.metrics.ALLOCATOR_PHASES), in GB (modelled): after the model build its weights;
+    after the first optimizer step also the gradients and optimizer states; a step's peak
+    every term but the process runtime and the communicators."""
+    terms = {
+        k: float(v)
+        for k, v in memory_terms(
+            ModelShape.from_section(plan.model), **_memory_args(plan, local_performance(plan))
+        ).items()
+    }
+    states = terms["weights"] + terms["gradients"] + terms["optimizer"]
+    peak = sum(v for k, v in terms.items() if k not in NOT_ALLOCATOR_TERMS)
+    return {
+        "after_model_build_gb": terms["weights"] / GB,
+        "after_first_step_gb": states / GB,
+        "step_peak_gb": peak / GB,
+        "total_with_runtime_gb": sum(terms.values()) / GB,
+    }
 
 
 def rank_memory_limit_bytes(plan: Plan, *, limit_gb: float | None = None) -> int:

@@ -300,23 +300,26 @@ def barrier(rank: RankInfo) -> None:
         dist.barrier()
 
 
-def gather_peak_memory(plan: Plan, rank: RankInfo) -> list[dict] | None:
-    """Every rank's measured peak memory on GPU (runner.metrics.device_peaks_gb), gathered to
-    all ranks in rank order: [{rank, allocated_gb, reserved_gb}]; None off GPU."""
-    from runner.metrics import device_peaks_gb, per_rank_peaks
+def gather_peak_memory(plan: Plan, rank: RankInfo, phases=None) -> list[dict] | None:
+    """Every rank's allocator figures (runner.metrics.AllocatorPhases: the whole attempt's
+    peak, and per phase where `phases` recorded them), gathered to all ranks in rank order:
+    [{rank, allocated_gb, reserved_gb, <phase>_allocated_gb, ...}]; None where Paddle keeps
+    no allocator statistics (plain CPU)."""
+    from runner.metrics import AllocatorPhases, AllocatorProbe, per_rank_peaks
 
-    mine = device_peaks_gb(plan.hardware.device)
-    if mine is None:
+    if phases is None:
+        phases = AllocatorPhases(AllocatorProbe.for_plan(plan))
+    if not phases.available:
         return None
+    mine = phases.vector_gb()
     if rank.world == 1:
         return per_rank_peaks([mine])
     import paddle
     import paddle.distributed as dist
 
     parts: list = []
-    dist.all_gather(parts, paddle.to_tensor(list(mine), dtype="float64"))
-    pairs = [t.numpy() for t in parts]  # (allocated, reserved) of each rank
-    return per_rank_peaks([(float(a), float(b)) for a, b in pairs])
+    dist.all_gather(parts, paddle.to_tensor(mine, dtype="float64"))
+    return per_rank_peaks([[float(x) for x in t.numpy()] for t in parts])
 
 
 def agree_on_stop(flags: list[int], rank: RankInfo) -> list[int]:
@@ -587,6 +590,7 @@ class Attempt:
     data: dict = dataclasses.field(default_factory=dict)  # runner.datacache.data_identity
     divergence: dict | None = None  # why the guard stopped the run
     last_line_at: float = dataclasses.field(default_factory=time.monotonic)  # rank 0's last line
+    allocator: Any = None  # runner.metrics.AllocatorPhases: this rank's allocator figures
 
     @property
     def is_main(self) -> bool:
@@ -673,6 +677,10 @@ def start_attempt(plan: Plan, data_dir: Path, run_dir: Path) -> Attempt:
             state["padded_tokens"],
         )
     distribute(trainer)
+    from runner.metrics import AllocatorPhases, AllocatorProbe
+
+    allocator = AllocatorPhases(AllocatorProbe.for_plan(plan))
+    allocator.after_build()  # the model (and restored state) as the allocator holds it
     meter = RunMeter(
         plan,
         attempt_start=attempt_start,
@@ -697,6 +705,7 @@ def start_attempt(plan: Plan, data_dir: Path, run_dir: Path) -> Attempt:
         latest,
         guard=DivergenceGuard.from_state(state),
         data=data_identity(data_dir),
+        allocator=allocator,
     )
     run.beat = ProgressFile(rank.rank)
     if rank.is_main:
@@ -729,6 +738,8 @@ def run_step(run: Attempt, step: int) -> float:
         run.billing.note(startup_s=time.time() - run.meter.attempt_start)
     loss = trainer.global_loss(trainer.train_step(step))  # float() synchronised the device
     step_time = time.perf_counter() - began
+    if run.allocator is not None:
+        run.allocator.after_step(first=step == run.start_step)
     if run.beat is not None:
         run.beat.update(step + 1, step_s=step_time)
     real, padded = trainer.batches.step_token_counts(step)
@@ -816,9 +827,16 @@ def finish(run: Attempt, step: int, stop: Stop, last_saved: int) -> dict:
         "measured": meter.summary(),
         "last_step": asdict(meter.records[-1]) if meter.records else None,
     }
-    peaks = gather_peak_memory(plan, rank)  # a collective: every rank calls it
+    if run.allocator is not None:
+        run.allocator.finish()
+    peaks = gather_peak_memory(plan, rank, run.allocator)  # a collective: every rank calls it
     if peaks is not None:
         result["measured"]["peak_memory_per_rank"] = peaks
+        result["measured"]["allocator_method"] = run.allocator.probe.method
+    else:
+        result["measured"]["allocator_unavailable"] = run.allocator.probe.why_not or (
+            f"no allocator statistics on {plan.hardware.device}"
+        )
     if rank.is_main:
         steady = meter.steady()
         if steady:
