@@ -420,6 +420,13 @@ def describe(r: Rehearsal) -> list[str]:
             f"step time here: {r.step_time_s:.3g} s modelled on the {r.profile!r} "
             f"profile ({uncertainty}); {t.max_steps} step(s) ~ "
             f"{t.max_steps * r.step_time_s / 60:.2g} min plus start-up"
+            + (
+                "; modelled as data parallel over the same processes (the local profile has "
+                "no tensor/pipeline terms)"
+                if r.plan.parallel.tensor_parallel_degree * r.plan.parallel.pipeline_parallel_degree
+                > 1
+                else ""
+            )
         )
     else:
         lines.append(
@@ -525,7 +532,7 @@ def local_layout(plan: Plan, sup) -> tuple[Plan, list[str]]:
         tensor_parallel_degree=tp,
         pipeline_parallel_degree=pp,
         virtual_pp_degree=vpp,
-        sharding=sharding,  # type: ignore[arg-type]
+        sharding=sharding,
         sharding_parallel_degree=shard,
         sequence_parallel=sp,
         recompute_layers=_recompute_layers(p, m.num_hidden_layers, layers, pp),
