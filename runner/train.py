@@ -35,7 +35,7 @@ from runner.billing import Billing
 from runner.console import say
 from runner.datacache import content_key, data_identity, open_prepared
 from runner.divergence import PATIENCE, STOP_DIVERGED, DivergenceGuard, ignoring
-from runner.metrics import MetricsWriter, RunMeter
+from runner.metrics import AllocatorPhases, AllocatorProbe, MetricsWriter, RunMeter
 from runner.model import build_model
 from runner.parallel import build_strategy, sharding_groups
 from runner.watchdog import ProgressFile
@@ -300,12 +300,14 @@ def barrier(rank: RankInfo) -> None:
         dist.barrier()
 
 
-def gather_peak_memory(plan: Plan, rank: RankInfo, phases=None) -> list[dict] | None:
+def gather_peak_memory(
+    plan: Plan, rank: RankInfo, phases: AllocatorPhases | None = None
+) -> list[dict] | None:
     """Every rank's allocator figures (runner.metrics.AllocatorPhases: the whole attempt's
     peak, and per phase where `phases` recorded them), gathered to all ranks in rank order:
     [{rank, allocated_gb, reserved_gb, <phase>_allocated_gb, ...}]; None where Paddle keeps
     no allocator statistics (plain CPU)."""
-    from runner.metrics import AllocatorPhases, AllocatorProbe, per_rank_peaks
+    from runner.metrics import per_rank_peaks
 
     if phases is None:
         phases = AllocatorPhases(AllocatorProbe.for_plan(plan))
@@ -590,7 +592,7 @@ class Attempt:
     data: dict = dataclasses.field(default_factory=dict)  # runner.datacache.data_identity
     divergence: dict | None = None  # why the guard stopped the run
     last_line_at: float = dataclasses.field(default_factory=time.monotonic)  # rank 0's last line
-    allocator: Any = None  # runner.metrics.AllocatorPhases: this rank's allocator figures
+    allocator: AllocatorPhases | None = None  # this rank's allocator figures
 
     @property
     def is_main(self) -> bool:
@@ -677,8 +679,6 @@ def start_attempt(plan: Plan, data_dir: Path, run_dir: Path) -> Attempt:
             state["padded_tokens"],
         )
     distribute(trainer)
-    from runner.metrics import AllocatorPhases, AllocatorProbe
-
     allocator = AllocatorPhases(AllocatorProbe.for_plan(plan))
     allocator.after_build()  # the model (and restored state) as the allocator holds it
     meter = RunMeter(
@@ -827,14 +827,14 @@ def finish(run: Attempt, step: int, stop: Stop, last_saved: int) -> dict:
         "measured": meter.summary(),
         "last_step": asdict(meter.records[-1]) if meter.records else None,
     }
-    if run.allocator is not None:
-        run.allocator.finish()
-    peaks = gather_peak_memory(plan, rank, run.allocator)  # a collective: every rank calls it
+    allocator = run.allocator or AllocatorPhases(AllocatorProbe.for_plan(plan))
+    allocator.finish()
+    peaks = gather_peak_memory(plan, rank, allocator)  # a collective: every rank calls it
     if peaks is not None:
         result["measured"]["peak_memory_per_rank"] = peaks
-        result["measured"]["allocator_method"] = run.allocator.probe.method
+        result["measured"]["allocator_method"] = allocator.probe.method
     else:
-        result["measured"]["allocator_unavailable"] = run.allocator.probe.why_not or (
+        result["measured"]["allocator_unavailable"] = allocator.probe.why_not or (
             f"no allocator statistics on {plan.hardware.device}"
         )
     if rank.is_main:
