@@ -1040,9 +1040,10 @@ def cmd_paddlenlp_args(args) -> int:
     for i, note in enumerate(notes):
         print(textwrap.fill(note, 120, subsequent_indent="  ", break_long_words=False))
         if i == 0:
+            master = " --master <NODE0_IP>:8090" if p.nnodes > 1 else ""
             print(
-                f"  python -m paddle.distributed.launch --nnodes {p.nnodes} --devices {devices} "
-                "llm/run_pretrain.py run_pretrain.json"
+                f"  python -m paddle.distributed.launch --nnodes {p.nnodes}{master} --devices "
+                f"{devices} llm/run_pretrain.py run_pretrain.json"
             )
     return 0
 
