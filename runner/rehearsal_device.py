@@ -18,6 +18,7 @@ pure: its tests pass a Support of their own.
 from __future__ import annotations
 
 import functools
+import importlib
 from dataclasses import dataclass, field
 
 from runner.launch import local_precisions
@@ -58,24 +59,38 @@ class Support:
 PLAIN_CPU = Support(device="", kinds=CPU_KINDS, precisions=tuple(local_precisions()), max_ranks=2)
 
 
+# runner.device's names for the layout kinds (its capabilities()['layout_kinds'])
+DEVICE_KIND_NAMES = {
+    "dp": DATA,
+    "tp": TENSOR,
+    "sp": SEQUENCE,
+    "pp": PIPELINE,
+    "vpp": INTERLEAVED,
+    "sharding_stage1": STAGE1,
+    "sharding_stage2": STAGE2,
+    "sharding_stage3": STAGE3,
+}
+
+
 @functools.lru_cache(maxsize=1)
 def support() -> Support:
-    """This machine's answer (runner.device when the plugin is built, else plain CPU)."""
+    """This machine's answer: runner.device.capabilities() (built, and loadable by Paddle in a
+    child process) when the plugin is there, else plain CPU with the reason."""
     try:
-        from runner import device  # type: ignore[attr-defined]
+        device = importlib.import_module("runner.device")
     except ImportError:
         return _plain("the rehearsal device's module (runner.device) is not in this install")
-    status = getattr(device, "rehearsal_status", None)
-    if status is None:
-        return _plain("runner.device has no rehearsal_status()")
-    st = status()
-    if not getattr(st, "available", False):
-        return _plain(getattr(st, "reason", "") or "the rehearsal device is not built")
+    caps = device.capabilities(check_load=True)
+    if not caps.get("available"):
+        return _plain(str(caps.get("reason") or "the rehearsal device is not built"))
     return Support(
-        device=str(st.device_type),
-        kinds=frozenset(getattr(st, "kinds", ALL_KINDS)),
-        precisions=tuple(getattr(st, "precisions", ("fp32",))),
-        env=dict(st.env),
+        device=str(caps["device_type"]),
+        kinds=frozenset(
+            DEVICE_KIND_NAMES[k] for k in caps["layout_kinds"] if k in DEVICE_KIND_NAMES
+        ),
+        precisions=tuple(caps["precisions"]),
+        max_ranks=min(MAX_RANKS, int(caps.get("max_processes", MAX_RANKS))),
+        env={str(k): str(v) for k, v in caps["env"].items()},
     )
 
 
