@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
-from gptplan import money, precision
+from gptplan import families, money, precision
 from gptplan.diskspace import free_bytes
 from gptplan.errors import UserError
 from gptplan.plan import Plan, TrainingSection, load_plan
@@ -510,6 +510,7 @@ def build_training_state(plan: Plan):
     import paddle
     from paddle.utils import unique_name
 
+    reference = reference_weights(plan)  # a rehearsal's tensor-parallel start (see there)
     paddle.seed(plan.job.seed)
     with unique_name.guard():  # stable parameter names -> optimizer state keys match on resume
         model = build_model(
@@ -520,6 +521,8 @@ def build_training_state(plan: Plan):
             precision=plan.training.precision,
         )
         optimizer = build_optimizer(plan, model)
+    if reference is not None:
+        model.set_state_dict(tensor_parallel_slice(plan, reference))
     scaler = build_scaler(plan)
     if precision.amp_level(plan.training.precision, plan.training.fp16_opt_level) == "O2":
         dtype = precision.paddle_dtype(plan.training.precision)
@@ -527,6 +530,61 @@ def build_training_state(plan: Plan):
             models=model, optimizers=optimizer, level="O2", dtype=dtype, master_weight=True
         )
     return model, optimizer, scaler
+
+
+def reference_weights(plan: Plan) -> dict | None:
+    """A rehearsal (hardware.offer 'local') with tensor parallel starts from the weights a
+    1-process run of the same seed starts from, each rank its slice: Paddle initialises each
+    tensor-parallel shard from its own random stream, so without this a rehearsal's losses
+    could not be compared with a 1-process reference. Returns that 1-process model's state
+    (built as the reference builds it), or None (no rehearsal, no tensor parallel, or a
+    pipeline, whose stages name their weights differently)."""
+    p = plan.parallel
+    if plan.hardware.offer != "local" or p.tensor_parallel_degree == 1:
+        return None
+    if p.pipeline_parallel_degree > 1:
+        return None
+    import paddle
+    from paddle.utils import unique_name
+
+    single = dataclasses.replace(
+        p,
+        tensor_parallel_degree=1,
+        sequence_parallel=False,
+        data_parallel_degree=1,
+        sharding="",
+        sharding_parallel_degree=1,
+        nproc_per_node=1,
+        nnodes=1,
+    )
+    paddle.seed(plan.job.seed)
+    with unique_name.guard():
+        full = build_model(
+            plan.model,
+            single,
+            seq_len=plan.training.seq_len,
+            use_flash_attention=plan.training.use_flash_attention,
+            precision=plan.training.precision,
+        )
+    return {k: v.numpy() for k, v in full.state_dict().items()}
+
+
+def tensor_parallel_slice(plan: Plan, state: dict) -> dict:
+    """This tensor-parallel rank's slice of a 1-process state dict, by the family's own
+    PaddleNLP split mappings (`_get_tensor_parallel_mappings(config, is_split=True)`)."""
+    from paddle.distributed import fleet
+
+    from runner.model import _import, build_config
+
+    spec = families.get(plan.model.family)
+    config = build_config(plan.model, plan.parallel, seq_len=plan.training.seq_len)
+    config.tensor_parallel_degree = plan.parallel.tensor_parallel_degree
+    config.tensor_parallel_rank = fleet.get_hybrid_communicate_group().get_model_parallel_rank()
+    cls = _import(spec.causal_lm_class)
+    actions = cls._get_tensor_parallel_mappings(config, is_split=True)
+    names = cls._resolve_prefix_keys(actions.keys(), state.keys(), ignore_error=True)
+    split = {full: actions[short] for short, full in names.items()}
+    return {k: (split[k](v) if k in split else v) for k, v in state.items()}
 
 
 def distribute(trainer: Trainer[B]) -> None:
