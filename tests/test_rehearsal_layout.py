@@ -252,3 +252,23 @@ def test_rehearsal_prints_a_step_line_every_few_seconds_whatever_logging_steps()
     assert not step_line_due(planned, 3, 600.0)
     assert step_line_due(planned, planned.training.logging_steps, 0.0)
     assert REHEARSAL_LINE_EVERY_S <= 10
+
+
+def test_a_slow_first_step_bounds_the_second(tmp_path, monkeypatch):
+    """On the rehearsal device the bank-FAQ rehearsal's first step took 118 s (measured); the
+    watchdog ignored it as warm-up and ended the healthy second step at its 120 s floor. Until
+    a second step is measured, the first one bounds the wait (10 x)."""
+    from runner.supervise import STATUS_DIR_ENV
+    from runner.watchdog import STALL_MULTIPLE, ProgressFile, Watchdog, read_progress
+
+    monkeypatch.setenv(STATUS_DIR_ENV, str(tmp_path))
+    for rank in (0, 1):
+        ProgressFile(rank).update(1, step_s=118.0)
+    dog = Watchdog(tmp_path, tmp_path, nproc_per_node=2, floor_s=120.0)
+    assert dog.limit_s(read_progress(tmp_path)) == pytest.approx(STALL_MULTIPLE * 118.0)
+    # once steady steps are measured they decide, as before
+    for rank in (0, 1):
+        beat = ProgressFile(rank)
+        beat.update(1, step_s=118.0)
+        beat.update(2, step_s=20.0)
+    assert dog.limit_s(read_progress(tmp_path)) == pytest.approx(STALL_MULTIPLE * 20.0)
