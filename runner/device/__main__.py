@@ -24,8 +24,9 @@ def main(argv: list[str] | None = None) -> int:
         except device.DeviceBuildError as exc:
             print(f"note: the rehearsal device was not built: {exc}", file=sys.stderr)
             print(
-                "note: without it, `runner execute --local` rehearses data parallel and ZeRO-1 only; "
-                "tensor, pipeline and sequence parallel and sharding stage 2/3 rehearsals are unavailable",
+                "note: without it, `runner execute --local` rehearses data parallel and ZeRO-1 "
+                "only; tensor, pipeline and sequence parallel and sharding stage 2/3 rehearsals "
+                "are unavailable",
                 file=sys.stderr,
             )
             return 1
@@ -35,9 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(caps, indent=1))
     elif caps["available"]:
         print(f"rehearsal device {caps['device_type']}: available ({caps['root']})")
-        print(
-            f"  layouts: {', '.join(caps['layout_kinds'])}; precisions: {', '.join(caps['precisions'])}"
-        )
+        layouts, precisions = ", ".join(caps["layout_kinds"]), ", ".join(caps["precisions"])
+        print(f"  layouts: {layouts}; precisions: {precisions}")
     else:
         print(f"rehearsal device {caps['device_type']}: unavailable: {caps['reason']}")
     return 0 if caps["available"] else 1
