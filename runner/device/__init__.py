@@ -247,3 +247,50 @@ def capabilities(*, check_load: bool = False) -> dict:
 def launch_devices(nprocs: int) -> str:
     """The `--devices` argument of `paddle.distributed.launch` for `nprocs` ranks."""
     return ",".join(str(i) for i in range(nprocs))
+
+
+_HOOKED = False
+
+
+def install_paddle_hooks() -> None:
+    """Call once in every process that trains on the device, after importing Paddle.
+
+    Paddle 3.3.1's custom-device process group does not pass its coalescing (the batched
+    send/recv of pipeline schedules, `_coalescing_manager`) on to the plugin, so a ring of
+    "recv then send" batches (the interleaved schedule's last stage -> first stage) would leave
+    every rank blocked in its recv until the deadline. This brackets Paddle's coalescing with
+    the device's group start/end, which runs the batch's sends before its receives."""
+    global _HOOKED
+    if _HOOKED:
+        return
+    import contextlib
+    import ctypes
+    import importlib
+
+    # the modules (the package re-exports a function of the same name)
+    batch_isend_irecv = importlib.import_module(
+        "paddle.distributed.communication.batch_isend_irecv"
+    )
+    p2p_communication = importlib.import_module(
+        "paddle.distributed.fleet.meta_parallel.pp_utils.p2p_communication"
+    )
+
+    lib = ctypes.CDLL(str(install_dir() / LIBRARY))  # the copy Paddle loaded (same file)
+    original = batch_isend_irecv._coalescing_manager
+
+    @contextlib.contextmanager
+    def coalescing(group, tasks=None):
+        with original(group, tasks):
+            if lib.gptplan_device_group_start() != 0:
+                raise RuntimeError("the rehearsal device refused group_start")
+            try:
+                yield
+            finally:
+                if lib.gptplan_device_group_end() != 0:
+                    raise RuntimeError(
+                        "a batched send/recv on the rehearsal device failed (its log line says why)"
+                    )
+
+    batch_isend_irecv._coalescing_manager = coalescing
+    p2p_communication._coalescing_manager = coalescing
+    _HOOKED = True

@@ -253,7 +253,9 @@ def run(layouts: list[str], out_dir: Path) -> None:
     import paddle
     import paddle.distributed as dist
 
-    from runner.device import DEVICE_TYPE
+    from runner.device import DEVICE_TYPE, install_paddle_hooks
+
+    install_paddle_hooks()
 
     groups = {GROUPS[layout][0] for layout in layouts}
     if len(groups) != 1:

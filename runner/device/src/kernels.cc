@@ -13,6 +13,8 @@
 // parallelism computes one_hot(label - rank * D, D) and needs all-zero rows for labels another
 // rank owns (the CPU kernel raises "Illegal index value" instead).
 
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -185,7 +187,11 @@ void register_kernels() {
 }  // namespace gptplan_device
 
 // Runs when Paddle loads the plugin (its CPU kernels are registered by then).
+// GPTPLAN_DEVICE_PLAIN_FALLBACK=1 leaves them out (Paddle's copying CPU fallback runs instead):
+// only to show what they fix (tests/test_device.py).
 __attribute__((constructor)) static void gptplan_device_register_kernels() {
+  const char* plain = std::getenv("GPTPLAN_DEVICE_PLAIN_FALLBACK");
+  if (plain != nullptr && plain[0] == '1') return;
   try {
     gptplan_device::register_kernels();
   } catch (const std::exception& e) {

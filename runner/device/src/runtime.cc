@@ -885,8 +885,11 @@ C_Status all_to_all(const void** send, const size_t* send_count, const C_DataTyp
   return run_group(ops) ? C_SUCCESS : C_FAILED;
 }
 
+bool tracing();
+
 C_Status send(void* buf, size_t count, C_DataType t, size_t dst, C_CCLComm comm, C_Stream) {
   CHECK_COMM("send");
+  if (tracing()) report("send " + std::to_string(count) + " to " + std::to_string(dst) + " on " + comm->name);
   size_t len = count * dtype_size(t);
   if (g_group_depth > 0) {
     g_group_ops.push_back({true, comm, dst, static_cast<char*>(buf), len});
@@ -898,6 +901,7 @@ C_Status send(void* buf, size_t count, C_DataType t, size_t dst, C_CCLComm comm,
 
 C_Status recv(void* buf, size_t count, C_DataType t, size_t src, C_CCLComm comm, C_Stream) {
   CHECK_COMM("recv");
+  if (tracing()) report("recv " + std::to_string(count) + " from " + std::to_string(src) + " on " + comm->name);
   size_t len = count * dtype_size(t);
   if (g_group_depth > 0) {
     g_group_ops.push_back({false, comm, src, static_cast<char*>(buf), len});
@@ -906,7 +910,16 @@ C_Status recv(void* buf, size_t count, C_DataType t, size_t src, C_CCLComm comm,
   return complete_recv(comm, src, static_cast<char*>(buf), len) ? C_SUCCESS : C_FAILED;
 }
 
+bool tracing() {
+  static bool on = [] {
+    const char* v = std::getenv("GPTPLAN_DEVICE_TRACE");
+    return v != nullptr && v[0] == '1';
+  }();
+  return on;
+}
+
 C_Status group_start() {
+  if (tracing()) report("group_start");
   ++g_group_depth;
   return C_SUCCESS;
 }
@@ -1091,6 +1104,17 @@ C_Status profiler_void(C_Profiler, void*) { return C_SUCCESS; }
 C_Status profiler_collect(C_Profiler, uint64_t, void*) { return C_SUCCESS; }
 
 }  // namespace
+
+// Paddle 3.3.1's ProcessGroupCustom does not pass its coalescing (the batched p2p of pipeline
+// schedules) on to the plugin's group_start/group_end, so a ring of "recv then send" batches (the
+// interleaved schedule's last stage -> first stage) would block every rank in its recv. The
+// Python side (runner.device.install_paddle_hooks) brackets Paddle's coalescing with these.
+extern "C" __attribute__((visibility("default"))) int gptplan_device_group_start() {
+  return group_start() == C_SUCCESS ? 0 : 1;
+}
+extern "C" __attribute__((visibility("default"))) int gptplan_device_group_end() {
+  return group_end() == C_SUCCESS ? 0 : 1;
+}
 
 extern "C" void InitPlugin(CustomRuntimeParams* params) {
   PADDLE_CUSTOM_RUNTIME_CHECK_VERSION(params);
