@@ -291,6 +291,6 @@ def install_paddle_hooks() -> None:
                         "a batched send/recv on the rehearsal device failed (its log line says why)"
                     )
 
-    batch_isend_irecv._coalescing_manager = coalescing
-    p2p_communication._coalescing_manager = coalescing
+    for module in (batch_isend_irecv, p2p_communication):
+        module.__dict__["_coalescing_manager"] = coalescing
     _HOOKED = True
