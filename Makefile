@@ -20,7 +20,7 @@ setup: $(VENV)/.installed $(VENV)/.device
 
 # The rehearsal device (docs/device.md): a Paddle plugin compiled against the installed wheel.
 # Without a compiler setup goes on and says which rehearsals are then unavailable.
-DEVICE_SRC := $(wildcard runner/device/src/*.cc runner/device/src/*.h) runner/device/__init__.py
+DEVICE_SRC := $(wildcard runner/device/src/*.cc runner/device/src/*.h)
 $(VENV)/.device: $(VENV)/.installed $(DEVICE_SRC)
 	@echo "building the rehearsal device (runner/device, about 1 min)"
 	@$(BIN)/python -m runner.device build && touch $@ || true

@@ -255,7 +255,7 @@ def layout_runs(tmp_path_factory):
             continue
         data = json.loads(path.read_text())
         results.update({k: v for k, v in data.items() if isinstance(v, dict)})
-    return reference, results, failures
+    return reference, results, failures, out
 
 
 @pytest.mark.e2e
@@ -263,7 +263,7 @@ def layout_runs(tmp_path_factory):
 @pytest.mark.parametrize("family", selftest.FAMILIES)
 @pytest.mark.parametrize("layout", [x for k in LAUNCHES for x in k.split(",")])
 def test_layout_matches_reference_on_the_device(layout_runs, layout, family):
-    reference, results, failures = layout_runs
+    reference, results, failures, _ = layout_runs
     assert layout not in failures, failures.get(layout)
     got = results[f"{layout}/{family}"]
     want = reference[family]["losses"]
@@ -273,3 +273,39 @@ def test_layout_matches_reference_on_the_device(layout_runs, layout, family):
     # a matching loss alone proves nothing: every tensor must be on the device, on every rank
     off = {rank: bad for rank, bad in got["off_device_by_rank"].items() if bad}
     assert off == {}, off
+
+
+@pytest.mark.e2e
+@needs_device
+def test_the_checks_fail_without_the_in_place_kernels(layout_runs):
+    """The same stage 2/3 launch with Paddle's copying CPU fallback instead of the device's
+    in-place kernels (GPTPLAN_DEVICE_PLAIN_FALLBACK=1): the updates of the sharded buffers' views
+    land in copies and embedding gradients on the CPU, and the checks above see both."""
+    reference, _, _, out = layout_runs
+    plain = out / "plain"
+    plain.mkdir()
+    (plain / "init_gpt").symlink_to(out / "init_gpt")
+    (plain / "init_llama").symlink_to(out / "init_llama")
+    proc = _launch(
+        [str(ROOT / "runner" / "device" / "selftest.py"), "run", "--layouts", "stage2,stage3"]
+        + ["--out", str(plain)],
+        2,
+        plain,
+        extra_env={"GPTPLAN_DEVICE_PLAIN_FALLBACK": "1"},
+    )
+    assert proc.returncode == 0, proc.stdout[-1500:] + _worker_logs(plain)
+    data = json.loads((plain / "stage2+stage3.json").read_text())
+    for key in ("stage2/gpt", "stage3/gpt", "stage2/llama", "stage3/llama"):
+        got = data[key]
+        want = reference[key.split("/")[1]]["losses"]
+        assert max(abs(a - b) for a, b in zip(got["losses"], want)) > TOLERANCE, key
+        off = [bad for bad in got["off_device_by_rank"].values() if bad]
+        assert any("gradient" in b and "embed" in b for bads in off for b in bads), (key, off)
+
+
+def test_the_planner_asks_through_runner_probe():
+    from runner import probe
+
+    caps = probe.device_capabilities()
+    assert caps["device_type"] == device.DEVICE_TYPE
+    assert set(caps) >= {"available", "reason", "layout_kinds", "precisions", "env"}
