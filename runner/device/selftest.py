@@ -9,8 +9,9 @@ step times and every tensor found off the device (parameters, gradients, optimiz
 DIR/<layout>.json. Layouts that share a process-group setup share one launch.
 
 Layouts: tp2, tp2_sp (tensor parallel, + sequence parallel), pp2 (pipeline, train_batch, 1F1B),
-stage1 (fleet sharding), stage2, stage3 (group_sharded_parallel), dp2, and with 4 processes vpp4
-(pp 4 with 2 virtual stages each: Paddle's interleaved schedule needs pp > 2), dp2_tp2, pp2_tp2.
+stage1 (fleet sharding), stage2, stage3 (group_sharded_parallel), dp2, and with 4 processes pp4,
+vpp4 (pp 4 with 2 virtual stages each: Paddle's interleaved schedule needs pp > 2), dp2_tp2,
+pp2_tp2.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ GROUPS = {
     "tp2": ("mp2", 2),
     "tp2_sp": ("mp2", 2),
     "pp2": ("pp2", 2),
+    "pp4": ("pp4", 4),
     "vpp4": ("pp4", 4),  # Paddle's interleaved schedule needs pp > 2
     "stage1": ("sharding2", 2),
     "stage2": ("plain", 2),
@@ -241,7 +243,12 @@ def run_layout(layout: str, family: str, init_dir: Path, hcg, device_type: str) 
             opt.clear_grad()
         loss = loss.detach().clone()
         if dp_width > 1:  # the global batch's loss: the mean over the data-parallel ranks
-            dist.all_reduce(loss)
+            if hcg is None:
+                dist.all_reduce(loss)
+            else:  # over the data-parallel and sharding groups only (not the tp/pp ranks)
+                for group in (hcg.get_data_parallel_group(), hcg.get_sharding_parallel_group()):
+                    if group.nranks > 1:
+                        dist.all_reduce(loss, group=group)
             loss = loss / dp_width
         times.append(time.perf_counter() - t0)
         losses.append(float(loss.numpy().reshape(-1)[0]))
