@@ -238,7 +238,8 @@ class Trainer(Generic[B]):
             loss = self.model.train_batch(
                 [inputs, labels], optimizer=self.optimizer, scaler=self.scaler
             )
-        return float(loss)
+        # every stage gets the last stage's loss (Paddle broadcasts it), shaped [1] on some
+        return float(np.asarray(loss.numpy()).reshape(-1)[0])
 
     def global_loss(self, loss: float) -> float:
         """Mean loss over data-parallel ranks (for logging; the gradients are already synced)."""

@@ -272,3 +272,37 @@ def test_a_slow_first_step_bounds_the_second(tmp_path, monkeypatch):
         beat.update(1, step_s=118.0)
         beat.update(2, step_s=20.0)
     assert dog.limit_s(read_progress(tmp_path)) == pytest.approx(STALL_MULTIPLE * 20.0)
+
+
+def test_a_pipeline_step_reads_the_loss_paddle_hands_every_stage():
+    """tp 2 x pp 2 on the rehearsal device: PipelineParallel.train_batch gave a stage a loss of
+    shape [1] and `float(loss)` raised 'only 0-dimensional arrays can be converted'."""
+    import numpy as np
+    import paddle
+
+    from runner.train import RankInfo, Trainer
+
+    class Batch:
+        input_ids = np.zeros((1, 4), dtype="int64")
+        labels = np.zeros((1, 4), dtype="int64")
+
+    class Batches:
+        def micro_batch(self, step, micro):
+            return Batch()
+
+    class Pipe:
+        def train_batch(self, data, optimizer=None, scaler=None):
+            assert list(data[0].shape) == [2, 4]  # the step's micro-batches, concatenated
+            return paddle.to_tensor([2.5], dtype="float32")
+
+    plan, _ = localize(PLANS["tp4xpp2"](), DEVICE)
+    plan = dataclasses.replace(
+        plan, training=dataclasses.replace(plan.training, gradient_accumulation_steps=2)
+    )
+
+    class Optimizer:
+        def set_lr(self, lr):
+            pass
+
+    trainer = Trainer(plan, RankInfo(), Pipe(), Optimizer(), None, Batches())  # type: ignore[arg-type]
+    assert trainer.train_step(0) == 2.5
