@@ -135,3 +135,67 @@ def test_sigkill_of_a_rank_and_the_rerun_give_the_uninterrupted_losses(tp_runs):
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "resumed from step_" in again.stdout
     assert losses(run) == pytest.approx(losses(work / "tp"), rel=1e-6, abs=1e-6)
+
+
+STAGE3_GPU = merge(
+    TP4_GPU,
+    {
+        "parallel": {
+            "nproc_per_node": 8,
+            "tensor_parallel_degree": 1,
+            "sharding": "stage3",
+            "sharding_parallel_degree": 8,
+        }
+    },
+)
+
+
+@pytest.fixture(scope="module")
+def stage3_runs(tmp_path_factory, shared_cache):
+    work = tmp_path_factory.mktemp("stage3")
+    plan = plan_file(work, shared_cache, STAGE3_GPU, "s3")
+    done = rehearse(plan, "s3")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    local = load_plan(work / "s3" / "plan.toml")
+    micro = local.training.per_device_train_batch_size * local.parallel.sharding_parallel_degree
+    reference = merge(
+        json.loads(json.dumps(local.to_dict())),
+        {
+            "parallel": {"nproc_per_node": 1, "sharding": "", "sharding_parallel_degree": 1},
+            "training": {"per_device_train_batch_size": micro},  # the same global batch
+            "hardware": {"profile": "cpu"},
+            "job": {"output_dir": str(work / "ref")},
+        },
+    )
+    ref_plan = work / "ref.toml"
+    ref_plan.write_text(tomli_w.dumps(reference))
+    ref = run_cli("runner", "execute", str(ref_plan), cwd=work, timeout=900)
+    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
+    return work, plan, done
+
+
+def test_stage3_rehearses_as_stage3_x2_with_the_reference_losses(stage3_runs):
+    work, _, done = stage3_runs
+    assert "parallel.sharding_parallel_degree: 8 -> 2" in done.stdout
+    local = load_plan(work / "s3" / "plan.toml")
+    assert (local.parallel.sharding, local.parallel.nproc_per_node) == ("stage3", 2)
+    a, b = losses(work / "s3"), losses(work / "ref")
+    assert len(a) == len(b) == 6
+    assert a == pytest.approx(b, rel=1e-5, abs=1e-5)
+
+
+def test_stage3_sigkill_and_rerun_give_the_uninterrupted_losses(stage3_runs):
+    work, plan, _ = stage3_runs
+    run = work / "killed"
+    proc = start_background(plan, "--local", "--max-steps", "6", "--output-dir", "killed")
+    try:
+        wait_for_step(run, 1, proc, timeout=600)  # step 2 done: its checkpoint is being written
+        records = sorted((run / "logs" / "attempt_001" / "ranks").glob("rank_*.json"))
+        os.kill(json.loads(records[-1].read_text())["pid"], signal.SIGKILL)
+        proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    again = rehearse(plan, "killed")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert losses(run) == pytest.approx(losses(work / "s3"), rel=1e-6, abs=1e-6)
