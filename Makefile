@@ -16,7 +16,14 @@ PIPFAIL := { grep -v "is ignored: it is neither" $(PIPLOG) | tail -n 30; echo "p
 
 .PHONY: setup demo test lint bench clean
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed $(VENV)/.device
+
+# The rehearsal device (docs/device.md): a Paddle plugin compiled against the installed wheel.
+# Without a compiler setup goes on and says which rehearsals are then unavailable.
+DEVICE_SRC := $(wildcard runner/device/src/*.cc runner/device/src/*.h)
+$(VENV)/.device: $(VENV)/.installed $(DEVICE_SRC)
+	@echo "building the rehearsal device (runner/device, about 1 min)"
+	@$(BIN)/python -m runner.device build && touch $@ || true
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@echo "setting up $(VENV) with the versions pinned in constraints.txt (1-3 min; pip's output: $(PIPLOG))"

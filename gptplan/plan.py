@@ -1,8 +1,11 @@
 """The plan TOML (schema 1): the only contract between planner and runner.
 
 One dataclass per TOML table; every field is defaulted and documented where it is declared.
-Names follow PaddleNLP 2.8.1's TrainingArguments (llm/run_pretrain.py) wherever one exists, so a
-plan maps 1:1 onto `run_pretrain.py` arguments. `load_plan` is strict (unknown keys, types,
+Names follow PaddleNLP 2.8.1's TrainingArguments (llm/run_pretrain.py) wherever one exists; the
+few that differ (seq_len, precision, recompute, recompute_layers, sharding, the checkpoint
+interval and count) are mapped in one place, gptplan.paddlenlp_args, which writes a plan as
+`run_pretrain.py` arguments (`planner paddlenlp-args`; tests/test_paddlenlp_args.py parses them
+back with PaddleNLP's own parser). `load_plan` is strict (unknown keys, types,
 choices, ranges, cross-field rules); `write_plan` is atomic. This module imports nothing from
 the rest of the project except the error types and the TOML helpers.
 """
@@ -964,13 +967,24 @@ def _sharding_stage_check(plan: Plan) -> Problem:
     return OK
 
 
+# A CPU plan with this hardware.profile runs on the rehearsal device: the project's Paddle
+# custom device whose memory is host memory and whose collectives really move data between
+# processes (runner.rehearsal_device); it runs every layout kind, so _cpu_check allows them.
+REHEARSAL_PROFILE = "local-rehearsal-device"
+
+
 def _cpu_check(plan: Plan) -> Problem:
     p = plan.parallel
     model_parallel = p.tensor_parallel_degree > 1 or p.pipeline_parallel_degree > 1
-    if plan.hardware.device == "cpu" and (model_parallel or p.sharding in ("stage2", "stage3")):
+    if (
+        plan.hardware.device == "cpu"
+        and plan.hardware.profile != REHEARSAL_PROFILE
+        and (model_parallel or p.sharding in ("stage2", "stage3"))
+    ):
         return "hardware.device", (
             "'cpu' runs data parallel and sharding stage1 only (Paddle's tensor, pipeline "
-            "and group-sharded stage2/3 parallel need gpu or xpu); allowed on cpu: "
+            "and group-sharded stage2/3 parallel need gpu or xpu, or the rehearsal device: "
+            f"hardware.profile = {REHEARSAL_PROFILE!r}); allowed on plain cpu: "
             "tensor/pipeline degree 1, sharding '' or 'stage1'"
         )
     return OK

@@ -7,6 +7,7 @@
   planner prices import FILE.csv --as-of DATE           SkyPilot-style catalog -> price rows
   planner prices history INSTANCE                       every price row of an instance
   planner launch-file PLAN                              SkyPilot task YAML for the plan
+  planner paddlenlp-args PLAN                           PaddleNLP run_pretrain.py args JSON
 
 Bad input: one line on stderr, exit status 2. No plan possible: the reason, exit status 1.
 """
@@ -135,6 +136,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="bucket store for the run directory (default: the cloud's own; S3 for a cloud "
         "without one, e.g. Lambda)",
     )
+    pa = sub.add_parser(
+        "paddlenlp-args",
+        help="write the plan as PaddleNLP 2.8.1 llm/run_pretrain.py arguments (JSON + config)",
+    )
+    pa.add_argument("plan", type=Path, help="plan TOML")
+    pa.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for run_pretrain.json and model/config.json (default: PLAN.paddlenlp/)",
+    )
+    pa.add_argument(
+        "--input-dir",
+        default="data",
+        help="PaddleNLP's preprocessed corpus (llm/tools/preprocess *.bin/*.idx), relative to "
+        "the folder run_pretrain.py runs in (default: data)",
+    )
+    pa.add_argument(
+        "--tokenizer",
+        default="",
+        help="PaddleNLP tokenizer name or folder (default: job.tokenizer when it names one, "
+        "else the model folder, where a run's exported tokenizer goes)",
+    )
+
     prices = sub.add_parser("prices", help="price lists")
     prices_sub = prices.add_subparsers(dest="prices_command", required=True)
     imp = prices_sub.add_parser("import", help="import a SkyPilot-style catalog CSV")
@@ -363,6 +388,7 @@ def _dispatch(args) -> int:
         "history": cmd_history,
         "prices": cmd_prices,
         "launch-file": cmd_launch_file,
+        "paddlenlp-args": cmd_paddlenlp_args,
     }
     return commands[args.command](args)
 
@@ -981,6 +1007,54 @@ def cmd_launch_file(args) -> int:
         print(textwrap.fill(note, 120, subsequent_indent="  ", break_long_words=False))
         if i == 0:
             print(f"  sky jobs launch -n {plan.name} {out}")
+    return 0
+
+
+def cmd_paddlenlp_args(args) -> int:
+    """The plan as run_pretrain.py arguments (gptplan.paddlenlp_args): run_pretrain.json and
+    model/config.json in one folder, written atomically; paths in the JSON are relative to it."""
+    from gptplan.paddlenlp_args import model_config, pretrain_args
+    from gptplan.plan import load_plan
+    from gptplan.tomlconf import write_text_atomic
+
+    plan = load_plan(args.plan)
+    out = args.out or args.plan.with_name(args.plan.stem + ".paddlenlp")
+    tokenizer = args.tokenizer
+    if not tokenizer and plan.job.tokenizer != "sentencepiece":
+        tokenizer = plan.job.tokenizer  # a PaddleNLP name or a folder the plan names
+    arguments = pretrain_args(
+        plan, model_dir="model", tokenizer=tokenizer, input_dir=args.input_dir
+    )
+    (out / "model").mkdir(parents=True, exist_ok=True)
+    write_text_atomic(
+        out / "model" / "config.json", json.dumps(model_config(plan), indent=1) + "\n"
+    )
+    write_text_atomic(out / "run_pretrain.json", json.dumps(arguments, indent=1) + "\n")
+    p = plan.parallel
+    devices = ",".join(str(i) for i in range(p.nproc_per_node))
+    notes = (
+        f"PaddleNLP 2.8.1 pretraining arguments written to {out / 'run_pretrain.json'} (the "
+        f"model's config in {out / 'model' / 'config.json'}); run from {out} on each of the "
+        f"{p.nnodes} node(s), with PaddleNLP's llm/ folder at hand:",
+        f"input_dir {args.input_dir!r}: PaddleNLP's preprocessed corpus (llm/tools/preprocess), "
+        "not this project's cache format. "
+        + (
+            f"Tokenizer: {tokenizer!r}."
+            if tokenizer
+            else "Tokenizer: the plan trains its own sentencepiece model; copy a run's "
+            "exported tokenizer (runner export) into model/."
+        ),
+        "The data-parallel degree is PaddleNLP's to derive (world size / tensor / pipeline / "
+        "sharding), as the plan's is; the runner's own checkpoints are not PaddleNLP's.",
+    )
+    for i, note in enumerate(notes):
+        print(textwrap.fill(note, 120, subsequent_indent="  ", break_long_words=False))
+        if i == 0:
+            master = " --master <NODE0_IP>:8090" if p.nnodes > 1 else ""
+            print(
+                f"  python -m paddle.distributed.launch --nnodes {p.nnodes}{master} --devices "
+                f"{devices} llm/run_pretrain.py run_pretrain.json"
+            )
     return 0
 
 

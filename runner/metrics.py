@@ -8,10 +8,11 @@ sum of step times.
 from __future__ import annotations
 
 import json
+import math
 import resource
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gptplan import money
@@ -42,12 +43,163 @@ def device_peaks_gb(device: str) -> tuple[float, float] | None:
     return cuda.max_memory_allocated() / 1e9, cuda.max_memory_reserved() / 1e9
 
 
-def per_rank_peaks(gathered: list[tuple[float, float]]) -> list[dict]:
-    """The rows report.json carries for each rank's measured peaks (rank = list position)."""
-    return [
-        {"rank": r, "allocated_gb": float(a), "reserved_gb": float(b)}
-        for r, (a, b) in enumerate(gathered)
-    ]
+CPU_ALLOCATOR_WHY_NOT = (
+    "plain CPU: Paddle's CPU build keeps no allocator statistics (paddle.device."
+    "max_memory_allocated raises 'not supported in CPU PaddlePaddle'); the rows carry each "
+    "process's peak RSS instead"
+)
+
+
+@dataclass(frozen=True)
+class AllocatorProbe:
+    """Paddle's allocator statistics for this rank's device: on GPU paddle.device.cuda's
+    memory_allocated / memory_reserved and their max_ / reset_max_ functions; on the
+    rehearsal device (a custom device) the same statistics through
+    paddle.base.core.device_memory_stat_{current,peak,reset_peak}_value('Allocated' |
+    'Reserved', device id), what paddle.device.max_memory_allocated reads for custom
+    places. Plain CPU has none (`why_not`)."""
+
+    kind: str  # 'gpu', 'custom' or '' (none)
+    device_id: int = 0
+    why_not: str = ""
+
+    @classmethod
+    def for_plan(cls, plan: Plan) -> AllocatorProbe:
+        from runner.rehearsal_device import uses_device
+
+        if plan.hardware.device == "gpu":
+            return cls("gpu")
+        if uses_device(plan):
+            import paddle
+
+            place = paddle.get_device()  # '<type>:<id>' once the launcher selected it
+            return cls("custom", int(place.rpartition(":")[2] or 0))
+        return cls("", why_not=CPU_ALLOCATOR_WHY_NOT if plan.hardware.device == "cpu" else "")
+
+    @property
+    def method(self) -> str:
+        if self.kind == "gpu":
+            return "paddle.device.cuda.max_memory_allocated / max_memory_reserved"
+        if self.kind == "custom":
+            return (
+                "Paddle's allocator statistics of the rehearsal device (paddle.base.core."
+                "device_memory_stat_peak_value 'Allocated' / 'Reserved', as paddle.device."
+                "max_memory_allocated reads them for a custom device)"
+            )
+        return ""
+
+    def now_bytes(self) -> tuple[float, float]:
+        if self.kind == "gpu":
+            import paddle
+
+            cuda = paddle.device.cuda
+            return float(cuda.memory_allocated()), float(cuda.memory_reserved())
+        if self.kind == "custom":
+            from paddle.base import core
+
+            stat = core.device_memory_stat_current_value
+            return float(stat("Allocated", self.device_id)), float(stat("Reserved", self.device_id))
+        return math.nan, math.nan
+
+    def peak_bytes(self) -> tuple[float, float]:
+        if self.kind == "gpu":
+            import paddle
+
+            cuda = paddle.device.cuda
+            return float(cuda.max_memory_allocated()), float(cuda.max_memory_reserved())
+        if self.kind == "custom":
+            from paddle.base import core
+
+            stat = core.device_memory_stat_peak_value
+            return float(stat("Allocated", self.device_id)), float(stat("Reserved", self.device_id))
+        return math.nan, math.nan
+
+    def reset_peaks(self) -> None:
+        if self.kind == "gpu":
+            import paddle
+
+            paddle.device.cuda.reset_max_memory_allocated()
+            paddle.device.cuda.reset_max_memory_reserved()
+        elif self.kind == "custom":
+            from paddle.base import core
+
+            for what in ("Allocated", "Reserved"):
+                core.device_memory_stat_reset_peak_value(what, self.device_id)
+
+
+# The phases a rank records, in the order of the gathered vector (allocated, reserved each):
+# the build's peak and what stays allocated after it (the model, restored state), the first
+# optimizer step's peak and what stays after it (+ gradients and optimizer states), and the
+# peak of the later steps of the attempt (the steady step).
+ALLOCATOR_PHASES = (
+    "model_build_peak",
+    "after_model_build",
+    "first_step_peak",
+    "after_first_step",
+    "step_peak",
+)
+
+
+@dataclass
+class AllocatorPhases:
+    """One rank's allocator figures per phase (bytes; NaN where not measured)."""
+
+    probe: AllocatorProbe
+    values: dict[str, tuple[float, float]] = field(default_factory=dict)
+    later_steps: int = 0
+
+    @property
+    def available(self) -> bool:
+        return bool(self.probe.kind)
+
+    def after_build(self) -> None:
+        if self.available:
+            self.values["model_build_peak"] = self.probe.peak_bytes()
+            self.values["after_model_build"] = self.probe.now_bytes()
+            self.probe.reset_peaks()
+
+    def after_step(self, *, first: bool) -> None:
+        if not self.available:
+            return
+        if first:
+            self.values["first_step_peak"] = self.probe.peak_bytes()
+            self.values["after_first_step"] = self.probe.now_bytes()
+            self.probe.reset_peaks()
+        else:
+            self.later_steps += 1
+
+    def finish(self) -> None:
+        if self.available and self.later_steps:
+            self.values["step_peak"] = self.probe.peak_bytes()
+
+    def vector_gb(self) -> list[float]:
+        """Whole-attempt peak, then each phase: (allocated, reserved) GB, NaN if not measured."""
+        if not self.values:  # never marked: the peak since the process started
+            whole = self.probe.peak_bytes()
+        else:
+            peaks = [self.values[k] for k in ALLOCATOR_PHASES if "peak" in k and k in self.values]
+            whole = (max(a for a, _ in peaks), max(r for _, r in peaks))
+        out = [whole[0] / 1e9, whole[1] / 1e9]
+        for key in ALLOCATOR_PHASES:
+            a, r = self.values.get(key, (math.nan, math.nan))
+            out += [a / 1e9, r / 1e9]
+        return out
+
+
+def per_rank_peaks(gathered: list) -> list[dict]:
+    """The rows report.json carries for each rank's measured allocator figures (rank = list
+    position): each entry (allocated, reserved[, then per ALLOCATOR_PHASES]) in GB; a phase
+    appears where it was measured."""
+    rows = []
+    for r, values in enumerate(gathered):
+        row: dict = {"rank": r, "allocated_gb": float(values[0]), "reserved_gb": float(values[1])}
+        for i, key in enumerate(ALLOCATOR_PHASES):
+            pair = values[2 + 2 * i : 4 + 2 * i]
+            if len(pair) == 2 and not math.isnan(float(pair[0])):
+                row[f"{key}_allocated_gb"] = float(pair[0])
+                row[f"{key}_reserved_gb"] = float(pair[1])
+        rows.append(row)
+    return rows
 
 
 def mfu(

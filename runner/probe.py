@@ -233,6 +233,15 @@ def _command(plan, args: list[str], log_dir: Path):
     return LaunchCommand(0, argv + [str(ENTRY_SCRIPT), "probe", *args], thread_env(plan) | env)
 
 
+def device_capabilities(*, check_load: bool = False) -> dict:
+    """What the rehearsal device (runner.device, docs/device.md) can run here, for the planner
+    (which may import runner.probe only): {'available', 'reason', 'device_type', 'layout_kinds',
+    'precisions', 'env', ...}. `env` is what a probe launched on the device needs."""
+    from runner import device
+
+    return device.capabilities(check_load=check_load)
+
+
 def layout_key(plan) -> tuple:
     """What a served worker fixes at start-up (fleet is initialised once): device and layout
     (gptplan.layout.Layout.worker_key)."""

@@ -26,14 +26,21 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptplan import precision
+from gptplan import families, precision
 from gptplan.errors import HardwareError
-from gptplan.memory import GB, ModelShape, memory_per_device_bytes
+from gptplan.memory import GB, ModelShape, memory_per_device_bytes, memory_terms
 from gptplan.modelfacts import training_flops_per_token
-from gptplan.plan import SHARDING_STAGES, Device, EstimateSection, Plan, Precision
+from gptplan.plan import (
+    REHEARSAL_PROFILE,
+    SHARDING_STAGES,
+    Device,
+    EstimateSection,
+    Plan,
+    Precision,
+    validate,
+)
 from gptplan.profile import DeviceProfile, ProfileError, read_performance
 from gptplan.steptime import RECOMPUTE_CODES, data_parallel_step_time_s
-from runner.launch import local_precisions
 from runner.parallel import local_device_count
 from runner.supervise import machine_memory_bytes, machine_share_bytes
 
@@ -78,31 +85,60 @@ def local_performance(plan: Plan) -> DeviceProfile | None:
         return None  # no profile of that name here: the rehearsal is not modelled
 
 
-def modelled_memory_bytes(plan: Plan, perf: DeviceProfile | None) -> float:
-    """Peak bytes per rank of `plan`, from gptplan.memory's formulas."""
+def _memory_args(plan: Plan, perf: DeviceProfile | None) -> dict:
+    """gptplan.memory's arguments for `plan` on `perf` (one place for both callers below)."""
     t, p = plan.training, plan.parallel
     eff = perf.efficiency_for(t.precision) if perf else None
-    return float(
-        memory_per_device_bytes(
-            ModelShape.from_section(plan.model),
-            seq_len=t.seq_len,
-            micro_batch=t.per_device_train_batch_size,
-            accumulation=t.gradient_accumulation_steps,
-            tp=p.tensor_parallel_degree,
-            pp=p.pipeline_parallel_degree,
-            stage_code=STAGE_CODES[p.sharding],
-            shard_degree=p.sharding_parallel_degree,
-            recompute_code=RECOMPUTE_CODES[p.recompute],
-            seq_parallel=p.sequence_parallel,
-            precision_code=precision.code(t.precision),
-            overhead_gb=eff.memory_overhead_gb if eff else 0.0,
-            fragmentation=eff.fragmentation if eff else 1.0,
-            flash_attention=t.use_flash_attention,
-            virtual_pp=p.virtual_pp_degree,
-            recompute_layers=p.recompute_layers // p.pipeline_parallel_degree,
-            dp=p.data_parallel_degree,
-        )
+    return dict(
+        seq_len=t.seq_len,
+        micro_batch=t.per_device_train_batch_size,
+        accumulation=t.gradient_accumulation_steps,
+        tp=p.tensor_parallel_degree,
+        pp=p.pipeline_parallel_degree,
+        stage_code=STAGE_CODES[p.sharding],
+        shard_degree=p.sharding_parallel_degree,
+        recompute_code=RECOMPUTE_CODES[p.recompute],
+        seq_parallel=p.sequence_parallel,
+        precision_code=precision.code(t.precision),
+        overhead_gb=eff.memory_overhead_gb if eff else 0.0,
+        fragmentation=eff.fragmentation if eff else 1.0,
+        flash_attention=t.use_flash_attention,
+        virtual_pp=p.virtual_pp_degree,
+        recompute_layers=p.recompute_layers // p.pipeline_parallel_degree,
+        dp=p.data_parallel_degree,
     )
+
+
+def modelled_memory_bytes(plan: Plan, perf: DeviceProfile | None) -> float:
+    """Peak bytes per rank of `plan`, from gptplan.memory's formulas."""
+    shape = ModelShape.from_section(plan.model)
+    return float(memory_per_device_bytes(shape, **_memory_args(plan, perf)))
+
+
+# Terms of gptplan.memory that are not in the device allocator (the process itself, the
+# communicators' own buffers)
+NOT_ALLOCATOR_TERMS = ("runtime", "communicators")
+
+
+def modelled_allocator_gb(plan: Plan) -> dict[str, float]:
+    """What the memory model says the allocator holds per rank at the phases a run records
+    (runner.metrics.ALLOCATOR_PHASES), in GB (modelled): after the model build its weights;
+    after the first optimizer step also the gradients and optimizer states; a step's peak
+    every term but the process runtime and the communicators."""
+    terms = {
+        k: float(v)
+        for k, v in memory_terms(
+            ModelShape.from_section(plan.model), **_memory_args(plan, local_performance(plan))
+        ).items()
+    }
+    states = terms["weights"] + terms["gradients"] + terms["optimizer"]
+    peak = sum(v for k, v in terms.items() if k not in NOT_ALLOCATOR_TERMS)
+    return {
+        "after_model_build_gb": terms["weights"] / GB,
+        "after_first_step_gb": states / GB,
+        "step_peak_gb": peak / GB,
+        "total_with_runtime_gb": sum(terms.values()) / GB,
+    }
 
 
 def rank_memory_limit_bytes(plan: Plan, *, limit_gb: float | None = None) -> int:
@@ -126,6 +162,50 @@ def _with_training(plan: Plan, **fields) -> Plan:
     return dataclasses.replace(plan, training=dataclasses.replace(plan.training, **fields))
 
 
+def _changed(a, b) -> list[str]:
+    return [f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(b, f.name)]
+
+
+def smaller_model(plan: Plan) -> Plan | None:
+    """The model one step smaller, for a rehearsal that does not fit even at micro-batch 1:
+    half the layers while every pipeline stage (x virtual stages) keeps whole layers, then half
+    the width (hidden and FFN; the heads while tensor parallel still divides them). The
+    vocabulary is the tokenizer's and stays. None when nothing can shrink."""
+    m, p = plan.model, plan.parallel
+    stages = p.pipeline_parallel_degree * p.virtual_pp_degree
+    layers = m.num_hidden_layers // 2
+    if layers >= max(2, stages) and (p.virtual_pp_degree == 1 or layers % stages == 0):
+        return _with_parallel(plan, p, dataclasses.replace(m, num_hidden_layers=layers))
+    tp = p.tensor_parallel_degree
+    hidden, ffn = m.hidden_size // 2, m.intermediate_size // 2
+    heads = m.num_attention_heads
+    if (hidden // heads) < 16 and heads // 2 >= tp and (heads // 2) % tp == 0:
+        heads //= 2
+    kv = m.num_key_value_heads
+    if kv and (kv > heads or heads % kv):
+        kv = heads
+    smaller = dataclasses.replace(
+        m,
+        hidden_size=hidden,
+        intermediate_size=ffn,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+    )
+    if hidden < 64 or hidden % heads or ffn % tp or families.model_problem(smaller, tp)[1]:
+        return None
+    return _with_parallel(plan, p, smaller)
+
+
+def _with_parallel(plan: Plan, p, m) -> Plan:
+    """`plan` with model `m`; per-layer recompute kept in proportion to its layers."""
+    if p.recompute_layers and m.num_hidden_layers != plan.model.num_hidden_layers:
+        share = p.recompute_layers / plan.model.num_hidden_layers
+        per_stage = m.num_hidden_layers // p.pipeline_parallel_degree
+        kept = max(1, min(per_stage, round(share * per_stage))) * p.pipeline_parallel_degree
+        p = dataclasses.replace(p, recompute_layers=kept)
+    return dataclasses.replace(plan, model=m, parallel=p)
+
+
 def fit_memory(
     plan: Plan, perf: DeviceProfile | None, budget_bytes: float
 ) -> tuple[Plan, dict[str, str]]:
@@ -141,24 +221,39 @@ def fit_memory(
             )
         elif ft.seq_len > MIN_SEQ_LEN:
             fitted = _with_training(fitted, seq_len=max(MIN_SEQ_LEN, ft.seq_len // 2))
+        elif (smaller := smaller_model(fitted)) is not None:
+            fitted = smaller
         else:
             need = modelled_memory_bytes(fitted, perf)
+            m = fitted.model
             raise HardwareError(
-                f"even micro-batch 1 x seq_len {ft.seq_len} needs {need / GB:.2f} GB per rank "
-                f"(modelled), more than {budget_bytes / GB:.2f} GB ({HEADROOM:.0%} of this "
-                "machine's memory per rank); the model itself is too large to rehearse here",
+                f"even micro-batch 1 x seq_len {ft.seq_len} with {m.num_hidden_layers} layers "
+                f"of width {m.hidden_size} needs {need / GB:.2f} GB per rank (modelled), more "
+                f"than {budget_bytes / GB:.2f} GB ({HEADROOM:.0%} of this machine's memory per "
+                "rank); the model itself is too large to rehearse here (its vocabulary, "
+                f"{m.vocab_size}, is the tokenizer's and is kept)",
                 key="model",
             )
     ft = fitted.training
+    reasons: dict[str, str] = {}
+    if fitted.model != plan.model:
+        why = (
+            f"memory: modelled {modelled_memory_bytes(plan, perf) / GB:.1f} GB per rank > "
+            f"{budget_bytes / GB:.1f} GB even at micro-batch 1 x seq_len {ft.seq_len}"
+        )
+        reasons |= {f"model.{k}": why for k in _changed(plan.model, fitted.model)}
     if ft == t:
-        return plan, {}
+        return fitted, reasons
     accumulation = math.ceil(tokens_per_rank / (ft.per_device_train_batch_size * ft.seq_len))
+    pp = plan.parallel.pipeline_parallel_degree
+    if plan.parallel.virtual_pp_degree > 1:  # the interleaved schedule: a multiple of pp
+        accumulation = -(-accumulation // pp) * pp
     fitted = _with_training(fitted, gradient_accumulation_steps=accumulation)
     why = (
         f"memory: modelled {modelled_memory_bytes(plan, perf) / GB:.1f} GB per rank > "
         f"{budget_bytes / GB:.1f} GB, {HEADROOM:.0%} of the rank's memory"
     )
-    reasons = {"per_device_train_batch_size": why}
+    reasons["per_device_train_batch_size"] = why
     if ft.seq_len != t.seq_len:
         reasons["seq_len"] = why + ", even at micro-batch 1"
     reasons["gradient_accumulation_steps"] = (
@@ -175,15 +270,18 @@ def fit_time(
     """Lower accumulation, then micro-batch, until a step is modelled at <= STEP_TARGET_S."""
     before = data_parallel_step_time_s(plan, perf)
     fitted = plan
+    p = plan.parallel
+    floor = min_accumulation(p.pipeline_parallel_degree, p.virtual_pp_degree)
     while data_parallel_step_time_s(fitted, perf) > STEP_TARGET_S:
         ft = fitted.training
+        lower = max(floor, ft.gradient_accumulation_steps // 2)
+        if p.virtual_pp_degree > 1:
+            lower = -(-lower // p.pipeline_parallel_degree) * p.pipeline_parallel_degree
         if (
-            ft.gradient_accumulation_steps > 1
+            lower < ft.gradient_accumulation_steps
             and "training.gradient_accumulation_steps" not in pinned
         ):
-            fitted = _with_training(
-                fitted, gradient_accumulation_steps=max(1, ft.gradient_accumulation_steps // 2)
-            )
+            fitted = _with_training(fitted, gradient_accumulation_steps=lower)
         elif (
             ft.per_device_train_batch_size > 1
             and "training.per_device_train_batch_size" not in pinned
@@ -215,9 +313,6 @@ def rehearse(
     """Fit a localized plan (localize) to this machine; see the module doc."""
     perf = local_performance(plan)
     changes: list[str] = []
-    if plan.training.use_flash_attention and plan.hardware.device != "gpu":
-        changes.append("training.use_flash_attention: True -> False (needs a GPU)")
-        plan = _with_training(plan, use_flash_attention=False)
     if plan.parallel.virtual_pp_degree > 1 and plan.parallel.pipeline_parallel_degree == 1:
         changes.append(
             f"parallel.virtual_pp_degree: {plan.parallel.virtual_pp_degree} -> 1 (no pipeline here)"
@@ -253,6 +348,14 @@ def rehearse(
         old, new = getattr(before.training, key), getattr(plan.training, key)
         if old != new:
             changes.append(f"training.{key}: {old} -> {new} ({reasons[key]})")
+    for key in _changed(before.model, plan.model):
+        old, new = getattr(before.model, key), getattr(plan.model, key)
+        changes.append(f"model.{key}: {old} -> {new} ({reasons[f'model.{key}']})")
+    if before.parallel.recompute_layers != plan.parallel.recompute_layers:
+        changes.append(
+            f"parallel.recompute_layers: {before.parallel.recompute_layers} -> "
+            f"{plan.parallel.recompute_layers} (the same share of the fewer layers)"
+        )
     if (
         before.global_batch_size != plan.global_batch_size
         or before.training.seq_len != plan.training.seq_len
@@ -261,6 +364,7 @@ def rehearse(
             f"global batch: {before.global_batch_size} x {before.training.seq_len}"
             f" -> {plan.global_batch_size} x {plan.training.seq_len} tokens per step"
         )
+    validate(plan, file="the rehearsal of the plan")  # the fitted layout still obeys every rule
     memory = modelled_memory_bytes(plan, perf)
     if perf is not None and math.isfinite(step_time):
         tokens_per_s = plan.tokens_per_step / step_time
@@ -316,6 +420,13 @@ def describe(r: Rehearsal) -> list[str]:
             f"step time here: {r.step_time_s:.3g} s modelled on the {r.profile!r} "
             f"profile ({uncertainty}); {t.max_steps} step(s) ~ "
             f"{t.max_steps * r.step_time_s / 60:.2g} min plus start-up"
+            + (
+                "; modelled as data parallel over the same processes (the local profile has "
+                "no tensor/pipeline terms)"
+                if r.plan.parallel.tensor_parallel_degree * r.plan.parallel.pipeline_parallel_degree
+                > 1
+                else ""
+            )
         )
     else:
         lines.append(
@@ -324,58 +435,203 @@ def describe(r: Rehearsal) -> list[str]:
     return lines
 
 
-def localize(plan: Plan) -> tuple[Plan, list[str]]:
-    """The plan rehearsed on this machine: per-device settings kept, topology shrunk.
+def layout_kinds(p) -> list[str]:
+    """The layout kinds a [parallel] table uses (runner.rehearsal_device's names)."""
+    from runner import rehearsal_device as rd
 
-    Keeps seq_len, micro-batch, accumulation, precision where possible and the model; moves to
-    the local device type, one node, as many processes as fit, data parallel only. Price
-    becomes 0: a rehearsal on your own machine is not billed at the cloud price.
-    """
-    import paddle
+    kinds = []
+    if p.tensor_parallel_degree > 1:
+        kinds.append(rd.TENSOR)
+    if p.sequence_parallel:
+        kinds.append(rd.SEQUENCE)
+    if p.pipeline_parallel_degree > 1:
+        kinds.append(rd.PIPELINE)
+    if p.virtual_pp_degree > 1:
+        kinds.append(rd.INTERLEAVED)
+    if p.sharding:
+        kinds.append({"stage1": rd.STAGE1, "stage2": rd.STAGE2, "stage3": rd.STAGE3}[p.sharding])
+    if p.data_parallel_degree > 1:
+        kinds.append(rd.DATA)
+    return kinds
 
-    changes: list[str] = []
-    device: Device = (
-        "gpu" if paddle.is_compiled_with_cuda() and local_device_count("gpu") else "cpu"
-    )
-    nproc = min(plan.parallel.world_size, local_device_count(device))
-    if device == "cpu":
-        nproc = min(nproc, 2)
-    par = plan.parallel
-    # One node: tensor/pipeline layouts and sharding stages 2/3 need the planned devices; a
-    # plan's ZeRO-1 stays ZeRO-1 over the local processes (Paddle's DygraphShardingOptimizer
-    # through fleet.distributed_optimizer with sharding_degree runs on CPU with gloo), the
-    # rest is data parallel.
-    zero1 = par.sharding == "stage1" and nproc > 1
-    new_par = dataclasses.replace(
-        par,
+
+def _pipeline_width(layers: int, pp: int, vpp: int) -> tuple[int, int]:
+    """(local pp, layers): 2 stages, or with virtual stages 4 or 3 (Paddle's interleaved
+    schedule needs pp > 2) whose pp x vpp divides the layers; (4, fewer layers) if none does."""
+    if vpp == 1:
+        return min(pp, 2), layers
+    for width in (4, 3):
+        if width <= pp and layers % (width * vpp) == 0:
+            return width, layers
+    width = 4 if layers >= 4 * vpp else 3
+    return width, max(width * vpp, layers // (width * vpp) * width * vpp)
+
+
+def local_layout(plan: Plan, sup) -> tuple[Plan, list[str]]:
+    """The plan's own kinds of parallelism at a width `sup` (runner.rehearsal_device.Support)
+    holds: each degree > 1 becomes 2 (pipeline with virtual stages 4 or 3), what does not run
+    here or does not fit sup.max_ranks is dropped (data parallel first, then sharding, the
+    virtual stages, pipeline, sequence and tensor parallel last), and the model changes only
+    where a divisibility rule needs it. Pure: no Paddle, no machine state."""
+    from runner import rehearsal_device as rd
+
+    p, m, t = plan.parallel, plan.model, plan.training
+    notes: list[str] = []
+    where = f"the rehearsal device ({sup.device})" if sup.on_device else "plain CPU (gloo)"
+    missing = [k for k in layout_kinds(p) if k not in sup.kinds]
+    if missing:
+        why = f"; {sup.why_not}" if sup.why_not else ""
+        notes.append(
+            f"layout: {', '.join(missing)} cannot run on {where}{why}: those ranks "
+            "rehearse as data parallel"
+        )
+    runs = set(layout_kinds(p)) - set(missing)
+    # the smallest factor of the plan's tp: it divides every width the plan's tp divides
+    tp_plan = p.tensor_parallel_degree
+    tp = min(d for d in range(2, tp_plan + 1) if tp_plan % d == 0) if rd.TENSOR in runs else 1
+    sp = rd.SEQUENCE in runs and tp > 1
+    vpp = p.virtual_pp_degree if rd.INTERLEAVED in runs and rd.PIPELINE in runs else 1
+    layers = m.num_hidden_layers
+    if rd.PIPELINE in runs:
+        pp, layers = _pipeline_width(layers, p.pipeline_parallel_degree, vpp)
+    else:
+        pp, vpp = 1, 1
+    sharding = p.sharding if p.sharding and {rd.STAGE1, rd.STAGE2, rd.STAGE3} & runs else ""
+    shard = 2 if sharding else 1
+    # what does not run here becomes data parallel, like the plan's batch ranks
+    dp = 2 if (rd.DATA in runs or (missing and p.world_size > 1)) else 1
+
+    def ranks() -> int:
+        return tp * pp * shard * dp
+
+    dropped: list[str] = []
+    while ranks() > sup.max_ranks:
+        if dp > 1:
+            dp, what = 1, "data parallel"
+        elif shard > 1:
+            shard, sharding, what = 1, "", f"sharding {p.sharding}"
+        elif vpp > 1:
+            vpp, what = 1, "the virtual pipeline stages"
+            pp, layers = _pipeline_width(m.num_hidden_layers, p.pipeline_parallel_degree, 1)
+        elif pp > 1:
+            pp, layers, what = 1, m.num_hidden_layers, "pipeline parallel"
+        else:
+            tp, sp, what = 1, False, "tensor parallel"
+        dropped.append(what)
+    if dropped:
+        notes.append(
+            f"layout: {', '.join(dropped)} not rehearsed: with the rest it needs more than "
+            f"{sup.max_ranks} processes, the most this machine runs"
+        )
+    new_p = dataclasses.replace(
+        p,
         nnodes=1,
-        nproc_per_node=nproc,
+        nproc_per_node=ranks(),
         master="",
-        data_parallel_degree=1 if zero1 else nproc,
-        tensor_parallel_degree=1,
-        pipeline_parallel_degree=1,
-        sharding="stage1" if zero1 else "",
-        sharding_parallel_degree=nproc if zero1 else 1,
-        sequence_parallel=False,
+        data_parallel_degree=dp,
+        tensor_parallel_degree=tp,
+        pipeline_parallel_degree=pp,
+        virtual_pp_degree=vpp,
+        sharding=sharding,
+        sharding_parallel_degree=shard,
+        sequence_parallel=sp,
+        recompute_layers=_recompute_layers(p, m.num_hidden_layers, layers, pp),
     )
+    new_m = dataclasses.replace(m, num_hidden_layers=layers)
+    new_t = t
+    # the pipeline's own rules: accumulation fills the stages (>= pp; interleaved: a multiple
+    # of pp, at least 2 x pp), sequence parallel splits micro x seq over tp
+    need = min_accumulation(pp, vpp)
+    if t.gradient_accumulation_steps < need or (vpp > 1 and t.gradient_accumulation_steps % pp):
+        acc = max(need, -(-t.gradient_accumulation_steps // pp) * pp if vpp > 1 else need)
+        new_t = dataclasses.replace(new_t, gradient_accumulation_steps=acc)
+    return dataclasses.replace(plan, parallel=new_p, model=new_m, training=new_t), notes
+
+
+def min_accumulation(pp: int, vpp: int) -> int:
+    """Micro-batches a step needs to fill a pipeline of pp stages (interleaved: 2 x pp)."""
+    return 2 * pp if vpp > 1 else pp
+
+
+def _recompute_layers(p, layers_before: int, layers: int, pp: int) -> int:
+    """Per-layer recompute kept in proportion: the same share of layers per stage, a multiple
+    of the local pp (0 stays 0: every layer)."""
+    if p.recompute_layers == 0 or p.recompute == "none":
+        return 0
+    per_stage = layers // pp
+    share = p.recompute_layers / layers_before
+    return max(1, min(per_stage, round(share * per_stage))) * pp
+
+
+def localize(plan: Plan, sup=None) -> tuple[Plan, list[str]]:
+    """The plan rehearsed on this machine: its own kinds of parallelism, shrunk.
+
+    Keeps seq_len, micro-batch, accumulation, precision where possible and the model; keeps
+    every layout kind that runs here (runner.rehearsal_device.support(): tensor, pipeline with
+    its virtual stages, sequence parallel, sharding stages, recompute on the rehearsal device;
+    data parallel and ZeRO-1 on plain CPU) at degree 2 (local_layout), one node. Price
+    becomes 0: a rehearsal on your own machine is not billed at the cloud price. Every change
+    is listed.
+    """
+    from runner import rehearsal_device
+
+    if sup is None:
+        sup = rehearsal_device.support()
+    changes: list[str] = []
+    device: Device = "cpu"
+    if sup is rehearsal_device.PLAIN_CPU or not sup.on_device:
+        import paddle
+
+        if paddle.is_compiled_with_cuda() and local_device_count("gpu"):
+            device = "gpu"
+    par, model = plan.parallel, plan.model
+    if device == "gpu":  # a GPU machine: every kind runs, as many ranks as it has GPUs
+        sup = dataclasses.replace(
+            sup, kinds=rehearsal_device.ALL_KINDS, max_ranks=local_device_count("gpu")
+        )
+    elif not sup.on_device:
+        sup = dataclasses.replace(sup, max_ranks=min(sup.max_ranks, local_device_count("cpu")))
+    shrunk, notes = local_layout(plan, sup)
+    new_par = shrunk.parallel
+    changes += notes
     for f in dataclasses.fields(par):
         old, new = getattr(par, f.name), getattr(new_par, f.name)
         if old != new:
             changes.append(f"parallel.{f.name}: {old!r} -> {new!r}")
-    t = plan.training
-    precisions = local_precisions() if device == "cpu" else plan.hardware.precisions
+    if shrunk.model.num_hidden_layers != model.num_hidden_layers:
+        changes.append(
+            f"model.num_hidden_layers: {model.num_hidden_layers} -> "
+            f"{shrunk.model.num_hidden_layers} (pipeline {new_par.pipeline_parallel_degree} x "
+            f"virtual {new_par.virtual_pp_degree} stages need whole layers each)"
+        )
+    t = shrunk.training
+    if t.gradient_accumulation_steps != plan.training.gradient_accumulation_steps:
+        changes.append(
+            f"training.gradient_accumulation_steps: {plan.training.gradient_accumulation_steps}"
+            f" -> {t.gradient_accumulation_steps} (fills the {new_par.pipeline_parallel_degree}"
+            "-stage pipeline)"
+        )
+    precisions = list(sup.precisions) if device == "cpu" else plan.hardware.precisions
     new_t = t
     if t.precision not in precisions:
         mixed = precision.row(t.precision).mixed
         fallback: Precision = "bf16" if "bf16" in precisions and mixed else "fp32"
         level = t.fp16_opt_level if precision.row(fallback).mixed else "O1"
         new_t = dataclasses.replace(t, precision=fallback, fp16_opt_level=level)
-        changes.append(f"training.precision: {t.precision!r} -> {fallback!r}")
+        why = (
+            "AMP does not run on the rehearsal device yet (no low-precision kernels)"
+            if sup.on_device
+            else "Paddle's AMP is a no-op on CPU"
+        )
+        changes.append(f"training.precision: {t.precision!r} -> {fallback!r} ({why})")
+    if new_t.use_flash_attention and (device != "gpu" or not precision.row(new_t.precision).mixed):
+        changes.append("training.use_flash_attention: True -> False (needs a GPU and fp16/bf16)")
+        new_t = dataclasses.replace(new_t, use_flash_attention=False)
     hw = plan.hardware
     new_hw = dataclasses.replace(
         hw,
         device=device,
-        profile=f"local-{device}",
+        profile=REHEARSAL_PROFILE if device == "cpu" and sup.on_device else f"local-{device}",
         offer="local",
         precisions=precisions,
         spot=False,
@@ -385,14 +641,20 @@ def localize(plan: Plan) -> tuple[Plan, list[str]]:
     for key in ("device", "profile", "price_per_node_hour"):
         if getattr(hw, key) != getattr(new_hw, key):
             changes.append(f"hardware.{key}: {getattr(hw, key)!r} -> {getattr(new_hw, key)!r}")
+    if device == "cpu":
+        changes.append(
+            f"runs on: the rehearsal device ({sup.device}), {new_par.world_size} process(es)"
+            if sup.on_device
+            else f"runs on: plain CPU (gloo), {new_par.world_size} process(es)"
+            + (f"; the rehearsal device is unavailable: {sup.why_not}" if sup.why_not else "")
+        )
     budget = dataclasses.replace(plan.budget, max_cost=0.0)
     if plan.budget.max_cost:
         changes.append("budget.max_cost: not enforced locally (price 0)")
     if plan.estimate.source != "none":
         changes.append("estimate: dropped (it describes the planned cluster, not this machine)")
     new_plan = dataclasses.replace(
-        plan,
-        parallel=new_par,
+        shrunk,
         training=new_t,
         hardware=new_hw,
         budget=budget,

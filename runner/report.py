@@ -106,15 +106,19 @@ def planned_vs_actual(plan: Plan, result: dict, billed_seconds: float) -> dict:
 
 
 def memory_per_rank(plan: Plan, measured: dict) -> dict | None:
-    """On GPU: each rank's measured peak (allocated and reserved, Paddle's allocator) next to
-    the plan's modelled peak per device, and the busiest rank's ratio; None where the run
-    did not record them (CPU records its peak RSS in the rows)."""
+    """Each rank's measured allocator figures (Paddle's allocator: on GPU and on the rehearsal
+    device; allocated and reserved, the whole attempt's peak and, where recorded, after the
+    model build, the first optimizer step's peak, after it, and the later steps' peak) next
+    to the plan's modelled peak per device and the memory model's figure for each phase, with
+    the busiest rank's ratios. Plain CPU: {'allocator_unavailable': why}; None where the run
+    recorded neither."""
     ranks = measured.get("peak_memory_per_rank")
     if not ranks:
-        return None
+        why = measured.get("allocator_unavailable")
+        return {"allocator_unavailable": why} if why else None
     modelled = plan.estimate.peak_memory_gb
     top = max(ranks, key=lambda r: r["reserved_gb"])
-    return {
+    out = {
         "modelled_gb_per_device": modelled,
         "modelled_source": plan.estimate.source,
         "ranks": ranks,
@@ -122,9 +126,23 @@ def memory_per_rank(plan: Plan, measured: dict) -> dict | None:
         "max_reserved_gb": top["reserved_gb"],
         "max_allocated_gb": max(r["allocated_gb"] for r in ranks),
         "max_reserved_over_modelled": top["reserved_gb"] / modelled if modelled else None,
-        "method": "paddle.device.cuda.max_memory_allocated / max_memory_reserved per rank "
-        "(measured)",
+        "method": (
+            measured.get("allocator_method")
+            or "paddle.device.cuda.max_memory_allocated / max_memory_reserved"
+        )
+        + " per rank (measured)",
     }
+    if any("after_model_build_allocated_gb" in r for r in ranks):
+        from runner.rehearsal import modelled_allocator_gb
+
+        phases = modelled_allocator_gb(plan)
+        out["modelled_allocator_gb"] = phases  # gptplan.memory's terms (modelled)
+        out["measured_over_modelled"] = {
+            key: max(r.get(f"{key}_allocated_gb") or 0.0 for r in ranks) / phases[f"{key}_gb"]
+            for key in ("after_model_build", "after_first_step", "step_peak")
+            if phases[f"{key}_gb"] > 0 and any(f"{key}_allocated_gb" in r for r in ranks)
+        }
+    return out
 
 
 def _fmt(value: float | None) -> str:
@@ -159,7 +177,9 @@ def render(report: dict) -> str:
         tabulate(table, headers=head, tablefmt="github", disable_numparse=True),
     ]
     mem = report.get("memory_per_rank")
-    if mem:
+    if mem and "allocator_unavailable" in mem:
+        lines.append(f"allocator peaks per rank: not measured ({mem['allocator_unavailable']})")
+    elif mem:
         ratio = mem["max_reserved_over_modelled"]
         lines.append(
             f"peak memory per rank (measured, allocator reserved / allocated): busiest rank "
@@ -168,6 +188,12 @@ def render(report: dict) -> str:
             f"{_fmt(mem['modelled_gb_per_device'])} GB per device"
             + (f" (reserved / modelled {ratio:.3f})" if ratio else "")
         )
+        for key, value in (mem.get("measured_over_modelled") or {}).items():
+            lines.append(
+                f"  {key.replace('_', ' ')}: allocated {_fmt(value)} x the modelled "
+                f"{_fmt(mem['modelled_allocator_gb'][key + '_gb'])} GB (busiest rank, measured "
+                "/ modelled)"
+            )
     noise = report.get("step_time_noise")
     if noise:
         low, high = noise["planned_step_time_interval_s"]

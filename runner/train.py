@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
-from gptplan import money, precision
+from gptplan import families, money, precision
 from gptplan.diskspace import free_bytes
 from gptplan.errors import UserError
 from gptplan.plan import Plan, TrainingSection, load_plan
@@ -35,7 +35,7 @@ from runner.billing import Billing
 from runner.console import say
 from runner.datacache import content_key, data_identity, open_prepared
 from runner.divergence import PATIENCE, STOP_DIVERGED, DivergenceGuard, ignoring
-from runner.metrics import MetricsWriter, RunMeter
+from runner.metrics import AllocatorPhases, AllocatorProbe, MetricsWriter, RunMeter
 from runner.model import build_model
 from runner.parallel import build_strategy, sharding_groups
 from runner.watchdog import ProgressFile
@@ -52,6 +52,9 @@ STOP_ORDER = (STOP_SIGNAL, "budget.max_cost", "budget.max_hours", STOP_DISK)  # 
 
 
 # ---- schedule --------------------------------------------------------------------------------
+
+
+REHEARSAL_LINE_EVERY_S = 5.0  # a rehearsal's step line at least this often (logging_steps aside)
 
 
 def learning_rate_at(step: int, t: TrainingSection) -> float:
@@ -235,7 +238,8 @@ class Trainer(Generic[B]):
             loss = self.model.train_batch(
                 [inputs, labels], optimizer=self.optimizer, scaler=self.scaler
             )
-        return float(loss)
+        # every stage gets the last stage's loss (Paddle broadcasts it), shaped [1] on some
+        return float(np.asarray(loss.numpy()).reshape(-1)[0])
 
     def global_loss(self, loss: float) -> float:
         """Mean loss over data-parallel ranks (for logging; the gradients are already synced)."""
@@ -298,23 +302,28 @@ def barrier(rank: RankInfo) -> None:
         dist.barrier()
 
 
-def gather_peak_memory(plan: Plan, rank: RankInfo) -> list[dict] | None:
-    """Every rank's measured peak memory on GPU (runner.metrics.device_peaks_gb), gathered to
-    all ranks in rank order: [{rank, allocated_gb, reserved_gb}]; None off GPU."""
-    from runner.metrics import device_peaks_gb, per_rank_peaks
+def gather_peak_memory(
+    plan: Plan, rank: RankInfo, phases: AllocatorPhases | None = None
+) -> list[dict] | None:
+    """Every rank's allocator figures (runner.metrics.AllocatorPhases: the whole attempt's
+    peak, and per phase where `phases` recorded them), gathered to all ranks in rank order:
+    [{rank, allocated_gb, reserved_gb, <phase>_allocated_gb, ...}]; None where Paddle keeps
+    no allocator statistics (plain CPU)."""
+    from runner.metrics import per_rank_peaks
 
-    mine = device_peaks_gb(plan.hardware.device)
-    if mine is None:
+    if phases is None:
+        phases = AllocatorPhases(AllocatorProbe.for_plan(plan))
+    if not phases.available:
         return None
+    mine = phases.vector_gb()
     if rank.world == 1:
         return per_rank_peaks([mine])
     import paddle
     import paddle.distributed as dist
 
     parts: list = []
-    dist.all_gather(parts, paddle.to_tensor(list(mine), dtype="float64"))
-    pairs = [t.numpy() for t in parts]  # (allocated, reserved) of each rank
-    return per_rank_peaks([(float(a), float(b)) for a, b in pairs])
+    dist.all_gather(parts, paddle.to_tensor(mine, dtype="float64"))
+    return per_rank_peaks([[float(x) for x in t.numpy()] for t in parts])
 
 
 def agree_on_stop(flags: list[int], rank: RankInfo) -> list[int]:
@@ -503,6 +512,7 @@ def build_training_state(plan: Plan):
     import paddle
     from paddle.utils import unique_name
 
+    reference = reference_weights(plan)  # a rehearsal's tensor-parallel start (see there)
     paddle.seed(plan.job.seed)
     with unique_name.guard():  # stable parameter names -> optimizer state keys match on resume
         model = build_model(
@@ -513,6 +523,8 @@ def build_training_state(plan: Plan):
             precision=plan.training.precision,
         )
         optimizer = build_optimizer(plan, model)
+    if reference is not None:
+        model.set_state_dict(tensor_parallel_slice(plan, reference))
     scaler = build_scaler(plan)
     if precision.amp_level(plan.training.precision, plan.training.fp16_opt_level) == "O2":
         dtype = precision.paddle_dtype(plan.training.precision)
@@ -520,6 +532,61 @@ def build_training_state(plan: Plan):
             models=model, optimizers=optimizer, level="O2", dtype=dtype, master_weight=True
         )
     return model, optimizer, scaler
+
+
+def reference_weights(plan: Plan) -> dict | None:
+    """A rehearsal (hardware.offer 'local') with tensor parallel starts from the weights a
+    1-process run of the same seed starts from, each rank its slice: Paddle initialises each
+    tensor-parallel shard from its own random stream, so without this a rehearsal's losses
+    could not be compared with a 1-process reference. Returns that 1-process model's state
+    (built as the reference builds it), or None (no rehearsal, no tensor parallel, or a
+    pipeline, whose stages name their weights differently)."""
+    p = plan.parallel
+    if plan.hardware.offer != "local" or p.tensor_parallel_degree == 1:
+        return None
+    if p.pipeline_parallel_degree > 1:
+        return None
+    import paddle
+    from paddle.utils import unique_name
+
+    single = dataclasses.replace(
+        p,
+        tensor_parallel_degree=1,
+        sequence_parallel=False,
+        data_parallel_degree=1,
+        sharding="",
+        sharding_parallel_degree=1,
+        nproc_per_node=1,
+        nnodes=1,
+    )
+    paddle.seed(plan.job.seed)
+    with unique_name.guard():
+        full = build_model(
+            plan.model,
+            single,
+            seq_len=plan.training.seq_len,
+            use_flash_attention=plan.training.use_flash_attention,
+            precision=plan.training.precision,
+        )
+    return {k: v.numpy() for k, v in full.state_dict().items()}
+
+
+def tensor_parallel_slice(plan: Plan, state: dict) -> dict:
+    """This tensor-parallel rank's slice of a 1-process state dict, by the family's own
+    PaddleNLP split mappings (`_get_tensor_parallel_mappings(config, is_split=True)`)."""
+    from paddle.distributed import fleet
+
+    from runner.model import _import, build_config
+
+    spec = families.get(plan.model.family)
+    config = build_config(plan.model, plan.parallel, seq_len=plan.training.seq_len)
+    config.tensor_parallel_degree = plan.parallel.tensor_parallel_degree
+    config.tensor_parallel_rank = fleet.get_hybrid_communicate_group().get_model_parallel_rank()
+    cls = _import(spec.causal_lm_class)
+    actions = cls._get_tensor_parallel_mappings(config, is_split=True)
+    names = cls._resolve_prefix_keys(actions.keys(), state.keys(), ignore_error=True)
+    split = {full: actions[short] for short, full in names.items()}
+    return {k: (split[k](v) if k in split else v) for k, v in state.items()}
 
 
 def distribute(trainer: Trainer[B]) -> None:
@@ -584,6 +651,8 @@ class Attempt:
     ignore_divergence: bool = False
     data: dict = dataclasses.field(default_factory=dict)  # runner.datacache.data_identity
     divergence: dict | None = None  # why the guard stopped the run
+    last_line_at: float = dataclasses.field(default_factory=time.monotonic)  # rank 0's last line
+    allocator: AllocatorPhases | None = None  # this rank's allocator figures
 
     @property
     def is_main(self) -> bool:
@@ -671,6 +740,8 @@ def start_attempt(plan: Plan, data_dir: Path, run_dir: Path) -> Attempt:
             state["padded_tokens"],
         )
     distribute(trainer)
+    allocator = AllocatorPhases(AllocatorProbe.for_plan(plan))
+    allocator.after_build()  # the model (and restored state) as the allocator holds it
     meter = RunMeter(
         plan,
         attempt_start=attempt_start,
@@ -695,6 +766,7 @@ def start_attempt(plan: Plan, data_dir: Path, run_dir: Path) -> Attempt:
         latest,
         guard=DivergenceGuard.from_state(state),
         data=data_identity(data_dir),
+        allocator=allocator,
     )
     run.beat = ProgressFile(rank.rank)
     if rank.is_main:
@@ -727,6 +799,8 @@ def run_step(run: Attempt, step: int) -> float:
         run.billing.note(startup_s=time.time() - run.meter.attempt_start)
     loss = trainer.global_loss(trainer.train_step(step))  # float() synchronised the device
     step_time = time.perf_counter() - began
+    if run.allocator is not None:
+        run.allocator.after_step(first=step == run.start_step)
     if run.beat is not None:
         run.beat.update(step + 1, step_s=step_time)
     real, padded = trainer.batches.step_token_counts(step)
@@ -750,10 +824,23 @@ def run_step(run: Attempt, step: int) -> float:
             cost=f"{record.cost:.4f}",
             refresh=False,
         )
-    if done % plan.training.logging_steps == 0 or done == plan.training.max_steps:
+    due = done % plan.training.logging_steps == 0 or done == plan.training.max_steps
+    if due:
         run.writer.write(record)
+    if step_line_due(plan, done, time.monotonic() - run.last_line_at):
         (run.progress.write if run.progress is not None else say)(log_line(plan, record))
+        run.last_line_at = time.monotonic()
     return loss
+
+
+def step_line_due(plan: Plan, done: int, quiet_s: float) -> bool:
+    """Whether rank 0 prints the line of step `done` (1-based): every logging_steps and the
+    last step; in a rehearsal (hardware.offer 'local', whose steps are slow here) also when
+    no line came for REHEARSAL_LINE_EVERY_S, whatever the plan's logging_steps."""
+    t = plan.training
+    if done % t.logging_steps == 0 or done == t.max_steps:
+        return True
+    return plan.hardware.offer == "local" and quiet_s >= REHEARSAL_LINE_EVERY_S
 
 
 def save_checkpoint(run: Attempt, step: int, loss: float) -> None:
@@ -801,9 +888,16 @@ def finish(run: Attempt, step: int, stop: Stop, last_saved: int) -> dict:
         "measured": meter.summary(),
         "last_step": asdict(meter.records[-1]) if meter.records else None,
     }
-    peaks = gather_peak_memory(plan, rank)  # a collective: every rank calls it
+    allocator = run.allocator or AllocatorPhases(AllocatorProbe.for_plan(plan))
+    allocator.finish()
+    peaks = gather_peak_memory(plan, rank, allocator)  # a collective: every rank calls it
     if peaks is not None:
         result["measured"]["peak_memory_per_rank"] = peaks
+        result["measured"]["allocator_method"] = allocator.probe.method
+    else:
+        result["measured"]["allocator_unavailable"] = allocator.probe.why_not or (
+            f"no allocator statistics on {plan.hardware.device}"
+        )
     if rank.is_main:
         steady = meter.steady()
         if steady:

@@ -63,7 +63,7 @@ class ProgressFile:
         self.path = Path(folder) / f"{PROGRESS_PREFIX}{rank}.json" if folder else None
         # the JSON record the runner's watchdog reads
         self.record: dict[str, Any] = {"rank": rank, "pid": os.getpid(), "step": None, "at": None}
-        self.record |= {"step_s": 0.0, "checkpoint_s": 0.0}
+        self.record |= {"step_s": 0.0, "first_step_s": 0.0, "checkpoint_s": 0.0}
 
     def update(self, step: int, *, step_s: float = 0.0, checkpoint_s: float = 0.0) -> None:
         if self.path is None:
@@ -71,6 +71,8 @@ class ProgressFile:
         r = self.record
         if r["step"] is not None:  # the attempt's first step compiles and warms up: not typical
             r["step_s"] = max(r["step_s"], step_s)
+        else:  # ... but until a second step is measured it is the only step time there is
+            r["first_step_s"] = max(r["first_step_s"], step_s)
         r.update(step=step, at=time.time())
         r["checkpoint_s"] = max(r["checkpoint_s"], checkpoint_s)
         tmp = self.path.with_name(self.path.name + ".tmp")
@@ -166,8 +168,16 @@ class Watchdog:
         )
 
     def limit_s(self, progress: dict[int, dict]) -> float:
+        # a rank that has measured only its first step (slow everywhere on a rehearsal, e.g.
+        # 118 s a step): that step bounds the next, or the floor would end a healthy step 2
         slowest = max(
-            [max(r.get("step_s") or 0.0, r.get("checkpoint_s") or 0.0) for r in progress.values()],
+            [
+                max(
+                    r.get("step_s") or r.get("first_step_s") or 0.0,
+                    r.get("checkpoint_s") or 0.0,
+                )
+                for r in progress.values()
+            ],
             default=0.0,
         )
         return max(self.floor_s, STALL_MULTIPLE * slowest)

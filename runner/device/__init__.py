@@ -1,0 +1,296 @@
+"""The rehearsal device: a Paddle custom device whose memory is host memory and whose collectives
+really move data between the processes of this machine (docs/device.md).
+
+Paddle's GPU-only distributed paths (tensor and pipeline parallel, sequence parallel, sharding
+stage 2/3) run on it as they would on GPUs. The plugin is C++ (`src/`), compiled against the
+installed Paddle wheel by `make setup` (`python -m runner.device build`) into a folder of this
+environment; `env()` is what a launch needs to find it (`CUSTOM_DEVICE_ROOT`, never a global
+setting), `capabilities()` says whether it is built and loadable and what it can run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+DEVICE_TYPE = "gptplan_cpu"
+LIBRARY = f"lib{DEVICE_TYPE}.so"
+SOURCES = ("runtime.cc", "kernels.cc")
+HEADERS = ("device_name.h", "kernel_list.h")
+SRC_DIR = Path(__file__).resolve().parent / "src"
+STAMP = "build.json"
+# every wait of a collective ends by this deadline (seconds) when a peer is dead or hung
+TIMEOUT_ENV = "GPTPLAN_DEVICE_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 120.0
+
+# The layout kinds the device runs, each checked against a 1-process reference by
+# tests/test_device.py (fp32); AMP is not among the precisions yet (docs/device.md says why).
+LAYOUT_KINDS = (
+    "dp",
+    "tp",
+    "sp",
+    "pp",
+    "vpp",
+    "sharding_stage1",
+    "sharding_stage2",
+    "sharding_stage3",
+)
+PRECISIONS = ("fp32",)
+
+
+class DeviceBuildError(RuntimeError):
+    """The plugin could not be built here (no compiler, no Paddle headers, a compile error)."""
+
+
+def install_dir() -> Path:
+    """Where the plugin is installed: inside the virtual environment when there is one, else in
+    the user data directory (never a global location)."""
+    if sys.prefix != sys.base_prefix:
+        return Path(sys.prefix) / "lib" / "gptplan-device"
+    from gptplan import userdata
+
+    return userdata.data_dir() / "device"
+
+
+def _paddle_dir() -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("paddle")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent
+
+
+def _paddle_version(paddle_dir: Path) -> str:
+    # read without importing Paddle (its import loads every custom device found)
+    text = (paddle_dir / "version" / "__init__.py").read_text(encoding="utf-8", errors="replace")
+    for line in text.splitlines():
+        if line.startswith("full_version"):
+            return line.split("=", 1)[1].strip().strip("'\"")
+    return "unknown"
+
+
+def source_digest() -> str:
+    h = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        h.update(name.encode())
+        h.update((SRC_DIR / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def compiler() -> str | None:
+    for name in (os.environ.get("CXX", ""), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def build(target: Path | None = None, *, quiet: bool = False) -> Path:
+    """Compile the plugin against the installed Paddle wheel into `target` (default
+    install_dir()); returns the library's path. Raises DeviceBuildError with the reason."""
+    target = target or install_dir()
+    cxx = compiler()
+    if cxx is None:
+        raise DeviceBuildError("no C++ compiler (g++, c++ or clang++; or set CXX)")
+    paddle_dir = _paddle_dir()
+    if paddle_dir is None:
+        raise DeviceBuildError("Paddle is not installed in this environment")
+    include = paddle_dir / "include"
+    lib_dir = paddle_dir / "base"
+    if not (include / "paddle" / "phi" / "backends" / "device_ext.h").is_file():
+        raise DeviceBuildError(
+            f"this Paddle wheel has no plugin headers ({include} lacks device_ext.h)"
+        )
+    if not (lib_dir / "libpaddle.so").is_file():
+        raise DeviceBuildError(f"this Paddle wheel has no {lib_dir / 'libpaddle.so'}")
+    target.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target) as tmp:
+        out = Path(tmp) / LIBRARY
+        cmd = [
+            cxx,
+            "-std=c++17",
+            "-O2",
+            "-fPIC",
+            "-shared",
+            "-DPADDLE_WITH_CUSTOM_DEVICE",
+            f"-I{include}",
+            f"-I{include / 'third_party'}",
+            f"-I{SRC_DIR}",
+            *(str(SRC_DIR / s) for s in SOURCES),
+            f"-L{lib_dir}",
+            "-l:libpaddle.so",
+            f"-Wl,-rpath,{lib_dir}",
+            "-o",
+            str(out),
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+            raise DeviceBuildError(f"{cxx} failed (exit {proc.returncode}):\n{tail}")
+        os.replace(out, target / LIBRARY)
+    stamp = {
+        "device_type": DEVICE_TYPE,
+        "source_digest": source_digest(),
+        "paddle_version": _paddle_version(paddle_dir),
+        "paddle_dir": str(paddle_dir),
+        "compiler": cxx,
+    }
+    (target / STAMP).write_text(json.dumps(stamp, indent=1) + "\n", encoding="utf-8")
+    if not quiet:
+        print(f"rehearsal device built: {target / LIBRARY}")
+    return target / LIBRARY
+
+
+def _state() -> tuple[bool, str]:
+    """(built and current, reason if not) from the files only; imports nothing."""
+    root = install_dir()
+    lib = root / LIBRARY
+    if not lib.is_file():
+        return False, f"the rehearsal device is not built ({lib} missing; run `make setup`)"
+    try:
+        stamp = json.loads((root / STAMP).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False, f"the rehearsal device at {root} has no build record; run `make setup`"
+    if stamp.get("source_digest") != source_digest():
+        return False, "the rehearsal device was built from older sources; run `make setup`"
+    paddle_dir = _paddle_dir()
+    if paddle_dir is None:
+        return False, "Paddle is not installed in this environment"
+    if stamp.get("paddle_version") != _paddle_version(paddle_dir):
+        return False, "the rehearsal device was built for another Paddle version; run `make setup`"
+    return True, ""
+
+
+def env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a process (or `paddle.distributed.launch`) that runs on the device.
+
+    Without a device launch uses: `--devices 0,1,...` (Paddle then picks the xccl backend and
+    places rank i on `gptplan_cpu:i`)."""
+    out = dict(os.environ if base is None else base)
+    out["CUSTOM_DEVICE_ROOT"] = str(install_dir())
+    # the first transpose would look up a stride `contiguous` kernel, which has no CPU fallback
+    out["FLAGS_use_stride_kernel"] = "0"
+    out.setdefault(TIMEOUT_ENV, str(int(DEFAULT_TIMEOUT_S)))
+    return out
+
+
+def cpu_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a process that must NOT load the device (a plain CPU reference)."""
+    out = dict(os.environ if base is None else base)
+    out["CUSTOM_DEVICE_ROOT"] = ""
+    return out
+
+
+_LOADABLE: dict[str, tuple[bool, str]] = {}
+
+
+def _loadable() -> tuple[bool, str]:
+    """Loads the plugin in a child Python (never in this process: loading it needs Paddle)."""
+    key = str(install_dir())
+    if key not in _LOADABLE:
+        code = (
+            "import paddle, sys\n"
+            f"sys.exit(0 if {DEVICE_TYPE!r} in paddle.device.get_all_custom_device_type() else 3)\n"
+        )
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-c", code], env=env(), capture_output=True, text=True, timeout=300
+            )
+            ok = proc.returncode == 0
+            why = (
+                ""
+                if ok
+                else "Paddle did not load the rehearsal device: "
+                + (proc.stderr.strip().splitlines() or ["?"])[-1]
+            )
+        except subprocess.TimeoutExpired:
+            ok, why = False, "loading the rehearsal device took over 300 s"
+        _LOADABLE[key] = (ok, why)
+    return _LOADABLE[key]
+
+
+def available(*, check_load: bool = False) -> bool:
+    ok, _ = _state()
+    if ok and check_load:
+        ok, _ = _loadable()
+    return ok
+
+
+def capabilities(*, check_load: bool = False) -> dict:
+    """What the device can do here, as a JSON-able dict: built/loadable, its device type, the
+    layout kinds and precisions it runs, and the environment a launch on it needs."""
+    ok, why = _state()
+    if ok and check_load:
+        ok, why = _loadable()
+    return {
+        "available": ok,
+        "reason": why,
+        "device_type": DEVICE_TYPE,
+        "root": str(install_dir()),
+        "layout_kinds": list(LAYOUT_KINDS) if ok else [],
+        "precisions": list(PRECISIONS) if ok else [],
+        "unavailable_precisions": {
+            "bf16": "no CPU bf16 kernels for about 25 ops of a training step (docs/device.md)",
+            "fp16": "no CPU fp16 kernels for about 24 ops of a training step (docs/device.md)",
+        },
+        "max_processes": 8,
+        "env": {k: v for k, v in env({}).items()} if ok else {},
+    }
+
+
+def launch_devices(nprocs: int) -> str:
+    """The `--devices` argument of `paddle.distributed.launch` for `nprocs` ranks."""
+    return ",".join(str(i) for i in range(nprocs))
+
+
+_HOOKED = False
+
+
+def install_paddle_hooks() -> None:
+    """Call once in every process that trains on the device, after importing Paddle.
+
+    Paddle 3.3.1's custom-device process group does not pass its coalescing (the batched
+    send/recv of pipeline schedules, `_coalescing_manager`) on to the plugin, so a ring of
+    "recv then send" batches (the interleaved schedule's last stage -> first stage) would leave
+    every rank blocked in its recv until the deadline. This brackets Paddle's coalescing with
+    the device's group start/end, which runs the batch's sends before its receives."""
+    global _HOOKED
+    if _HOOKED:
+        return
+    import contextlib
+    import ctypes
+    import importlib
+
+    # the modules (the package re-exports a function of the same name)
+    batch_isend_irecv = importlib.import_module(
+        "paddle.distributed.communication.batch_isend_irecv"
+    )
+    p2p_communication = importlib.import_module(
+        "paddle.distributed.fleet.meta_parallel.pp_utils.p2p_communication"
+    )
+
+    lib = ctypes.CDLL(str(install_dir() / LIBRARY))  # the copy Paddle loaded (same file)
+    original = batch_isend_irecv._coalescing_manager
+
+    @contextlib.contextmanager
+    def coalescing(group, tasks=None):
+        with original(group, tasks):
+            if lib.gptplan_device_group_start() != 0:
+                raise RuntimeError("the rehearsal device refused group_start")
+            try:
+                yield
+            finally:
+                if lib.gptplan_device_group_end() != 0:
+                    raise RuntimeError(
+                        "a batched send/recv on the rehearsal device failed (its log line says why)"
+                    )
+
+    for module in (batch_isend_irecv, p2p_communication):
+        module.__dict__["_coalescing_manager"] = coalescing
+    _HOOKED = True

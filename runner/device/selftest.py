@@ -1,0 +1,304 @@
+"""Proof that parallel layouts run correctly on the rehearsal device.
+
+`python -m runner.device.selftest reference --out DIR` trains tiny PaddleNLP GPT and Llama models
+in ONE plain-CPU process (the reference) and saves their initial weights; then, launched on the
+device with `paddle.distributed.launch --devices 0,1[,2,3]`,
+`python -m runner.device.selftest run --layouts tp2,tp2_sp --out DIR` trains the same models from
+the same weights on the same batches in each layout, and rank 0 writes the per-step losses, the
+step times and every tensor found off the device (parameters, gradients, optimizer states) to
+DIR/<layout>.json. Layouts that share a process-group setup share one launch.
+
+Layouts: tp2, tp2_sp (tensor parallel, + sequence parallel), pp2 (pipeline, train_batch, 1F1B),
+stage1 (fleet sharding), stage2, stage3 (group_sharded_parallel), dp2, and with 4 processes pp4,
+vpp4 (pp 4 with 2 virtual stages each: Paddle's interleaved schedule needs pp > 2), dp2_tp2,
+pp2_tp2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+FAMILIES = ("gpt", "llama")
+STEPS = 3
+BATCH = 4  # global batch (samples)
+SEQ = 32
+VOCAB = 256
+LR = 1e-3
+# which launch each layout needs: (fleet hybrid degrees or None for init_parallel_env, nprocs)
+GROUPS = {
+    "tp2": ("mp2", 2),
+    "tp2_sp": ("mp2", 2),
+    "pp2": ("pp2", 2),
+    "pp4": ("pp4", 4),
+    "vpp4": ("pp4", 4),  # Paddle's interleaved schedule needs pp > 2
+    "stage1": ("sharding2", 2),
+    "stage2": ("plain", 2),
+    "stage3": ("plain", 2),
+    "dp2": ("dp2", 2),
+    "dp2_tp2": ("dp2mp2", 4),
+    "pp2_tp2": ("pp2mp2", 4),
+}
+
+
+def _config(
+    family: str, *, tp: int = 1, tp_rank: int = 0, sp: bool = False, pp: int = 1, vpp: int = 1
+):
+    from paddlenlp.transformers import GPTConfig, LlamaConfig
+
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=8,  # pp 4 x 2 virtual stages
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=SEQ,
+        tensor_parallel_degree=tp,
+        tensor_parallel_rank=tp_rank,
+        sequence_parallel=sp,
+        pipeline_parallel_degree=pp,
+        virtual_pp_degree=vpp,
+        seq_length=SEQ,
+    )
+    if family == "gpt":
+        return GPTConfig(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **common)
+    return LlamaConfig(rms_norm_eps=1e-6, use_flash_attention=False, **common)
+
+
+def _classes(family: str):
+    from paddlenlp.transformers import (
+        GPTForCausalLM,
+        GPTForCausalLMPipe,
+        LlamaForCausalLM,
+        LlamaForCausalLMPipe,
+    )
+
+    return {
+        "gpt": (GPTForCausalLM, GPTForCausalLMPipe),
+        "llama": (LlamaForCausalLM, LlamaForCausalLMPipe),
+    }[family]
+
+
+def _batches():
+    import numpy as np
+
+    rng = np.random.default_rng(1234)
+    # ids from 3 on: no pad/bos/eos label, so every rank averages over as many tokens
+    ids = rng.integers(3, VOCAB, size=(STEPS, BATCH, SEQ + 1)).astype("int64")
+    return [(b[:, :-1], b[:, 1:]) for b in ids]
+
+
+def _loss(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def reference(out_dir: Path) -> None:
+    """One process, plain CPU: initial weights (save_pretrained) and the per-step losses."""
+    import paddle
+
+    paddle.set_device("cpu")
+    result = {}
+    for family in FAMILIES:
+        paddle.seed(2024)
+        model = _classes(family)[0](_config(family))
+        init = out_dir / f"init_{family}"
+        model.save_pretrained(str(init))
+        if family == "gpt":
+            # GPT's lm_head IS the word embedding (tied): its own key would load unsplit under
+            # tensor parallelism (PaddleNLP 2.8.1 splits only the embedding's key)
+            state = paddle.load(str(init / "model_state.pdparams"))
+            state.pop("lm_head.weight", None)
+            paddle.save(state, str(init / "model_state.pdparams"))
+        opt = paddle.optimizer.AdamW(learning_rate=LR, parameters=model.parameters())
+        losses, times = [], []
+        for x, y in _batches():
+            t0 = time.perf_counter()
+            loss = _loss(model(paddle.to_tensor(x), labels=paddle.to_tensor(y)))
+            loss.backward()
+            opt.step()
+            opt.clear_grad()
+            losses.append(float(loss.numpy().reshape(-1)[0]))
+            times.append(time.perf_counter() - t0)
+        result[family] = {"losses": losses, "step_s": times}
+    (out_dir / "reference.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+
+
+def _off_device(model, optimizer, device_type: str) -> list[str]:
+    """Every parameter, gradient and optimizer state not on the device."""
+    bad = []
+
+    def check(kind, name, t):
+        if t is None or not hasattr(t, "place"):
+            return
+        if not t._is_initialized():
+            return  # a stage-3 parameter's released storage
+        if f"Place({device_type}:" not in str(t.place):
+            bad.append(f"{kind} {name} on {t.place}")
+
+    for name, p in model.named_parameters():
+        check("parameter", name, p)
+        check("gradient", name, p.grad)
+    seen = set()
+    opt = optimizer
+    while opt is not None and id(opt) not in seen:
+        seen.add(id(opt))
+        for acc_name, per_param in getattr(opt, "_accumulators", {}).items():
+            for pname, t in per_param.items():
+                check("optimizer state", f"{acc_name}/{pname}", t)
+        for pname, t in getattr(opt, "_master_weights", {}).items():
+            check("master weight", pname, t)
+        opt = getattr(opt, "_inner_opt", None) or getattr(opt, "_optim", None)
+    return bad
+
+
+def _hybrid(group: str):
+    import paddle.distributed as dist
+    from paddle.distributed import fleet
+
+    degrees = {
+        "mp2": dict(mp_degree=2),
+        "pp2": dict(pp_degree=2),
+        "pp4": dict(pp_degree=4),
+        "sharding2": dict(sharding_degree=2),
+        "dp2": dict(dp_degree=2),
+        "dp2mp2": dict(dp_degree=2, mp_degree=2),
+        "pp2mp2": dict(pp_degree=2, mp_degree=2),
+    }
+    if group == "plain":
+        dist.init_parallel_env()
+        return None
+    d = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 1, "sharding_degree": 1}
+    d.update(degrees[group])
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = d  # type: ignore[assignment]
+    if d["pp_degree"] > 1:
+        strategy.pipeline_configs = {
+            # 4 micro-batches of 1: the interleaved schedule needs at least 2 x pp of them
+            "accumulate_steps": BATCH // d["dp_degree"],
+            "micro_batch_size": 1,
+        }
+    fleet.init(is_collective=True, strategy=strategy)
+    return fleet.get_hybrid_communicate_group()
+
+
+def run_layout(layout: str, family: str, init_dir: Path, hcg, device_type: str) -> dict:
+    import paddle
+    import paddle.distributed as dist
+    from paddle.distributed import fleet
+
+    world = dist.get_world_size()
+    rank = dist.get_rank()
+    tp = hcg.get_model_parallel_world_size() if hcg else 1
+    tp_rank = hcg.get_model_parallel_rank() if hcg else 0
+    pp = hcg.get_pipe_parallel_world_size() if hcg else 1
+    vpp = 2 if layout.startswith("vpp") else 1
+    sp = layout == "tp2_sp"
+    config = _config(family, tp=tp, tp_rank=tp_rank, sp=sp, pp=pp, vpp=vpp)
+    cls = _classes(family)[1 if pp > 1 else 0]
+    model = cls.from_pretrained(str(init_dir / f"init_{family}"), config=config)
+    if sp:  # the sequence-parallel parameters' gradients are partial sums until all-reduced
+        from paddle.distributed.fleet.utils.sequence_parallel_utils import (
+            register_sequence_parallel_allreduce_hooks,
+        )
+
+        register_sequence_parallel_allreduce_hooks(model, 1, False)
+    opt = paddle.optimizer.AdamW(learning_rate=LR, parameters=model.parameters())
+    # the data-parallel width: which part of the global batch this rank trains on
+    if hcg is None:
+        dp_width, dp_rank = world, rank
+    else:
+        dp_width = hcg.get_data_parallel_world_size() * hcg.get_sharding_parallel_world_size()
+        dp_rank = (
+            hcg.get_data_parallel_rank() * hcg.get_sharding_parallel_world_size()
+            + hcg.get_sharding_parallel_rank()
+        )
+    if layout in ("stage2", "stage3"):
+        from paddle.distributed.sharding import group_sharded_parallel
+
+        model, opt, _ = group_sharded_parallel(
+            model, opt, level="os_g" if layout == "stage2" else "p_g_os"
+        )
+    elif hcg is not None:
+        model = fleet.distributed_model(model)
+        opt = fleet.distributed_optimizer(opt)
+    per = BATCH // dp_width
+    losses: list[float] = []
+    times: list[float] = []
+    off: list[str] = []
+    for x, y in _batches():
+        xs = paddle.to_tensor(x[dp_rank * per : (dp_rank + 1) * per])
+        ys = paddle.to_tensor(y[dp_rank * per : (dp_rank + 1) * per])
+        t0 = time.perf_counter()
+        if pp > 1:
+            loss = model.train_batch([xs, ys], optimizer=opt)
+        else:
+            loss = _loss(model(xs, labels=ys))
+            loss.backward()
+            if not off:
+                off = _off_device(model, opt, device_type)
+            opt.step()
+            opt.clear_grad()
+        loss = loss.detach().clone()
+        if dp_width > 1:  # the global batch's loss: the mean over the data-parallel ranks
+            if hcg is None:
+                dist.all_reduce(loss)
+            else:  # over the data-parallel and sharding groups only (not the tp/pp ranks)
+                for group in (hcg.get_data_parallel_group(), hcg.get_sharding_parallel_group()):
+                    if group.nranks > 1:
+                        dist.all_reduce(loss, group=group)
+            loss = loss / dp_width
+        times.append(time.perf_counter() - t0)
+        losses.append(float(loss.numpy().reshape(-1)[0]))
+    off += [o for o in _off_device(model, opt, device_type) if o not in off]
+    return {"losses": losses, "step_s": times, "off_device": off}
+
+
+def run(layouts: list[str], out_dir: Path) -> None:
+    import paddle
+    import paddle.distributed as dist
+
+    from runner.device import DEVICE_TYPE, install_paddle_hooks
+
+    install_paddle_hooks()
+
+    groups = {GROUPS[layout][0] for layout in layouts}
+    if len(groups) != 1:
+        raise SystemExit(f"layouts {layouts} need different process groups; launch them separately")
+    hcg = _hybrid(groups.pop())
+    result: dict = {"place": str(paddle.get_device()), "world": dist.get_world_size()}
+    for layout in layouts:
+        for family in FAMILIES:
+            paddle.seed(2024)
+            result[f"{layout}/{family}"] = run_layout(layout, family, out_dir, hcg, DEVICE_TYPE)
+    # every rank's off-device findings count: gather them on rank 0
+    findings: list = []
+    dist.all_gather_object(
+        findings, {k: v["off_device"] for k, v in result.items() if isinstance(v, dict)}
+    )
+    if dist.get_rank() == 0:
+        for rank, per_rank in enumerate(findings):
+            for key, bad in per_rank.items():
+                result[key].setdefault("off_device_by_rank", {})[str(rank)] = bad
+        name = "+".join(layouts)
+        tmp = out_dir / f".{name}.json.tmp"
+        tmp.write_text(json.dumps(result, indent=1), encoding="utf-8")
+        os.replace(tmp, out_dir / f"{name}.json")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m runner.device.selftest", description=__doc__)
+    parser.add_argument("mode", choices=["reference", "run"])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--layouts", default="")
+    args = parser.parse_args(argv)
+    if args.mode == "reference":
+        reference(args.out)
+    else:
+        run([x for x in args.layouts.split(",") if x], args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""Real rehearsals on the rehearsal device (issue 34): a tensor-parallel plan rehearsed with
+--local runs in its own layout (tp 2, 2 processes), its losses equal a 1-process reference
+(fp32), a rank SIGKILLed mid-run and the rerun give the uninterrupted run's losses, and every
+rank records its allocator peaks. Skipped where the device is not built (runner.rehearsal_device
+says why)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import tomli_w
+from conftest import BASE_PLAN, merge, run_cli
+from test_train_e2e import metrics, start_background, wait_for_step
+
+from gptplan.plan import REHEARSAL_PROFILE, load_plan
+from runner import rehearsal_device
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        not rehearsal_device.support().on_device,
+        reason=f"the rehearsal device is unavailable: {rehearsal_device.support().why_not}",
+    ),
+]
+
+# A GPU plan (4 A100s, tensor parallel 4), no dropout so that the layouts compute the same
+# arithmetic; 6 steps, a checkpoint every 2.
+TP4_GPU = {
+    "model": {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
+    "training": {"max_steps": 6, "gradient_accumulation_steps": 1},
+    "parallel": {"nproc_per_node": 4, "tensor_parallel_degree": 4, "data_parallel_degree": 1},
+    "hardware": {
+        "profile": "a100-80gb",
+        "device": "gpu",
+        "precisions": ["fp32", "bf16"],
+        "peak_tflops": 312.0,
+    },
+    "checkpoint": {"interval_steps": 2, "keep_last": 3},
+}
+
+
+def plan_file(tmp_path: Path, shared_cache: Path, overrides: dict, name: str) -> Path:
+    data = merge(BASE_PLAN, {"job": {"cache_dir": str(shared_cache)}})
+    path = tmp_path / f"{name}.toml"
+    path.write_text(tomli_w.dumps(merge(data, overrides)))
+    return path
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [r["loss"] for _, r in sorted(metrics(run_dir).items())]
+
+
+def rehearse(plan: Path, out: str, *extra: str):
+    return run_cli(
+        "runner",
+        "execute",
+        str(plan),
+        "--local",
+        "--max-steps",
+        "6",
+        "--output-dir",
+        out,
+        *extra,
+        cwd=plan.parent,
+        timeout=900,
+    )
+
+
+@pytest.fixture(scope="module")
+def tp_runs(tmp_path_factory, shared_cache):
+    work = tmp_path_factory.mktemp("tp")
+    plan = plan_file(work, shared_cache, TP4_GPU, "tp4")
+    done = rehearse(plan, "tp")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    local = load_plan(work / "tp" / "plan.toml")
+    reference = merge(
+        json.loads(json.dumps(local.to_dict())),
+        {
+            "parallel": {"nproc_per_node": 1, "tensor_parallel_degree": 1},
+            "hardware": {"profile": "cpu"},
+            "job": {"output_dir": str(work / "ref")},
+        },
+    )
+    ref_plan = work / "ref.toml"
+    ref_plan.write_text(tomli_w.dumps(reference))
+    ref = run_cli("runner", "execute", str(ref_plan), cwd=work, timeout=900)
+    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
+    return work, plan, done
+
+
+def test_tp_plan_rehearses_as_tp2_on_the_device_with_the_reference_losses(tp_runs):
+    work, _, done = tp_runs
+    assert "parallel.tensor_parallel_degree: 4 -> 2" in done.stdout
+    assert "runs on: the rehearsal device" in done.stdout
+    local = load_plan(work / "tp" / "plan.toml")
+    assert local.hardware.profile == REHEARSAL_PROFILE
+    assert (local.parallel.tensor_parallel_degree, local.parallel.nproc_per_node) == (2, 2)
+    a, b = losses(work / "tp"), losses(work / "ref")
+    assert len(a) == len(b) == 6
+    assert a == pytest.approx(b, rel=1e-5, abs=1e-5)
+    report = json.loads((work / "tp" / "report.json").read_text())
+    mem = report["memory_per_rank"]
+    assert [r["rank"] for r in mem["ranks"]] == [0, 1]
+    for row in mem["ranks"]:
+        assert row["after_model_build_allocated_gb"] > 0
+        assert row["after_first_step_allocated_gb"] > row["after_model_build_allocated_gb"]
+        assert row["step_peak_allocated_gb"] >= row["after_first_step_allocated_gb"]
+    assert set(mem["measured_over_modelled"]) == {
+        "after_model_build",
+        "after_first_step",
+        "step_peak",
+    }
+
+
+def test_sigkill_of_a_rank_and_the_rerun_give_the_uninterrupted_losses(tp_runs):
+    work, plan, _ = tp_runs
+    run = work / "killed"
+    args = ["--local", "--max-steps", "6", "--output-dir", "killed"]
+    proc = start_background(plan, *args)
+    try:
+        wait_for_step(run, 2, proc, timeout=600)  # step 2 checkpointed, step 3 under way
+        records = sorted((run / "logs" / "attempt_001" / "ranks").glob("rank_*.json"))
+        victim = [json.loads(p.read_text()) for p in records][-1]
+        os.kill(victim["pid"], signal.SIGKILL)
+        proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    again = rehearse(plan, "killed")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "resumed from step_" in again.stdout
+    assert losses(run) == pytest.approx(losses(work / "tp"), rel=1e-6, abs=1e-6)
+
+
+STAGE3_GPU = merge(
+    TP4_GPU,
+    {
+        "parallel": {
+            "nproc_per_node": 8,
+            "tensor_parallel_degree": 1,
+            "sharding": "stage3",
+            "sharding_parallel_degree": 8,
+        }
+    },
+)
+
+
+@pytest.fixture(scope="module")
+def stage3_runs(tmp_path_factory, shared_cache):
+    work = tmp_path_factory.mktemp("stage3")
+    plan = plan_file(work, shared_cache, STAGE3_GPU, "s3")
+    done = rehearse(plan, "s3")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    local = load_plan(work / "s3" / "plan.toml")
+    micro = local.training.per_device_train_batch_size * local.parallel.sharding_parallel_degree
+    reference = merge(
+        json.loads(json.dumps(local.to_dict())),
+        {
+            "parallel": {"nproc_per_node": 1, "sharding": "", "sharding_parallel_degree": 1},
+            "training": {"per_device_train_batch_size": micro},  # the same global batch
+            "hardware": {"profile": "cpu"},
+            "job": {"output_dir": str(work / "ref")},
+        },
+    )
+    ref_plan = work / "ref.toml"
+    ref_plan.write_text(tomli_w.dumps(reference))
+    ref = run_cli("runner", "execute", str(ref_plan), cwd=work, timeout=900)
+    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
+    return work, plan, done
+
+
+def test_stage3_rehearses_as_stage3_x2_with_the_reference_losses(stage3_runs):
+    work, _, done = stage3_runs
+    assert "parallel.sharding_parallel_degree: 8 -> 2" in done.stdout
+    local = load_plan(work / "s3" / "plan.toml")
+    assert (local.parallel.sharding, local.parallel.nproc_per_node) == ("stage3", 2)
+    a, b = losses(work / "s3"), losses(work / "ref")
+    assert len(a) == len(b) == 6
+    assert a == pytest.approx(b, rel=1e-5, abs=1e-5)
+
+
+def test_stage3_sigkill_and_rerun_give_the_uninterrupted_losses(stage3_runs):
+    work, plan, _ = stage3_runs
+    run = work / "killed"
+    proc = start_background(plan, "--local", "--max-steps", "6", "--output-dir", "killed")
+    try:
+        wait_for_step(run, 1, proc, timeout=600)  # step 2 done: its checkpoint is being written
+        records = sorted((run / "logs" / "attempt_001" / "ranks").glob("rank_*.json"))
+        os.kill(json.loads(records[-1].read_text())["pid"], signal.SIGKILL)
+        proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    again = rehearse(plan, "killed")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert losses(run) == pytest.approx(losses(work / "s3"), rel=1e-6, abs=1e-6)
