@@ -4,7 +4,7 @@
 1-process CPU reference, with every parameter, gradient and optimizer state on the device.
 
 The launches are shared: one reference process and one launch per process-group setup
-(tp2 + tp2_sp, stage2 + stage3, stage1, and with 4 processes pp4 + vpp4 and pp2 x tp2)."""
+(tp2 + tp2_sp, stage1 + stage2 + stage3, and with 4 processes pp4 + vpp4 and pp2 x tp2)."""
 
 from __future__ import annotations
 
@@ -209,8 +209,7 @@ def test_collectives_move_data_and_end_on_a_dead_or_hung_peer(tmp_path):
 
 LAUNCHES = {  # one launch per process-group setup: its layouts and processes
     "tp2,tp2_sp": 2,
-    "stage2,stage3": 2,
-    "stage1": 2,
+    "stage1,stage2,stage3": 2,
     "pp4,vpp4": 4,  # 1F1B and interleaved (Paddle's interleaved schedule needs pp > 2)
     "pp2_tp2": 4,  # a 4-process hybrid
 }

@@ -36,8 +36,9 @@ GROUPS = {
     "pp4": ("pp4", 4),
     "vpp4": ("pp4", 4),  # Paddle's interleaved schedule needs pp > 2
     "stage1": ("sharding2", 2),
-    "stage2": ("plain", 2),
-    "stage3": ("plain", 2),
+    # group_sharded_parallel on the global group: shares the launch of fleet's stage 1
+    "stage2": ("sharding2", 2),
+    "stage3": ("sharding2", 2),
     "dp2": ("dp2", 2),
     "dp2_tp2": ("dp2mp2", 4),
     "pp2_tp2": ("pp2mp2", 4),
