@@ -265,9 +265,12 @@ def run(layouts: list[str], out_dir: Path) -> None:
     import paddle
     import paddle.distributed as dist
 
-    from runner.device import DEVICE_TYPE, install_paddle_hooks
+    from runner.device import DEVICE_TYPE, activate_if_on_device
 
-    install_paddle_hooks()
+    if not activate_if_on_device():
+        raise SystemExit(
+            f"not on the rehearsal device ({paddle.get_device()}): launch with runner.device.env()"
+        )
 
     groups = {GROUPS[layout][0] for layout in layouts}
     if len(groups) != 1:
