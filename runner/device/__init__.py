@@ -294,3 +294,14 @@ def install_paddle_hooks() -> None:
     for module in (batch_isend_irecv, p2p_communication):
         module.__dict__["_coalescing_manager"] = coalescing
     _HOOKED = True
+
+
+def activate_if_on_device() -> bool:
+    """For a training process: True (and the hooks installed) when Paddle placed it on the
+    device (a launch with env() and `--devices`), False on any other device."""
+    import paddle
+
+    if not str(paddle.get_device()).startswith(DEVICE_TYPE + ":"):
+        return False
+    install_paddle_hooks()
+    return True

@@ -11,7 +11,7 @@ DIR/<layout>.json. Layouts that share a process-group setup share one launch.
 Layouts: tp2, tp2_sp (tensor parallel, + sequence parallel), pp2 (pipeline, train_batch, 1F1B),
 stage1 (fleet sharding), stage2, stage3 (group_sharded_parallel), dp2, and with 4 processes pp4,
 vpp4 (pp 4 with 2 virtual stages each: Paddle's interleaved schedule needs pp > 2), dp2_tp2,
-pp2_tp2.
+pp2_tp2, stage1_tp2_sp, dp2_pp2.
 """
 
 from __future__ import annotations
@@ -36,10 +36,13 @@ GROUPS = {
     "pp4": ("pp4", 4),
     "vpp4": ("pp4", 4),  # Paddle's interleaved schedule needs pp > 2
     "stage1": ("sharding2", 2),
-    "stage2": ("plain", 2),
-    "stage3": ("plain", 2),
+    # group_sharded_parallel on the global group: shares the launch of fleet's stage 1
+    "stage2": ("sharding2", 2),
+    "stage3": ("sharding2", 2),
     "dp2": ("dp2", 2),
     "dp2_tp2": ("dp2mp2", 4),
+    "stage1_tp2_sp": ("sharding2mp2", 4),
+    "dp2_pp2": ("dp2pp2", 4),
     "pp2_tp2": ("pp2mp2", 4),
 }
 
@@ -166,6 +169,8 @@ def _hybrid(group: str):
         "dp2": dict(dp_degree=2),
         "dp2mp2": dict(dp_degree=2, mp_degree=2),
         "pp2mp2": dict(pp_degree=2, mp_degree=2),
+        "sharding2mp2": dict(sharding_degree=2, mp_degree=2),
+        "dp2pp2": dict(dp_degree=2, pp_degree=2),
     }
     if group == "plain":
         dist.init_parallel_env()
@@ -195,7 +200,7 @@ def run_layout(layout: str, family: str, init_dir: Path, hcg, device_type: str) 
     tp_rank = hcg.get_model_parallel_rank() if hcg else 0
     pp = hcg.get_pipe_parallel_world_size() if hcg else 1
     vpp = 2 if layout.startswith("vpp") else 1
-    sp = layout == "tp2_sp"
+    sp = layout.endswith("_sp")
     config = _config(family, tp=tp, tp_rank=tp_rank, sp=sp, pp=pp, vpp=vpp)
     cls = _classes(family)[1 if pp > 1 else 0]
     model = cls.from_pretrained(str(init_dir / f"init_{family}"), config=config)
@@ -260,9 +265,12 @@ def run(layouts: list[str], out_dir: Path) -> None:
     import paddle
     import paddle.distributed as dist
 
-    from runner.device import DEVICE_TYPE, install_paddle_hooks
+    from runner.device import DEVICE_TYPE, activate_if_on_device
 
-    install_paddle_hooks()
+    if not activate_if_on_device():
+        raise SystemExit(
+            f"not on the rehearsal device ({paddle.get_device()}): launch with runner.device.env()"
+        )
 
     groups = {GROUPS[layout][0] for layout in layouts}
     if len(groups) != 1:

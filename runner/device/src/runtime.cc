@@ -169,8 +169,10 @@ struct C_CCLComm_st {
 
 namespace {
 
-std::mutex g_comms_mu;
-std::vector<C_CCLComm> g_comms;  // live communicators, for syncs that move the outboxes on
+// Live communicators, for syncs that move the outboxes on. Never destroyed: Paddle destroys its
+// communicators from its own static destructors, which may run after this library's.
+std::mutex& g_comms_mu = *new std::mutex();
+std::vector<C_CCLComm>& g_comms = *new std::vector<C_CCLComm>();
 
 // One wait with a deadline; `ready` is polled. Returns false (after reporting) on a deadline,
 // a dead peer or an abort by another rank.
