@@ -502,18 +502,44 @@ def save_tensors(path: Path, state: dict, *, kind: str) -> None:
     save_file(flat, str(path), metadata={HEADER_KEY: json.dumps(header)})
 
 
+# safetensors dtypes numpy cannot hold (read through safetensors' Paddle reader instead)
+NUMPY_LESS = frozenset({"BF16", "F8_E4M3", "F8_E5M2"})
+
+
+def _current_place():
+    import paddle
+
+    return paddle.framework._current_expected_place()
+
+
 def load_tensors(path: Path, *, kind: str) -> dict:
     """What `save_tensors` wrote (the model's tied names in TIED_KEY); a file that is not one
     is a CheckpointError naming it."""
+    import paddle
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint file {path} is missing: no {kind} state of this shard")
     try:
-        with safe_open(str(path), framework="paddle") as handle:
+        # Read as numpy and hand to paddle.to_tensor (on the current place): safetensors' own
+        # Paddle reader goes through view_dtype, which has no kernel on the rehearsal device.
+        # numpy has no bfloat16, so those tensors come through the Paddle reader on the CPU.
+        with safe_open(str(path), framework="np") as handle:
             header = json.loads((handle.metadata() or {}).get(HEADER_KEY, "null"))
-            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+            names = list(handle.keys())
+            wide = [n for n in names if handle.get_slice(n).get_dtype() not in NUMPY_LESS]
+            tensors = {name: paddle.to_tensor(handle.get_tensor(name)) for name in wide}
+        narrow = [n for n in names if n not in tensors]
+        if narrow:
+            with (
+                paddle.device.device_guard("cpu"),
+                safe_open(str(path), framework="paddle") as handle,
+            ):
+                cpu = {name: handle.get_tensor(name) for name in narrow}
+            tensors.update(
+                {name: paddle.to_tensor(t, place=_current_place()) for name, t in cpu.items()}
+            )
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(
             f"checkpoint file {path} is not readable safetensors ({exc})"
