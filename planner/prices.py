@@ -27,6 +27,7 @@ from pathlib import Path
 
 import tomli_w
 
+from gptplan.diskspace import guard_disk_writes
 from gptplan.tomlconf import name_problem, read_toml, table_array, write_text_atomic
 from planner.hardware import (
     PROFILE_DIR,
@@ -387,7 +388,8 @@ def import_lock(folder: Path):
     import can be writing them then."""
     import fcntl
 
-    folder.mkdir(parents=True, exist_ok=True)
+    with guard_disk_writes(folder, setting="the data directory (--data-dir)"):
+        folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)  # the folder itself: no file of its own
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

@@ -213,7 +213,9 @@ class HangingProbe:
         proc = subprocess.Popen(["sleep", "600"], start_new_session=True,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.procs.append(proc)
-        (self.work_dir / "probe.pid").write_text(str(proc.pid))
+        # written whole (a rename): the test reads it as soon as it exists
+        (self.work_dir / "probe.pid.tmp").write_text(str(proc.pid))
+        os.replace(self.work_dir / "probe.pid.tmp", self.work_dir / "probe.pid")
         proc.wait()
 
     def close(self, *, wait=True):

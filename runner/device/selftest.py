@@ -17,12 +17,15 @@ pp2_tp2, stage1_tp2_sp, dp2_pp2.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import time
 from pathlib import Path
 
-FAMILIES = ("gpt", "llama")
+from gptplan import families
+
+FAMILIES = ("gpt", "llama")  # the families the self-test trains (data, not a branch)
 STEPS = 3
 BATCH = 4  # global batch (samples)
 SEQ = 32
@@ -50,8 +53,6 @@ GROUPS = {
 def _config(
     family: str, *, tp: int = 1, tp_rank: int = 0, sp: bool = False, pp: int = 1, vpp: int = 1
 ):
-    from paddlenlp.transformers import GPTConfig, LlamaConfig
-
     common = dict(
         vocab_size=VOCAB,
         hidden_size=64,
@@ -66,23 +67,22 @@ def _config(
         virtual_pp_degree=vpp,
         seq_length=SEQ,
     )
-    if family == "gpt":
-        return GPTConfig(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **common)
-    return LlamaConfig(rms_norm_eps=1e-6, use_flash_attention=False, **common)
+    spec = families.get(family)
+    if spec.has_dropout:  # dropout off: the ranks' losses must equal the reference's
+        common.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return _load(spec.config_class)(use_flash_attention=False, **common)
+
+
+def _load(path: str):
+    """A PaddleNLP class named 'module:Class' in the family registry."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _classes(family: str):
-    from paddlenlp.transformers import (
-        GPTForCausalLM,
-        GPTForCausalLMPipe,
-        LlamaForCausalLM,
-        LlamaForCausalLMPipe,
-    )
-
-    return {
-        "gpt": (GPTForCausalLM, GPTForCausalLMPipe),
-        "llama": (LlamaForCausalLM, LlamaForCausalLMPipe),
-    }[family]
+    """The family's causal-LM class and its pipeline class (gptplan.families)."""
+    spec = families.get(family)
+    return _load(spec.causal_lm_class), _load(spec.pipeline_class)
 
 
 def _batches():
@@ -109,8 +109,8 @@ def reference(out_dir: Path) -> None:
         model = _classes(family)[0](_config(family))
         init = out_dir / f"init_{family}"
         model.save_pretrained(str(init))
-        if family == "gpt":
-            # GPT's lm_head IS the word embedding (tied): its own key would load unsplit under
+        if families.get(family).lm_head_tied(model.config):
+            # a tied lm_head IS the word embedding: its own key would load unsplit under
             # tensor parallelism (PaddleNLP 2.8.1 splits only the embedding's key)
             state = paddle.load(str(init / "model_state.pdparams"))
             state.pop("lm_head.weight", None)
