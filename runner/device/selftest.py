@@ -17,15 +17,14 @@ pp2_tp2, stage1_tp2_sp, dp2_pp2.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import time
 from pathlib import Path
 
-from gptplan import families
+from gptplan import families as _families
 
-FAMILIES = ("gpt", "llama")  # the families the self-test trains (data, not a branch)
+FAMILIES = (_families.gpt.SPEC.name, _families.llama.SPEC.name)
 STEPS = 3
 BATCH = 4  # global batch (samples)
 SEQ = 32
@@ -50,10 +49,21 @@ GROUPS = {
 }
 
 
+def _load(path: str):
+    import importlib
+
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def _config(
     family: str, *, tp: int = 1, tp_rank: int = 0, sp: bool = False, pp: int = 1, vpp: int = 1
 ):
-    common = dict(
+    """The family's PaddleNLP config (gptplan.families names its classes). One set of
+    arguments for every family: a config keeps the ones its model does not read."""
+    from gptplan import families
+
+    return _load(families.get(family).config_class)(
         vocab_size=VOCAB,
         hidden_size=64,
         num_hidden_layers=8,  # pp 4 x 2 virtual stages
@@ -66,21 +76,16 @@ def _config(
         pipeline_parallel_degree=pp,
         virtual_pp_degree=vpp,
         seq_length=SEQ,
+        hidden_dropout_prob=0.0,  # deterministic: no dropout anywhere
+        attention_probs_dropout_prob=0.0,
+        rms_norm_eps=1e-6,
+        use_flash_attention=False,
     )
-    spec = families.get(family)
-    if spec.has_dropout:  # dropout off: the ranks' losses must equal the reference's
-        common.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    return _load(spec.config_class)(use_flash_attention=False, **common)
-
-
-def _load(path: str):
-    """A PaddleNLP class named 'module:Class' in the family registry."""
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def _classes(family: str):
-    """The family's causal-LM class and its pipeline class (gptplan.families)."""
+    from gptplan import families
+
     spec = families.get(family)
     return _load(spec.causal_lm_class), _load(spec.pipeline_class)
 
@@ -109,12 +114,17 @@ def reference(out_dir: Path) -> None:
         model = _classes(family)[0](_config(family))
         init = out_dir / f"init_{family}"
         model.save_pretrained(str(init))
-        if families.get(family).lm_head_tied(model.config):
-            # a tied lm_head IS the word embedding: its own key would load unsplit under
-            # tensor parallelism (PaddleNLP 2.8.1 splits only the embedding's key)
-            state = paddle.load(str(init / "model_state.pdparams"))
-            state.pop("lm_head.weight", None)
-            paddle.save(state, str(init / "model_state.pdparams"))
+        # a tied output projection (GPT's lm_head IS the word embedding) is saved under its
+        # own key too, which PaddleNLP 2.8.1 would load unsplit under tensor parallelism (it
+        # splits only the embedding's key): keep the embedding's only
+        state = model.state_dict()
+        head = state.get("lm_head.weight")
+        if head is not None and any(
+            k != "lm_head.weight" and v.data_ptr() == head.data_ptr() for k, v in state.items()
+        ):
+            saved = paddle.load(str(init / "model_state.pdparams"))
+            saved.pop("lm_head.weight", None)
+            paddle.save(saved, str(init / "model_state.pdparams"))
         opt = paddle.optimizer.AdamW(learning_rate=LR, parameters=model.parameters())
         losses, times = [], []
         for x, y in _batches():
