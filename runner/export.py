@@ -290,11 +290,15 @@ def merged_model_state(plan: Plan, checkpoint: Path) -> dict:
     grid = _shard_grid(plan, checkpoint)
     merged: dict = {}
     for stage in range(plan.parallel.pipeline_parallel_degree):
-        shards = []
+        shards, tied = [], {}
         for rank in range(plan.parallel.tensor_parallel_degree):
-            state = ckpt.retie(ckpt.load_tensors(checkpoint / grid[(stage, rank)], kind="model"))
+            state = ckpt.load_tensors(checkpoint / grid[(stage, rank)], kind="model")
+            tied = state.pop(ckpt.TIED_KEY, None) or {}  # the same on every rank of a stage
             shards.append({k: v.astype("float32") for k, v in state.items()})
-        for key, value in merge_tensor_parallel(plan, shards).items():
+        # tied names (GPT's lm_head is its word embedding) follow the merged tensor: PaddleNLP's
+        # mappings split or merge only the tensor's own name
+        stage_state = ckpt.retie({**merge_tensor_parallel(plan, shards), ckpt.TIED_KEY: tied})
+        for key, value in stage_state.items():
             merged.setdefault(key, value)  # a weight shared by two stages: the first's
     return merged
 

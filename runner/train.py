@@ -97,7 +97,17 @@ class RankInfo:
 def init_distributed(plan: Plan) -> RankInfo:
     import paddle
 
-    if plan.hardware.device == "cpu":
+    from runner.rehearsal_device import uses_device
+
+    if uses_device(plan):  # the rehearsal device: Paddle placed this rank there (--devices)
+        from runner import device
+
+        if not device.activate_if_on_device():
+            raise RuntimeError(
+                f"this rank runs on {paddle.get_device()}, not on the rehearsal device "
+                f"({device.DEVICE_TYPE}): the launch did not select it"
+            )
+    elif plan.hardware.device == "cpu":
         paddle.set_device("cpu")
     if plan.parallel.world_size == 1:
         return RankInfo()
@@ -525,6 +535,18 @@ def build_training_state(plan: Plan):
         optimizer = build_optimizer(plan, model)
     if reference is not None:
         model.set_state_dict(tensor_parallel_slice(plan, reference))
+    if plan.parallel.sequence_parallel and plan.parallel.tensor_parallel_degree > 1:
+        # as PaddleNLP's llm/run_pretrain.py does: the gradients of the parameters every
+        # tensor-parallel rank holds whole (norms, biases) are partial sums over the rank's
+        # sequence slice until summed over the tensor-parallel group (without it, tp + sp
+        # trained GPT 1.1e-2 off the 1-process losses on the rehearsal device)
+        from paddle.distributed.fleet.utils.sequence_parallel_utils import (
+            register_sequence_parallel_allreduce_hooks,
+        )
+
+        register_sequence_parallel_allreduce_hooks(
+            model, plan.training.gradient_accumulation_steps, False
+        )
     scaler = build_scaler(plan)
     if precision.amp_level(plan.training.precision, plan.training.fp16_opt_level) == "O2":
         dtype = precision.paddle_dtype(plan.training.precision)

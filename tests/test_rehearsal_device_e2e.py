@@ -27,12 +27,18 @@ pytestmark = [
     ),
 ]
 
-# A GPU plan (4 A100s, tensor parallel 4), no dropout so that the layouts compute the same
+# A GPU plan (4 A100s, tensor parallel 4 with sequence parallel), no dropout so that the layouts compute the same
 # arithmetic; 6 steps, a checkpoint every 2.
 TP4_GPU = {
     "model": {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
     "training": {"max_steps": 6, "gradient_accumulation_steps": 1},
-    "parallel": {"nproc_per_node": 4, "tensor_parallel_degree": 4, "data_parallel_degree": 1},
+    "parallel": {
+        "nproc_per_node": 4,
+        "tensor_parallel_degree": 4,
+        "data_parallel_degree": 1,
+        # tp + sp: the sequence-parallel parameters' gradient hooks must run (runner.train)
+        "sequence_parallel": True,
+    },
     "hardware": {
         "profile": "a100-80gb",
         "device": "gpu",
@@ -80,7 +86,11 @@ def tp_runs(tmp_path_factory, shared_cache):
     reference = merge(
         json.loads(json.dumps(local.to_dict())),
         {
-            "parallel": {"nproc_per_node": 1, "tensor_parallel_degree": 1},
+            "parallel": {
+                "nproc_per_node": 1,
+                "tensor_parallel_degree": 1,
+                "sequence_parallel": False,
+            },
             "hardware": {"profile": "cpu"},
             "job": {"output_dir": str(work / "ref")},
         },
