@@ -813,6 +813,25 @@ def _announce(run: Attempt, rank) -> None:
         )
 
 
+def check_placement(plan: Plan, trainer: Trainer) -> None:
+    """A rehearsal on the device proves a layout only if it ran there: after its first step,
+    every parameter, gradient, optimizer state and master weight of this rank is on the
+    device, or the rank stops with one line naming what is not (a matching loss alone proves
+    nothing: Paddle's CPU fallback of a missing kernel moves tensors silently)."""
+    from runner.rehearsal_device import uses_device
+
+    if not uses_device(plan):
+        return
+    from runner import device
+
+    off = device.off_device(trainer.model, trainer.optimizer)
+    if off:
+        raise RuntimeError(
+            f"{len(off)} tensor(s) of this rank left the rehearsal device in the first step "
+            f"(first: {'; '.join(off[:3])}); the rehearsal proves nothing about this layout"
+        )
+
+
 def run_step(run: Attempt, step: int) -> float:
     """One optimizer step, measured and logged; returns the loss (mean over ranks)."""
     plan, trainer = run.plan, run.trainer
@@ -823,6 +842,8 @@ def run_step(run: Attempt, step: int) -> float:
     step_time = time.perf_counter() - began
     if run.allocator is not None:
         run.allocator.after_step(first=step == run.start_step)
+    if step == run.start_step:
+        check_placement(plan, trainer)
     if run.beat is not None:
         run.beat.update(step + 1, step_s=step_time)
     real, padded = trainer.batches.step_token_counts(step)

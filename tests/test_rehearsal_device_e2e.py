@@ -27,8 +27,8 @@ pytestmark = [
     ),
 ]
 
-# A GPU plan (4 A100s, tensor parallel 4 with sequence parallel), no dropout so that the layouts compute the same
-# arithmetic; 6 steps, a checkpoint every 2.
+# A GPU plan (4 A100s, tensor parallel 4 with sequence parallel), no dropout so that the layouts
+# compute the same arithmetic; 6 steps, a checkpoint every 2.
 TP4_GPU = {
     "model": {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
     "training": {"max_steps": 6, "gradient_accumulation_steps": 1},
@@ -153,6 +153,7 @@ STAGE3_GPU = merge(
         "parallel": {
             "nproc_per_node": 8,
             "tensor_parallel_degree": 1,
+            "sequence_parallel": False,
             "sharding": "stage3",
             "sharding_parallel_degree": 8,
         }

@@ -305,3 +305,33 @@ def activate_if_on_device() -> bool:
         return False
     install_paddle_hooks()
     return True
+
+
+def off_device(model, optimizer, device_type: str = DEVICE_TYPE) -> list[str]:
+    """Every parameter, gradient, optimizer state and master weight of this rank that is not on
+    the device (a stage-3 parameter's released storage is not counted): what a rehearsal and
+    the self-test check, since a matching loss alone proves nothing (docs/device.md)."""
+    bad = []
+
+    def check(kind, name, t):
+        if t is None or not hasattr(t, "place"):
+            return
+        if not t._is_initialized():
+            return  # a stage-3 parameter's released storage
+        if f"Place({device_type}:" not in str(t.place):
+            bad.append(f"{kind} {name} on {t.place}")
+
+    for name, p in model.named_parameters():
+        check("parameter", name, p)
+        check("gradient", name, p.grad)
+    seen = set()
+    opt = optimizer
+    while opt is not None and id(opt) not in seen:
+        seen.add(id(opt))
+        for acc_name, per_param in getattr(opt, "_accumulators", {}).items():
+            for pname, t in per_param.items():
+                check("optimizer state", f"{acc_name}/{pname}", t)
+        for pname, t in getattr(opt, "_master_weights", {}).items():
+            check("master weight", pname, t)
+        opt = getattr(opt, "_inner_opt", None) or getattr(opt, "_optim", None)
+    return bad

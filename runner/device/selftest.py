@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from gptplan import families as _families
+from runner.device import off_device
 
 FAMILIES = (_families.gpt.SPEC.name, _families.llama.SPEC.name)
 STEPS = 3
@@ -139,34 +140,6 @@ def reference(out_dir: Path) -> None:
     (out_dir / "reference.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
 
 
-def _off_device(model, optimizer, device_type: str) -> list[str]:
-    """Every parameter, gradient and optimizer state not on the device."""
-    bad = []
-
-    def check(kind, name, t):
-        if t is None or not hasattr(t, "place"):
-            return
-        if not t._is_initialized():
-            return  # a stage-3 parameter's released storage
-        if f"Place({device_type}:" not in str(t.place):
-            bad.append(f"{kind} {name} on {t.place}")
-
-    for name, p in model.named_parameters():
-        check("parameter", name, p)
-        check("gradient", name, p.grad)
-    seen = set()
-    opt = optimizer
-    while opt is not None and id(opt) not in seen:
-        seen.add(id(opt))
-        for acc_name, per_param in getattr(opt, "_accumulators", {}).items():
-            for pname, t in per_param.items():
-                check("optimizer state", f"{acc_name}/{pname}", t)
-        for pname, t in getattr(opt, "_master_weights", {}).items():
-            check("master weight", pname, t)
-        opt = getattr(opt, "_inner_opt", None) or getattr(opt, "_optim", None)
-    return bad
-
-
 def _hybrid(group: str):
     import paddle.distributed as dist
     from paddle.distributed import fleet
@@ -253,7 +226,7 @@ def run_layout(layout: str, family: str, init_dir: Path, hcg, device_type: str) 
             loss = _loss(model(xs, labels=ys))
             loss.backward()
             if not off:
-                off = _off_device(model, opt, device_type)
+                off = off_device(model, opt, device_type)
             opt.step()
             opt.clear_grad()
         loss = loss.detach().clone()
@@ -267,7 +240,7 @@ def run_layout(layout: str, family: str, init_dir: Path, hcg, device_type: str) 
             loss = loss / dp_width
         times.append(time.perf_counter() - t0)
         losses.append(float(loss.numpy().reshape(-1)[0]))
-    off += [o for o in _off_device(model, opt, device_type) if o not in off]
+    off += [o for o in off_device(model, opt, device_type) if o not in off]
     return {"losses": losses, "step_s": times, "off_device": off}
 
 
