@@ -290,7 +290,8 @@ def merged_model_state(plan: Plan, checkpoint: Path) -> dict:
     grid = _shard_grid(plan, checkpoint)
     merged: dict = {}
     for stage in range(plan.parallel.pipeline_parallel_degree):
-        shards, tied = [], {}
+        shards: list[dict] = []
+        tied: dict[str, str] = {}
         for rank in range(plan.parallel.tensor_parallel_degree):
             state = ckpt.load_tensors(checkpoint / grid[(stage, rank)], kind="model")
             tied = state.pop(ckpt.TIED_KEY, None) or {}  # the same on every rank of a stage
