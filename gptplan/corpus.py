@@ -10,13 +10,17 @@ run time and de-duplicated (every review is in the package about twice). File ki
   `MAX_JSON_BYTES`; convert bigger ones to .jsonl).
 
 `iter_documents` streams: memory does not grow with the corpus (de-duplication keeps one 64-bit
-hash per document, and is off for user files unless asked). `source_key` identifies a corpus by
-its files' paths, sizes and modification times, so a cache hit never re-reads the text;
-the content hash is computed once, while the corpus is read for preparation.
+hash per document, and is off for user files unless asked), but each document is held whole.
+`iter_document_sizes` (the planner's statistics) is bounded whatever the line lengths: a line of
+a plain-text file longer than `LONG_LINE_BYTES` is never held whole (see its docstring).
+`source_key` identifies a corpus by its files' paths, sizes and modification times, so a cache
+hit never re-reads the text; the content hash is computed once, while the corpus is read for
+preparation.
 """
 
 from __future__ import annotations
 
+import codecs
 import glob
 import hashlib
 import importlib.util
@@ -39,6 +43,10 @@ MAX_INVALID_FRACTION = 0.5
 MAX_JSON_BYTES = 512 * 2**20
 SAMPLE_LINE_BYTES = 1 << 20  # most bytes read per random position when sampling
 HISTOGRAM_EDGES = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+# iter_document_sizes: a plain-text line up to LONG_LINE_BYTES is held whole; a longer one is
+# read and measured in pieces of PIECE_BYTES
+LONG_LINE_BYTES = 8 * 2**20
+PIECE_BYTES = 1 << 20
 
 
 @dataclass
@@ -78,6 +86,15 @@ class CorpusStats:
                 self.length_histogram[f"<={e}"] += 1
                 return
         self.length_histogram[f">{HISTOGRAM_EDGES[-1]}"] += 1
+
+
+@dataclass(frozen=True)
+class DocumentSize:
+    """One document as the planner's statistics see it: its first characters and its size."""
+
+    head: str  # the first `head_chars` characters
+    characters: int
+    utf8_bytes: int
 
 
 @dataclass
@@ -206,7 +223,71 @@ def iter_documents(
 
     Invalid UTF-8 lines and empty lines are counted, not fatal. `progress(nbytes)` is called
     per line read. The content hash lands in `stats.sha256` when the generator is exhausted.
+    Each document is held whole (`iter_document_sizes` is the bounded variant).
     """
+    return _documents(
+        paths,
+        stats,
+        dedupe=dedupe,
+        max_documents=max_documents,
+        file=file,
+        progress=progress,
+        head_chars=None,
+    )
+
+
+def iter_document_sizes(
+    paths: list[Path],
+    stats: CorpusStats,
+    *,
+    head_chars: int,
+    dedupe: bool = False,
+    max_documents: int = 0,
+    file: str | None = None,
+    line_cap: int = LONG_LINE_BYTES,
+    piece_bytes: int = PIECE_BYTES,
+) -> Iterator[DocumentSize]:
+    """The documents of `iter_documents` as `DocumentSize`s (the first `head_chars` characters,
+    the length in characters and in UTF-8 bytes), with the same `stats` (content hash included),
+    in bounded memory whatever the line lengths.
+
+    Memory bound: a line of a plain-text file (any suffix but .json/.jsonl) is read in pieces of
+    `piece_bytes`; one of at most `line_cap` bytes (8 MiB) is then measured whole, as
+    `iter_documents` does (its bytes, text, stripped copy and UTF-8 encoding: at most about
+    4 x `line_cap`, 25 MiB traced for a line just under 8 MiB); a longer one is never held
+    whole: its pieces are decoded incrementally (a UTF-8 sequence cut at a piece boundary is
+    completed by the next piece) and its length, content-hash and de-duplication contributions
+    and head are computed piece by piece, so it costs `line_cap` bytes plus a few pieces and
+    the head (11 MiB traced for a line just over 8 MiB, 13 MiB for a 60 MiB one). `.jsonl`
+    lines are parsed whole (JSON is not streamed) and `.json` files read whole (at most
+    `MAX_JSON_BYTES`), as in `iter_documents`.
+    """
+    return _documents(
+        paths,
+        stats,
+        dedupe=dedupe,
+        max_documents=max_documents,
+        file=file,
+        progress=None,
+        head_chars=head_chars,
+        line_cap=line_cap,
+        piece_bytes=piece_bytes,
+    )
+
+
+def _documents(
+    paths: list[Path],
+    stats: CorpusStats,
+    *,
+    dedupe: bool,
+    max_documents: int,
+    file: str | None,
+    progress,
+    head_chars: int | None,
+    line_cap: int = LONG_LINE_BYTES,
+    piece_bytes: int = PIECE_BYTES,
+) -> Iterator:
+    """iter_documents (`head_chars` None: whole texts) or iter_document_sizes."""
     stats.files = len(paths)
     digest = xxhash.xxh3_128()
     seen: set[int] = set()
@@ -223,9 +304,39 @@ def iter_documents(
             if progress:
                 progress(raw_size)
             lines: Iterator = ((None, t) for t in _json_documents(path, file=file))
+        elif head_chars is not None and path.suffix != ".jsonl":
+            lines = _bounded_lines(path, line_cap=line_cap, piece_bytes=piece_bytes)
         else:
             lines = _raw_lines(path)
         for raw, pre in lines:
+            if isinstance(pre, _LongLine):
+                stats.lines += 1
+                lines_here += 1
+                assert head_chars is not None
+                size, key = pre.measure(
+                    digest=digest, stats=stats, head_chars=head_chars, dedupe=dedupe
+                )
+                if size is None:
+                    stats.invalid_utf8_lines += 1
+                    invalid_here += 1
+                    continue
+                if not size.characters:
+                    stats.empty_lines += 1
+                    continue
+                if dedupe:
+                    if key in seen:
+                        stats.duplicate_documents += 1
+                        continue
+                    seen.add(key)
+                documents += 1
+                stats.documents += 1
+                stats.characters += size.characters
+                stats.count_length(size.characters)
+                yield size
+                if max_documents and documents >= max_documents:
+                    done = True
+                    break
+                continue
             if raw is not None:
                 stats.lines += 1
                 lines_here += 1
@@ -273,7 +384,14 @@ def iter_documents(
             stats.documents += 1
             stats.characters += len(text)
             stats.count_length(len(text))
-            yield text
+            if head_chars is None:
+                yield text
+            else:
+                yield DocumentSize(
+                    head=text[:head_chars],
+                    characters=len(text),
+                    utf8_bytes=len(text.encode("utf-8", "surrogatepass")),
+                )
             if max_documents and documents >= max_documents:
                 done = True
                 break
@@ -309,6 +427,105 @@ def _raw_lines(path: Path) -> Iterator[tuple[bytes, None]]:
     with open(path, "rb", buffering=1 << 20) as handle:
         for raw in handle:
             yield raw, None
+
+
+def _bounded_lines(path: Path, *, line_cap: int, piece_bytes: int) -> Iterator[tuple]:
+    """(line bytes, None) for a line of at most `line_cap` bytes; (None, _LongLine) for a
+    longer one, whose pieces must be consumed (`_LongLine.measure`) before the next line."""
+    with open(path, "rb", buffering=piece_bytes) as handle:
+        while True:
+            held = [handle.readline(piece_bytes)]
+            if not held[0]:
+                return
+            size = len(held[0])
+            ended = held[0].endswith(b"\n") or size < piece_bytes
+            while not ended and size <= line_cap:
+                more = handle.readline(piece_bytes)
+                ended = not more or more.endswith(b"\n")
+                if more:
+                    held.append(more)
+                    size += len(more)
+            if size <= line_cap:
+                line = held[0] if len(held) == 1 else b"".join(held)
+                held.clear()  # the line is held once, not twice
+                yield line, None
+                del line
+                continue
+            yield None, _LongLine(handle, held, ended=ended, piece_bytes=piece_bytes)
+
+
+class _LongLine:
+    """A line longer than the cap, consumed piece by piece from its open file."""
+
+    def __init__(self, handle, held: list[bytes], *, ended: bool, piece_bytes: int):
+        self.handle, self.held, self.ended, self.piece_bytes = handle, held, ended, piece_bytes
+
+    def pieces(self) -> Iterator[bytes]:
+        self.held.reverse()
+        while self.held:
+            yield self.held.pop()  # each held piece released once measured
+        while not self.ended:
+            piece = self.handle.readline(self.piece_bytes)
+            self.ended = not piece or piece.endswith(b"\n")
+            if piece:
+                yield piece
+
+    def measure(
+        self, *, digest, stats: CorpusStats, head_chars: int, dedupe: bool
+    ) -> tuple[DocumentSize | None, int]:
+        """(the stripped text's DocumentSize, its de-duplication key), or (None, 0) when the
+        line is not UTF-8. The line's bytes go to `digest` and `stats.bytes` as read.
+
+        The text is the line stripped of whitespace at both ends, as `str.strip()` does: leading
+        whitespace is dropped until the first other character; a whitespace run after it is
+        counted tentatively and becomes part of the text only when another character follows
+        (so nothing but the head is ever kept)."""
+        decoder = codecs.getincrementaldecoder("utf-8")("strict")
+        valid, started = True, False
+        hasher = xxhash.xxh3_64() if dedupe else None
+        # committed: the text up to its last non-whitespace character; tentative: + whitespace
+        chars = nbytes = chars_t = nbytes_t = 0
+        head = head_t = ""
+        key = 0
+
+        def feed(chunk: str) -> None:
+            nonlocal started, chars, nbytes, chars_t, nbytes_t, head, head_t, key
+            if not started:
+                chunk = chunk.lstrip()
+                if not chunk:
+                    return
+                started = True
+            body = chunk.rstrip()
+            for part, commit in ((body, True), (chunk[len(body) :], False)):
+                if part:
+                    encoded = part.encode("utf-8", "surrogatepass")
+                    chars_t += len(part)
+                    nbytes_t += len(encoded)
+                    if len(head_t) < head_chars:
+                        head_t += part[: head_chars - len(head_t)]
+                    if hasher is not None:
+                        hasher.update(encoded)
+                if commit and part:
+                    chars, nbytes, head = chars_t, nbytes_t, head_t
+                    if hasher is not None:
+                        key = hasher.intdigest()
+
+        for piece in self.pieces():
+            stats.bytes += len(piece)
+            digest.update(piece)
+            if valid:
+                try:
+                    feed(decoder.decode(piece))
+                except UnicodeDecodeError:
+                    valid = False
+        if valid:
+            try:
+                feed(decoder.decode(b"", final=True))
+            except UnicodeDecodeError:
+                valid = False
+        if not valid:
+            return None, 0
+        return DocumentSize(head=head, characters=chars, utf8_bytes=nbytes), key
 
 
 def read_corpus(

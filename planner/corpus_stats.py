@@ -249,27 +249,30 @@ MEASURE_CHARS = 100_000
 
 
 def _sample(corpus: list[str], sample_documents: int):
-    """The corpus streamed twice, holding one document at a time: its statistics, document
-    count and UTF-8 bytes per character, then the sample (every step-th document, spread over
-    the whole corpus, deterministic) as the first MEASURE_CHARS characters of each and their
-    full lengths. (stats, documents, sample heads, sample lengths in characters, bytes/char)"""
-    from gptplan.corpus import CorpusStats, iter_documents
+    """The corpus streamed twice in bounded memory (`iter_document_sizes`: a line longer than
+    `LONG_LINE_BYTES`, 8 MiB, is never held whole, only its first MEASURE_CHARS characters):
+    its statistics, document count and UTF-8 bytes per character, then the sample (every
+    step-th document, spread over the whole corpus, deterministic) as the first MEASURE_CHARS
+    characters of each and their full lengths. (stats, documents, sample heads, sample lengths
+    in characters, bytes/char)"""
+    from gptplan.corpus import CorpusStats, iter_document_sizes
 
     paths = resolve_sources(corpus)
     dedupe = default_dedupe(corpus)
     stats = CorpusStats()
     count = utf8 = chars = 0
-    for doc in iter_documents(paths, stats, dedupe=dedupe):
+    for doc in iter_document_sizes(paths, stats, dedupe=dedupe, head_chars=0):
         count += 1
-        utf8 += len(doc.encode("utf-8")) + 1
-        chars += len(doc) + 1
+        utf8 += doc.utf8_bytes + 1
+        chars += doc.characters + 1
     step = max(1, count // sample_documents)
     picked = set(range(0, count, step)[:sample_documents])
     heads, sizes = [], []
-    for i, doc in enumerate(iter_documents(paths, CorpusStats(), dedupe=dedupe)):
+    docs = iter_document_sizes(paths, CorpusStats(), dedupe=dedupe, head_chars=MEASURE_CHARS)
+    for i, doc in enumerate(docs):
         if i in picked:
-            heads.append(doc[:MEASURE_CHARS])
-            sizes.append(len(doc))
+            heads.append(doc.head)
+            sizes.append(doc.characters)
     return stats, count, heads, sizes, (utf8 / chars if chars else 1.0)
 
 

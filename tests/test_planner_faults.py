@@ -366,3 +366,77 @@ def test_corpus_statistics_of_a_one_line_corpus_stay_bounded(tmp_path, monkeypat
     )
     assert max(asked) <= corpus_stats.MEASURE_CHARS == 100_000  # never the 3M-character line
     assert stats.tokens_per_character == pytest.approx(0.5, rel=1e-3)
+
+
+def test_corpus_statistics_hold_no_long_line_whole(tmp_path):
+    """Issue 39: the statistics pass read every line whole (a 60 MB line peaked at several times
+    its size). Now a line over LONG_LINE_BYTES is measured in pieces: the traced peak stays far
+    below the file's size, with the same counts a whole read gives."""
+    import tracemalloc
+
+    from planner import corpus_stats
+
+    corpus = tmp_path / "one_line.txt"
+    unit = "ab\u4e2d\u3000 c"  # 3-byte characters cut at piece boundaries, inner whitespace
+    repeats = 60 * 2**20 // len(unit.encode()) + 1
+    corpus.write_text("  " + unit * repeats + " \u3000 ")  # no newline; stripped at both ends
+    assert corpus.stat().st_size > 60 * 2**20
+    tracemalloc.start()
+    try:
+        st, count, heads, sizes, bytes_per_char = corpus_stats._sample([str(corpus)], 100)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    print(f"traced peak {peak / 2**20:.1f} MiB for a {corpus.stat().st_size / 2**20:.1f} MiB line")
+    assert peak < 30 * 2**20, f"peak {peak / 2**20:.1f} MiB for a 60 MiB line"
+    text_chars = len(unit) * repeats  # the text starts and ends with a letter
+    assert (count, st.documents, st.lines) == (1, 1, 1)
+    assert sizes == [text_chars] and st.characters == text_chars
+    assert heads == [
+        (unit * (corpus_stats.MEASURE_CHARS // len(unit) + 1))[: corpus_stats.MEASURE_CHARS]
+    ]
+    assert st.bytes == corpus.stat().st_size
+    utf8 = len(unit.encode()) * repeats
+    assert bytes_per_char == (utf8 + 1) / (text_chars + 1)
+
+
+def test_bounded_document_sizes_match_whole_documents(tmp_path):
+    """The pieces of a long line give what the whole line gives: statistics, content hash (a
+    cache key), de-duplication and heads, for lines cut anywhere (tiny caps and pieces)."""
+    import random
+
+    from gptplan.corpus import CorpusStats, iter_document_sizes, iter_documents
+
+    rng = random.Random(7)
+    alphabet = ["a", "b", " ", "\t", "\u3000", "\u4e2d", "\U0001f600", "\r", "\x1c", "\u00e9"]
+    lines = []
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 60)))
+        lines.append(text.encode())
+    lines += [
+        b"",
+        b"   ",
+        b"ab\xff\xfecd" * 10,
+        lines[5],
+        lines[5],
+        b" " * 50 + b"x",
+        b"x" + b" " * 50,
+    ]
+    rng.shuffle(lines)
+    data = b"\n".join(lines) + b"  \xe4\xb8\xad tail without newline  "
+    path = tmp_path / "c.txt"
+    path.write_bytes(data)
+    for dedupe in (False, True):
+        whole_stats = CorpusStats()
+        whole = list(iter_documents([path], whole_stats, dedupe=dedupe))
+        for cap, piece in ((8, 3), (16, 5), (33, 7), (10**6, 1 << 20)):
+            stats = CorpusStats()
+            got = list(
+                iter_document_sizes(
+                    [path], stats, dedupe=dedupe, head_chars=4, line_cap=cap, piece_bytes=piece
+                )
+            )
+            assert stats == whole_stats, (dedupe, cap, piece)
+            assert [(d.head, d.characters, d.utf8_bytes) for d in got] == [
+                (t[:4], len(t), len(t.encode())) for t in whole
+            ], (dedupe, cap, piece)
