@@ -21,6 +21,7 @@ from gptplan.errors import HardwareError, UserError
 from gptplan.lifeline import die_with_parent
 from gptplan.plan import Plan
 from runner.parallel import LaunchCommand, local_device_count
+from runner.rehearsal_device import local_precisions
 from runner.supervise import STATUS_DIR_ENV, signal_supervised_ranks
 
 
@@ -173,13 +174,6 @@ def end_group(pid: int, status_dir: str | None) -> None:
 
 
 # ---- the plan's hardware vs this machine -----------------------------------------------------
-
-
-def local_precisions() -> list[str]:
-    """Precisions a CPU run really trains in: fp32 only. Paddle's AMP is a no-op on CPU
-    ("amp_guard can only be enabled on CUDAPlace, XPUPlace, and CustomPlace"), so a bf16 or
-    fp16 run here would be the fp32 run under another name."""
-    return ["fp32"]
 
 
 def check_hardware(plan: Plan, *, node_rank: int | None) -> None:

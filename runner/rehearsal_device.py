@@ -21,8 +21,6 @@ import functools
 import importlib
 from dataclasses import dataclass, field
 
-from runner.launch import local_precisions
-
 # Layout kinds, named once (runner.rehearsal.layout_kinds reads a plan into these).
 TENSOR = "tensor parallel"
 SEQUENCE = "sequence parallel"
@@ -54,6 +52,13 @@ class Support:
     @property
     def on_device(self) -> bool:
         return bool(self.device)
+
+
+def local_precisions() -> list[str]:
+    """Precisions a plain-CPU run really trains in: fp32 only. Paddle's AMP is a no-op on CPU
+    ("amp_guard can only be enabled on CUDAPlace, XPUPlace, and CustomPlace"), so a bf16 or
+    fp16 run here would be the fp32 run under another name."""
+    return ["fp32"]
 
 
 PLAIN_CPU = Support(device="", kinds=CPU_KINDS, precisions=tuple(local_precisions()), max_ranks=2)

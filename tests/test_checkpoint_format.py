@@ -306,3 +306,22 @@ def test_a_killed_export_is_completed_by_the_rerun(finished_run, tmp_path):
     np.testing.assert_allclose(logits_of(loaded, batch), logits_of(trained, batch), atol=1e-5)
     again = subprocess.run([*argv, "--export"], cwd=tmp_path, capture_output=True, text=True)
     assert again.returncode == 0 and "export done" not in again.stdout  # nothing left to do
+
+
+def test_logit_check_counts_the_checkpoints_own_non_finite_logits_as_reproduced():
+    """A diverging run's last good checkpoint can overflow on the fixed batch: an export that
+    gives the same inf/nan there reproduces it (the export after a diverged run failed with
+    'max |logit difference| nan'); a finite logit where the checkpoint had none does not."""
+    import numpy as np
+
+    from runner.checkpoint import CheckpointError
+    from runner.export import compare_logits
+
+    want = np.array([[1.0, np.nan, np.inf, -np.inf]], dtype="float32")
+    assert compare_logits(want, want.copy(), what="export") == 0.0
+    assert compare_logits(want, want + np.float32(5e-5), what="export") <= 1e-4
+    for got in ([[1.0, 0.0, np.inf, -np.inf]], [[1.0, np.nan, -np.inf, -np.inf]]):
+        with pytest.raises(CheckpointError, match="does not reproduce"):
+            compare_logits(want, np.array(got, dtype="float32"), what="export")
+    with pytest.raises(CheckpointError, match="does not reproduce"):
+        compare_logits(want, want + np.float32(1e-3), what="export")
