@@ -283,11 +283,18 @@ def test_notice_while_pool_workers_run_exits_143(tmp_path, shared_cache, finishe
 
 # A caller that blocks SIGTERM/SIGINT (the runner does while it starts) and then runs a pool:
 # spawn passes the mask on through exec, so its workers must restore the default themselves.
+# The caller blocks SIGTERM/SIGINT (as the runner does while it starts the pool). The main guard
+# keeps the spawned workers from running the caller's own body again (spawn imports the main
+# module): without it each worker blocked the signals itself, re-entered the pool and died of
+# multiprocessing's bootstrapping error, and the test measured how fast that happened (it failed
+# in full-suite runs). Spawned workers start with an empty mask (checked: SigBlk 0); the pool's
+# initializer resets mask and handlers as well, for a start method that inherits them (fork).
 BLOCKED_CALLER = textwrap.dedent("""
     import signal
-    signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGINT))
     from gptplan.tokenizer import _segment_parallel
-    _segment_parallel(["今天天气很好我们去公园散步吧" * 20] * 400000, 2, lambda n: None)
+    if __name__ == "__main__":
+        signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGINT))
+        _segment_parallel(["今天天气很好我们去公园散步吧" * 20] * 400000, 2, lambda n: None)
 """)
 
 
