@@ -31,7 +31,9 @@ pytestmark = [
 # compute the same arithmetic; 6 steps, a checkpoint every 2.
 TP4_GPU = {
     "model": {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
-    "training": {"max_steps": 6, "gradient_accumulation_steps": 1},
+    # 4 micro-steps a step: the steps after the kill at step 2 must outlast the kill (at 1
+    # micro-step the run could finish before a rank was killed)
+    "training": {"max_steps": 6, "gradient_accumulation_steps": 4},
     "parallel": {
         "nproc_per_node": 4,
         "tensor_parallel_degree": 4,
