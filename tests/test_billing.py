@@ -242,7 +242,15 @@ def test_sigkill_mid_attempt_is_billed(write_plan, tmp_path):
 @pytest.mark.e2e
 def test_one_process_plan_that_cannot_buy_a_step_with_start_up_is_refused(write_plan, tmp_path):
     # 1 USD/h: 0.001 USD buys 3.6 s, less than the stated in-process start-up bound alone.
-    plan = write_plan({"budget": {"max_cost": 0.001}, "training": {"max_steps": 4}})
+    # A cache folder of its own: the shared one holds the start-up other tests' runs of this
+    # shape measured (runner.ceiling), which replaces the stated bound (order-dependent before).
+    plan = write_plan(
+        {
+            "budget": {"max_cost": 0.001},
+            "training": {"max_steps": 4},
+            "job": {"cache_dir": str(tmp_path / "cache")},
+        }
+    )
     proc = subprocess.run(
         [sys.executable, "-m", "runner", "execute", str(plan)],
         cwd=plan.parent,
