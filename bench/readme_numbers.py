@@ -16,6 +16,11 @@ machine's load average to bench/results/demo_time.json, and then rewrites the de
     python bench/readme_numbers.py            # check
     python bench/readme_numbers.py --write    # regenerate after re-deriving the plans
     python bench/readme_numbers.py --time-demo
+
+`--write` also refreshes the README's worked example, the ```console block of
+`planner optimize --budget 12000`: it runs the command in a temporary folder and shows the
+lines `example_lines` picks (tests/test_docs_commands.py checks that every shown line is one
+the command prints).
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ import datetime as dt
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -216,6 +223,59 @@ def rewrite(text: str, want: dict[str, str]) -> str:
     )
 
 
+EXAMPLE = ("planner", "optimize", "--budget", "12000")
+# what the README shows of the example's output: (first line's prefix, lines from there)
+EXAMPLE_PICKS = (
+    ("corpus tokens:", 1),
+    ("Top ", 7),  # the heading (2 lines), the table's header (2) and its first 3 rows
+    ("chosen:", 4),
+    ("        sensitivity:", 1),
+    ("wrote ", 1),
+)
+CONSOLE = re.compile(r"(```console\n\$ " + re.escape(" ".join(EXAMPLE)) + r"\n)(.*?)(```)", re.S)
+
+
+def example_lines(printed: str) -> list[str]:
+    """The README's excerpt of the example's output, '...' where lines are left out."""
+    lines = printed.splitlines()
+    out: list[str] = []
+    at = 0
+    for prefix, count in EXAMPLE_PICKS:
+        start = next((i for i in range(at, len(lines)) if lines[i].startswith(prefix)), None)
+        if start is None:
+            raise SystemExit(f"the example's output has no line starting {prefix!r}")
+        if start > at or not out:
+            out.append("...")
+        out += [line.rstrip() for line in lines[start : start + count]]
+        at = start + count
+    return out
+
+
+def run_example() -> str:
+    """`planner optimize --budget 12000` in a temporary folder (the shipped plans untouched)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(REPO / "planner" / "specs", Path(tmp) / "planner" / "specs")
+        proc = subprocess.run(
+            [sys.executable, "-m", *EXAMPLE],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, COLUMNS="120", PYTHONPATH=str(REPO)),
+        )
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(EXAMPLE)} failed (exit {proc.returncode}):\n{proc.stderr}")
+    return proc.stdout + proc.stderr
+
+
+def rewrite_example(text: str, printed: str) -> str:
+    """README text with its console block of the example replaced by the output's excerpt."""
+    body = "\n".join(example_lines(printed)) + "\n"
+    new, n = CONSOLE.subn(lambda m: m[1] + body + m[3], text)
+    if n != 1:
+        raise SystemExit(f"README.md has {n} console block(s) of {' '.join(EXAMPLE)}, not 1")
+    return new
+
+
 def time_demo() -> None:
     """Run `make demo` (its commands, through the Makefile) and record wall time and load."""
     load_before = os.getloadavg()[0]
@@ -248,9 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     want = blocks()
     if args.write or args.time_demo:
         changed = []
+        printed = run_example()
         for path in files():
             text = path.read_text(encoding="utf-8")
             new = rewrite(text, want)
+            if path == README:
+                new = rewrite_example(new, printed)
             if new != text:
                 path.write_text(new, encoding="utf-8")
                 changed.append(path.relative_to(REPO).as_posix())
