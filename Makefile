@@ -1,7 +1,7 @@
-# Two entry points for a new user (see README):
+# Two entry points for a new user (README.md):
 #   make demo   set everything up, plan the bank-FAQ job, autotune a small GPT on this CPU
 #               with real probes, then train that plan for real with the runner
-#   make test   set everything up and run the test suite
+#   make test   set everything up, lint, build the manual and run the test suite
 # What the demo leaves on this machine (calibration, probe results, caches) goes to the user
 # data directory (~/.local/share/gptplan, or $GPTPLAN_DATA_DIR), never into the checkout; the
 # tests run against their own, so `make demo` then `make test` on one checkout passes.
@@ -14,7 +14,7 @@ PIPLOG := $(VENV)/pip.log
 PIP    := $(BIN)/python -m pip --quiet
 PIPFAIL := { grep -v "is ignored: it is neither" $(PIPLOG) | tail -n 30; echo "pip failed; log: $(PIPLOG)"; exit 1; }
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint docs bench clean
 
 setup: $(VENV)/.installed $(VENV)/.device
 
@@ -47,7 +47,7 @@ demo: setup
 	$(BIN)/runner execute plans/cpu_demo.toml
 	$(BIN)/runner generate runs/cpu_demo --prompt "这个手机" --max-new-tokens 24 --min-new-tokens 16
 
-test: setup $(VENV)/.cloud lint
+test: setup $(VENV)/.cloud lint docs
 	$(BIN)/python -m pytest -q
 
 # ruff (lint + format check) over the tree, mypy over gptplan, runner and planner (pyproject.toml)
@@ -56,5 +56,10 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The manual: docs/ built with MkDocs into site/ (git-ignored); --strict fails on a broken link,
+# a missing anchor or a page left out of mkdocs.yml's nav
+docs: setup
+	$(BIN)/mkdocs build --strict --quiet
+
 clean:
-	rm -rf runs .cache
+	rm -rf runs .cache site

@@ -1,19 +1,26 @@
-"""The README's plan numbers, derived from the shipped plans (and the measured demo times).
+"""The plan numbers the README and the manual state, derived from the shipped plans (and the
+measured demo times).
 
-README.md marks every stated plan number with a block
+README.md and the pages of docs/ mark every stated plan number with a block
 
     <!-- readme-numbers: NAME -->text<!-- /readme-numbers -->
 
 whose text this script derives from `plans/bank_faq.toml` / `plans/llama_zh.toml` (written by
 `planner optimize`) and `bench/results/demo_time.json`. `--check` (the default; the test suite
-runs it) exits 1 naming every block that drifted from what the code prints; `--write` rewrites
-the blocks after the plans were re-derived (e.g. after merging branches that change the cost
+runs it) exits 1 naming every block, with its file, that drifted from what the code prints, and
+every block name that no file holds any more; `--write` rewrites the blocks in every file after
+the plans were re-derived (e.g. after merging branches that change the cost
 model or prices); `--time-demo` runs `make demo`'s commands, appends the wall time and the
 machine's load average to bench/results/demo_time.json, and then rewrites the demo-time block.
 
     python bench/readme_numbers.py            # check
     python bench/readme_numbers.py --write    # regenerate after re-deriving the plans
     python bench/readme_numbers.py --time-demo
+
+`--write` also refreshes the README's worked example, the ```console block of
+`planner optimize --budget 12000`: it runs the command in a temporary folder and shows the
+lines `example_lines` picks (tests/test_docs_commands.py checks that every shown line is one
+the command prints).
 """
 
 from __future__ import annotations
@@ -23,13 +30,16 @@ import datetime as dt
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+DOCS = REPO / "docs"
 DEMO_TIMES = REPO / "bench" / "results" / "demo_time.json"
 BLOCK = re.compile(
     r"<!-- readme-numbers: (?P<name>[a-z0-9_]+) -->(?P<text>.*?)<!-- /readme-numbers -->", re.S
@@ -172,15 +182,34 @@ def blocks() -> dict[str, str]:
     }
 
 
-def check(text: str, want: dict[str, str]) -> list[str]:
-    """Names of the blocks whose README text differs from `want` (or that are missing)."""
-    found = {m["name"]: m["text"] for m in BLOCK.finditer(text)}
-    out = [f"{name}: missing in README.md" for name in want if name not in found]
-    out += [
-        f"{name}: README says {found[name]!r}, the plans give {want[name]!r}"
-        for name in want
-        if name in found and found[name] != want[name]
-    ]
+def files() -> list[Path]:
+    """The files that may hold blocks: README.md and every page of the manual."""
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
+def check(text: str, want: dict[str, str], *, label: str = "README.md") -> list[str]:
+    """One problem per block of `text` whose text differs from `want`, or whose name is not a
+    known block ('NAME: ...')."""
+    out = []
+    for m in BLOCK.finditer(text):
+        name = m["name"]
+        if name not in want:
+            out.append(f"{name}: {label} has a block no plan derives (known: {sorted(want)})")
+        elif m["text"] != want[name]:
+            out.append(f"{name}: {label} says {m['text']!r}, the plans give {want[name]!r}")
+    return out
+
+
+def check_files(want: dict[str, str], paths: list[Path] | None = None) -> list[str]:
+    """check() over every file, and every block name held by at least one of them."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for path in paths if paths is not None else files():
+        text = path.read_text(encoding="utf-8")
+        seen.update(m["name"] for m in BLOCK.finditer(text))
+        label = path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else path.name
+        out += check(text, want, label=label)
+    out += [f"{name}: no file holds this block" for name in want if name not in seen]
     return out
 
 
@@ -192,6 +221,59 @@ def rewrite(text: str, want: dict[str, str]) -> str:
         ),
         text,
     )
+
+
+EXAMPLE = ("planner", "optimize", "--budget", "12000")
+# what the README shows of the example's output: (first line's prefix, lines from there)
+EXAMPLE_PICKS = (
+    ("corpus tokens:", 1),
+    ("Top ", 7),  # the heading (2 lines), the table's header (2) and its first 3 rows
+    ("chosen:", 4),
+    ("        sensitivity:", 1),
+    ("wrote ", 1),
+)
+CONSOLE = re.compile(r"(```console\n\$ " + re.escape(" ".join(EXAMPLE)) + r"\n)(.*?)(```)", re.S)
+
+
+def example_lines(printed: str) -> list[str]:
+    """The README's excerpt of the example's output, '...' where lines are left out."""
+    lines = printed.splitlines()
+    out: list[str] = []
+    at = 0
+    for prefix, count in EXAMPLE_PICKS:
+        start = next((i for i in range(at, len(lines)) if lines[i].startswith(prefix)), None)
+        if start is None:
+            raise SystemExit(f"the example's output has no line starting {prefix!r}")
+        if start > at or not out:
+            out.append("...")
+        out += [line.rstrip() for line in lines[start : start + count]]
+        at = start + count
+    return out
+
+
+def run_example() -> str:
+    """`planner optimize --budget 12000` in a temporary folder (the shipped plans untouched)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(REPO / "planner" / "specs", Path(tmp) / "planner" / "specs")
+        proc = subprocess.run(
+            [sys.executable, "-m", *EXAMPLE],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, COLUMNS="120", PYTHONPATH=str(REPO)),
+        )
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(EXAMPLE)} failed (exit {proc.returncode}):\n{proc.stderr}")
+    return proc.stdout + proc.stderr
+
+
+def rewrite_example(text: str, printed: str) -> str:
+    """README text with its console block of the example replaced by the output's excerpt."""
+    body = "\n".join(example_lines(printed)) + "\n"
+    new, n = CONSOLE.subn(lambda m: m[1] + body + m[3], text)
+    if n != 1:
+        raise SystemExit(f"README.md has {n} console block(s) of {' '.join(EXAMPLE)}, not 1")
+    return new
 
 
 def time_demo() -> None:
@@ -216,24 +298,34 @@ def time_demo() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--write", action="store_true", help="rewrite README.md's blocks")
+    ap.add_argument(
+        "--write", action="store_true", help="rewrite the blocks of README.md and docs/*.md"
+    )
     ap.add_argument("--time-demo", action="store_true", help="time make demo, then --write")
     args = ap.parse_args(argv)
     if args.time_demo:
         time_demo()
     want = blocks()
-    text = README.read_text(encoding="utf-8")
     if args.write or args.time_demo:
-        README.write_text(rewrite(text, want), encoding="utf-8")
-        print(f"rewrote {len(want)} block(s) of {README.name}")
+        changed = []
+        printed = run_example()
+        for path in files():
+            text = path.read_text(encoding="utf-8")
+            new = rewrite(text, want)
+            if path == README:
+                new = rewrite_example(new, printed)
+            if new != text:
+                path.write_text(new, encoding="utf-8")
+                changed.append(path.relative_to(REPO).as_posix())
+        print(f"rewrote the blocks of {', '.join(changed) or 'no file (all agreed)'}")
         return 0
-    problems = check(text, want)
+    problems = check_files(want)
     for p in problems:
         print(p)
     if problems:
-        print("README.md's plan numbers drifted: python bench/readme_numbers.py --write")
+        print("the plan numbers drifted: python bench/readme_numbers.py --write")
         return 1
-    print(f"README.md: {len(want)} block(s) agree with the plans")
+    print(f"README.md and docs/: {len(want)} block(s) agree with the plans")
     return 0
 
 
