@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gptplan import precision as precision_table
-from gptplan.plan import RECOMPUTE_MODES, SHARDING_STAGES
+from gptplan.plan.schema import RECOMPUTE_MODES, SHARDING_STAGES
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,18 @@ class Layout:
         return " ".join(parts)
 
     @property
+    def world_size(self) -> int:
+        """Devices the layout fills (the plan's parallel.world_size)."""
+        return self.nodes * self.devices_per_node
+
+    @property
+    def batch_ranks(self) -> int:
+        """Ranks that see different data: data parallel x sharding (PaddleNLP's rule)."""
+        return self.dp * self.sharding_degree
+
+    @property
     def tokens_per_step(self) -> int:
-        return self.micro_batch * self.accumulation * self.seq_len * self.dp * self.sharding_degree
+        return self.micro_batch * self.accumulation * self.seq_len * self.batch_ranks
 
 
 # field -> (plan section, plan key, candidate column with the same value or '' where the
