@@ -15,16 +15,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from gptplan import families
+from gptplan.columns import Numbers
 from gptplan.plan.schema import ModelSection, ParallelSection, Plan, divisors
 
 
-def tensor_parallel_fits_node(tp, devices_per_node):
+def tensor_parallel_fits_node(tp: Numbers, devices_per_node: Numbers) -> Numbers:
     """Tensor parallel stays inside one node (its all-reduces run on every layer): the degree
     divides the devices of a node. The one place this rule lives."""
     return (tp <= devices_per_node) & (devices_per_node % tp == 0)
 
 
-def tensor_parallel_divides(m: ModelSection, tp):
+def tensor_parallel_divides(m: ModelSection, tp: Numbers) -> Numbers:
     """tp splits the heads, KV heads, hidden width, FFN (branch) width and vocabulary evenly."""
     from gptplan.modelfacts import kv_heads
 
@@ -35,19 +36,23 @@ def tensor_parallel_divides(m: ModelSection, tp):
 
         once = np.array([all(x % t == 0 for x in dims) for t in range(1, int(tp.max()) + 1)])
         return once[tp - 1]
-    ok = True
+    ok: Numbers = True
     for size in dims:
         ok = (size % tp == 0) & ok
     return ok
 
 
-def sequence_parallel_fits(micro_batch, seq_len, tp, sequence_parallel):
+def sequence_parallel_fits(
+    micro_batch: Numbers, seq_len: Numbers, tp: Numbers, sequence_parallel: Numbers
+) -> Numbers:
     """PaddleNLP scatters the b·s tokens of a micro-batch over the tensor-parallel group:
     sequence parallel needs tp > 1 and b·s divisible by tp."""
     return (sequence_parallel == 0) | ((tp > 1) & ((micro_batch * seq_len) % tp == 0))
 
 
-def virtual_pipeline_fits(layers, pp, vpp, accumulation):
+def virtual_pipeline_fits(
+    layers: Numbers, pp: Numbers, vpp: Numbers, accumulation: Numbers
+) -> Numbers:
     """Paddle's interleaved schedule (fleet PipelineParallelWithInterleave, 3.3.1): pp > 2,
     layers divisible by pp x vpp (segments of whole layers), accumulation a multiple of pp and
     at least 2 x pp."""
@@ -71,7 +76,8 @@ class LayoutRule:
 
     name: str
     key: str
-    allows: Callable[[ModelSection, Mapping[str, Any]], Any]
+    allows: Callable[[ModelSection, Mapping[str, Numbers]], Numbers]
+
     message: Callable[[Plan], str]
 
 

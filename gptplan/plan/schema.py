@@ -19,7 +19,7 @@ import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from gptplan import families
 from gptplan import precision as precisions
@@ -502,5 +502,6 @@ class Plan:
         blob = json.dumps(self.trajectory(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
-    def replace(self, **sections) -> Plan:
+    def replace(self, **sections: Any) -> Plan:  # any of the fields above, by name
+
         return dataclasses.replace(self, **sections)
