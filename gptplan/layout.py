@@ -19,6 +19,10 @@ from gptplan import precision as precision_table
 from gptplan.families import ModelLike
 from gptplan.plan.schema import RECOMPUTE_MODES, SHARDING_STAGES, Plan
 
+# What a served probe worker fixes at start-up: device, nodes, devices per node, dp, tp, pp,
+# sharding stage and degree (Layout.worker_key)
+WorkerKey = tuple[str, int, int, int, int, int, str, int]
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -120,7 +124,7 @@ class Layout:
             "training.fp16_opt_level": self.fp16_opt_level,
         }
 
-    def worker_key(self, device: str) -> tuple[str, int, int, int, int, int, str, int]:
+    def worker_key(self, device: str) -> WorkerKey:
         """What a served probe worker fixes at start-up (fleet is initialised once): the
         device and the process layout."""
         return (
