@@ -159,18 +159,8 @@ class Layout:
         return " ".join(parts)
 
     @property
-    def world_size(self) -> int:
-        """Devices the layout fills (the plan's parallel.world_size)."""
-        return self.nodes * self.devices_per_node
-
-    @property
-    def batch_ranks(self) -> int:
-        """Ranks that see different data: data parallel x sharding (PaddleNLP's rule)."""
-        return self.dp * self.sharding_degree
-
-    @property
     def tokens_per_step(self) -> int:
-        return self.micro_batch * self.accumulation * self.seq_len * self.batch_ranks
+        return self.micro_batch * self.accumulation * self.seq_len * self.dp * self.sharding_degree
 
 
 # field -> (plan section, plan key, candidate column with the same value or '' where the

@@ -241,11 +241,10 @@ def layout_columns(plan: Plan) -> dict[str, Any]:
     devices it fills."""
     from gptplan.layout import Layout  # imports this package's vocabularies
 
-    layout = Layout.from_plan(plan)
     return {
-        **layout.search_columns(),
-        "world": layout.world_size,
-        "batch_ranks": layout.batch_ranks,
+        **Layout.from_plan(plan).search_columns(),
+        "world": plan.parallel.world_size,
+        "batch_ranks": plan.parallel.batch_ranks,
     }
 
 
