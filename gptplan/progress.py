@@ -12,9 +12,9 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
-Log = Callable[[str], Any]  # where progress lines go (print, a run's console log)
+Log = Callable[[str], object]  # where progress lines go (print, a run's console log)
 
 # A bar appears once the work has taken this long (short work shows none)
 DELAY_S = 5.0

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 try:  # the C kernels only; jieba_fast's own Python package is not used
@@ -84,7 +84,7 @@ def _make_tokenizer() -> Any:  # a jieba.Tokenizer (jieba is untyped)
         route from C where that is exact, and memoises short blocks and HMM runs (pure
         functions of their text); everything else is jieba's."""
 
-        def _Tokenizer__cut_DAG(self, sentence: str) -> Any:  # overrides jieba's __cut_DAG
+        def _Tokenizer__cut_DAG(self, sentence: str) -> Sequence[str]:  # jieba's __cut_DAG
             if len(sentence) <= CACHED_BLOCK_CHARS:
                 return self.block_words(sentence)
             return self.route_words(sentence)

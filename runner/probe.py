@@ -30,7 +30,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gptplan.plan import load_plan
 from gptplan.tomlconf import write_text_atomic
@@ -110,7 +110,7 @@ def is_oom(exc: BaseException) -> bool:
     )
 
 
-def _map_kernel_libraries(trainer: Trainer[Any]) -> None:
+def _map_kernel_libraries(trainer: Trainer[SyntheticBatches]) -> None:
     """One tiny forward/backward before the memory cap: Paddle loads MKL/oneDNN lazily, and
     mapping a shared library under the cap would fail as a loader error, not as an OOM."""
     import paddle

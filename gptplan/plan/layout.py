@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from gptplan import families
 from gptplan.columns import Numbers
@@ -235,7 +234,7 @@ LAYOUT_RULES: tuple[LayoutRule, ...] = (
 RULES_BY_NAME = {rule.name: rule for rule in LAYOUT_RULES}
 
 
-def layout_columns(plan: Plan) -> dict[str, Any]:
+def layout_columns(plan: Plan) -> dict[str, int | str]:
     """A plan's layout as the columns LAYOUT_RULES read (one row of ints): the candidate
     table's columns of its gptplan.layout.Layout (where the names are mapped, once), and the
     devices it fills."""
