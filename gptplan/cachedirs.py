@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from gptplan.progress import Log
+
 SUFFIX = ".tmp"
 LOCK_FILE = ".writer.lock"
 UNLOCKED_GRACE_S = 600.0
@@ -73,7 +75,7 @@ def _writer_alive(folder: Path, now: float) -> bool:
     return False
 
 
-def remove_stale(parent: Path, *, log=print) -> list[Path]:
+def remove_stale(parent: Path, *, log: Log = print) -> list[Path]:
     """Remove the temporary folders in `parent` whose writer has ended; one line if any."""
     parent = Path(parent)
     if not parent.is_dir():

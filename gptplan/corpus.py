@@ -27,9 +27,10 @@ import importlib.util
 import json
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import xxhash
 
@@ -217,7 +218,7 @@ def iter_documents(
     dedupe: bool = False,
     max_documents: int = 0,
     file: str | None = None,
-    progress=None,
+    progress: Callable[[int], object] | None = None,
 ) -> Iterator[str]:
     """Documents in source order; `stats` is updated as they stream by.
 
@@ -282,7 +283,7 @@ def _documents(
     dedupe: bool,
     max_documents: int,
     file: str | None,
-    progress,
+    progress: Callable[[int], object] | None,
     head_chars: int | None,
     line_cap: int = LONG_LINE_BYTES,
     piece_bytes: int = PIECE_BYTES,
@@ -457,7 +458,9 @@ def _bounded_lines(path: Path, *, line_cap: int, piece_bytes: int) -> Iterator[t
 class _LongLine:
     """A line longer than the cap, consumed piece by piece from its open file."""
 
-    def __init__(self, handle, held: list[bytes], *, ended: bool, piece_bytes: int):
+    def __init__(
+        self, handle: BinaryIO, held: list[bytes], *, ended: bool, piece_bytes: int
+    ) -> None:
         self.handle, self.held, self.ended, self.piece_bytes = handle, held, ended, piece_bytes
 
     def pieces(self) -> Iterator[bytes]:
@@ -471,7 +474,7 @@ class _LongLine:
                 yield piece
 
     def measure(
-        self, *, digest, stats: CorpusStats, head_chars: int, dedupe: bool
+        self, *, digest: xxhash.xxh3_128, stats: CorpusStats, head_chars: int, dedupe: bool
     ) -> tuple[DocumentSize | None, int]:
         """(the stripped text's DocumentSize, its de-duplication key), or (None, 0) when the
         line is not UTF-8. The line's bytes go to `digest` and `stats.bytes` as read.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from gptplan.errors import DiskFullError, NotWritableError, UserError
@@ -64,7 +65,7 @@ def file_in_the_way(directory: Path) -> Path | None:
 @contextlib.contextmanager
 def guard_disk_writes(
     directory: Path, *, needed_bytes: int | None = None, setting: str = "job.output_dir"
-):
+) -> Iterator[None]:
     """Turn ENOSPC/EDQUOT raised inside the block into one DiskFullError line, and EROFS/EACCES
     (a folder that turned read-only) into one NotWritableError line; a folder whose path is
     an existing file (a data directory or --out given as a file) is bad input, one line.

@@ -16,7 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gptplan import precision as precision_table
-from gptplan.plan import RECOMPUTE_MODES, SHARDING_STAGES
+from gptplan.families import ModelLike
+from gptplan.plan.schema import RECOMPUTE_MODES, SHARDING_STAGES, Plan
+
+# What a served probe worker fixes at start-up: device, nodes, devices per node, dp, tp, pp,
+# sharding stage and degree (Layout.worker_key)
+WorkerKey = tuple[str, int, int, int, int, int, str, int]
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,7 @@ class Layout:
     # ---- built from ... ---------------------------------------------------------------------
 
     @classmethod
-    def from_plan(cls, plan) -> Layout:
+    def from_plan(cls, plan: Plan) -> Layout:
         values = {}
         for f, (section, key, _column) in FIELDS.items():
             if section:
@@ -119,7 +124,7 @@ class Layout:
             "training.fp16_opt_level": self.fp16_opt_level,
         }
 
-    def worker_key(self, device: str) -> tuple:
+    def worker_key(self, device: str) -> WorkerKey:
         """What a served probe worker fixes at start-up (fleet is initialised once): the
         device and the process layout."""
         return (
@@ -133,7 +138,7 @@ class Layout:
             self.sharding_degree,
         )
 
-    def probe_key(self, model, device: str) -> str:
+    def probe_key(self, model: ModelLike, device: str) -> str:
         """What a probe's measurement depends on: every layout field, the device and the
         model it trains (family, shape, KV heads, tied embeddings). Changing any one changes
         the key (tests/test_layout.py)."""
@@ -182,7 +187,7 @@ FIELDS: dict[str, tuple[str, str, str]] = {
 assert set(FIELDS) == {f.name for f in dataclasses.fields(Layout)}
 
 
-def model_key(model) -> tuple:
+def model_key(model: ModelLike) -> tuple[str, int, int, int, int, int, int, bool]:
     """The model facts a measured step depends on (a plan's [model] section)."""
     from gptplan.modelfacts import kv_heads
 

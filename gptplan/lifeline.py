@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable
 
 PR_SET_PDEATHSIG = 1
 
@@ -42,7 +43,7 @@ def default_signal_state() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, TERMINATION_SIGNALS)
 
 
-def die_with_parent(sig: int = signal.SIGKILL):
+def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
     """A `preexec_fn` for subprocess.Popen (Linux; None elsewhere)."""
     if sys.platform != "linux":
         return None

@@ -8,6 +8,7 @@ optimizer prices a candidate the same way).
 from __future__ import annotations
 
 from gptplan import precision as precisions
+from gptplan.columns import Numbers
 
 SECONDS_PER_HOUR = 3600.0
 
@@ -22,13 +23,13 @@ def cost(*, price_per_node_hour: float, nodes: int, seconds: float) -> float:
     return price_per_node_hour * nodes * seconds / SECONDS_PER_HOUR
 
 
-def cost_of_hours(*, price_per_node_hour, nodes, hours):
+def cost_of_hours(*, price_per_node_hour: Numbers, nodes: Numbers, hours: Numbers) -> Numbers:
     """`cost` in hours, for columns: price per node-hour x nodes x hours, in that order
     (numbers or numpy arrays alike; the planner's search prices every candidate with it)."""
     return price_per_node_hour * nodes * hours
 
 
-def price_of(*, cost, nodes, hours):
+def price_of(*, cost: Numbers, nodes: Numbers, hours: Numbers) -> Numbers:
     """The price per node-hour at which `nodes` nodes held for `hours` hours cost `cost`
     (the inverse of `cost_of_hours`; numbers or numpy arrays alike)."""
     return cost / (nodes * hours)
@@ -40,7 +41,7 @@ def seconds_for(*, price_per_node_hour: float, nodes: int, money: float) -> floa
     return money / per_second if per_second > 0 else float("inf")
 
 
-def checkpoint_bytes(params, *, master_weights=False):
+def checkpoint_bytes(params: Numbers, *, master_weights: Numbers = False) -> Numbers:
     """Modelled size of one checkpoint (weights + optimizer state) of `params` parameters;
     `params` and `master_weights` may be numbers or numpy arrays alike."""
     extra = CHECKPOINT_BYTES_PER_PARAM_MASTER_WEIGHTS - CHECKPOINT_BYTES_PER_PARAM

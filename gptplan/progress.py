@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
+from typing import Protocol
+
+Log = Callable[[str], object]  # where progress lines go (print, a run's console log)
 
 # A bar appears once the work has taken this long (short work shows none)
 DELAY_S = 5.0
 
 
-def quiet(*_args, **_kwargs) -> None:
+def quiet(*_args: object, **_kwargs: object) -> None:
     """A `log` callable that writes nothing (the default where no one is watching)."""
     return None
 
@@ -29,11 +33,24 @@ def stderr_is_terminal() -> bool:
         return False
 
 
+class ProgressBar(Protocol):
+    """What `bar` gives: a tqdm bar or a LineProgress."""
+
+    def update(self, n: float = 1, /) -> object: ...
+    def set_postfix_str(self, text: str = "", /, refresh: bool = True) -> object: ...
+
+    def close(self) -> object: ...
+    def __enter__(self) -> ProgressBar: ...
+    def __exit__(self, *exc: object) -> object: ...
+
+
 class LineProgress:
     """The tqdm calls the callers use (update, set_postfix_str, close), as whole log lines
     every `every_s` seconds after the first `delay_s` (no `log`: silent)."""
 
-    def __init__(self, *, total: float, desc: str, unit: str, log=None, every_s: float = 30.0):
+    def __init__(
+        self, *, total: float, desc: str, unit: str, log: Log | None = None, every_s: float = 30.0
+    ) -> None:
         self.total, self.desc, self.unit, self.log, self.every_s = total, desc, unit, log, every_s
         self.n = 0.0
         self.postfix = ""
@@ -62,11 +79,19 @@ class LineProgress:
     def __enter__(self) -> LineProgress:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def bar(*, total: float, desc: str, unit: str, log=None, every_s: float = 30.0, enabled=True):
+def bar(
+    *,
+    total: float,
+    desc: str,
+    unit: str,
+    log: Log | None = None,
+    every_s: float = 30.0,
+    enabled: bool = True,
+) -> ProgressBar:
     """A tqdm bar on a terminal; else LineProgress (lines through `log`, or silent)."""
     if enabled and stderr_is_terminal():
         from tqdm import tqdm

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 _BRACKET = re.compile(r"\][A-Za-z]+")
@@ -43,7 +43,7 @@ def python_docs_english() -> Iterator[str]:
                 yield para
 
 
-def write_corpus(documents, path: Path, *, limit: int = 0) -> Path:
+def write_corpus(documents: Iterable[str], path: Path, *, limit: int = 0) -> Path:
     """One document per line (the .txt format)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

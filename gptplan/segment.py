@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 try:  # the C kernels only; jieba_fast's own Python package is not used
     import _jieba_fast_functions_py3 as _kernels
@@ -67,7 +69,7 @@ CACHED_BLOCK_CHARS = 32  # short blocks (between punctuation) repeat often: memo
 CACHE_ENTRIES = 1 << 16  # per cache; bounded memory (a few MB)
 
 
-def _make_tokenizer():
+def _make_tokenizer() -> Any:  # a jieba.Tokenizer (jieba is untyped)
     import jieba
     from jieba import finalseg
 
@@ -82,12 +84,12 @@ def _make_tokenizer():
         route from C where that is exact, and memoises short blocks and HMM runs (pure
         functions of their text); everything else is jieba's."""
 
-        def _Tokenizer__cut_DAG(self, sentence):  # overrides the name-mangled __cut_DAG
+        def _Tokenizer__cut_DAG(self, sentence: str) -> Sequence[str]:  # jieba's __cut_DAG
             if len(sentence) <= CACHED_BLOCK_CHARS:
                 return self.block_words(sentence)
             return self.route_words(sentence)
 
-        def route_words(self, sentence: str):
+        def route_words(self, sentence: str) -> list[str]:
             self.check_initialized()
             if _kernels is None or len(sentence) > MAX_C_BLOCK or not self.c_route_exact:
                 return list(super()._Tokenizer__cut_DAG(sentence))
@@ -128,7 +130,7 @@ def _make_tokenizer():
     return tokenizer
 
 
-def cut(text: str):
+def cut(text: str) -> Iterator[str]:
     """The words `jieba.cut(text)` gives (accurate mode, HMM on)."""
     global _tokenizer
     if _tokenizer is None:

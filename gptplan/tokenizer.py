@@ -35,14 +35,20 @@ import os
 import shutil
 import time
 import unicodedata
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
 from gptplan import cachedirs, progress
 from gptplan.corpus import Corpus, default_dedupe, resolve_sources, sample_documents, source_key
 from gptplan.errors import DataError
+from gptplan.progress import Log
+
+Advance = Callable[[int], object]  # reports work done (characters): a progress bar's update
 
 TOKENIZER_VERSION = 2
 SAMPLE_CHARS = 12_000_000  # characters of corpus read to train a tokenizer
@@ -56,7 +62,7 @@ EOT = "<|endoftext|>"
 _TRANSLATE = str.maketrans(" \n", "\u2582\u2583")
 
 
-def _quiet_jieba():
+def _quiet_jieba() -> ModuleType:
     import jieba
 
     jieba.setLogLevel(logging.WARNING)
@@ -142,7 +148,7 @@ def _training_pieces(documents: list[str]) -> list[str]:
     return [p for d in documents for p in split_long(d, TRAIN_PIECE_CHARS)]
 
 
-def _segment_parallel(pieces: list[str], workers: int, progress) -> list[str]:
+def _segment_parallel(pieces: list[str], workers: int, progress: Advance) -> list[str]:
     chunk = 2000
     chunks = [pieces[i : i + chunk] for i in range(0, len(pieces), chunk)]
     out: list[str] = []
@@ -201,7 +207,7 @@ _SEGMENTED: dict = {"active": 0, "key": None, "text": None}
 
 
 @contextlib.contextmanager
-def keep_segmentation():
+def keep_segmentation() -> Iterator[None]:
     """Within this block, training on the same sample again reuses its jieba segmentation
     (the same words, so the same tokenizer as segmenting again); released at the end."""
     _SEGMENTED["active"] += 1
@@ -213,7 +219,7 @@ def keep_segmentation():
             _SEGMENTED["key"] = _SEGMENTED["text"] = None
 
 
-def _segmented(pieces: list[str], workers: int, progress) -> list[str]:
+def _segmented(pieces: list[str], workers: int, progress: Advance) -> list[str]:
     if not _SEGMENTED["active"]:
         return _segment_parallel(pieces, workers, progress)
     digest = hashlib.sha256()
@@ -231,7 +237,7 @@ SPM_CHILD = (
 )
 
 
-def train_in_child(**options) -> None:
+def train_in_child(**options: object) -> None:
     """sentencepiece's trainer (one long native call, minutes on a long-lined corpus, that no
     Python signal handler can interrupt) in a child process in a group of its own, dying with
     this one: a SIGTERM or SIGINT to this process runs its handler at once (the wait here is
@@ -267,7 +273,9 @@ def train_in_child(**options) -> None:
         raise RuntimeError(last.removeprefix("RuntimeError: ").strip())
 
 
-def _train_cpm(pieces: list[str], vocab_size: int, tmp: Path, workers: int, progress, log) -> None:
+def _train_cpm(
+    pieces: list[str], vocab_size: int, tmp: Path, workers: int, progress: Advance, log: Log
+) -> None:
     coverage = _character_coverage(pieces, vocab_size)
     segmented = _segmented(pieces, workers, progress)
     text_file = tmp / "train.txt"
@@ -322,13 +330,13 @@ def _train_cpm(pieces: list[str], vocab_size: int, tmp: Path, workers: int, prog
     (tmp / "raw.vocab").unlink(missing_ok=True)
 
 
-def _train_bpe(pieces: list[str], vocab_size: int, tmp: Path, progress, log) -> None:
+def _train_bpe(pieces: list[str], vocab_size: int, tmp: Path, progress: Advance, log: Log) -> None:
     from tokenizers import ByteLevelBPETokenizer
 
     log(f"training a {vocab_size}-token byte-level BPE on {len(pieces):,} documents ...")
     tok = ByteLevelBPETokenizer(add_prefix_space=False)
 
-    def feed():
+    def feed() -> Iterator[str]:
         for p in pieces:
             progress(len(p))
             yield p
@@ -351,7 +359,7 @@ def train_tokenizer(
     out_dir: Path,
     workers: int = 1,
     scheme: str = "auto",
-    log=print,
+    log: Log = print,
 ) -> Path:
     """Train on a sample of documents; return the tokenizer directory (a cache entry).
 
@@ -479,7 +487,14 @@ class FastEncoder:
 class JobTokenizer:
     """Thin handle on a PaddleNLP tokenizer with the ids the data pipeline needs."""
 
-    def __init__(self, hf_tokenizer, *, name: str, fingerprint: str, scheme: str = ""):
+    def __init__(
+        self,
+        hf_tokenizer: Any,  # a PaddleNLP PretrainedTokenizer (paddlenlp is untyped)
+        *,
+        name: str,
+        fingerprint: str,
+        scheme: str = "",
+    ) -> None:
         self.tokenizer = hf_tokenizer
         self.name = name
         self.fingerprint = fingerprint
@@ -508,11 +523,11 @@ class JobTokenizer:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.convert_tokens_to_ids(self.tokenizer.tokenize(text))
 
-    def decode(self, ids) -> str:
+    def decode(self, ids: Iterable[int]) -> str:
         return self.tokenizer.convert_ids_to_string([int(i) for i in ids])
 
 
-def _import_paddlenlp_quietly():
+def _import_paddlenlp_quietly() -> ModuleType:
     """PaddleNLP (through Paddle) warns about ccache and setuptools on import: not for users."""
     import contextlib
     import io
@@ -592,7 +607,7 @@ def _tokenizer_dir(
     dedupe: bool,
     documents: list[str] | None,
     workers: int,
-    log,
+    log: Log,
 ) -> Path | None:
     if tokenizer != "sentencepiece":
         return None
@@ -655,7 +670,7 @@ def ensure_tokenizer(
     patterns: list[str] | None = None,
     max_documents: int = 0,
     workers: int | None = None,
-    log=lambda *_: None,
+    log: Log = progress.quiet,
 ) -> Path | None:
     """The trained tokenizer's directory (None for a PaddleNLP tokenizer by name/dir)."""
     workers = workers or default_workers()

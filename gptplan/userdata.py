@@ -22,6 +22,8 @@ import os
 import sys
 from pathlib import Path
 
+from gptplan.progress import Log
+
 DATA_ENV = "GPTPLAN_DATA_DIR"
 CALIBRATION_ENV = "GPTPLAN_CALIBRATION_DIR"
 APP = "gptplan"
@@ -99,7 +101,7 @@ def apply_flag(args: argparse.Namespace) -> None:
     os.environ[DATA_ENV] = str(folder)
 
 
-def read_json_record(path: Path, *, what: str, log=None) -> dict | None:
+def read_json_record(path: Path, *, what: str, log: Log | None = None) -> dict | None:
     """A JSON object this machine recorded in a cache (a measured rate, a start-up time,
     corpus statistics), or None when there is none. A damaged one (not UTF-8, not JSON, not
     an object; a folder, a link or an unreadable file in its place) is never a traceback: it

@@ -123,7 +123,8 @@ def _merge(records: list[dict]) -> list[dict]:
     return [a for a in attempts if _valid_attempt(a)]
 
 
-def _valid_attempt(a) -> bool:
+def _valid_attempt(a: object) -> bool:
+
     return isinstance(a, dict) and all(
         isinstance(a.get(k), (int, float)) and not isinstance(a.get(k), bool) for k in TIME_KEYS
     )

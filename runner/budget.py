@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gptplan import money
 from gptplan.errors import BudgetError
 from gptplan.plan import Plan
 from runner.billing import Billing, Heartbeat
+
+if TYPE_CHECKING:
+    from runner.metrics import StepRecord
 
 # Priors for costs not measured yet in this run (modelled, conservative for the CPU machine):
 SHUTDOWN_PRIOR_S = {False: 1.0, True: 6.0}  # in-process vs launched ranks
@@ -268,7 +272,7 @@ def billed_attempt(
         heartbeat.stop()
 
 
-def projection_alert(plan: Plan, records) -> str | None:
+def projection_alert(plan: Plan, records: Sequence[StepRecord]) -> str | None:
     """The warning line when the run's projected total (cost at max_steps at the measured pace,
     runner.metrics) passes the plan's p90 cost, else None. Plans without a recorded p90 cost
     (by hand, or older) get none."""

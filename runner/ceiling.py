@@ -21,10 +21,13 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 
 from gptplan import userdata
+from gptplan.plan import Plan
 
 STARTUP_FILE = "startup_seconds.json"
 # Test-only: seconds to sleep in the launch path (a start-up slower than any measured).
@@ -35,12 +38,12 @@ class BudgetDeadline(BaseException):
     """Raised in the runner's main thread when the attempt reaches the budget's deadline."""
 
 
-def _raise(signum, frame):
+def _raise(signum: int, frame: FrameType | None) -> None:
     raise BudgetDeadline()
 
 
 @contextmanager
-def enforced(deadline: float | None):
+def enforced(deadline: float | None) -> Iterator[None]:
     """Raise BudgetDeadline in this (main) thread at `deadline` (time.time()) if the block is
     still running then; nothing without a deadline or off the main thread."""
     if deadline is None or threading.current_thread() is not threading.main_thread():
@@ -65,7 +68,7 @@ def injected_delay() -> None:
         time.sleep(seconds)
 
 
-def shape_key(plan) -> str:
+def shape_key(plan: Plan) -> str:
     """Plans of one shape start up alike on one machine: device, processes, model size."""
     from gptplan.modelfacts import parameter_count
 
@@ -76,11 +79,11 @@ def shape_key(plan) -> str:
     )
 
 
-def _startup_file(plan) -> Path:
+def _startup_file(plan: Plan) -> Path:
     return userdata.cache_dir(plan.job.cache_dir) / STARTUP_FILE
 
 
-def machine_startup_s(plan) -> float | None:
+def machine_startup_s(plan: Plan) -> float | None:
     """The slowest start-up measured on this machine for plans of this shape, if any."""
     data = userdata.read_json_record(_startup_file(plan), what="measured start-up record")
     try:
@@ -90,7 +93,7 @@ def machine_startup_s(plan) -> float | None:
     return float(value) if isinstance(value, (int, float)) and 0 < value < 1e7 else None
 
 
-def record_startup(plan, seconds: float | None, *, data_prep_s: float = 0.0) -> None:
+def record_startup(plan: Plan, seconds: float | None, *, data_prep_s: float = 0.0) -> None:
     """Keep `seconds` (measured runner start to first step, less the attempt's data
     preparation: a cold cache is a one-off) if slower than any seen."""
     if not isinstance(seconds, (int, float)) or not 0 < seconds < 1e7:

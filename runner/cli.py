@@ -240,7 +240,7 @@ def _run_plan(run_dir: Path) -> Plan:
     return load_plan(plan_file)
 
 
-def cmd_export(args) -> int:
+def cmd_export(args: argparse.Namespace) -> int:
     from runner.export import export_model, export_pretrained, export_summary
 
     plan = _run_plan(args.run_dir)
@@ -259,7 +259,8 @@ def cmd_export(args) -> int:
     return 0
 
 
-def cmd_generate(args) -> int:
+def cmd_generate(args: argparse.Namespace) -> int:
+
     from runner.export import generate
 
     for key, value, low in (

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from runner import ceiling, signals
@@ -130,7 +131,7 @@ def finished_run(run: Run, resume: Resume, attempt: Attempt) -> int:
     return status
 
 
-def within_budget(attempt: Attempt, what: str, work) -> None:
+def within_budget(attempt: Attempt, what: str, work: Callable[[], object]) -> None:
     """Work after training (an export, a retried one): billed (`work` in the bill) and held to
     the attempt's budget deadline (runner.ceiling), so that the billed total stays within the
     budget: not started when the budget is spent, ended at the deadline; one line says so."""

@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 from pathlib import Path
+from typing import TextIO
 
 CONSOLE_ENV = "GPTPLAN_CONSOLE_FILE"
 
@@ -43,7 +44,7 @@ def quiet_paddlenlp() -> None:
 class Follower:
     """Print the lines appended to a file while a launched run is going (a `tail -f`)."""
 
-    def __init__(self, path: Path, *, out=None, interval: float = 0.2):
+    def __init__(self, path: Path, *, out: TextIO | None = None, interval: float = 0.2) -> None:
         self.path = Path(path)
         self.out = out or sys.stdout
         self.interval = interval
@@ -55,7 +56,8 @@ class Follower:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
+
         self._stop.set()
         self._thread.join(timeout=5)
         self._drain()  # whatever was written after the last poll

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from gptplan.errors import DataError
 from gptplan.plan import Plan
+from gptplan.progress import Log
 
 TOLERANCE = 2.0  # found epochs may exceed the planned ones by this factor
 UNRECORDED_MAX_EPOCHS = 16.0
@@ -70,7 +71,13 @@ def corpus_check(plan: Plan, found_tokens: int) -> str | None:
 
 
 def check_before_launch(
-    plan: Plan, found_tokens: int, *, plan_file: Path, rehearsal: bool, dry_run: bool, log=print
+    plan: Plan,
+    found_tokens: int,
+    *,
+    plan_file: Path,
+    rehearsal: bool,
+    dry_run: bool,
+    log: Log = print,
 ) -> str | None:
     """Apply `corpus_check`: raise (a full run), warn (a rehearsal), or return the problem for
     the dry run to report as its failure; None when the corpus is the planned one."""

@@ -114,7 +114,8 @@ def advice(run_dir: Path) -> str:
     )
 
 
-def _fmt(loss) -> str:
+def _fmt(loss: object) -> str:
+
     return f"{loss:.4g}" if isinstance(loss, (int, float)) else "unknown"
 
 

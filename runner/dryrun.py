@@ -9,10 +9,14 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gptplan.errors import PlanError
 from gptplan.plan import Plan
 from runner.datacache import PreparedData
+
+if TYPE_CHECKING:
+    import paddle
 
 
 def check_dry_run_memory(plan: Plan, plan_file: Path) -> None:
@@ -32,7 +36,7 @@ def check_dry_run_memory(plan: Plan, plan_file: Path) -> None:
         )
 
 
-def check_partial_recompute(plan: Plan, net, keep: list[int]) -> tuple[bool, str]:
+def check_partial_recompute(plan: Plan, net: paddle.nn.Layer, keep: list[int]) -> tuple[bool, str]:
     """The dry run's check of partial recompute (parallel.recompute_layers): the built model
     recomputes exactly the planned layers. (ok, the line to print; '' without it)."""
     from runner.model import recomputed_layers_of

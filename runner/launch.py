@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from gptplan.errors import HardwareError, UserError
 from gptplan.lifeline import die_with_parent
@@ -23,6 +25,9 @@ from gptplan.plan import Plan
 from runner.parallel import LaunchCommand, local_device_count
 from runner.rehearsal_device import local_precisions
 from runner.supervise import STATUS_DIR_ENV, signal_supervised_ranks
+
+if TYPE_CHECKING:
+    from runner.watchdog import Watchdog
 
 
 @dataclasses.dataclass
@@ -41,7 +46,7 @@ def run_group(
     log_file: Path | None = None,
     group_file: Path | None = None,
     deadline: float | None = None,
-    watchdog=None,
+    watchdog: Watchdog | None = None,
 ) -> GroupResult:
     """Run one launch command in its own process group; pass on SIGTERM/SIGINT.
 
@@ -81,7 +86,8 @@ def run_group(
                 signal_supervised_ranks(Path(status_dir), signal.SIGTERM, since=started, skip=told)
             )
 
-    def forward(signum, frame):
+    def forward(signum: int, frame: FrameType | None) -> None:
+
         forwarded_signals.append(signum)
         tell()
 

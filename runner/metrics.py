@@ -89,28 +89,29 @@ class AllocatorProbe:
         return ""
 
     def now_bytes(self) -> tuple[float, float]:
+        return self._bytes(peak=False)
+
+    def peak_bytes(self) -> tuple[float, float]:
+        return self._bytes(peak=True)
+
+    def _bytes(self, *, peak: bool) -> tuple[float, float]:
+        """(allocated, reserved) bytes, now or at their peak since the last reset; NaN where
+        the device keeps no allocator statistics."""
         if self.kind == "gpu":
             import paddle
 
             cuda = paddle.device.cuda
+            if peak:
+                return float(cuda.max_memory_allocated()), float(cuda.max_memory_reserved())
             return float(cuda.memory_allocated()), float(cuda.memory_reserved())
         if self.kind == "custom":
             from paddle.base import core
 
-            stat = core.device_memory_stat_current_value
-            return float(stat("Allocated", self.device_id)), float(stat("Reserved", self.device_id))
-        return math.nan, math.nan
-
-    def peak_bytes(self) -> tuple[float, float]:
-        if self.kind == "gpu":
-            import paddle
-
-            cuda = paddle.device.cuda
-            return float(cuda.max_memory_allocated()), float(cuda.max_memory_reserved())
-        if self.kind == "custom":
-            from paddle.base import core
-
-            stat = core.device_memory_stat_peak_value
+            stat = (
+                core.device_memory_stat_peak_value
+                if peak
+                else core.device_memory_stat_current_value
+            )
             return float(stat("Allocated", self.device_id)), float(stat("Reserved", self.device_id))
         return math.nan, math.nan
 

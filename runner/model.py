@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING, Any
 
 from gptplan import families
 from gptplan import precision as precisions
 from gptplan.plan import ModelSection, ParallelSection, no_recompute_layers
+
+if TYPE_CHECKING:
+    import paddle
+
+# A PaddleNLP model config (GPTConfig, LlamaConfig...; paddlenlp is untyped)
+PretrainedConfig = Any
 
 # PaddleNLP 2.8.1's Llama MLP calls paddle.incubate's swiglu, deprecated in Paddle 3.3 (the same
 # kernel); its warning would show in every Llama run, export and sample
@@ -26,7 +33,7 @@ def flash_attention_supported(precision: str) -> bool:
     return major >= 8
 
 
-def _import(path: str):
+def _import(path: str) -> Any:  # a PaddleNLP class
     """The class at 'module:Class' (a family's PaddleNLP class)."""
     import importlib
 
@@ -41,7 +48,7 @@ def build_config(
     seq_len: int,
     kernels: dict | None = None,
     no_recompute: list[int] | None = None,
-):
+) -> PretrainedConfig:
     """The family's PaddleNLP config from the plan (gptplan.families: its config class and
     arguments; labels use -100 as the ignored id). `kernels`: see `kernel_choice` (the
     caller decides what this device runs). `no_recompute`: the layers that keep every
@@ -70,7 +77,9 @@ def fused_kernels_supported() -> bool:
     return True
 
 
-def kernel_choice(model: ModelSection, *, use_flash_attention: bool, precision: str) -> dict:
+def kernel_choice(
+    model: ModelSection, *, use_flash_attention: bool, precision: str
+) -> dict[str, bool]:
     """Which kernels this device runs for the plan: {'flash_attention', 'fused_rms_norm',
     'fused_rope'} -> bool. Flash attention only where the plan asks and the device can; the
     fused RMSNorm/RoPE kernels where the family uses them (gptplan.families) and they exist
@@ -83,7 +92,9 @@ def kernel_choice(model: ModelSection, *, use_flash_attention: bool, precision: 
     }
 
 
-def _network(model: ModelSection, parallel: ParallelSection, config):
+def _network(
+    model: ModelSection, parallel: ParallelSection, config: PretrainedConfig
+) -> paddle.nn.Layer:
     spec = families.get(model.family)
     pipeline = parallel.pipeline_parallel_degree > 1
     return _import(spec.pipeline_class if pipeline else spec.causal_lm_class)(config)
@@ -97,7 +108,7 @@ def build_model(
     use_flash_attention: bool = False,
     precision: str = "fp32",
     no_recompute: list[int] | None = None,
-):
+) -> paddle.nn.Layer:
     """The family's PaddleNLP causal LM (GPTForCausalLM, LlamaForCausalLM, QWenForCausalLM,
     ...: gptplan.families), random init (pipeline parallel uses the family's *Pipe class).
     `no_recompute`: see `build_config`.
@@ -135,7 +146,7 @@ def build_model(
 PADDING_LOGIT = -1.0e4  # exp(-1e4) is 0 in fp16, bf16 and fp32 alike, and -1e4 is finite in fp16
 
 
-def padding_mask(real: int, total: int, dtype):
+def padding_mask(real: int, total: int, dtype: paddle.dtype) -> paddle.Tensor:
     """[total] additive mask: 0 for ids below `real`, PADDING_LOGIT for the padding rows."""
     import paddle
 
@@ -144,7 +155,7 @@ def padding_mask(real: int, total: int, dtype):
     ).astype(dtype)
 
 
-def mask_padding_in_loss(net, real: int) -> bool:
+def mask_padding_in_loss(net: paddle.nn.Layer, real: int) -> bool:
     """Wrap the model's criterion so the padding rows (ids >= `real`) are out of the loss.
 
     Only where one rank holds the whole vocabulary (no tensor-parallel split of the logits, no
@@ -157,11 +168,13 @@ def mask_padding_in_loss(net, real: int) -> bool:
         return False
 
     class MaskedCriterion(paddle.nn.Layer):
-        def __init__(self, inner):
+        def __init__(self, inner: paddle.nn.Layer) -> None:
             super().__init__()
             self.inner = inner
 
-        def forward(self, logits, labels, *args, **kwargs):
+        def forward(
+            self, logits: paddle.Tensor, labels: paddle.Tensor, *args: Any, **kwargs: Any
+        ) -> paddle.Tensor:
             return self.inner(
                 logits + padding_mask(real, total, logits.dtype), labels, *args, **kwargs
             )
@@ -170,7 +183,7 @@ def mask_padding_in_loss(net, real: int) -> bool:
     return True
 
 
-def sample_tokenizer_ids_only(net, real: int) -> None:
+def sample_tokenizer_ids_only(net: paddle.nn.Layer, real: int) -> None:
     """Keep PaddleNLP's sampling to the tokenizer's ids (< `real`): the padding rows get
     PADDING_LOGIT in `adjust_logits_during_generation`, which its sampling loop calls on every
     step's logits before top-k (2.8.1's own `logits_processors` argument fails: it iterates a
@@ -180,18 +193,18 @@ def sample_tokenizer_ids_only(net, real: int) -> None:
         return
     inner = net.adjust_logits_during_generation
 
-    def adjust(logits):
+    def adjust(logits: paddle.Tensor) -> paddle.Tensor:
         logits = inner(logits)
         return logits + padding_mask(real, total, logits.dtype)
 
     net.adjust_logits_during_generation = adjust
 
 
-def recomputed_layers_of(net, family: str) -> list[int] | None:
+def recomputed_layers_of(net: paddle.nn.Layer, family: str) -> list[int] | None:
     """Indices of the decoder layers a built model of `family` recomputes (None for a family
     without per-layer recompute): what the dry run checks against the plan."""
     path = families.get(family).decoder_layers
-    layers = net
+    layers: Any = net  # walks down to the decoder layers (nn.LayerList)
     for attribute in path.split(".") if path else ():
         layers = getattr(layers, attribute, None)
     if not path or layers is None:

@@ -13,11 +13,13 @@ with Paddle's own argument parsing, exactly as `python -m paddle.distributed.lau
 
 import os
 import signal
+from types import FrameType
 
 from runner import signals
 
 
-def _before_controller(signum, frame) -> None:
+def _before_controller(signum: int, frame: FrameType | None) -> None:
+
     os._exit(128 + signum)  # nothing started yet; SystemExit could be swallowed by Paddle
 
 

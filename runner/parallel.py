@@ -11,10 +11,13 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gptplan import precision
 from gptplan.plan import Plan
+
+if TYPE_CHECKING:
+    from paddle.distributed import fleet
 
 ENTRY_SCRIPT = Path(__file__).with_name("_launch_entry.py")
 # paddle.distributed.launch behind an entry that makes it safe to signal at any moment
@@ -75,7 +78,7 @@ def sharding_groups(plan: Plan) -> dict[str, str]:
     return groups
 
 
-def build_strategy(plan: Plan):
+def build_strategy(plan: Plan) -> fleet.DistributedStrategy:
     """A real fleet.DistributedStrategy (imports paddle)."""
     from paddle.distributed import fleet
 

@@ -22,7 +22,9 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import NotRequired, TypedDict
 
 import numpy as np
 
@@ -38,7 +40,8 @@ from gptplan.corpus import (
 )
 from gptplan.diskspace import guard_disk_writes
 from gptplan.errors import DataError
-from gptplan.plan import Plan
+from gptplan.plan import JobSection, Plan
+from gptplan.progress import Log
 from gptplan.progress import bar as progress_bar
 from gptplan.tokenizer import (
     FastEncoder,
@@ -97,7 +100,25 @@ class _SlowEncoder:
         return [np.asarray(self.tok.encode(t), dtype=self.dtype) for t in texts]
 
 
-def _encode_items(job: tuple[list[tuple[str, bool, bool]], int]):
+# A chunk for a tokenizer worker: (text, starts a document, finishes it) pieces, and <eod>'s id
+Chunk = tuple[list[tuple[str, bool, bool]], int]
+# What a worker gives back: flat token ids, document end offsets in them, empty documents
+Encoded = tuple[np.ndarray, np.ndarray, int]
+
+
+class TokenizerInfo(TypedDict):
+    """What the data cache records of the job's tokenizer (meta.json's tokenizer fields)."""
+
+    eod_id: int
+    pad_id: int
+    vocab_size: int
+    identity: str  # content fingerprint: part of the cache key
+    name: str
+    scheme: str  # 'cpm' or 'bpe' for a trained tokenizer, '' for a PaddleNLP one
+    script_mix: NotRequired[dict | None]  # a trained one's sample (its manifest's)
+
+
+def _encode_items(job: Chunk) -> Encoded:
     """Tokenize one chunk: (flat ids with <eod> after each finished document, end offsets of
     the finished documents within flat, documents that tokenized to nothing)."""
     items, eod = job
@@ -123,7 +144,7 @@ def _encode_items(job: tuple[list[tuple[str, bool, bool]], int]):
     return flat, np.asarray(ends, dtype=np.int64), empty
 
 
-def _chunks(documents, eod: int):
+def _chunks(documents: Iterable[str], eod: int) -> Iterator[Chunk]:
     """Group documents into chunks of about CHUNK_CHARS; cut longer documents into pieces."""
     items, chars = [], 0
     for doc in documents:
@@ -138,7 +159,7 @@ def _chunks(documents, eod: int):
         yield items, eod
 
 
-def _tokenizer_info(tokenizer: str, directory: Path | None) -> dict:
+def _tokenizer_info(tokenizer: str, directory: Path | None) -> TokenizerInfo:
     """eod/pad ids, vocabulary size and identity, without importing Paddle for trained ones."""
     if directory is None:
         tok = load_tokenizer(tokenizer)
@@ -173,7 +194,7 @@ CACHE_SETTING = "job.cache_dir (or --data-dir)"
 
 
 def prepare_data(
-    plan: Plan, *, workers: int | None = None, log=print, progress: bool = True
+    plan: Plan, *, workers: int | None = None, log: Log = print, progress: bool = True
 ) -> PreparedData:
     """Read, tokenize and store the corpus once, streaming; later calls reuse the cache."""
     job = plan.job
@@ -231,7 +252,7 @@ def prepare_data(
     return PreparedData(out, meta)
 
 
-def entry_bytes(plan: Plan, paths, info: dict) -> int:
+def entry_bytes(plan: Plan, paths: list[Path], info: TokenizerInfo) -> int:
     """Bytes a cache entry needs (modelled): token ids of the corpus plus slack for docs.npy
     and meta.json; from the planner's job.corpus_tokens, else one token per corpus byte (an
     upper bound: no tokenizer makes more tokens than bytes)."""
@@ -241,7 +262,7 @@ def entry_bytes(plan: Plan, paths, info: dict) -> int:
     return int(tokens * itemsize + size // 8 + (1 << 20))
 
 
-def _verified(out: Path, *, log) -> PreparedData | None:
+def _verified(out: Path, *, log: Log) -> PreparedData | None:
     """The cache entry at `out` if it matches its manifest; a damaged one is removed (it is
     derived data: preparing it again gives the same bytes), with one line saying why."""
     if not out.exists() and not out.is_symlink():
@@ -258,7 +279,16 @@ def _verified(out: Path, *, log) -> PreparedData | None:
 
 
 def _stream_prepare(
-    paths, tmp: Path, *, job, dedupe: bool, info: dict, model_dir, workers: int, log, progress: bool
+    paths: list[Path],
+    tmp: Path,
+    *,
+    job: JobSection,
+    dedupe: bool,
+    info: TokenizerInfo,
+    model_dir: Path | None,
+    workers: int,
+    log: Log,
+    progress: bool,
 ) -> dict:
     stats = CorpusStats()
     size = total_bytes(paths)
@@ -280,7 +310,7 @@ def _stream_prepare(
     num_tokens = num_docs = empty = 0
     with open(tmp / "tokens.bin", "wb") as tokens_out, open(tmp / "ends.i64", "wb") as ends_out:
 
-        def write(result):
+        def write(result: Encoded) -> None:
             nonlocal num_tokens, num_docs, empty
             flat, ends, n_empty = result
             if flat.dtype != dtype:
@@ -328,10 +358,10 @@ def _stream_prepare(
 
 def _meta(
     stats: CorpusStats,
-    info: dict,
-    model_dir,
+    info: TokenizerInfo,
+    model_dir: Path | None,
     *,
-    dtype,
+    dtype: type[np.integer],
     num_tokens: int,
     num_docs: int,
     empty: int,
@@ -384,13 +414,21 @@ def _write_offsets(tmp: Path, num_docs: int) -> None:
     (tmp / "ends.i64").unlink()
 
 
-def _run_pool(chunks, write, *, workers: int, spec: str, model_dir) -> None:
+def _run_pool(
+    chunks: Iterable[Chunk],
+    write: Callable[[Encoded], None],
+    *,
+    workers: int,
+    spec: str,
+    model_dir: Path | None,
+) -> None:
     """imap over a bounded generator: at most INFLIGHT_PER_WORKER chunks per worker are read
     ahead, so a fast reader never fills memory with text waiting for the tokenizers."""
     slots = threading.Semaphore(INFLIGHT_PER_WORKER * workers)
     stop = threading.Event()
 
-    def bounded():
+    def bounded() -> Iterator[Chunk]:
+
         for chunk in chunks:
             slots.acquire()
             if stop.is_set():

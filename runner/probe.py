@@ -30,9 +30,17 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gptplan.plan import load_plan
 from gptplan.tomlconf import write_text_atomic
+
+if TYPE_CHECKING:
+    from gptplan.layout import WorkerKey
+    from gptplan.plan import Plan
+    from runner.batches import MicroBatch
+    from runner.parallel import LaunchCommand
+    from runner.train import RankInfo, Trainer
 
 FAULTS = ("", "crash", "hang")  # fault injection, for testing the classification
 
@@ -102,7 +110,7 @@ def is_oom(exc: BaseException) -> bool:
     )
 
 
-def _map_kernel_libraries(trainer) -> None:
+def _map_kernel_libraries(trainer: Trainer[SyntheticBatches]) -> None:
     """One tiny forward/backward before the memory cap: Paddle loads MKL/oneDNN lazily, and
     mapping a shared library under the cap would fail as a loader error, not as an OOM."""
     import paddle
@@ -116,13 +124,13 @@ def _map_kernel_libraries(trainer) -> None:
 class SyntheticBatches:
     """Stand-in for runner.batches.BatchSource: random ids, same shapes, fixed token counts."""
 
-    def __init__(self, plan, seed: int):
+    def __init__(self, plan: Plan, seed: int) -> None:
         import numpy as np
 
         self.plan = plan
         self.rng = np.random.default_rng(seed)
 
-    def micro_batch(self, step: int, micro_step: int):
+    def micro_batch(self, step: int, micro_step: int) -> MicroBatch:
         from runner.batches import MicroBatch
 
         t = self.plan.training
@@ -133,7 +141,13 @@ class SyntheticBatches:
 
 
 def run_probe(
-    plan, *, steps: int, warmup: int, memory_limit_gb: float, fault: str, rank=None
+    plan: Plan,
+    *,
+    steps: int,
+    warmup: int,
+    memory_limit_gb: float,
+    fault: str,
+    rank: RankInfo | None = None,
 ) -> dict:
     """Build the plan's training state and time `warmup + steps` steps; `rank` is given when
     the process (a served worker) has initialised its distributed environment already."""
@@ -182,7 +196,7 @@ def run_probe(
 
 
 def probe_command(
-    plan,
+    plan: Plan,
     *,
     plan_path: Path,
     out: Path,
@@ -191,7 +205,7 @@ def probe_command(
     warmup: int,
     memory_limit_gb: float = 0.0,
     fault: str = "",
-):
+) -> LaunchCommand:
     """The argv of one probe in its own processes."""
     args = [
         "--plan",
@@ -210,12 +224,12 @@ def probe_command(
     return _command(plan, args, log_dir)
 
 
-def serve_command(plan, *, queue_dir: Path, log_dir: Path, parent_pid: int):
+def serve_command(plan: Plan, *, queue_dir: Path, log_dir: Path, parent_pid: int) -> LaunchCommand:
     """The argv of a probe worker for the plan's parallel layout, serving `queue_dir`."""
     return _command(plan, ["--queue-dir", str(queue_dir), "--parent-pid", str(parent_pid)], log_dir)
 
 
-def _command(plan, args: list[str], log_dir: Path):
+def _command(plan: Plan, args: list[str], log_dir: Path) -> LaunchCommand:
     """In-process module for one device, paddle.distributed.launch for several."""
     from runner.parallel import ENTRY_SCRIPT, LaunchCommand, launcher_argv, thread_env
     from runner.supervise import machine_share_bytes, supervision_env
@@ -242,7 +256,7 @@ def device_capabilities(*, check_load: bool = False) -> dict:
     return device.capabilities(check_load=check_load)
 
 
-def layout_key(plan) -> tuple:
+def layout_key(plan: Plan) -> WorkerKey:
     """What a served worker fixes at start-up (fleet is initialised once): device and layout
     (gptplan.layout.Layout.worker_key)."""
     from gptplan.layout import Layout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, TypedDict
 
 from tabulate import tabulate
 
@@ -24,7 +25,46 @@ class Row:
         return None
 
 
-def planned_vs_actual(plan: Plan, result: dict, billed_seconds: float) -> dict:
+class ReportRow(TypedDict):
+    """One line of the planned-vs-actual table (report.json's "rows")."""
+
+    metric: str
+    unit: str
+    planned: float | None  # the plan's estimate (estimate.source says how it was obtained)
+    actual: float | None  # measured by this run
+    actual_over_planned: float | None
+
+
+class StepTimeNoise(TypedDict):
+    """The actual step time against the probes' measured noise around the planned one."""
+
+    planned_step_time_interval_s: list[float]
+    planned_step_time_spread: float
+    actual_step_time_s: float
+    actual_within_planned_interval: bool
+    actual_within_planned_spread: bool
+
+
+class RunReport(TypedDict):
+    """The end-of-run report: report.json, and what `render` prints."""
+
+    plan: str
+    step_time_noise: StepTimeNoise | None
+    planned_source: str
+    planned_measured_fields: list[str]
+    actual_source: str
+    currency: str
+    finished: bool
+    stop_reason: str
+    completed_steps: int
+    max_steps: int
+    useful_token_fraction: float
+    padded_tokens: int
+    memory_per_rank: dict[str, Any] | None
+    rows: list[ReportRow]
+
+
+def planned_vs_actual(plan: Plan, result: dict, billed_seconds: float) -> RunReport:
     """Everything the end-of-run report says, as data (written to report.json)."""
     m = result["measured"]
     cur = plan.hardware.currency
@@ -66,7 +106,7 @@ def planned_vs_actual(plan: Plan, result: dict, billed_seconds: float) -> dict:
         ),
     ]
     per_rank = memory_per_rank(plan, m)
-    spread = None
+    spread: StepTimeNoise | None = None
     if est.step_time_interval_s:  # the probes' measured noise around the planned step time
         low, high = est.step_time_interval_s
         actual = m["step_time_s"]
@@ -105,7 +145,7 @@ def planned_vs_actual(plan: Plan, result: dict, billed_seconds: float) -> dict:
     }
 
 
-def memory_per_rank(plan: Plan, measured: dict) -> dict | None:
+def memory_per_rank(plan: Plan, measured: dict) -> dict[str, Any] | None:
     """Each rank's measured allocator figures (Paddle's allocator: on GPU and on the rehearsal
     device; allocated and reserved, the whole attempt's peak and, where recorded, after the
     model build, the first optimizer step's peak, after it, and the later steps' peak) next
@@ -155,7 +195,8 @@ def _fmt(value: float | None) -> str:
     return f"{value:.4g}"
 
 
-def render(report: dict) -> str:
+def render(report: RunReport) -> str:
+
     source = report["planned_source"]
     planned_head = f"planned ({source})" if source != "none" else "planned (none given)"
     table = [

@@ -111,7 +111,8 @@ class RunDirLock:
     def __enter__(self) -> RunDirLock:
         return self.acquire()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
+
         self.release()
 
 

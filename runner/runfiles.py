@@ -22,6 +22,7 @@ from pathlib import Path
 
 from gptplan import money
 from gptplan.plan import Plan
+from gptplan.progress import Log
 from gptplan.tomlconf import write_text_atomic
 from runner.billing import DAMAGED_DIR, move_damaged
 
@@ -58,7 +59,7 @@ def _metrics_problem(path: Path) -> tuple[str | None, list[str]]:
     return (f"{bad} unreadable line(s)" if bad else None), good
 
 
-def check_run_files(run_dir: Path, *, log=print) -> list[Path]:
+def check_run_files(run_dir: Path, *, log: Log = print) -> list[Path]:
     """Move damaged run files into damaged/ (one line each); returns the files moved."""
     run_dir = Path(run_dir)
     moved = []

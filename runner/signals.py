@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
+from types import FrameType
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 EXIT_SIGNALLED = 143  # 128 + SIGTERM, what schedulers expect from a preempted job
@@ -32,7 +34,7 @@ def unblock() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
 
 
-def _raise(signum, frame):
+def _raise(signum: int, frame: FrameType | None) -> None:
     raise Terminated(signum)
 
 
@@ -44,7 +46,7 @@ def raise_on_signal() -> None:
 
 
 @contextmanager
-def restored_on_exit():
+def restored_on_exit() -> Iterator[None]:
     """Give the caller back its signal mask and SIGTERM/SIGINT handlers when the block ends."""
     main_thread = threading.current_thread() is threading.main_thread()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])

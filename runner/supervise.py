@@ -33,9 +33,13 @@ import sys
 import time
 from collections.abc import Set
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from gptplan.lifeline import set_parent_death_signal
+
+if TYPE_CHECKING:
+    from runner.parallel import LaunchCommand
 
 STATUS_DIR_ENV = "RUNNER_RANK_STATUS_DIR"
 LIMIT_ENV = "RUNNER_RANK_MEMORY_LIMIT_BYTES"
@@ -111,7 +115,7 @@ def owner_alive(owner: str) -> bool:
     return process_start(int(pid)) == int(start)
 
 
-def supervised(command, status_dir: Path, limit_bytes: int):
+def supervised(command: LaunchCommand, status_dir: Path, limit_bytes: int) -> LaunchCommand:
     """`command` (a runner.parallel.LaunchCommand) with its ranks supervised."""
     import dataclasses
 
@@ -184,9 +188,10 @@ def watch(pid: int, *, rank: int, limit_bytes: int, status_file: Path, owner: st
     that bills it, even if the launcher in between missed its own parent-death notice.
     """
 
-    def forward(signum, frame):
+    def forward(signum: int, frame: FrameType | None) -> None:
         try:
             os.kill(pid, signum)
+
         except ProcessLookupError:
             pass
 

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gptplan.plan import Plan
 from runner.logtail import clean_tail
 from runner.supervise import STATUS_DIR_ENV, read_status
 
@@ -105,7 +106,7 @@ def last_reported_step(status_dir: Path) -> int | None:
     return max(steps) if steps else None
 
 
-def _state(pid) -> str:
+def _state(pid: object) -> str:
     """The kernel's state letter of `pid` (R, S, D, T, Z...), '' if gone."""
     if not isinstance(pid, int):
         return ""
@@ -142,7 +143,7 @@ class Watchdog:
     @classmethod
     def for_plan(
         cls,
-        plan,
+        plan: Plan,
         *,
         status_dir: Path,
         log_dir: Path,

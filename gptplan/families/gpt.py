@@ -15,7 +15,8 @@ from gptplan.families.base import (
 )
 
 
-def _size(vocab, h, layers, heads, ffn, positions) -> ModelSize:
+def _size(vocab: int, h: int, layers: int, heads: int, ffn: int, positions: int) -> ModelSize:
+
     return ModelSize(vocab, h, layers, heads, ffn, positions, "gpt")
 
 

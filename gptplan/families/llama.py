@@ -3,6 +3,8 @@ biases, grouped-query attention, untied LM head, no dropout."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from gptplan.families.base import (
     FamilySpec,
     JitPatch,
@@ -13,8 +15,21 @@ from gptplan.families.base import (
     common_config,
 )
 
+if TYPE_CHECKING:
+    import paddle
 
-def _size(vocab, h, layers, heads, ffn, positions, kv=0, theta=10000.0, eps=1e-6) -> ModelSize:
+
+def _size(
+    vocab: int,
+    h: int,
+    layers: int,
+    heads: int,
+    ffn: int,
+    positions: int,
+    kv: int = 0,
+    theta: float = 10000.0,
+    eps: float = 1e-6,
+) -> ModelSize:
     return ModelSize(vocab, h, layers, heads, ffn, positions, "llama", kv, theta, eps)
 
 
@@ -110,17 +125,17 @@ def config_kwargs(
 
 
 def traceable_attention(
-    query_states,
-    config,
-    key_states,
-    value_states,
-    attention_mask,
-    output_attentions,
-    alibi=None,
-    sequence_parallel=False,
-    reshard_layer=None,
-    npu_is_casual=False,
-):
+    query_states: paddle.Tensor,
+    config: Any,  # a paddlenlp LlamaConfig (paddlenlp is untyped)
+    key_states: paddle.Tensor,
+    value_states: paddle.Tensor,
+    attention_mask: paddle.Tensor,
+    output_attentions: bool,
+    alibi: paddle.Tensor | None = None,
+    sequence_parallel: bool = False,
+    reshard_layer: Any = None,
+    npu_is_casual: bool = False,
+) -> paddle.Tensor | tuple[paddle.Tensor, paddle.Tensor]:
     """PaddleNLP 2.8.1's standard (non-flash) Llama attention without its Python shape checks
     (`if attn_weights.shape != [bsz, ...]`), which the static-graph trace of a dynamic
     batch/sequence turns into bool(Tensor) and refuses. Same math: softmax(QK^T/sqrt(d) +

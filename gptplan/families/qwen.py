@@ -13,6 +13,8 @@ rotary_emb_base, kv_channels = hidden_size / num_attention_heads.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from gptplan.families.base import (
     FamilySpec,
     JitPatch,
@@ -24,8 +26,11 @@ from gptplan.families.base import (
 )
 from gptplan.families.llama import swiglu_coefficients
 
+if TYPE_CHECKING:
+    import paddle
 
-def _size(vocab, h, layers, heads, ffn, positions) -> ModelSize:
+
+def _size(vocab: int, h: int, layers: int, heads: int, ffn: int, positions: int) -> ModelSize:
     return ModelSize(vocab, h, layers, heads, ffn, positions, "qwen", 0, 10000.0, 1e-6)
 
 
@@ -98,7 +103,13 @@ def config_kwargs(
     )
 
 
-def traceable_attn(self, query, key, value, attention_mask=None):
+def traceable_attn(
+    self: Any,  # a paddlenlp QWenAttention (paddlenlp is untyped)
+    query: paddle.Tensor,
+    key: paddle.Tensor,
+    value: paddle.Tensor,
+    attention_mask: paddle.Tensor | None = None,
+) -> tuple[paddle.Tensor, paddle.Tensor]:
     """QWenAttention._attn (standard, non-flash path) without its Python shape check, which a
     static-graph trace of a dynamic batch/sequence cannot evaluate. Same math."""
     import math
@@ -116,7 +127,13 @@ def traceable_attn(self, query, key, value, attention_mask=None):
     return out, weights
 
 
-def traceable_rotary(self, x, max_seq_len, offset=0, ntk_alpha=1.0):
+def traceable_rotary(
+    self: Any,  # a paddlenlp QWen RotaryEmbedding (paddlenlp is untyped)
+    x: paddle.Tensor,
+    max_seq_len: int,
+    offset: int = 0,
+    ntk_alpha: float = 1.0,
+) -> tuple[paddle.Tensor, paddle.Tensor]:
     """RotaryEmbedding.forward without its cos/sin cache (the trace cannot assign the cached
     tensors to the layer): the same cos and sin of positions 0..s-1 from its inv_freq (the
     NTK scaling that would change inv_freq is off, see `config_kwargs`)."""
