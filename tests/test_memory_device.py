@@ -187,3 +187,17 @@ def test_a_pipelines_loss_is_on_its_last_stage() -> None:
     t = bench.modelled(case)
     assert t["logits"] == 0.0
     assert t["activations"] == pytest.approx(14.13e6, rel=0.02)
+
+
+def test_published_runs_of_other_frameworks_carry_no_paddle_only_terms() -> None:
+    """PaddleNLP's GPT allocates an int64 causal mask of max_position_embeddings² (34 GB at
+    65,536 positions): a Paddle plan carries it; a published PyTorch run of the same shape
+    (planner.published, `ModelShape.framework_neutral`) does not, nor stage 3's unsliced
+    parameters or Paddle's pipeline segmentation."""
+    m = ModelSection(**(vars(MODEL_SIZES["gpt-1.3b"]) | {"max_position_embeddings": 65536}))
+    paddle_shape = mem.ModelShape.from_section(m)
+    neutral = paddle_shape.framework_neutral()
+    assert paddle_shape.buffer_bytes == pytest.approx(8.0 * 65536**2)
+    assert neutral.buffer_bytes == 0.0 and neutral.n_a == 0.0 and neutral.vocab_params == 0.0
+    params = float(mem.params_on_device(neutral, 2, 4))
+    assert params == pytest.approx(neutral.params_total / 8)

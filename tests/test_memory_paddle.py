@@ -129,8 +129,8 @@ def test_band_from_term_errors_and_the_verdict():
     terms["activations"] = np.array([20.0, 20.0, 20.0]) * mem.GB
     low, point, high, decider = mem.memory_band(terms)
     assert point == pytest.approx([60e9, 80e9, 120e9])
-    assert high == pytest.approx(point + 20e9 * 0.25 + terms["optimizer"] * 0.02)
-    assert low == pytest.approx(terms["optimizer"] + 20e9 * 0.85)
+    assert high == pytest.approx(point + 20e9 * 0.25 + terms["optimizer"] * 0.06)
+    assert low == pytest.approx(terms["optimizer"] * 0.98 + 20e9 * 0.85)
     assert mem.TERMS[int(decider[0])] == "activations"
     sure, may = mem.memory_fit(low, high, 80 * mem.GIB, 0.9)
     assert list(sure) == [True, False, False] and list(may) == [False, True, False]
