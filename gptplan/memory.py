@@ -311,40 +311,25 @@ _PADDLE_ONLY_FIELDS = (
 
 def model_buffers(m: ModelSection) -> tuple[float, float]:
     """[BUFFERS] The non-parameter tensors PaddleNLP 2.8.1's class holds (allocated with the
-    model, on the device): (bytes per model, elements per layer). GPT: GPTModel.__init__'s
-    causal mask `self.bias = paddle.tril(paddle.ones([1, 1, s_max, s_max], dtype="int64"))`,
-    8 bytes a position pair. Llama: every layer's LlamaRotaryEmbedding keeps `cos_cached` and
-    `sin_cached` [1, s_max, 1, head_dim] and `inv_freq` [head_dim/2]. QWen: every layer's
-    QWenAttention keeps `logn_tensor` [1, 32767, 1, 1] (MAX_NTK_SEQ_LENGTH - 1) and its
-    rotary `inv_freq`. Float buffers are cast with the weights (paddle.amp.decorate O2 casts
-    a layer's buffers with its parameters, Layer._to_impl(floating_only=True)). Measured on
-    the rehearsal device: the weights' allocation after the build is the parameters plus
-    exactly these (bench/memory_device.py)."""
-    family = families.get(m.family).name
-    s, head_dim = m.max_position_embeddings, m.hidden_size // m.num_attention_heads
-    if family == "gpt":
-        return 8.0 * s * s, 0.0
-    if family == "llama":
-        return 0.0, 2.0 * s * head_dim + head_dim / 2
-    if family == "qwen":
-        return 0.0, 32767.0 + head_dim / 2
-    return 0.0, 0.0
+    model, on the device): (bytes per model, elements per layer), from the family
+    (gptplan.families `model_buffers`): GPT's int64 causal mask s_max x s_max (8 bytes a
+    position pair, GPTModel.__init__), Llama's rotary `cos_cached` / `sin_cached` [1, s_max, 1,
+    head_dim] and `inv_freq` per layer (LlamaRotaryEmbedding), QWen's `logn_tensor` [1, 32767,
+    1, 1] and rotary `inv_freq` per layer (QWenAttention). Float buffers are cast with the
+    weights (paddle.amp.decorate O2 casts a layer's buffers with its parameters,
+    Layer._to_impl(floating_only=True)). Measured on the rehearsal device: the weights'
+    allocation after the build is the parameters plus exactly these
+    (bench/memory_device.py)."""
+    return families.get(m.family).model_buffers(m)
 
 
 def layer_matrices(m: ModelSection) -> tuple[tuple[int, int], ...]:
     """[STAGE3] A layer's weight matrices as (elements, how many), three slots, before tensor
-    parallelism: GPT q, k, v, out_proj h x h and linear1/linear2 h x f; Llama q and o h x h,
-    k and v h x (h·kv/a), gate/up/down h x f; QWen c_attn h x 3h, c_proj h x h, w1/w2/c_proj
-    h x f/2. The rest of a layer (biases, norms) are vectors."""
-    h, heads = m.hidden_size, m.num_attention_heads
-    family = families.get(m.family)
-    f = family.mlp_width(m)
-    if family.name == "qwen":
-        return (3 * h * h, 1), (h * h, 1), (h * f, 3)
-    if family.gated_mlp:
-        kv = h * (m.num_key_value_heads or heads) // heads
-        return (h * h, 2), (h * kv, 2), (h * f, 3)
-    return (h * h, 4), (h * f, 2), (0, 0)
+    parallelism, from the family (gptplan.families `layer_matrices`): GPT q, k, v, out_proj
+    h x h and linear1/linear2 h x f; Llama q and o h x h, k and v h x (h·kv/a), gate/up/down
+    h x f; QWen c_attn h x 3h, c_proj h x h, w1/w2/c_proj h x f/2. The rest of a layer
+    (biases, norms) are vectors."""
+    return families.get(m.family).layer_matrices(m)
 
 
 def activation_coefficients(m: ModelSection) -> tuple[float, float, float, float, float]:
