@@ -11,7 +11,9 @@ not import the planner, so they live here.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -83,17 +85,24 @@ FRAGMENTATION_HIGH = 1.0 / (1.0 - 0.33)
 #   A parameter that fits no storage keeps its own gradient until its hook reduces and
 #   clears it (the largest one is the transient).
 STAGE2_BUFFER_ELEMENTS = 2**23
+RECOMPUTE_BACKWARD_EXTRA = 0.4  # [RECOMP]
 # [PARTITION] Both sharding optimizers give whole parameters to ranks (greedy to the least
 #   loaded rank: GroupShardedOptimizerStage2._segment_params, and
 #   DygraphShardingOptimizer._partition_parameters, largest first): the busiest rank holds
 #   at least the largest parameter, so its share is max(P/d, largest), not P/d. Stage 3
 #   (GroupShardedStage3) slices parameters into segments and is even.
 # [DPFUSE] Data parallel without group sharding copies every gradient into fused buffers
-#   before all-reducing them: DataParallel's EagerReducer (reducer.cc: ConcatTensors in
-#   FusedAllReduceSchedule, `dense_contents_` reset only in FinalizeBackward) and fleet's
-#   hybrid all-reduce (fleet/utils/hybrid_parallel_util.py _apply_collective_grads_eager:
-#   build_groups coalesces all gradients before the first all_reduce). The copy exists as
-#   backward ends, when the activations are freed: it adds max(0, copy - activations).
+#   before all-reducing them. paddle.DataParallel's EagerReducer
+#   (paddle/fluid/distributed/collective/reducer.cc: InitializeGroups allocates every dense
+#   group's `dense_contents_`, all its gradients' elements, when the model is wrapped, and
+#   keeps it; ConcatTensors / SplitTensors copy through it): a second copy of the gradients
+#   for the whole run, measured on the rehearsal device (data parallel x 2: +4 bytes a
+#   parameter in fp32 after the first step, bench/memory_device.py). Fleet's hybrid
+#   all-reduce (fleet/utils/hybrid_parallel_util.py _apply_collective_grads_eager:
+#   build_groups coalesces all gradients before the first all_reduce) holds its copy as
+#   backward ends, when the activations are freed: max(0, copy - activations).
+# [PLACE] Where the parameters are under tensor and pipeline parallelism (`params_on_device`).
+# [BUFFERS] The model's own non-parameter tensors (`model_buffers`).
 # [MAINGRAD] PaddleNLP's amp_master_grad (paddle/distributed/fleet/utils/mix_precision_utils
 #   MixPrecisionLayer): an fp32 `main_grad` per parameter replaces the 16-bit gradient
 #   (4 bytes, not 2); the runner does not use it (paddle.amp.decorate O2, 16-bit gradients).
@@ -105,18 +114,32 @@ STAGE2_BUFFER_ELEMENTS = 2**23
 # [RECOMP] paddle.distributed.fleet.recompute: the backward of a recomputed layer re-runs its
 #   forward with gradients on, so one layer's full activations exist again while the others
 #   keep only what the granularity keeps (Chen et al. 2016, "Training Deep Nets with
-#   Sublinear Memory Cost": peak = checkpoints + one segment).
+#   Sublinear Memory Cost": peak = checkpoints + one segment), and that layer's backward
+#   adds the gradients of its activations: measured on the rehearsal device (full
+#   recompute, GPT and Llama, bench/memory_device.py), the working layer held 1.32-1.52 x
+#   its full activations; RECOMPUTE_BACKWARD_EXTRA = 0.4 is their mean.
+# [LOSS] The loss path (PaddleNLP 2.8.1 criteria, runner/train.py): at the loss kernel and
+#   its backward the logits, their fp32 copy, the fp32 softmax and the fp32 logit gradient
+#   are alive (precision `logit_bytes`); through the layers' backward only the logits the
+#   runner keeps bound (`loss, _ = model(...)`) remain, so a recomputed layer's working set
+#   and the loss path's peak never coexist: activations + logits = kept + max(loss path,
+#   bound logits + working layer). A pipeline's criterion layer keeps no bound logits
+#   (train_batch), and its loss is on the last stage. Measured on the rehearsal device:
+#   12 bytes a logit in fp32 at the loss; the last stage, not the first, holds it.
 
-# The band: each term's worst credible error, as factors (low, high) on the term. Model states
-# follow Paddle's code (alignment to 256 bytes per parameter and AdamW's beta-power scalars are
-# the only slack: +2%); activations follow [K22]'s per-tensor accounting, which Paddle's
-# unfused ops can exceed or undercut by about one 4·s·b·h tensor per sub-layer out of ~34
-# (x0.85-x1.25); the loss path was fitted x1.08 on Paddle's CPU peaks (x0.9-x1.1); the
-# allocator from no caching to GMLake's worst; the runtime and communicators their sources'.
+# The band: each term's worst credible error, as factors (low, high) on the term. Weights
+# match Paddle's allocator on the rehearsal device to the byte (+2% for alignment); the sharded
+# gradients and optimizer states follow Paddle's partition, which the model approximates: the
+# worst on the device was Llama stage 2 x 2 at measured/modelled 1.063 (bench/README.md
+# section 8), on Paddle's own code GPT-110M stage 2 x 8 at 1.053, the lowest 0.984 (stage 1 x
+# 2): x0.98-x1.06; activations follow [K22]'s per-tensor accounting, measured/modelled on the
+# device 0.93-1.245 for activations + loss path (x0.85-x1.25); the loss path was fitted x1.08
+# on Paddle's CPU peaks (x0.9-x1.1); the allocator from no caching to GMLake's worst; the
+# runtime and communicators their sources'.
 TERM_BAND = {
     "weights": (1.0, 1.02),
-    "gradients": (1.0, 1.02),
-    "optimizer": (1.0, 1.02),
+    "gradients": (0.98, 1.06),
+    "optimizer": (0.98, 1.06),
     "activations": (0.85, 1.25),
     "logits": (0.9, 1.1),
     "comm_buffers": (0.0, 1.0),  # the fused copy may overlap nothing or everything it can
@@ -146,7 +169,9 @@ def memory_band(terms: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     return low, point, point + high, np.argmax(np.array(spread), axis=0)
 
 
-def memory_fit(low_bytes, high_bytes, physical_bytes, headroom):
+def memory_fit(
+    low_bytes: Any, high_bytes: Any, physical_bytes: Any, headroom: Any
+) -> tuple[np.ndarray, np.ndarray]:
     """(surely fits, may fit) per layout. Surely fits: the band's high end within the usable
     memory (physical x headroom). May fit: not surely, but the optimistic end within the
     card's physical memory. Past that even the optimistic end exceeds the card: refused."""
@@ -188,9 +213,27 @@ class ModelShape:
     kept_split: float = 19.0  # ... and the MLP
     kv_heads: int = 0  # grouped-query attention (Llama); 0 = as many as heads
     gated: bool = False  # SwiGLU MLP (Llama: gate, up and down projections)
+    # Where the parameters are ([PLACE]); 0 = not known (a shape from bare numbers: the
+    # parameters are then spread evenly over tensor and pipeline ranks)
+    vocab_params: float = 0.0  # the word embedding V·h (split by tensor parallel)
+    head_params: float = 0.0  # an untied LM head V·h (0 when tied)
+    position_params: float = 0.0  # learned positions s·h (not split by tensor parallel)
+    final_norm_params: float = 0.0
+    replicated_layer: float = 0.0  # a layer's elements tensor parallel does not split
+    # [BUFFERS] non-parameter tensors the PaddleNLP class holds: bytes per model, per layer in
+    # weight elements (cast with the weights) and per model in weight elements
+    buffer_bytes: float = 0.0
+    buffer_layer_elements: float = 0.0
+    # [STAGE3] a layer's matrices: (elements, how many) in three slots (split by tensor parallel)
+    mat_a: float = 0.0
+    n_a: float = 0.0
+    mat_b: float = 0.0
+    n_b: float = 0.0
+    mat_c: float = 0.0
+    n_c: float = 0.0
 
     @property
-    def largest_param(self):
+    def largest_param(self) -> np.ndarray:
         """Elements of the largest single parameter before tensor parallelism: the word
         embedding (V·h), an MLP matrix (h·ffn) or a fused QKV projection (3h²). Sharding
         gives whole parameters to ranks ([PARTITION])."""
@@ -203,25 +246,90 @@ class ModelShape:
         """The family's shape (gptplan.families): `ffn` is the width of one MLP branch (QWen's
         intermediate_size counts both SwiGLU branches), `gated` its SwiGLU."""
         spec = families.get(m.family)
+        h, v = m.hidden_size, m.vocab_size
+        final_norm = spec.final_norm_parameters(m)
+        buffer_bytes, buffer_layer = model_buffers(m)
+        mats = layer_matrices(m)
         return cls(
             m.num_hidden_layers,
-            m.hidden_size,
+            h,
             m.num_attention_heads,
             spec.mlp_width(m),
-            m.vocab_size,
+            v,
             parameter_count(m),
             parameter_count(m, include_embeddings=False),
             *activation_coefficients(m),
             m.num_key_value_heads or m.num_attention_heads,
             spec.gated_mlp,
+            vocab_params=float(v * h),
+            head_params=0.0 if spec.lm_head_tied(m) else float(v * h),
+            position_params=float(m.max_position_embeddings * h if spec.learned_positions else 0),
+            final_norm_params=float(final_norm),
+            # two norms a layer like the final one; LayerNorm's bias comes with biases on the
+            # row-parallel projections (GPT's out_proj and linear2), which tp replicates too
+            replicated_layer=float(2 * final_norm + (2 * h if final_norm == 2 * h else 0)),
+            buffer_bytes=buffer_bytes,
+            buffer_layer_elements=buffer_layer,
+            mat_a=float(mats[0][0]),
+            n_a=float(mats[0][1]),
+            mat_b=float(mats[1][0]),
+            n_b=float(mats[1][1]),
+            mat_c=float(mats[2][0]),
+            n_c=float(mats[2][1]),
         )
 
+    def framework_neutral(self) -> ModelShape:
+        """This shape without what only Paddle and PaddleNLP's classes do: the classes'
+        buffers ([BUFFERS]), stage 3's unsliced small parameters ([STAGE3]) and Paddle's
+        pipeline segmentation by layers ([PLACE]: parameters spread evenly instead). For runs
+        of other frameworks (the published runs: PyTorch FSDP flattens and shards every
+        parameter; Megatron-DeepSpeed balances stages counting the embedding as a layer)."""
+        zero: dict[str, Any] = {f: 0.0 for f in _PADDLE_ONLY_FIELDS}
+        return dataclasses.replace(self, **zero)
+
     @property
-    def kv_fraction(self):
+    def kv_fraction(self) -> np.ndarray:
         """Key/value heads over query heads (1 without grouped-query attention)."""
         kv = np.asarray(self.kv_heads, dtype=float)
         heads = np.asarray(self.heads, dtype=float)
         return np.where(kv > 0, kv / heads, 1.0)
+
+
+_PADDLE_ONLY_FIELDS = (
+    "vocab_params",
+    "head_params",
+    "position_params",
+    "final_norm_params",
+    "replicated_layer",
+    "buffer_bytes",
+    "buffer_layer_elements",
+    "n_a",
+    "n_b",
+    "n_c",
+)
+
+
+def model_buffers(m: ModelSection) -> tuple[float, float]:
+    """[BUFFERS] The non-parameter tensors PaddleNLP 2.8.1's class holds (allocated with the
+    model, on the device): (bytes per model, elements per layer), from the family
+    (gptplan.families `model_buffers`): GPT's int64 causal mask s_max x s_max (8 bytes a
+    position pair, GPTModel.__init__), Llama's rotary `cos_cached` / `sin_cached` [1, s_max, 1,
+    head_dim] and `inv_freq` per layer (LlamaRotaryEmbedding), QWen's `logn_tensor` [1, 32767,
+    1, 1] and rotary `inv_freq` per layer (QWenAttention). Float buffers are cast with the
+    weights (paddle.amp.decorate O2 casts a layer's buffers with its parameters,
+    Layer._to_impl(floating_only=True)). Measured on the rehearsal device: the weights'
+    allocation after the build is the parameters plus exactly these
+    (bench/memory_device.py)."""
+    return families.get(m.family).model_buffers(m)
+
+
+def layer_matrices(m: ModelSection) -> tuple[tuple[int, int], ...]:
+    """[STAGE3] A layer's weight matrices as (elements, how many), three slots, before tensor
+    parallelism, from the family (gptplan.families `layer_matrices`): GPT q, k, v, out_proj
+    h x h and linear1/linear2 h x f; Llama q and o h x h, k and v h x (h·kv/a), gate/up/down
+    h x f; QWen c_attn h x 3h, c_proj h x h, w1/w2/c_proj h x f/2. The rest of a layer
+    (biases, norms) are vectors."""
+    return families.get(m.family).layer_matrices(m)
 
 
 def activation_coefficients(m: ModelSection) -> tuple[float, float, float, float, float]:
@@ -234,7 +342,7 @@ def activation_coefficients(m: ModelSection) -> tuple[float, float, float, float
 # ---- memory ------------------------------------------------------------------------------------
 
 
-def model_state_bytes_per_param(precision_code, stage_code, shard_degree):
+def model_state_bytes_per_param(precision_code: Any, stage_code: Any, shard_degree: Any) -> Any:
     """[Z20] bytes per parameter for weights + grads + AdamW states on one rank, by the
     precision's row (gptplan.precision; codes, numbers or arrays).
 
@@ -253,14 +361,14 @@ def model_state_bytes_per_param(precision_code, stage_code, shard_degree):
 
 def activation_bytes_per_layer(
     shape: ModelShape,
-    seq_len,
-    micro_batch,
-    tp,
-    seq_parallel,
-    recompute_code,
-    act_bytes,
-    flash_attention=False,
-):
+    seq_len: Any,
+    micro_batch: Any,
+    tp: Any,
+    seq_parallel: Any,
+    recompute_code: Any,
+    act_bytes: Any,
+    flash_attention: Any = False,
+) -> Any:
     """[K22] table 2, scaled from 16-bit to `act_bytes` per element.
 
     none:      s·b·h·(34 + 5·a·s/h)            (tp: 10 + 24/t + 5as/(ht); tp+sp: all / t)
@@ -312,7 +420,7 @@ def device_memory_args(device: str, overhead_gb: float, fragmentation: float) ->
     return dict(overhead_gb=overhead_gb, fragmentation=fragmentation, communicator_gb=0.0)
 
 
-def communicators(*, world, tp, pp, shard_degree, dp) -> np.ndarray:
+def communicators(*, world: Any, tp: Any, pp: Any, shard_degree: Any, dp: Any) -> np.ndarray:
     """NCCL communicators a rank of this layout joins (groups of more than one rank): the
     global group, data, tensor, pipeline (Paddle builds one p2p group per stage pair) and
     sharding. [NCCL] each holds its own buffers."""
@@ -322,7 +430,9 @@ def communicators(*, world, tp, pp, shard_degree, dp) -> np.ndarray:
     )
 
 
-def communicator_gb_total(*, world, tp, pp, shard_degree, dp) -> np.ndarray:
+def communicator_gb_total(
+    *, world: Any, tp: Any, pp: Any, shard_degree: Any, dp: Any
+) -> np.ndarray:
     """GB of NCCL buffers a rank holds ([NCCL]): NCCL_GB_PAIR for a 2-rank group (the
     pipeline's p2p pairs, any group of 2), NCCL_GB_GROUP for a larger one."""
     one = np.ones_like(np.asarray(world, dtype=float))
@@ -334,40 +444,120 @@ def communicator_gb_total(*, world, tp, pp, shard_degree, dp) -> np.ndarray:
     return total + np.where(np.asarray(pp, dtype=float) * one > 1, 2.0 * NCCL_GB_PAIR, 0.0)
 
 
-def sharded_share(params_per_device, largest, layer_matrix, shard_degree, stage_code):
+def sharded_share(
+    params_per_device: Any,
+    largest: Any,
+    layer_matrix: Any,
+    shard_degree: Any,
+    stage_code: Any,
+    unsliced: Any = 0.0,
+) -> np.ndarray:
     """Elements of the busiest rank's share of sharded states ([PARTITION]) for stage 1 and
     2 (whole parameters per rank): max(P/d + half a layer matrix, the largest parameter);
-    P/d for stage 3. Greedy placement in parameter order leaves the busiest rank about half
-    of one layer's largest matrix above the mean (Paddle's own partition of the GPT 1.3B,
-    6.7B and 13B shapes over 8 ranks: 0.45-0.6 of h x ffn, tests/test_memory_paddle.py)."""
+    for stage 3 (P - U)/d + U, where U are the elements of the parameters stage 3 keeps whole
+    on every rank ([STAGE3]: those of at most 2**20 elements). Greedy placement in parameter
+    order leaves the busiest rank about half of one layer's largest matrix above the mean
+    (Paddle's own partition of the GPT 1.3B, 6.7B and 13B shapes over 8 ranks: 0.45-0.6 of
+    h x ffn, tests/test_memory_paddle.py)."""
     d = np.asarray(shard_degree, dtype=float)
     even = params_per_device / d
+    kept = np.minimum(np.asarray(unsliced, dtype=float), params_per_device)
+    stage3 = (params_per_device - kept) / d + kept
     greedy = even + (1.0 - 1.0 / d) * layer_matrix / 2.0
     whole = np.maximum(greedy, np.minimum(largest, params_per_device))
-    return np.where(np.asarray(stage_code) >= 3, even, np.where(d > 1, whole, even))
+    return np.where(np.asarray(stage_code) >= 3, stage3, np.where(d > 1, whole, even))
+
+
+# [STAGE3] paddle/distributed/fleet/meta_parallel/sharding/group_sharded_stage3.py
+#   (GroupShardedStage3, segment_size=2**20 by default; group_sharded_parallel passes it on):
+#   `_segment_rank_params` slices only parameters of more than segment_size elements
+#   (`if p._numel() > self._segment_size`); the others go to `_unslice_params`, which every
+#   rank keeps whole with their gradients and optimizer states. Measured on the rehearsal
+#   device: a model of such parameters only holds under stage 3 x 8 what one unsharded rank
+#   holds (bench/memory_device.py).
+STAGE3_SEGMENT_ELEMENTS = 2**20
+
+
+def stage3_unsliced(shape: ModelShape, tp: Any, stage_layers: Any, pp: Any) -> np.ndarray:
+    """[STAGE3] Elements of a rank's parameters that stage 3 does not slice (at most
+    STAGE3_SEGMENT_ELEMENTS each, after tensor parallelism): per layer the small matrices and
+    every vector (biases, norms), plus a small embedding, head or position table. 0 for a
+    shape without its matrices (a shape from bare numbers)."""
+    t = np.asarray(tp, dtype=float)
+    seg = float(STAGE3_SEGMENT_ELEMENTS)
+
+    def small(x: Any) -> np.ndarray:
+        x = np.asarray(x, dtype=float)
+        return np.where(x <= seg, x, 0.0)
+
+    slots = [(shape.mat_a, shape.n_a), (shape.mat_b, shape.n_b), (shape.mat_c, shape.n_c)]
+    matrices = sum(np.asarray(n, dtype=float) * np.asarray(m, dtype=float) for m, n in slots)
+    layer = (np.asarray(shape.params_body, dtype=float) - shape.final_norm_params) / np.asarray(
+        shape.layers, dtype=float
+    )
+    vectors = np.maximum(layer - matrices, 0.0)
+    split_vectors = np.maximum(vectors - shape.replicated_layer, 0.0) / t
+    per_layer = sum(np.asarray(n, dtype=float) * small(np.asarray(m) / t) for m, n in slots)
+    per_layer = per_layer + split_vectors + shape.replicated_layer
+    embed = small(np.asarray(shape.vocab_params) / t)
+    extras = np.where(
+        np.asarray(pp, dtype=float) > 1,
+        embed + np.maximum(small(shape.position_params), shape.final_norm_params),
+        embed + small(np.asarray(shape.head_params) / t) + small(shape.position_params),
+    )
+    extras = extras + shape.final_norm_params * (np.asarray(pp, dtype=float) <= 1)
+    known = np.asarray(shape.n_a, dtype=float) > 0
+    return np.where(known, stage_layers * per_layer + extras, 0.0)
+
+
+def params_on_device(shape: ModelShape, tp: Any, pp: Any) -> np.ndarray:
+    """[PLACE] Parameters on the busiest rank of tensor degree `tp` and pipeline degree `pp`.
+    Tensor parallel splits the matrices, the word embedding and the LM head, and replicates
+    the norms, the row-parallel biases and learned positions (PaddleNLP's mpu layers). A
+    pipeline stage holds ceil(L/p) layers; the first also the embeddings, the last the final
+    norm and the LM head, which a tied model keeps as a second copy of the embedding there
+    (PaddleNLP 2.8.1 GPTForCausalLMPipe / LlamaForCausalLMPipe: SharedLayerDesc or their own
+    head; Paddle's PipelineLayer segments by layers): the larger of the two. Measured on the
+    rehearsal device: the allocation after the build is these parameters and the model's
+    buffers to the byte (bench/memory_device.py). A shape without these facts spreads all
+    parameters evenly."""
+    t = np.asarray(tp, dtype=float)
+    p = np.asarray(pp, dtype=float)
+    layers = np.asarray(shape.layers, dtype=float)
+    stage_layers = np.ceil(layers / p)
+    even = shape.params_total / (t * p) * stage_layers * p / layers
+    layer = (np.asarray(shape.params_body, dtype=float) - shape.final_norm_params) / layers
+    per_layer = (layer - shape.replicated_layer) / t + shape.replicated_layer
+    embed = np.asarray(shape.vocab_params, dtype=float) / t
+    head = np.asarray(shape.head_params, dtype=float) / t
+    whole = layers * per_layer + embed + head + shape.position_params + shape.final_norm_params
+    first = stage_layers * per_layer + embed + shape.position_params
+    last = stage_layers * per_layer + np.where(head > 0, head, embed) + shape.final_norm_params
+    placed = np.where(p > 1, np.maximum(first, last), whole)
+    return np.where(np.asarray(shape.vocab_params, dtype=float) > 0, placed, even)
 
 
 def memory_terms(
     shape: ModelShape,
     *,
-    seq_len,
-    micro_batch,
-    accumulation,
-    tp,
-    pp,
-    stage_code,
-    shard_degree,
-    recompute_code,
-    seq_parallel,
-    precision_code,
-    overhead_gb,
-    fragmentation,
-    flash_attention=False,
-    virtual_pp=1,
-    recompute_layers=0,
-    dp=1,
-    communicator_gb=0.0,
-    main_grad=False,
+    seq_len: Any,
+    micro_batch: Any,
+    accumulation: Any,
+    tp: Any,
+    pp: Any,
+    stage_code: Any,
+    shard_degree: Any,
+    recompute_code: Any,
+    seq_parallel: Any,
+    precision_code: Any,
+    overhead_gb: Any,
+    fragmentation: Any,
+    flash_attention: Any = False,
+    virtual_pp: Any = 1,
+    recompute_layers: Any = 0,
+    dp: Any = 1,
+    communicator_gb: Any = 0.0,
+    main_grad: Any = False,
 ) -> dict[str, np.ndarray]:
     """Peak bytes on the busiest device, term by term (each an array; their sum is the peak).
 
@@ -394,9 +584,12 @@ def memory_terms(
       at the loss kernel the 16-bit logits (2 bytes), their fp32 copy (4) and the fp32 softmax
       (4) are all alive, and in backward the logits, the softmax and the fp32 logit gradient
       (4): 10 bytes a logit in 16-bit training; 12 in fp32 (Paddle's cast to the same dtype
-      copies); b·s·V/t logits.
+      copies); b·s·V/t logits. Through the layers' backward only the bound logits remain,
+      so the term is max(that peak - the working layer, the bound logits) ([LOSS]); under
+      pipeline parallel what the last stage holds beyond the first stage's activations.
     comm_buffers: data parallel without group sharding copies all gradients into fused
-      buffers as backward ends ([DPFUSE]): what that copy needs beyond the freed activations.
+      buffers ([DPFUSE]): paddle.DataParallel keeps them for the whole run; fleet's hybrid
+      all-reduce needs its copy beyond the activations freed as backward ends.
     allocator: the fragmentation margin on the dynamic part (activations, logits, buffers):
       [FRAG] on a GPU, the profile's measured margin elsewhere.
     runtime: the process's fixed overhead (GPU: CUDA context and cuBLAS workspaces, [CTX]
@@ -408,7 +601,7 @@ def memory_terms(
     p = np.asarray(pp, dtype=float)
     # uneven stages (layers not divisible by pp): the biggest stage holds ceil(L/p) layers
     stage_layers = np.ceil(np.asarray(shape.layers, dtype=float) / p)
-    params_per_device = shape.params_total / (t * p) * stage_layers * p / shape.layers
+    params_per_device = params_on_device(shape, t, p)
     d = np.asarray(shard_degree, dtype=float)
     stage = np.asarray(stage_code)
     w = precision.of_codes("bytes_per_element", precision_code)  # gptplan.precision's rows
@@ -417,7 +610,8 @@ def memory_terms(
     g = np.where(np.asarray(main_grad, dtype=bool) & mixed, 4.0, w)
     largest = shape.largest_param / t
     layer_matrix = np.asarray(shape.hidden, dtype=float) * np.asarray(shape.ffn, dtype=float) / t
-    share = sharded_share(params_per_device, largest, layer_matrix, d, stage)
+    unsliced = stage3_unsliced(shape, t, stage_layers, p)
+    share = sharded_share(params_per_device, largest, layer_matrix, d, stage, unsliced)
     buffer = np.minimum(STAGE2_BUFFER_ELEMENTS, share)
     # the transient: the largest parameter another rank owns (the busiest rank owns the
     # largest one where it sets the share; then the next, a layer matrix)
@@ -427,7 +621,11 @@ def memory_terms(
     # one large parameter that fits no storage, stays nearly empty beside it
     storages = (d - 1.0 + (owns_largest & (share > buffer))) * buffer
     stage2_grads = share + storages + np.where(share > buffer, transient, 0.0)
-    weights = np.where(stage >= 3, share, params_per_device) * w
+    # [BUFFERS] the model's own non-parameter tensors, allocated with it
+    buffers = np.asarray(shape.buffer_bytes, dtype=float) + (
+        stage_layers * np.asarray(shape.buffer_layer_elements, dtype=float) * w
+    )
+    weights = np.where(stage >= 3, share, params_per_device) * w + buffers
     gradients = g * np.select(
         [stage <= 1, stage == 2], [params_per_device, stage2_grads], default=share
     )
@@ -454,8 +652,11 @@ def memory_terms(
         / np.where(sp, t, 1.0)
     )
     stage_output = np.where(p > 1, sbh * act_bytes, 0.0)  # [1F1B] output_buffers
-    # the layer in backward: recomputed in full ([RECOMP]) plus flash's dq accumulator ([FA2])
-    working = np.where(code > 0, keep_all - per_layer, 0.0) + np.where(
+    # the layer in backward: recomputed in full ([RECOMP]) with its backward's gradient
+    # temporaries, plus flash's dq accumulator ([FA2])
+    working = np.where(
+        code > 0, keep_all * (1.0 + RECOMPUTE_BACKWARD_EXTRA) - per_layer, 0.0
+    ) + np.where(
         np.asarray(flash_attention, dtype=bool),
         FLASH_DQ_ACCUM_BYTES
         * np.asarray(seq_len, dtype=float)
@@ -466,11 +667,22 @@ def memory_terms(
     )
     activations = (stage_acts + stage_output) * in_flight + working
     per_logit = precision.of_codes("logit_bytes", precision_code)
-    logits = per_logit * np.asarray(micro_batch) * np.asarray(seq_len) * shape.vocab / t
-    fused_copy = np.where(
-        (np.asarray(dp, dtype=float) > 1) & (stage <= 1), g * params_per_device, 0.0
-    )
-    comm_buffers = np.maximum(0.0, fused_copy - activations)
+    count = np.asarray(micro_batch) * np.asarray(seq_len) * shape.vocab / t
+    # [LOSS] the loss path at its peak, and what of it stays through the layers' backward
+    held = np.where(p > 1, 0.0, w) * count
+    full = np.where(p > 1, per_logit - w, per_logit) * count
+    loss_path = np.maximum(full - working, held)  # beyond the working layer it overlaps
+    # a pipeline's loss is on the last stage, one micro-batch in flight there (1F1B): the
+    # term is what that stage holds beyond the first stage's activations, if anything
+    last_stage = stage_acts + stage_output + working + loss_path
+    logits = np.where(p > 1, np.maximum(0.0, last_stage - activations), loss_path)
+    data_parallel = np.asarray(dp, dtype=float) > 1
+    fused_copy = np.where(data_parallel & (stage <= 1), g * params_per_device, 0.0)
+    # [DPFUSE] plain data parallel (paddle.DataParallel, what fleet.distributed_model returns
+    # for a data-parallel-only layout) keeps its fused buffers for the whole run; fleet's
+    # hybrid all-reduce (with tensor or pipeline parallel or sharding) only as backward ends
+    reducer = data_parallel & (stage == 0) & (t == 1) & (p == 1)
+    comm_buffers = np.where(reducer, fused_copy, np.maximum(0.0, fused_copy - activations))
     allocator = (activations + logits + comm_buffers) * (
         np.asarray(fragmentation, dtype=float) - 1.0
     )
@@ -492,19 +704,26 @@ def memory_terms(
     }
 
 
-def memory_per_device_bytes(shape: ModelShape, **kwargs):
+def memory_per_device_bytes(shape: ModelShape, **kwargs: Any) -> Any:
     """Peak bytes on the busiest device: the sum of `memory_terms` (model states +
     activations + logits + buffers + allocator margin + runtime + communicators).
 
     Uneven pipeline stages (L not divisible by p, which Paddle's PipelineLayer segments
-    allow): the biggest stage, ceil(L/p) layers, sets the peak. Logits live on the last stage
-    and are added to the first stage's activations (an upper bound)."""
+    allow): the biggest stage, ceil(L/p) layers, sets the peak. The logits live on the last
+    stage: the peak is the larger of the first stage's in-flight activations and the last
+    stage's one micro-batch with its loss path ([LOSS])."""
     return sum(memory_terms(shape, **kwargs).values())
 
 
 def layout_memory_bytes(
-    shape: ModelShape, g: dict, *, overhead_gb, fragmentation, communicator_gb=0.0, terms=False
-):
+    shape: ModelShape,
+    g: dict[str, Any],
+    *,
+    overhead_gb: Any,
+    fragmentation: Any,
+    communicator_gb: Any = 0.0,
+    terms: bool = False,
+) -> Any:
     """`memory_per_device_bytes` of layout columns `g` (the names gptplan.steptime uses: seq,
     micro, acc, tp, pp, vpp, stage_code, shard_degree, recompute_code, sp, flash,
     precision_code; optional dp, rc_layers (the recomputed layers per stage) and main_grad):

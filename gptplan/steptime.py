@@ -46,8 +46,8 @@ RECOMPUTE_CODES = {mode: code for code, mode in enumerate(RECOMPUTE_MODES)}
 
 
 def recompute_extra_flops_per_token(
-    shape: ModelShape, seq_len, recompute_code, flash_attention=False
-):
+    shape: ModelShape, seq_len: Any, recompute_code: Any, flash_attention: Any = False
+) -> Any:
     """Extra forward work recompute adds per token (hardware FLOPs - model FLOPs).
 
     full: one more forward of every layer, 2·N_body + 4·L·h·s ([N21] eq. 3 factor 4/3);
@@ -71,7 +71,9 @@ def recompute_extra_flops_per_token(
     return extra + np.where(flash, attn_core, 0.0)
 
 
-def attention_flops_per_token(shape: ModelShape, seq_len, recompute_code, flash_attention=False):
+def attention_flops_per_token(
+    shape: ModelShape, seq_len: Any, recompute_code: Any, flash_attention: Any = False
+) -> Any:
     """The part of the hardware FLOPs per token spent in the attention score/value matmuls:
     12·L·h·s of model FLOPs [P22], plus 4·L·h·s for each recomputed attention forward
     (core_attn/full_attn/full recompute without flash; flash attention's backward always)."""
@@ -135,7 +137,7 @@ class Rates:
     rolloff_tokens: Any = 0.0
 
     @classmethod
-    def of(cls, eff) -> Rates:
+    def of(cls, eff: Any) -> Rates:
         return cls(
             eff.max,
             eff.kernel_overhead_us * 1e-6,
@@ -148,8 +150,15 @@ class Rates:
 
 
 def curve_efficiency(
-    *, micro_batch, seq_len, hidden_per_tp, eff_max, half_tokens, half_hidden, rolloff_tokens=0.0
-):
+    *,
+    micro_batch: Any,
+    seq_len: Any,
+    hidden_per_tp: Any,
+    eff_max: Any,
+    half_tokens: Any,
+    half_hidden: Any,
+    rolloff_tokens: Any = 0.0,
+) -> Any:
     """Devices without a tile model (CPUs, NPUs): achieved/peak FLOP/s of a whole layer,
     eff = max · T/(T + T½) · H/(H + H½) · 1/(1 + T/R), T = b·s, H = h/t (calibrated per machine
     by `planner calibrate`; empirical, no paper; R = 0 leaves the cache roll-off out)."""
@@ -160,7 +169,9 @@ def curve_efficiency(
     return eff_max * tokens / (tokens + half_tokens) * hid / (hid + half_hidden) * falloff
 
 
-def gemm_seconds(m, n, k, dev: Device, gemm_max, elem_bytes, peak_flops=None):
+def gemm_seconds(
+    m: Any, n: Any, k: Any, dev: Device, gemm_max: Any, elem_bytes: Any, peak_flops: Any = None
+) -> Any:
     """One GEMM (m x k)·(k x n) on a device with a tile model [MM], [RL].
 
     Tiles of TILE_M x TILE_N outputs are spread over the SMs in waves: a partial tile or a
@@ -182,7 +193,7 @@ def gemm_seconds(m, n, k, dev: Device, gemm_max, elem_bytes, peak_flops=None):
     return np.maximum(t_flops, t_bytes)
 
 
-def _layer_gemms(shape: ModelShape, tp):
+def _layer_gemms(shape: ModelShape, tp: Any) -> Any:
     """(n, k) of a layer's four GEMMs on one tensor-parallel rank (m = tokens): QKV (GQA: K and
     V of kv/a the width), attention output, MLP up (SwiGLU: gate and up), MLP down."""
     h = np.asarray(shape.hidden, dtype=float)
@@ -192,7 +203,9 @@ def _layer_gemms(shape: ModelShape, tp):
     return [(h * (1.0 + 2.0 * shape.kv_fraction) / t, h), (h, h / t), (up / t, h), (h, f / t)]
 
 
-def _gemm_pass_seconds(m, n, k, dev, gemm_max, elem_bytes, peak_flops=None):
+def _gemm_pass_seconds(
+    m: Any, n: Any, k: Any, dev: Any, gemm_max: Any, elem_bytes: Any, peak_flops: Any = None
+) -> Any:
     """Forward, data-gradient and weight-gradient GEMMs of one linear layer."""
     return (
         gemm_seconds(m, n, k, dev, gemm_max, elem_bytes, peak_flops),
@@ -201,7 +214,7 @@ def _gemm_pass_seconds(m, n, k, dev, gemm_max, elem_bytes, peak_flops=None):
     )
 
 
-def layer_compute_seconds(shape: ModelShape, g: dict, dev: Device, rates: Rates):
+def layer_compute_seconds(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> Any:
     """Per layer and micro-batch on one device: GEMM, attention, memory-bound and kernel-overhead
     seconds (a dict), recompute included [N21], [K22]."""
     T = np.asarray(g["micro"], dtype=float) * np.asarray(g["seq"], dtype=float)
@@ -326,7 +339,7 @@ def distinct_rows(
     return first, inverse
 
 
-def _flat(value) -> list:
+def _flat(value: Any) -> list:
     """The arrays and numbers inside an argument (a dict of columns, a Device, Rates)."""
     if isinstance(value, dict):
         return list(value.values())
@@ -335,7 +348,7 @@ def _flat(value) -> list:
     return [value]
 
 
-def _cut(value, first: np.ndarray, n: int):
+def _cut(value: Any, first: np.ndarray, n: int) -> Any:
     if isinstance(value, dict):
         return {k: _cut(v, first, n) for k, v in value.items()}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -343,7 +356,9 @@ def _cut(value, first: np.ndarray, n: int):
     return np.asarray(value)[first] if np.ndim(value) else value
 
 
-def per_distinct(fn, columns: list, *args, cache: dict | None = None, checked=frozenset()):
+def per_distinct(
+    fn: Any, columns: list, *args: Any, cache: dict | None = None, checked: Any = frozenset()
+) -> Any:
     """fn(*args), evaluated once per distinct row of `columns` (distinct_rows) when every
     per-row array in args is the same within each distinct row, and broadcast back; fn(*args)
     over every row otherwise. fn must be elementwise over rows. `cache`: column codes shared
@@ -362,7 +377,12 @@ def per_distinct(fn, columns: list, *args, cache: dict | None = None, checked=fr
 
 
 def _layer_seconds(
-    shape: ModelShape, g: dict, dev: Device, rates: Rates, cache=None, checked=frozenset()
+    shape: ModelShape,
+    g: dict,
+    dev: Device,
+    rates: Rates,
+    cache: Any = None,
+    checked: Any = frozenset(),
 ) -> dict:
     """layer_compute_seconds, once per distinct row of the columns it reads."""
     sub = {k: g[k] for k in LAYER_COLUMNS}
@@ -378,7 +398,7 @@ def _layer_seconds(
     )
 
 
-def _same_per_precision(g: dict, cache: dict, *records) -> frozenset:
+def _same_per_precision(g: dict, cache: dict, *records: Any) -> frozenset:
     """Ids of the per-row arrays of `records` (Device, Rates, ModelShape, arrays) that are the
     same for every row of one precision (checked): every grouping of the step-time terms holds
     the precision, so they need no check per term."""
@@ -388,13 +408,13 @@ def _same_per_precision(g: dict, cache: dict, *records) -> frozenset:
     return frozenset(id(v) for v in fields)
 
 
-def ring_allreduce_seconds(bytes_, ranks, bandwidth_bytes_per_s):
+def ring_allreduce_seconds(bytes_: Any, ranks: Any, bandwidth_bytes_per_s: Any) -> Any:
     """Ring all-reduce moves 2·(n-1)/n of the buffer through each rank's link."""
     n = np.asarray(ranks, dtype=float)
     return np.where(n > 1, 2.0 * (n - 1) / np.maximum(n, 1) * bytes_ / bandwidth_bytes_per_s, 0.0)
 
 
-def collective_latency_seconds(ranks, ranks_per_node, passes):
+def collective_latency_seconds(ranks: Any, ranks_per_node: Any, passes: Any) -> Any:
     """[NC] alpha of one collective over `ranks` ranks: a launch, then one step per rank of a
     ring per pass (all-gather and reduce-scatter: NCCL's ring), each step as slow as its slowest
     link (the network once the group spans nodes). An all-reduce (passes = 2) takes NCCL's tree
@@ -410,15 +430,15 @@ def collective_latency_seconds(ranks, ranks_per_node, passes):
 
 
 def collective_seconds(
-    bytes_per_rank,
-    ranks,
-    ranks_per_node,
-    gpus_per_node,
-    intra_bytes_per_s,
-    inter_bytes_per_s,
-    passes,
-    messages=1.0,
-):
+    bytes_per_rank: Any,
+    ranks: Any,
+    ranks_per_node: Any,
+    gpus_per_node: Any,
+    intra_bytes_per_s: Any,
+    inter_bytes_per_s: Any,
+    passes: Any,
+    messages: Any = 1.0,
+) -> Any:
     """Time of `messages` ring collectives moving `bytes_per_rank` in all over `ranks` ranks,
     `ranks_per_node` of them in each node: alpha per message (collective_latency_seconds) plus
     bytes over bandwidth.
@@ -441,19 +461,19 @@ def collective_seconds(
 
 def gradient_sync_seconds(
     *,
-    params,
-    grad_bytes,
-    tp,
-    pp,
-    dp,
-    shard_degree,
-    stage_code,
-    accumulation,
-    gpus_per_node,
-    intra_bytes_per_s,
-    inter_bytes_per_s,
-    stage_layers=1.0,
-):
+    params: Any,
+    grad_bytes: Any,
+    tp: Any,
+    pp: Any,
+    dp: Any,
+    shard_degree: Any,
+    stage_code: Any,
+    accumulation: Any,
+    gpus_per_node: Any,
+    intra_bytes_per_s: Any,
+    inter_bytes_per_s: Any,
+    stage_layers: Any = 1.0,
+) -> Any:
     """Gradient and parameter traffic per optimizer step, per rank.
 
     Each rank holds only its tensor x pipeline shard, G = N/(t·p) parameters [N21]; the data
@@ -489,7 +509,7 @@ def gradient_sync_seconds(
     )
     plain = collective_seconds(shard_bytes, dp * sd, in_node, passes=2, messages=buckets, **links)
 
-    def one_pass(messages):
+    def one_pass(messages: Any) -> Any:
         return collective_seconds(
             shard_bytes, sd, np.minimum(sd, in_node), passes=1, messages=messages, **links
         )
@@ -511,7 +531,7 @@ def gradient_sync_seconds(
     return np.where(stage == 0, plain, sharded + np.where(dp > 1, across, 0.0))
 
 
-def pipeline_bubble_factor(pp, accumulation, virtual_pp=1):
+def pipeline_bubble_factor(pp: Any, accumulation: Any, virtual_pp: Any = 1) -> Any:
     """[N21] 1F1B: time scales by (m + p - 1)/m for m micro-batches and p stages; the
     interleaved schedule with v model chunks per stage shrinks the bubble v-fold,
     (m + (p - 1)/v)/m ([N21] section 2.2.2), at v times the point-to-point traffic."""
@@ -521,11 +541,11 @@ def pipeline_bubble_factor(pp, accumulation, virtual_pp=1):
     return (m + (p - 1.0) / v) / m
 
 
-def _rows_of(record, idx, shape):
+def _rows_of(record: Any, idx: Any, shape: Any) -> Any:
     """`record` (Device or Rates) with its per-row array fields cut to rows `idx`."""
     import dataclasses
 
-    def take(v):
+    def take(v: Any) -> Any:
         a = np.asarray(v)
         return np.atleast_1d(np.broadcast_to(a, shape))[idx] if a.shape == shape != () else v
 
@@ -534,7 +554,7 @@ def _rows_of(record, idx, shape):
     )
 
 
-def recomputed_share(g: dict, stage_layers) -> np.ndarray:
+def recomputed_share(g: dict, stage_layers: Any) -> np.ndarray:
     """Per row, the share of a stage's layers that recompute: rc_layers (k per stage, PaddleNLP
     2.8.1 no_recompute_layers holds the others) over ceil(L/p), or 1 (every layer: rc_layers
     0 or absent, or no recompute at all)."""
@@ -544,7 +564,9 @@ def recomputed_share(g: dict, stage_layers) -> np.ndarray:
     return np.where((k > 0) & (code > 0), np.minimum(k / stage_layers, 1.0), 1.0) * np.ones(n)
 
 
-def _tensor_parallel_seconds(shape: ModelShape, g: dict, dev: Device, act_bytes, share=1.0):
+def _tensor_parallel_seconds(
+    shape: ModelShape, g: dict, dev: Device, act_bytes: Any, share: Any = 1.0
+) -> Any:
     """Per layer and micro-batch: the tensor-parallel all-reduces of b·s·h activations, two in
     forward and two in backward [N21] (one more per recomputed block), or with sequence
     parallel a reduce-scatter and an all-gather each (same bytes, twice the messages) [K22]."""
@@ -562,7 +584,17 @@ def _tensor_parallel_seconds(shape: ModelShape, g: dict, dev: Device, act_bytes,
     return count * (bw + latency)
 
 
-def _sync_seconds(shape, grad_bytes, tp, pp, dp, shard_degree, stage_code, acc, dev):
+def _sync_seconds(
+    shape: Any,
+    grad_bytes: Any,
+    tp: Any,
+    pp: Any,
+    dp: Any,
+    shard_degree: Any,
+    stage_code: Any,
+    acc: Any,
+    dev: Any,
+) -> Any:
     """gradient_sync_seconds of layout rows (positional, for per_distinct)."""
     pp = pp.astype(float)
     layers = np.ceil(np.asarray(shape.layers, dtype=float) / pp)
@@ -582,7 +614,7 @@ def _sync_seconds(shape, grad_bytes, tp, pp, dp, shard_degree, stage_code, acc, 
     )
 
 
-def _head_seconds(shape: ModelShape, g: dict, dev: Device, rates: Rates, act_bytes) -> dict:
+def _head_seconds(shape: ModelShape, g: dict, dev: Device, rates: Rates, act_bytes: Any) -> dict:
     """Per micro-batch: the LM head's GEMMs (forward and backward, on the last stage), and the
     curve efficiency of each row (devices without a tile model)."""
     T = g["micro"] * g["seq"].astype(float)

@@ -207,7 +207,8 @@ def _columns(rows: list[Row]) -> dict:
     def col(key, fn=int):
         return np.array([fn(rec[key]) for rec, _, _ in recs])
 
-    shapes = [ModelShape.from_section(m) for _, m, _ in recs]
+    # none of the published runs ran on Paddle: no PaddleNLP buffers or Paddle partitions
+    shapes = [ModelShape.from_section(m).framework_neutral() for _, m, _ in recs]
     shape = _shape_columns(
         {f: np.array([getattr(sh, f) for sh in shapes]) for f in ModelShape.__dataclass_fields__}
     )

@@ -10,7 +10,7 @@ import pytest
 
 from gptplan import precision
 from gptplan import steptime as st
-from gptplan.memory import STAGE2_BUFFER_ELEMENTS
+from gptplan.memory import STAGE2_BUFFER_ELEMENTS, stage3_unsliced
 from gptplan.modelfacts import MODEL_SIZES
 from gptplan.plan import ModelSection
 from planner import costmodel as cm
@@ -169,7 +169,9 @@ GRID = list(
 def test_memory_is_monotone(tp, pp, stage, recompute, mixed, micro):
     """More sharding, more recompute or more tensor parallel never increases memory, except
     stage 1 -> 2 by up to Paddle's GradStorage buffers (issue 35: d x 2**23 elements, more
-    than a small model's gradients; gptplan.memory [STAGE2])."""
+    than a small model's gradients; gptplan.memory [STAGE2]) and stage 2 -> 3 by the states of
+    the parameters stage 3 keeps whole (at most 2**20 elements each, [STAGE3]), whose
+    optimizer states stage 2 shards."""
     base = dict(
         tp=tp,
         pp=pp,
@@ -181,6 +183,9 @@ def test_memory_is_monotone(tp, pp, stage, recompute, mixed, micro):
     here = memory(**base)
     if stage < 3:
         storages = 8 * STAGE2_BUFFER_ELEMENTS * (2 if mixed else 4) if stage == 1 else 0
+        if stage == 2:  # the unsliced parameters' weights, gradients and optimizer states
+            layers = np.ceil(SHAPE.layers / pp)
+            storages = 16.0 * float(stage3_unsliced(SHAPE, tp, layers, pp))
         assert memory(**(base | {"stage_code": stage + 1})) <= here + storages
     if recompute < 3:
         assert memory(**(base | {"recompute_code": recompute + 1})) <= here

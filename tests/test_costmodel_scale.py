@@ -222,9 +222,12 @@ def test_flash_attention_drops_the_s2_scores_from_memory():
     flash = float(cm.memory_per_device_bytes(shape, flash_attention=True, **args))
     # the scores term 5·a·s/h of [K22] is 5·12·1024/768 = 80 of the 114 per s·b·h
     scores = 5 * 12 * 1024 / 768 * 1024 * 64 * 768 * 12 * 1.1
-    # flash attention's backward holds its fp32 dq accumulator for one layer (issue 35)
-    dq_accum = 4.0 * 1024 * 64 * 768 * 1.1
-    assert plain - flash == pytest.approx(scores - dq_accum, rel=1e-6)
+    # flash attention's backward holds its fp32 dq accumulator for one layer (issue 35), in
+    # the layers' backward, when the loss path (10 B a logit here, far more) is already freed:
+    # it does not add to the peak (gptplan.memory [LOSS])
+    dq_accum = 4.0 * 1024 * 64 * 768
+    assert dq_accum < 8.0 * 1024 * 64 * GPT2.vocab_size
+    assert plain - flash == pytest.approx(scores, rel=1e-6)
     assert flash < 80 * GB * 0.9 < plain
 
 

@@ -149,3 +149,12 @@ class FamilySpec:
     # which of the built network's layers switch recompute on, for (net, recompute, pipeline);
     # None = PaddleNLP's recompute_enable (every layer with an enable_recompute flag)
     enable_recompute: Callable[[Any, str, bool], None] | None = None
+    # -- memory (gptplan.memory) -----------------------------------------------------------
+    # the class's non-parameter tensors: (bytes per model, weight elements per layer)
+    model_buffers: Callable[[ModelLike], tuple[float, float]] = lambda m: (0.0, 0.0)
+    # a layer's weight matrices before tensor parallelism, (elements, how many) in three slots
+    layer_matrices: Callable[[ModelLike], tuple[tuple[int, int], ...]] = lambda m: (
+        (4 * m.hidden_size * m.hidden_size, 1),
+        (m.hidden_size * m.intermediate_size, 2),
+        (0, 0),
+    )

@@ -128,4 +128,12 @@ SPEC = FamilySpec(
     fused_kernels=False,
     decoder_layers="",
     model_type="gpt",
+    # GPTModel.__init__: self.bias = paddle.tril(paddle.ones([1, 1, s_max, s_max], "int64"))
+    model_buffers=lambda m: (8.0 * m.max_position_embeddings**2, 0.0),
+    # q, k, v, out_proj h x h; linear1, linear2 h x f
+    layer_matrices=lambda m: (
+        (m.hidden_size * m.hidden_size, 4),
+        (m.hidden_size * m.intermediate_size, 2),
+        (0, 0),
+    ),
 )

@@ -194,4 +194,17 @@ SPEC = FamilySpec(
     # PaddleNLP 2.8.1's generate builds a 4-D float mask that its Llama refuses (it wants a
     # boolean one); a 2-D all-ones mask of the prompt goes through Llama's own path
     generate_bool_mask=True,
+    # every layer's LlamaRotaryEmbedding: cos_cached and sin_cached [1, s_max, 1, head_dim]
+    # and inv_freq [head_dim / 2]
+    model_buffers=lambda m: (
+        0.0,
+        2.0 * m.max_position_embeddings * (m.hidden_size // m.num_attention_heads)
+        + (m.hidden_size // m.num_attention_heads) / 2,
+    ),
+    # q and o h x h, k and v h x (h·kv/a), gate / up / down h x f
+    layer_matrices=lambda m: (
+        (m.hidden_size * m.hidden_size, 2),
+        (m.hidden_size * m.hidden_size * kv_heads(m) // m.num_attention_heads, 2),
+        (m.hidden_size * m.intermediate_size, 3),
+    ),
 )

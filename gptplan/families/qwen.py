@@ -183,4 +183,13 @@ SPEC = FamilySpec(
         JitPatch("paddlenlp.transformers.qwen.modeling:QWenAttention._attn", traceable_attn),
         JitPatch("paddlenlp.transformers.qwen.modeling:RotaryEmbedding.forward", traceable_rotary),
     ),
+    # every layer's QWenAttention: logn_tensor [1, MAX_NTK_SEQ_LENGTH - 1 = 32767, 1, 1] and
+    # its rotary inv_freq [head_dim / 2]
+    model_buffers=lambda m: (0.0, 32767.0 + (m.hidden_size // m.num_attention_heads) / 2),
+    # c_attn h x 3h, c_proj h x h, w1 / w2 / c_proj h x f/2 (intermediate_size is two branches)
+    layer_matrices=lambda m: (
+        (3 * m.hidden_size * m.hidden_size, 1),
+        (m.hidden_size * m.hidden_size, 1),
+        (m.hidden_size * (m.intermediate_size // 2), 3),
+    ),
 )
