@@ -30,8 +30,6 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	@$(PYTHON) -m venv $(VENV)
 	@$(PIP) install --upgrade pip >>$(PIPLOG) 2>&1 || $(PIPFAIL)
 	@$(PIP) install -c constraints.txt -e ".[cpu,test]" >>$(PIPLOG) 2>&1 || $(PIPFAIL)
-	@$(PIP) install -c constraints.txt -e ".[cpu,test,fast]" >>$(PIPLOG) 2>&1 || \
-		echo "note: jieba_fast did not build (no C compiler?); data preparation uses jieba itself (same ids, about 1.9x the CPU)"
 	@touch $@
 
 # The optional `cloud` extra (SkyPilot) for the tests that check the emitted task YAML

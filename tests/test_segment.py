@@ -1,5 +1,5 @@
 """gptplan.segment gives exactly jieba's words (what GPTChineseTokenizer feeds sentencepiece),
-with jieba's loops in C when jieba_fast is installed."""
+its pure functions memoised."""
 
 from __future__ import annotations
 
@@ -19,11 +19,6 @@ def jieba_words(text: str) -> list[str]:
     return list(jieba.cut(text, cut_all=False))
 
 
-def test_c_kernels_are_used_where_installed():
-    pytest.importorskip("_jieba_fast_functions_py3")  # the `fast` extra (CI installs it)
-    assert segment.accelerated()
-
-
 def test_same_words_as_jieba_on_peoples_daily():
     docs = list(sample_corpora.peoples_daily_1998())
     assert len(docs) > 19_000
@@ -31,7 +26,7 @@ def test_same_words_as_jieba_on_peoples_daily():
     assert differing == []
 
 
-# Where jieba 0.42.1 and the jieba 0.39 inside jieba_fast differ ("-" joins blocks in 0.42),
+# Where jieba 0.42.1 and the jieba 0.39 inside jieba_fast differed ("-" joins blocks in 0.42),
 # full-width punctuation, digits and percentages, runs of unknown characters (HMM), spaces.
 EDGES = [
     "e-mail 是 co-op 的 3.5% 和 x-ray-2 机器学习-深度学习",
@@ -41,6 +36,11 @@ EDGES = [
     "-",
     "龘龘龘龘鱻鱻",
     "今天天气不错，挺风和日丽的。",
+    # exact ties between two routes: jieba keeps the longer word first (个个/个), jieba_fast's
+    # C search (used until 2026-12-05) the shorter (个/个个); hypothesis found it
+    "个个个",
+    "人人人",
+    "天天天天天",
 ]
 
 
