@@ -51,7 +51,7 @@ class Layout:
 
     @classmethod
     def from_row(cls, row: dict, *, fp16_opt_level: str = "O2") -> Layout:
-        """A row of the planner's candidate table (planner.search: CandidateTable.row)."""
+        """A row of the planner's candidate table (planner.screen: CandidateTable.row)."""
         precision = str(row["precision"])
         pp = int(row.get("pp", 1))
         return cls(

@@ -15,25 +15,42 @@ def _map_block() -> str:
 
 
 def _mapped_modules() -> set[str]:
-    modules, folder = set(), None
+    """floor/name.py for a floor's entries (two spaces in); floor/sub/name.py for the entries
+    four spaces in under a subfolder line ("  market/ ..."); one line may list several modules
+    separated by "|"."""
+    modules, folder, sub = set(), None, None
     for line in _map_block().splitlines():
         head = re.match(r"^([a-z_]+)/\s", line + " ")
         if head:
-            folder = head.group(1)
+            folder, sub = head.group(1), None
             continue
-        entry = re.match(r"^\s{2,}([A-Za-z_][\w]*\.py)\s", line + " ")
+        subfolder = re.match(r"^  ([a-z_]+)/\s", line + " ")
+        if subfolder:
+            sub = subfolder.group(1)
+            continue
+        entry = re.match(r"^  ([A-Za-z_]\w*\.py)\s", line + " ")
         if entry and folder in FLOORS:
+            sub = None
             modules.add(f"{folder}/{entry.group(1)}")
+            continue
+        listed = re.match(r"^ {4}([A-Za-z_]\w*\.py(?:\s*\|\s*[A-Za-z_]\w*\.py)*)", line)
+        if listed and folder in FLOORS:
+            prefix = f"{folder}/{sub}/" if sub else f"{folder}/"
+            modules |= {prefix + name for name in re.findall(r"\w+\.py", listed.group(1))}
     return modules
 
 
 def _modules_on_disk() -> set[str]:
-    return {
-        f"{floor}/{p.name}"
-        for floor in FLOORS
-        for p in (ROOT / floor).glob("*.py")
-        if p.name != "__init__.py"
-    }
+    """Every module of the three floors; the planner's subpackages (by concern) included."""
+    found = set()
+    for floor in FLOORS:
+        paths = (ROOT / floor).rglob("*.py") if floor == "planner" else (ROOT / floor).glob("*.py")
+        found |= {
+            p.relative_to(ROOT).as_posix()
+            for p in paths
+            if p.name != "__init__.py" and "__pycache__" not in p.parts
+        }
+    return found
 
 
 def test_every_module_is_on_the_map():

@@ -1,7 +1,7 @@
 """The search's fast paths change no result (issue 30): step-time terms evaluated once per
 distinct layout equal every row evaluated alone, the cost order equals the plain two-key sort
 with ties and NaN, columns joined on first read equal the joined parts, the search prices
-through gptplan.money, and planner/search.py keeps its functions short (issue 28)."""
+through gptplan.money, and planner/screen/ keeps its functions short (issue 28)."""
 
 from __future__ import annotations
 
@@ -17,19 +17,12 @@ from conftest import merge
 
 from gptplan import money
 from gptplan.steptime import Device, Rates, distinct_rows, step_time_parts
-from planner import costmodel as cm
-from planner.hardware import load_profiles
-from planner.search import (
-    CandidateTable,
-    Columns,
-    allowed_offers,
-    cheapest_first,
-    evaluate_layouts,
-    evaluate_space,
-    first_ranked,
-    pareto_front,
-    ranked,
-)
+from planner.market.hardware import load_profiles
+from planner.market.offers import allowed_offers
+from planner.screen import costmodel as cm
+from planner.screen.decide import cheapest_first, first_ranked, pareto_front, ranked
+from planner.screen.evaluate import evaluate_layouts, evaluate_space
+from planner.screen.table import CandidateTable, Columns
 from planner.spec import EMBEDDED_SPEC, spec_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,7 +166,7 @@ def test_the_search_prices_through_money(monkeypatch):
 
 
 def test_search_functions_are_short():
-    """Issue 28: no function in planner/search.py is longer than 60 lines."""
+    """Issue 28: no function in planner/screen/ is longer than 60 lines."""
     tree = ast.parse((ROOT / "planner" / "search.py").read_text())
     long = {
         node.name: node.end_lineno - node.lineno + 1
