@@ -140,6 +140,26 @@ def test_replay_is_deterministic_and_charges_recorded_wall_cost(small_space):
     assert longer.measured_steps == 20
 
 
+def test_the_live_and_the_replay_backend_are_one_protocol(small_space, tmp_path):
+    """Issue 38: tune() takes a ProbeBackend; the live probe and the replay implement it (the
+    same run signature and a fingerprint), so a benchmark's replay is the planner's code path."""
+    import inspect
+
+    from planner.tuning.autotune import tune as tune_fn
+    from planner.tuning.probes import LocalProbe, ProbeBackend
+
+    live = LocalProbe(tmp_path, fingerprint="fp")
+    try:
+        backends = [live, small_space.backend(0)]
+        assert all(isinstance(b, ProbeBackend) for b in backends)
+        wanted = inspect.signature(ProbeBackend.run)
+        assert all(inspect.signature(type(b).run) == wanted for b in backends)
+    finally:
+        live.close()
+    assert "ProbeBackend" in str(inspect.signature(tune_fn).parameters["backend"].annotation)
+    assert not isinstance(object(), ProbeBackend)  # the check can fail
+
+
 def test_recording_format_is_checked(tmp_path):
     bad = tmp_path / "r.json.gz"
     bad.write_bytes(gzip.compress(json.dumps({"format": "other"}).encode()))

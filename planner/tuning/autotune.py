@@ -46,7 +46,13 @@ from gptplan.progress import quiet
 from gptplan.tomlconf import from_table, setting
 from planner.screen.table import CandidateTable
 from planner.spec import Spec
-from planner.tuning.probes import LocalProbe, ProbeCache, ProbeResult, config_key
+from planner.tuning.probes import (
+    LocalProbe,
+    ProbeBackend,
+    ProbeCache,
+    ProbeResult,
+    config_key,
+)
 from planner.tuning.stopping import Stopped, held
 from planner.tuning.study import claim, open_storage, open_study, repair_sqlite, study_url
 from planner.writing.planwriter import candidate_plan
@@ -348,7 +354,7 @@ def tune(
     target: float,
     work_dir: Path,
     settings: TuneSettings,
-    backend: LocalProbe | None = None,
+    backend: ProbeBackend | None = None,
     cache: ProbeCache | None = None,
     progress=None,
     log=None,
@@ -358,10 +364,13 @@ def tune(
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    owned = backend is None
-    backend = backend or LocalProbe(
-        work_dir, steps=settings.steps, warmup=settings.warmup, timeout_s=settings.timeout_s
-    )
+    # without a backend given, the live one on this machine, which tune ends on its way out
+    live = None
+    if backend is None:
+        live = LocalProbe(
+            work_dir, steps=settings.steps, warmup=settings.warmup, timeout_s=settings.timeout_s
+        )
+        backend = live
     try:
         session = _open_session(
             spec,
@@ -377,12 +386,12 @@ def tune(
         )
         return _tune(session)
     except Stopped as stop:
-        if owned:
-            stop.probes_ended += backend.close(wait=False)
+        if live is not None:
+            stop.probes_ended += live.close(wait=False)
         raise
     finally:
-        if owned:
-            backend.close()
+        if live is not None:
+            live.close()
 
 
 @dataclass
@@ -394,7 +403,7 @@ class _Session:
     local_rows: np.ndarray
     target: float
     settings: TuneSettings
-    backend: LocalProbe
+    backend: ProbeBackend
     cache: ProbeCache
     progress: Callable | None
     study: optuna.Study
@@ -430,7 +439,7 @@ def _open_session(
     target: float,
     work_dir: Path,
     settings: TuneSettings,
-    backend: LocalProbe,
+    backend: ProbeBackend,
     cache: ProbeCache | None,
     progress,
     log,

@@ -20,6 +20,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from gptplan.errors import UserError
 from gptplan.layout import Layout
@@ -160,6 +161,20 @@ def _log_tail(path: Path) -> str:
     except OSError:
         return ""
     return " | ".join(lines[-3:])[-400:]
+
+
+@runtime_checkable
+class ProbeBackend(Protocol):
+    """What the autotuning asks of a probe backend (planner.tuning.autotune.tune): measure a
+    plan's step time, and say which machine the measurements belong to (results are cached and
+    studies named by it). The live backend, `LocalProbe`, runs the plan on this machine; the
+    replay backend, planner.tuning.replay.ReplayProbe, serves recorded measurements."""
+
+    fingerprint: str
+
+    def run(self, plan: Plan, *, steps: int | None = None) -> ProbeResult:
+        """Probe `plan` for `steps` measured steps (default: the backend's own)."""
+        ...
 
 
 class LocalProbe:
