@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # annotations only (these modules import heavier ones, or thi
     from gptplan.plan import Plan
     from planner.corpus.corpus_stats import CorpusStatistics
     from planner.screen.decide import Decision
-    from planner.screen.table import CandidateTable
+    from planner.screen.table import CandidateRow, CandidateTable
     from planner.spec import Spec
     from planner.tuning.autotune import TuneOutcome
     from planner.tuning.calibration import Calibration
@@ -286,7 +286,7 @@ def step_statistics(steps, level: float = 0.95) -> dict:
     }
 
 
-def measured_row(table, i: int, result, target: float) -> dict:
+def measured_row(table: CandidateTable, i: int, result, target: float) -> CandidateRow:
     """Row i with the probe's measurements (mean step: what a run pays for) in place of the
     modelled numbers."""
     from planner.tuning.autotune import cost_at_step, measured_cost

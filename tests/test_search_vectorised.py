@@ -165,6 +165,24 @@ def test_the_search_prices_through_money(monkeypatch):
     assert np.array_equal(evaluate_space(spec, offers, 1e9)["cost"], 2.0 * plain)
 
 
+def test_a_row_has_exactly_the_keys_of_the_candidate_row_type():
+    """Issue 38: functions that take a chosen candidate read a CandidateRow (a TypedDict the
+    type checker holds them to); a column added to or dropped from the table without the type
+    fails here."""
+    from planner.screen.table import CandidateRow
+
+    spec = small_spec()
+    table = evaluate_space(spec, allowed_offers(spec, load_profiles())[:1], 1e9)
+    row = table.row(0)
+    assert set(row) == set(CandidateRow.__required_keys__)
+    assert set(CandidateRow.__optional_keys__) == {  # what a measured row adds
+        "step_time_interval_s",
+        "step_time_spread",
+        "interval_source",
+    }
+    assert isinstance(row["offer_choice"].node_price(spot=bool(row["spot"])), float)
+
+
 SEARCH_MODULES = [
     "planner/market/offers.py",
     *(f"planner/screen/{m}.py" for m in ("space", "table", "evaluate", "pricing", "memory")),

@@ -12,8 +12,10 @@ the rented nodes; scaling with cores is assumed linear (modelled).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from gptplan import money
 from gptplan.money import SECONDS_PER_HOUR
@@ -107,8 +109,9 @@ def estimate(
     )
 
 
-def for_row(stats, row: dict, *, cache_dir: str, currency: str) -> DataPrepEstimate:
-    """The estimate for a planner candidate row (the chosen plan)."""
+def for_row(stats, row: Mapping[str, Any], *, cache_dir: str, currency: str) -> DataPrepEstimate:
+    """The estimate for a planner candidate row (the chosen plan: planner.screen.table's
+    CandidateRow)."""
     offer = row["offer_choice"].offer
     size = stats.declared_bytes or stats.local_bytes
     return estimate(
@@ -147,7 +150,9 @@ def stats_lines(stats, target: float) -> list[str]:
     return [truncation_line(stats)] + ([warning] if warning else [])
 
 
-def report(stats, target: float, row: dict | None, *, cache_dir: str, currency: str) -> dict:
+def report(
+    stats, target: float, row: Mapping[str, Any] | None, *, cache_dir: str, currency: str
+) -> dict:
     """Warnings and data-preparation numbers for optimize: plan notes and JSON."""
     from planner.corpus.corpus_stats import epochs_warning
 

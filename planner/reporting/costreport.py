@@ -21,7 +21,7 @@ from planner.screen.decide import (
     ranked,
     tokens_bought_interval,
 )
-from planner.screen.table import CandidateTable
+from planner.screen.table import CandidateRow, CandidateTable
 
 WIDTH = 120
 
@@ -105,7 +105,7 @@ def _fold_precisions(table: CandidateTable, rows: list[int], keep) -> list[tuple
     return out
 
 
-def _cost_cell(row: dict) -> str:
+def _cost_cell(row: CandidateRow) -> str:
     return f"{money(row['cost'])} ({money(row['cost_p10'])}-{money(row['cost_p90'])})"
 
 

@@ -3,7 +3,7 @@ beyond picking rows and formatting; every number is labelled modelled or measure
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from tabulate import tabulate
 
@@ -12,7 +12,7 @@ from planner.corpus.corpus_stats import CorpusStatistics
 from planner.reporting.costreport import hours_text
 from planner.screen import coverage
 from planner.screen.decide import ranked
-from planner.screen.table import CandidateTable
+from planner.screen.table import CandidateRow, CandidateTable
 
 
 def fmt_tokens(x: float) -> str:
@@ -32,14 +32,14 @@ def money(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.4g}"
 
 
-def layout(row: dict) -> str:
+def layout(row: CandidateRow) -> str:
     """The layout of a candidate row in a few words (gptplan.layout.Layout.label)."""
     from gptplan.layout import Layout
 
     return Layout.from_row(row).label()
 
 
-def recompute_words(row: dict) -> str:
+def recompute_words(row: CandidateRow) -> str:
     """The recompute choice: granularity, and k of L layers when partial (rc_layers per
     stage x pp of the model's layers)."""
     k = int(row.get("rc_layers", 0))
@@ -116,7 +116,7 @@ def variant_note(table: CandidateTable, rep: int, others: list[int]) -> str:
     """Which dimensions the collapsed rows differ in, e.g. 'sharding stage stage1/stage2'."""
     if not others:
         return ""
-    rows = [table.row(int(i)) for i in [rep, *others]]
+    rows: list[Mapping[str, object]] = [table.row(int(i)) for i in [rep, *others]]
     parts = []
     for key, name in _VARIANT_DIMS:
         values = list(dict.fromkeys(str(r[key]) for r in rows))

@@ -3,6 +3,9 @@ less, its share of the card and the band of the memory model's error ("may fit")
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 
 from gptplan.memory import (
@@ -18,9 +21,10 @@ from gptplan.plan import (
 from planner.market.hardware import Profile
 from planner.screen import costmodel as cm
 from planner.screen.evaluate import memory_args
+from planner.screen.table import CandidateRow
 
 
-def memory_breakdown(m, prof: Profile, row: dict, gpus_per_node: int) -> dict:
+def memory_breakdown(m, prof: Profile, row: Mapping[str, Any], gpus_per_node: int) -> dict:
     """One layout's modelled peak per device, term by term (gptplan.memory.memory_terms), in
     GB, and the single changes that free the most (each re-evaluated with the same terms):
     {"terms": {name: GB}, "total_gb", "changes": [(words, GB freed)] most first}. `row`
@@ -50,7 +54,7 @@ def memory_breakdown(m, prof: Profile, row: dict, gpus_per_node: int) -> dict:
     }
 
 
-def _memory_alternatives(m, row: dict, gpus_per_node: int) -> list[tuple[str, dict]]:
+def _memory_alternatives(m, row: Mapping[str, Any], gpus_per_node: int) -> list[tuple[str, dict]]:
     """memory_breakdown's single changes to a layout row: (words, changed columns)."""
     world = int(row["nodes"]) * gpus_per_node
     batch = int(row["dp"]) * int(row["shard_degree"])
@@ -110,7 +114,7 @@ def _memory_alternatives(m, row: dict, gpus_per_node: int) -> list[tuple[str, di
     return alts
 
 
-def memory_share(row, prof: Profile) -> tuple[float, float, float]:
+def memory_share(row: Mapping[str, Any], prof: Profile) -> tuple[float, float, float]:
     """A layout row's modelled peak per device as a share of the card's physical memory,
     with its band (gptplan.memory.memory_band: each term's worst credible error):
     (point, low, high)."""
@@ -121,12 +125,12 @@ def memory_share(row, prof: Profile) -> tuple[float, float, float]:
 MEMORY_GB_KEYS = ("memory_gb", "memory_low_gb", "memory_high_gb")
 
 
-def deciding_term(row) -> str:
+def deciding_term(row: Mapping[str, Any]) -> str:
     """The memory term whose error moves the band's top the most (gptplan.memory.TERMS)."""
     return TERMS[int(row["memory_decider"])].replace("_", " ")
 
 
-def may_fit_note(row, prof: Profile, memory_headroom: float) -> str:
+def may_fit_note(row: CandidateRow, prof: Profile, memory_headroom: float) -> str:
     """The flag a user sees on a row kept inside the memory model's band."""
     share, lo, hi = memory_share(row, prof)
     return (

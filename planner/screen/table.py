@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
+from typing import Any, TypedDict, cast
 
 import numpy as np
 
@@ -23,6 +24,89 @@ from planner.screen import coverage
 DIAGNOSTIC_COLUMNS = frozenset(
     {"tp_s", "pp_s", "opt_s", "bubble", "tokens_per_s_per_device", "dp_sync_s"}
 )
+
+
+class _MeasuredKeys(TypedDict, total=False):
+    """What a row measured by probes adds (planner.pipeline.measured_row)."""
+
+    step_time_interval_s: list[float]
+    step_time_spread: float
+    interval_source: str
+
+
+class CandidateRow(_MeasuredKeys):
+    """One candidate as `CandidateTable.row` gives it: every column's value as a Python number,
+    the offer it runs on, the names of its coded columns and its 80% interval. At run time a
+    plain dict (rows go into JSON and plans unchanged); the keys and their types are what a
+    function that takes a chosen row may read."""
+
+    # the layout (gptplan.layout reads these)
+    nodes: int
+    gpus_per_node: int
+    world: int
+    precision_code: int
+    seq: int
+    micro: int
+    acc: int
+    tp: int
+    pp: int
+    vpp: int
+    dp: int
+    shard_degree: int
+    stage_code: int
+    recompute_code: int
+    sp: int
+    flash: int
+    tokens_per_step: int
+    # memory (gptplan.memory; the band of the model's error)
+    memory_gb: float
+    rc_layers: int
+    fits: bool
+    may_fit: bool
+    memory_low_gb: float
+    memory_high_gb: float
+    memory_decider: int
+    memory_point_fits: bool
+    # speed
+    efficiency: float
+    hidden_per_tp: float
+    step_time_s: float
+    compute_s: float
+    comm_s: float
+    tokens_per_s: float
+    mfu: float
+    # time and money (planner.screen.pricing)
+    offer: int
+    steps: float
+    train_hours: float
+    spot: bool
+    useful_fraction: float
+    checkpoint_interval_h: float
+    hours: float
+    price_node_hour: float
+    cost: float
+    cost_on_demand: float
+    preemptions: float
+    energy_kwh: float
+    cost_per_million_tokens: float
+    # decoded: the offer and the names of the coded columns
+    offer_choice: OfferChoice
+    precision: str
+    sharding: str
+    recompute: str
+    # the 80% interval (CandidateTable.intervals) and why it is wider
+    tokens_per_s_p10: float
+    tokens_per_s_p90: float
+    hours_p10: float
+    hours_p90: float
+    cost_p10: float
+    cost_p90: float
+    throughput_cost_p10: float
+    throughput_cost_p90: float
+    preemption_hours_p10: float
+    preemption_hours_p90: float
+    throughput_capped: bool
+    interval_outside_runs: list[str]
 
 
 class Columns(MutableMapping[str, np.ndarray]):
@@ -106,8 +190,9 @@ class CandidateTable:
             return np.zeros(0)
         return self.columns[name]
 
-    def row(self, i: int) -> dict:
+    def row(self, i: int) -> CandidateRow:
         cols = self.columns
+        out: dict[str, Any]
         if isinstance(cols, Columns):
             out = {k: cols.item(k, i) for k in cols}
         else:
@@ -119,7 +204,7 @@ class CandidateTable:
         out["recompute"] = RECOMPUTE_MODES[out["recompute_code"]]
         out.update({k: v[0].item() for k, v in self.intervals(np.array([i])).items()})
         out["interval_outside_runs"] = self.outside_reasons(i)
-        return out
+        return cast(CandidateRow, out)
 
     def _coverage_query(self, idx: np.ndarray) -> dict:
         return dict(

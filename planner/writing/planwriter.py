@@ -21,8 +21,10 @@ from gptplan.plan import (
     TrainingSection,
 )
 from planner import __version__
+from planner.market.hardware import Profile
 from planner.screen import coverage
 from planner.screen.decide import Decision
+from planner.screen.table import CandidateRow
 from planner.spec import Spec
 
 
@@ -31,7 +33,7 @@ def _sig(x: float, digits: int = 6) -> float:
     return float(f"{x:.{digits}g}")
 
 
-def _interval_source(prof, precision: str, row: dict) -> str:
+def _interval_source(prof: Profile, precision: str, row: CandidateRow) -> str:
     """The plan's interval in words: its ratios around the estimate and their basis (widened
     where the layout lies outside the published runs, planner.screen.coverage)."""
     eff = prof.efficiency_for(precision)
@@ -113,7 +115,7 @@ def planned_model(spec: Spec, tp: int):
     return model if vocab == model.vocab_size else dataclasses.replace(model, vocab_size=vocab)
 
 
-def _memory_notes(spec: Spec, row: dict) -> list[str]:
+def _memory_notes(spec: Spec, row: CandidateRow) -> list[str]:
     """A plan kept inside the memory model's own error says so (planner.screen.memory.may_fit_note),
     and how its pipeline stages split when the layers do not divide evenly."""
     from planner.screen.memory import may_fit_note
@@ -133,7 +135,7 @@ def _memory_notes(spec: Spec, row: dict) -> list[str]:
 
 def candidate_plan(
     spec: Spec,
-    row: dict,
+    row: CandidateRow,
     *,
     target: float,
     notes: list[str] | None = None,
@@ -243,7 +245,7 @@ def candidate_plan(
     )
 
 
-def _risk_notes(row: dict, cur: str) -> list[str]:
+def _risk_notes(row: CandidateRow, cur: str) -> list[str]:
     """The price's age and, on spot, the preemptions in the cost and the on-demand cost."""
     f = row["offer_choice"].price
     age = "undated" if f.age_days is None else f"{f.age_days} days old at planning"
