@@ -4,6 +4,8 @@ Data, not code: interruption rates per provider live in hardware_profiles/spot/i
 (each with its source); an offer may override them. Nothing here changes a price: the search
 uses these facts to flag stale prices, keep outlier spot prices out of the headline, put
 expected preemptions into the cost and widen its interval (planner.screen, planner.market.spotrisk).
+The facts of each offer a spec allows, outliers among them included, are put together in
+planner.market.offers (price_facts), next to OfferChoice.
 """
 
 from __future__ import annotations
