@@ -2,7 +2,7 @@
 against every published run in hardware_profiles/published_runs.csv, the way a user meets it.
 
 Two held-out measures per GPU generation (the constants of a generation are refitted without
-the held-out rows, planner.published):
+the held-out rows, planner.screen.published):
 - leave-one-ROW-out: each row predicted by a fit to all other rows (interpolation inside the
   sources the model was fitted to);
 - leave-one-SOURCE-out: each paper or repository predicted by a fit to the OTHER sources (the
@@ -10,7 +10,7 @@ the held-out rows, planner.published):
 - leave-one-REGIME-out: each regime (those four, ZeRO-3, full recompute, Llama, seq > 2048)
   predicted by a fit to the rows outside it: extrapolation along one axis.
 The 80% interval's coverage under leave-one-source-out: row i's interval comes from the held-out
-ratios of the other sources only (planner.published.row_interval), so neither the row nor its
+ratios of the other sources only (planner.screen.published.row_interval), so neither the row nor its
 source sets it. "Before" is the fitted-curve model of issue 9 on the same rows
 (bench/results/estimate_accuracy_before_issue17.json, made by bench/published/loso_old_model.py
 in a checkout of that model; its interval is the shipped leave-one-row-out p10/p90).
@@ -61,10 +61,11 @@ def _summary(err, mask):
 
 
 def regime_table(rows, loo) -> list[dict]:
-    """Leave-one-REGIME-out: each regime (planner.published.REGIMES) predicted by a fit to the
-    rows of its generation outside it, next to the same rows' leave-one-row-out error and the
-    extra log-error that extrapolating into the regime costs (planner.coverage applies it)."""
-    from planner import published as pb
+    """Leave-one-REGIME-out: each regime (planner.screen.published.REGIMES) predicted by a fit to
+    the rows of its generation outside it, next to the same rows' leave-one-row-out error and the
+    extra log-error that extrapolating into the regime costs (planner.screen.coverage applies
+    it)."""
+    from planner.screen import published as pb
 
     measured = np.array([r.measured_tokens_per_s_per_device for r in rows])
     regime_out = pb.leave_one_regime_out(rows)
@@ -123,7 +124,7 @@ def memory_table(rows) -> list[dict]:
     does with it: "may fit" where the band's high end passes 90% of the card, refused only
     where even its optimistic end exceeds the card."""
     from gptplan.memory import GIB, memory_band
-    from planner import published as pb
+    from planner.screen import published as pb
 
     card = np.array([r.prof.memory_gb for r in rows]) * GIB
     low, point, high, _ = memory_band(pb.published_memory_terms(rows))
@@ -169,7 +170,7 @@ def memory_table(rows) -> list[dict]:
 
 
 def main() -> int:
-    from planner import published as pb
+    from planner.screen import published as pb
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.parse_args()

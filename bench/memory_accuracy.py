@@ -48,8 +48,8 @@ def cpu_rows() -> list[dict]:
     from plan_quality import describe, space
 
     from gptplan.memory import layout_memory_bytes
-    from planner import costmodel as cm
-    from planner.search import memory_args
+    from planner.screen import costmodel as cm
+    from planner.screen.evaluate import memory_args
 
     recorded = json.loads((RESULTS / "plan_quality.json").read_text())["grid"]
     measured = {
@@ -79,7 +79,7 @@ def cpu_rows() -> list[dict]:
 
 def torchtitan_rows() -> list[dict]:
     from gptplan.memory import GIB
-    from planner import published as pb
+    from planner.screen import published as pb
 
     rows = [r for r in pb.load_rows() if r.id in TORCHTITAN_PEAK_GIB]
     ratio = pb.modelled_memory_over_device(rows)
@@ -167,7 +167,7 @@ def published_band() -> dict:
     """The band of every published layout (hardware_profiles/published_runs.csv), as factors
     on its modelled peak: the widest low and high ends, and which term decides them."""
     from gptplan import memory as mem
-    from planner import published as pb
+    from planner.screen import published as pb
 
     rows = [r for r in pb.load_rows() if r.prof is not None]
     terms = pb.published_memory_terms(rows)

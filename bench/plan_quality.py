@@ -12,7 +12,7 @@
        accumulation 2, all devices, 16-bit where supported, the longest seq_len);
    (d) the analytic model alone (shipped profile prior, no probes).
    Regret = true cost per token of the pick / the grid's best - 1. Every method probes through
-   the same persistent probe workers (planner.probes.LocalProbe), start-up included.
+   the same persistent probe workers (planner.tuning.probes.LocalProbe), start-up included.
 2. For every grid configuration: modelled vs measured step time and peak memory, before and
    after calibration, with the calibration fitted on a random half and scored on the other.
 
@@ -46,7 +46,7 @@ SPEC = REPO / "planner" / "specs" / "cpu_demo.toml"
 
 def shipped_profiles():
     """Profiles as shipped (no local calibration), so (d) is the model alone."""
-    from planner.hardware import load_profiles
+    from planner.market.hardware import load_profiles
 
     with tempfile.TemporaryDirectory() as tmp:
         for f in (REPO / "hardware_profiles").glob("*.toml"):
@@ -55,7 +55,9 @@ def shipped_profiles():
 
 
 def space(quick: bool):
-    from planner.search import allowed_offers, decide, evaluate_space
+    from planner.market.offers import allowed_offers
+    from planner.screen.decide import decide
+    from planner.screen.evaluate import evaluate_space
     from planner.spec import load_spec
 
     # Full: 104 configurations (1-2 processes x fp32/bf16 x seq 64/128 x micro 4-32 x
@@ -129,7 +131,8 @@ def record_space(name: str = "cpu_space_v2"):
     """A recorded space. The default: 112 configurations (1-2 processes x seq 64/128 x micro
     4-32 x accumulation 1-4 x recompute none/full, global batch 1k-8k tokens), fp32 only: on
     CPU Paddle's AMP is a no-op, a bf16 run is the fp32 run."""
-    from planner.search import allowed_offers, evaluate_space
+    from planner.market.offers import allowed_offers
+    from planner.screen.evaluate import evaluate_space
     from planner.spec import load_spec
 
     spec_path, overrides = RECORD_SPACES[name]
@@ -158,9 +161,9 @@ def record(args) -> int:
     """Probe every configuration of the record space in interleaved passes; keep every step."""
     import os
 
-    from planner.planwriter import candidate_plan
-    from planner.probes import LocalProbe
-    from planner.replay import RecordedConfig, Recording, recording_key, worker_startups
+    from planner.tuning.probes import LocalProbe
+    from planner.tuning.replay import RecordedConfig, Recording, recording_key, worker_startups
+    from planner.writing.planwriter import candidate_plan
     from runner.probe import layout_key
 
     spec, table, target = record_space(args.record_space)
@@ -318,7 +321,7 @@ def one_pass_grid(table, measured: dict, passes: int) -> dict | None:
 
 def auto_tuner_walk(spec, table, rows, target, probe, budget: int):
     """Paddle auto_tuner's order and pruning, on the same probe mechanism; best tokens/s."""
-    from planner.planwriter import candidate_plan
+    from planner.writing.planwriter import candidate_plan
 
     order = sorted(
         rows,
@@ -400,10 +403,10 @@ def main() -> int:
     if args.record:
         return record(args)
 
-    from planner import calibration
-    from planner.autotune import TuneSettings, tune
-    from planner.planwriter import candidate_plan
-    from planner.probes import LocalProbe, ProbeCache
+    from planner.tuning import calibration
+    from planner.tuning.autotune import TuneSettings, tune
+    from planner.tuning.probes import LocalProbe, ProbeCache
+    from planner.writing.planwriter import candidate_plan
 
     spec, table, decision, target = space(args.quick)
     rows = np.flatnonzero(table["fits"])

@@ -35,7 +35,8 @@ RESULTS = REPO / "bench" / "results"
 def time_search(spec, offers, target, repeats: int) -> tuple[float, float, int]:
     """Median wall and CPU seconds of the search. On a shared machine the wall time includes
     waiting for a core; the process's CPU time is what the search costs on an idle one."""
-    from planner.search import decide, evaluate_space
+    from planner.screen.decide import decide
+    from planner.screen.evaluate import evaluate_space
 
     times, cpu, n = [], [], 0
     for _ in range(repeats):
@@ -73,9 +74,9 @@ _TIMER = """
 import json, sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from planner.hardware import load_profiles
+from planner.market.hardware import load_profiles
 from planner.pipeline import plan_space
-from planner.search import allowed_offers, decide, evaluate_space
+from planner.screen import allowed_offers, decide, evaluate_space
 from planner.spec import load_spec
 spec = load_spec(None, cwd=Path(sys.argv[2]) / "bench")
 wide_spec = WIDE_SPEC
@@ -201,9 +202,9 @@ def main() -> int:
         return side_by_side(args.against, args.pairs)
     repeats = 2 if args.quick else 5
 
-    from planner.hardware import load_profiles
+    from planner.market.hardware import load_profiles
+    from planner.market.offers import allowed_offers
     from planner.pipeline import plan_space
-    from planner.search import allowed_offers
     from planner.spec import load_spec
 
     spec = load_spec(None, cwd=REPO / "bench")  # the embedded bank-FAQ spec

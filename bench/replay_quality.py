@@ -7,20 +7,20 @@ passes, with the load average per probe.
 Leave one recording out: the planner's search choices (model-seeded probes, alternation with
 the model, how many probes race, how long a racing probe is, the confidence asked for, the
 number of contenders, the model prior's weight) are tuned on the other recordings and scored on
-the held-out one (`--recording FILE`); the probe noise model (planner.noise.spread_ratio_from) is
-learned from the other recordings too. Tuning: every candidate choice (the defaults and one
-change at a time, CHOICES) is replayed on every recording (`--tune-seeds` seeds, 4/8/16
-probes; score = mean over the budgets of median + p90 regret); for each choice the value with
-the lowest mean score over the other recordings (each relative to the defaults' score) is
-kept. The scores are cached in
+the held-out one (`--recording FILE`); the probe noise model
+(planner.tuning.noise.spread_ratio_from) is learned from the other recordings too. Tuning: every
+candidate choice (the defaults and one change at a time, CHOICES) is replayed on every recording
+(`--tune-seeds` seeds, 4/8/16 probes; score = mean over the budgets of median + p90 regret); for
+each choice the value with the lowest mean score over the other recordings (each relative to the
+defaults' score) is kept. The scores are cached in
 bench/results/loro_scores.json (recomputed when a recording or the candidates change).
 
-Each method runs against `planner.replay.ReplayProbe`
+Each method runs against `planner.tuning.replay.ReplayProbe`
 (the same interface as the live probe: a probe draws its steps from the configuration's
 recorded ones, deterministically per seed, and is charged the recorded wall cost), over many
 seeds, at several probe budgets:
 
-  planner        our autotuner: model-seeded, guided TPE, finalists raced (planner.autotune)
+  planner        our autotuner: model-seeded, guided TPE, finalists raced (planner.tuning.autotune)
   optuna_tpe     Optuna's TPE alone (no model seeds, no guidance, no race), best measured
   random         distinct configurations uniformly at random, best measured
   auto_tuner     Paddle auto_tuner's grid walk (larger micro-batch first, no recompute first)
@@ -87,8 +87,8 @@ def candidates() -> list[dict]:
 
 def planner_overrides(choice: dict, budget: int, spread_ratio: float | None = None) -> dict:
     """TuneSettings for one set of choices at a probe budget (the repeats counted as the
-    shipped TuneSettings.race = -1 counts them, planner.autotune.race_probes)."""
-    from planner.autotune import race_probes
+    shipped TuneSettings.race = -1 counts them, planner.tuning.autotune.race_probes)."""
+    from planner.tuning.autotune import race_probes
 
     race = race_probes(budget, choice["race_fraction"])
     out = {
@@ -107,7 +107,7 @@ def planner_overrides(choice: dict, budget: int, spread_ratio: float | None = No
 
 def shipped_choice() -> dict:
     """The choices TuneSettings' defaults make, in CHOICES' terms."""
-    from planner.autotune import RACE_SHARE, TuneSettings
+    from planner.tuning.autotune import RACE_SHARE, TuneSettings
 
     d = TuneSettings()
     return {
@@ -124,9 +124,9 @@ def shipped_choice() -> dict:
 def shipped(jobs: int, tune_seeds: int) -> int:
     """`--shipped`: the choices and noise ratio tuned on every recording, against TuneSettings'
     defaults (what `planner optimize --probes` ships)."""
-    from planner.autotune import TuneSettings
-    from planner.noise import spread_ratio_from
-    from planner.replay import Recording
+    from planner.tuning.autotune import TuneSettings
+    from planner.tuning.noise import spread_ratio_from
+    from planner.tuning.replay import Recording
 
     paths = recordings()
     choice = choose(tuning_scores(paths, seeds=tune_seeds, jobs=jobs))
@@ -143,7 +143,7 @@ def shipped(jobs: int, tune_seeds: int) -> int:
 def load_space(path: Path, *, keep=None):
     """The recording matched to its space's candidate table, with the shipped profiles (no
     local calibration: the model column is the model alone)."""
-    from planner.replay import Recording, replay_space
+    from planner.tuning.replay import Recording, replay_space
 
     recording = Recording.load(path)
     return replay_space(
@@ -156,8 +156,8 @@ def _backend(space, seed: int):
 
 
 def run_planner(space, seed: int, budget: int, **overrides) -> dict:
-    from planner.autotune import TuneSettings, tune
-    from planner.probes import ProbeCache
+    from planner.tuning.autotune import TuneSettings, tune
+    from planner.tuning.probes import ProbeCache
 
     backend = _backend(space, seed)
     settings = TuneSettings(
@@ -189,7 +189,7 @@ def run_tpe(space, seed: int, budget: int) -> dict:
 
 
 def _best_measured(space, results: dict):
-    from planner.autotune import measured_cost
+    from planner.tuning.autotune import measured_cost
 
     ok = {i: measured_cost(space.table, i, r)[0] for i, r in results.items() if r.ok}
     return min(ok, key=ok.get) if ok else None
@@ -477,8 +477,8 @@ def main() -> int:
     if args.shipped:
         return shipped(args.jobs, args.tune_seeds)
     from gptplan import quiet_third_party_warnings
-    from planner.noise import spread_ratio_from
-    from planner.replay import Recording, RecordingError
+    from planner.tuning.noise import spread_ratio_from
+    from planner.tuning.replay import Recording, RecordingError
 
     quiet_third_party_warnings()
     seeds = 10 if args.quick else args.seeds

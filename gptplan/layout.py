@@ -12,6 +12,7 @@ column names (`micro`, `tp`...) live in FIELDS below and nowhere else.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,8 +56,8 @@ class Layout:
         return cls(**values)
 
     @classmethod
-    def from_row(cls, row: dict, *, fp16_opt_level: str = "O2") -> Layout:
-        """A row of the planner's candidate table (planner.search: CandidateTable.row)."""
+    def from_row(cls, row: Mapping[str, Any], *, fp16_opt_level: str = "O2") -> Layout:
+        """A row of the planner's candidate table (planner.screen: CandidateTable.row)."""
         precision = str(row["precision"])
         pp = int(row.get("pp", 1))
         return cls(

@@ -11,7 +11,7 @@ Sources: [AMP] Paddle 3.3.1 `paddle.amp.auto_cast`/`decorate` (levels O1/O2, dty
 bfloat16; O2 keeps fp32 master weights through the optimizer's multi_precision) and
 `paddle.amp.GradScaler` (dynamic loss scaling, needed for fp16's narrow exponent, not for bf16);
 [TE] NVIDIA Transformer Engine's FP8 "hybrid" recipe (linear layers' GEMMs in FP8 with 1-byte
-operands, everything else in bf16), as in the published MLPerf runs planner.published fits.
+operands, everything else in bf16), as in the published MLPerf runs planner.screen.published fits.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A profile is one accelerator: specs, peak TFLOPS per [peak_tflops] key, the efficiency tables
 and the priced [[offers]]. This module reads the device part (DeviceProfile, peak_for and
 efficiency_for, a machine's calibration) for both tools: the runner models a local rehearsal
-(`runner execute --local`) with it, and planner.hardware builds its Profile (the device plus
+(`runner execute --local`) with it, and planner.market.hardware builds its Profile (the device plus
 its checked offers) from `read_profile_file`, so the planner and the runner read the same file
 the same way, and bad input is one line naming the file, the key and the allowed values.
 """
@@ -29,7 +29,7 @@ PROFILE_DIR = Path(__file__).resolve().parents[1] / "hardware_profiles"
 LOCAL_CALIBRATION_ENV = userdata.CALIBRATION_ENV
 CALIBRATION_TABLES = ("efficiency", *(f"efficiency_{p}" for p in precisions.PLANNABLE))
 # Keys of a profile's [peak_tflops]: the peak keys of gptplan.precision's rows. fp8 serves only
-# the fit to published FP8 runs (planner.published): `precisions`, what a plan may choose,
+# the fit to published FP8 runs (planner.screen.published): `precisions`, what a plan may choose,
 # never lists it.
 PEAK_KEYS = tuple(dict.fromkeys(k for r in precisions.ROWS for k in r.gemm_peak + r.other_peak))
 
@@ -133,7 +133,7 @@ class Efficiency:
     extrapolation_log_error: float = setting(
         0.4,
         "Extra 80% error, in |log(measured/modelled)|, per axis on which a query lies outside "
-        "the published runs (planner.coverage), added in quadrature to the interval's log "
+        "the published runs (planner.screen.coverage), added in quadrature to the interval's log "
         "half-widths: leave-one-regime-out against leave-one-row-out error "
         "(bench/published/fit_priors.py; 0.4, about x1.5, where not measured).",
         min=0,
@@ -238,7 +238,7 @@ class DeviceProfile:
 def read_profile_file(path: Path) -> tuple[DeviceProfile, list]:
     """The one strict reader of a hardware profile file: the device (every key checked,
     [peak_tflops] keys in PEAK_KEYS with positive numbers, `name` equal to the file name) and
-    its [[offers]] tables as read (the planner checks and prices them, planner.hardware)."""
+    its [[offers]] tables as read (the planner checks and prices them, planner.market.hardware)."""
     data = dict(read_toml(path, ProfileError))
     file = str(path)
     peaks = data.pop("peak_tflops", {})

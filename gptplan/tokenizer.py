@@ -202,7 +202,8 @@ def _character_coverage(texts: list[str], vocab_size: int) -> float:
 
 
 # The last segmented training sample, kept while `keep_segmentation()` is active: tokenizers of
-# several vocabulary sizes on one sample (planner.corpus_stats's vocabulary fit) segment it once.
+# several vocabulary sizes on one sample (planner.corpus.corpus_stats's vocabulary fit) segment it
+# once.
 _SEGMENTED: dict = {"active": 0, "key": None, "text": None}
 
 

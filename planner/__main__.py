@@ -1,5 +1,5 @@
 import sys
 
-from planner.cli import main
+from planner.commands.main import main
 
 sys.exit(main())

@@ -1,8 +1,8 @@
 """`planner optimize` as one pipeline returning one result: corpus statistics -> model search ->
 probes -> calibration -> re-rank -> one decision -> the plan.
 
-`planner.cli` parses arguments and renders an `OptimizeResult` (planner.report); the same
-result feeds the tables, `--json` and the written plan, so what the screen calls "chosen" is
+`planner.commands` parses arguments and renders an `OptimizeResult` (planner.reporting.report); the
+same result feeds the tables, `--json` and the written plan, so what the screen calls "chosen" is
 what the plan says. Nothing here prints: progress goes through the `log`/`on_stats`/`on_probe`
 callbacks the caller passes.
 """
@@ -24,11 +24,12 @@ from gptplan.progress import quiet
 
 if TYPE_CHECKING:  # annotations only (these modules import heavier ones, or this one)
     from gptplan.plan import Plan
-    from planner.autotune import TuneOutcome
-    from planner.calibration import Calibration
-    from planner.corpus_stats import CorpusStatistics
-    from planner.search import CandidateTable, Decision
+    from planner.corpus.corpus_stats import CorpusStatistics
+    from planner.screen.decide import Decision
+    from planner.screen.table import CandidateRow, CandidateTable
     from planner.spec import Spec
+    from planner.tuning.autotune import TuneOutcome
+    from planner.tuning.calibration import Calibration
 
 MEASURED_FIELDS = [
     "tokens_per_second",
@@ -67,7 +68,7 @@ class OptimizeResult:
     tuning: Tuning | None = None
     plan: Plan | None = None  # the plan to write (None: no plan)
     notes: list[str] = field(default_factory=list)
-    data: dict = field(default_factory=dict)  # planner.dataprep.report(...)["json"]
+    data: dict = field(default_factory=dict)  # planner.corpus.dataprep.report(...)["json"]
 
     @property
     def table(self) -> CandidateTable:
@@ -87,7 +88,7 @@ class OptimizeResult:
     def estimate(self, i: int) -> tuple[float, str]:
         """Best available cost of row i and where it comes from: measured > calibrated >
         modelled."""
-        from planner.autotune import measured_cost
+        from planner.tuning.autotune import measured_cost
 
         r = self.measured(i)
         if r is not None and r.ok:
@@ -101,8 +102,11 @@ class OptimizeResult:
 def plan_space(spec, *, log: Callable = print, on_stats: Callable | None = None):
     """Spec -> (stats, target, decision, timings): statistics first (reported through
     `on_stats(stats, target)` before the search starts), then the model's search."""
-    from planner.hardware import load_profiles
-    from planner.search import allowed_offers, decide, evaluate_space, target_tokens
+    from planner.market.hardware import load_profiles
+    from planner.market.offers import allowed_offers
+    from planner.screen.decide import decide
+    from planner.screen.evaluate import evaluate_space
+    from planner.screen.space import target_tokens
 
     timings = {}
     t0 = time.perf_counter()
@@ -143,9 +147,9 @@ def plan_space(spec, *, log: Callable = print, on_stats: Callable | None = None)
 
 
 def measure_corpus(spec, *, log: Callable = quiet):
-    """The corpus statistics (planner.corpus_stats) of the spec, and the model's vocab_size set
-    from the tokenizer they measured (set_planned_vocab)."""
-    from planner.corpus_stats import spec_corpus_statistics
+    """The corpus statistics (planner.corpus.corpus_stats) of the spec, and the model's vocab_size
+    set from the tokenizer they measured (set_planned_vocab)."""
+    from planner.corpus.corpus_stats import spec_corpus_statistics
 
     stats = spec_corpus_statistics(spec, log=log)
     set_planned_vocab(spec, stats, log=log)
@@ -205,10 +209,10 @@ def tune_locally(
     on_probe: Callable | None = None,
     write_calibration: bool = True,
 ) -> Tuning | None:
-    """Probe the locally runnable candidates (planner.autotune), fit the calibration, and
+    """Probe the locally runnable candidates (planner.tuning.autotune), fit the calibration, and
     re-rank every local candidate with it. None when no planned offer runs here."""
-    from planner import calibration
-    from planner.autotune import calibrated_costs, tune
+    from planner.tuning import calibration
+    from planner.tuning.autotune import calibrated_costs, tune
 
     table = decision.table
     offers_local = [i for i, c in enumerate(table.offers) if c.profile.name == local_profile]
@@ -282,10 +286,10 @@ def step_statistics(steps, level: float = 0.95) -> dict:
     }
 
 
-def measured_row(table, i: int, result, target: float) -> dict:
+def measured_row(table: CandidateTable, i: int, result, target: float) -> CandidateRow:
     """Row i with the probe's measurements (mean step: what a run pays for) in place of the
     modelled numbers."""
-    from planner.autotune import cost_at_step, measured_cost
+    from planner.tuning.autotune import cost_at_step, measured_cost
 
     row = table.row(i)
     cost, hours = measured_cost(table, i, result, "mean")
@@ -331,13 +335,13 @@ def optimize(
 ) -> OptimizeResult:
     """The whole `planner optimize`: model search, then (with settings.probes > 0) probes,
     calibration, re-rank and one decision; returns the result with the plan to write."""
-    from planner.planwriter import candidate_plan, decision_notes
-    from planner.report import describe, race_note
+    from planner.reporting.report import describe, race_note
+    from planner.writing.planwriter import candidate_plan, decision_notes
 
     stats, target, decision, timings = plan_space(spec, log=log, on_stats=on_stats)
     result = OptimizeResult(spec, stats, target, decision, timings, chosen=decision.chosen)
     cur = spec.constraints.currency
-    from planner import dataprep
+    from planner.corpus import dataprep
 
     result.data = dataprep.report(
         stats, target, None, cache_dir=str(userdata.cache_dir(spec.job.cache_dir)), currency=cur
@@ -409,7 +413,7 @@ def optimize(
         result.plan = candidate_plan(
             spec, table.row(chosen), target=target, notes=notes, stats=stats
         )
-    from planner.planwriter import vocab_padding
+    from planner.writing.planwriter import vocab_padding
 
     padding = vocab_padding(
         spec.model_section().vocab_size, result.plan.parallel.tensor_parallel_degree

@@ -273,7 +273,7 @@ class OwnedSpec:
     source: str = setting("", "Where the figures come from (meter, contract, datasheet).")
 
     def offer_fields(self) -> dict:
-        """The planner.hardware.Offer fields of these machines (kind on_prem)."""
+        """The planner.market.hardware.Offer fields of these machines (kind on_prem)."""
         return {
             "kind": "on_prem",
             "provider": "owned",

@@ -18,12 +18,14 @@ from conftest import BASE_PLAN, merge
 
 from gptplan import userdata
 from gptplan.plan import plan_from_dict
-from planner.autotune import TuneSettings, implied_oom, tune
-from planner.calibration import fit
-from planner.hardware import load_profiles
-from planner.probes import LocalProbe, ProbeCache, ProbeResult, config_key
-from planner.search import allowed_offers, decide, evaluate_space
+from planner.market.hardware import load_profiles
+from planner.market.offers import allowed_offers
+from planner.screen.decide import decide
+from planner.screen.evaluate import evaluate_space
 from planner.spec import load_spec
+from planner.tuning.autotune import TuneSettings, implied_oom, tune
+from planner.tuning.calibration import fit
+from planner.tuning.probes import LocalProbe, ProbeCache, ProbeResult, config_key
 
 CPU_SPEC = Path(__file__).resolve().parents[1] / "planner" / "specs" / "cpu_demo.toml"
 
@@ -95,7 +97,7 @@ import os, sys
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from conftest import BASE_PLAN
 from gptplan.plan import plan_from_dict
-from planner.probes import LocalProbe
+from planner.tuning.probes import LocalProbe
 probe = LocalProbe({str(tmp_path)!r}, steps=1, warmup=1, fingerprint="fp")
 assert probe.run(plan_from_dict(BASE_PLAN)).ok
 print(next(iter(probe._workers.values())).proc.pid, flush=True)
@@ -219,7 +221,7 @@ class FittingProbe(ScriptedProbe):
 def test_repeats_are_a_quarter_of_the_probes():
     """TuneSettings.race = -1 (the default): a quarter of the probes repeat finalists, at least
     one, none below 3 probes (what bench/replay_quality.py tuned and scores)."""
-    from planner.autotune import race_probes
+    from planner.tuning.autotune import race_probes
 
     assert [race_probes(n) for n in (1, 2, 3, 4, 6, 7, 8, 12, 16)] == [0, 0, 1, 1, 2, 2, 2, 3, 4]
 
@@ -231,8 +233,8 @@ def test_shipped_defaults_are_the_choices_tuned_on_every_recording():
     import json
     import sys
 
-    from planner.noise import spread_ratio_from
-    from planner.replay import Recording
+    from planner.tuning.noise import spread_ratio_from
+    from planner.tuning.replay import Recording
 
     bench = Path(__file__).resolve().parents[1] / "bench"
     sys.path.insert(0, str(bench))
@@ -296,8 +298,8 @@ class SkewedProbe(ScriptedProbe):
 
 
 def test_after_the_seeds_the_recalibrated_model_picks_the_next_probe(tmp_path):
-    from planner.autotune import calibrated_costs, seed_rows
-    from planner.planwriter import candidate_plan
+    from planner.tuning.autotune import calibrated_costs, seed_rows
+    from planner.writing.planwriter import candidate_plan
 
     spec, table, _, rows, target = cpu_space()
     calls: list = []
@@ -373,8 +375,8 @@ KNOWN: dict = {}  # config key -> step factor of the known best (set by noisy_tr
 def noisy_truth(table, rows, spec, target) -> tuple[dict, int]:
     """True cost per token of every row under NoisyProbe, with the model's second seed made the
     known best (always probed: the test is of the pick, not of the search)."""
-    from planner.autotune import seed_rows
-    from planner.planwriter import candidate_plan
+    from planner.tuning.autotune import seed_rows
+    from planner.writing.planwriter import candidate_plan
 
     probe = NoisyProbe()
     keys = {
@@ -500,7 +502,7 @@ def test_calibration_learns_that_large_micro_batches_run_slower():
     curve only) ranks the largest micro-batch first; the calibrated curve must not."""
     import dataclasses
 
-    from planner.calibration import predicted_step
+    from planner.tuning.calibration import predicted_step
 
     spec, table, _, rows, _ = cpu_space()
     profile = table.offers[0].profile
@@ -530,7 +532,7 @@ def test_calibration_learns_that_large_micro_batches_run_slower():
 
 
 def test_seeds_span_work_sizes():
-    from planner.autotune import seed_rows
+    from planner.tuning.autotune import seed_rows
 
     spec, table, _, rows, _ = cpu_space()
     seeds = seed_rows(table, rows, 4)
@@ -554,10 +556,10 @@ def test_optimize_probes_console_resume_and_history(tmp_path, monkeypatch, capsy
     shows the study."""
     import json
 
-    import planner.autotune as autotune
+    import planner.tuning.autotune as autotune
     from gptplan.plan import load_plan
-    from planner.cli import main
-    from planner.probes import hardware_fingerprint
+    from planner.commands.main import main
+    from planner.tuning.probes import hardware_fingerprint
 
     class ThisMachine(NoisyProbe):  # studies are named by the machine's fingerprint
         fingerprint = hardware_fingerprint()

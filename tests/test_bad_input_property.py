@@ -1,8 +1,8 @@
 """Property: any single-key mutation of a shipped plan or spec ends in exit 0, or exit 2 with
 one line naming the file (or the flag), never a traceback, and nothing written when rejected.
 
-Runs in-process (`runner.cli.main`, `planner.cli.main`) so each case costs milliseconds to a
-second. Cases: PLAN_CASES runner dry runs + SPEC_CASES planner runs (estimate or optimize);
+Runs in-process (`runner.cli.main`, `planner.commands.main.main`) so each case costs milliseconds to
+a second. Cases: PLAN_CASES runner dry runs + SPEC_CASES planner runs (estimate or optimize);
 raise them with GPTPLAN_PROPERTY_CASES=N (each) for a deeper search.
 """
 
@@ -171,7 +171,7 @@ def test_mutated_plans_through_runner_dry_run(target, value, cache_dir):
     command=st.sampled_from(["estimate", "optimize"]),
 )
 def test_mutated_specs_through_planner(target, value, command, cache_dir):
-    from planner.cli import main
+    from planner.commands.main import main
 
     path, key = target
     work = Path(tempfile.mkdtemp(prefix="mutated-spec-"))

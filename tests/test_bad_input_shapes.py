@@ -36,7 +36,7 @@ NOT_TABLES = [7, 2.5, True, "abc", [1], ["x"], [[]], {"k": 1}]
 
 @pytest.mark.parametrize("value", NOT_TABLES, ids=repr)
 def test_imported_price_list_offers_of_the_wrong_shape(value):
-    from planner.cli import main
+    from planner.commands.main import main
 
     price_list = userdata.offers_dir() / "mine.toml"
     price_list.parent.mkdir(parents=True, exist_ok=True)
@@ -47,8 +47,8 @@ def test_imported_price_list_offers_of_the_wrong_shape(value):
 
 @pytest.mark.parametrize("value", NOT_TABLES, ids=repr)
 def test_profile_offers_and_instance_facts_of_the_wrong_shape(tmp_path, value):
-    from planner.hardware import ProfileError, load_profile
-    from planner.instances import instance_facts
+    from planner.market.hardware import ProfileError, load_profile
+    from planner.market.instances import instance_facts
 
     data = tomli.loads((PROFILE_DIR / "a100-80gb.toml").read_text())
     data["offers"] = value
@@ -66,7 +66,7 @@ def test_profile_offers_and_instance_facts_of_the_wrong_shape(tmp_path, value):
 
 @pytest.mark.parametrize("value", [float("inf"), float("nan"), 1e300, 0, -1, True, "312"], ids=repr)
 def test_profile_peak_must_be_a_finite_sane_number(tmp_path, value):
-    from planner.hardware import ProfileError, load_profile
+    from planner.market.hardware import ProfileError, load_profile
 
     text = (PROFILE_DIR / "a100-80gb.toml").read_text()
     data = tomli.loads(text)
@@ -86,7 +86,7 @@ def test_profile_peak_must_be_a_finite_sane_number(tmp_path, value):
     ids=["huge field"],
 )
 def test_unreadable_catalog_row_is_one_line_and_nothing_written(tmp_path, row):
-    from planner.cli import main
+    from planner.commands.main import main
 
     catalog = tmp_path / "aws.csv"
     catalog.write_text(
@@ -99,8 +99,8 @@ def test_unreadable_catalog_row_is_one_line_and_nothing_written(tmp_path, row):
 
 def test_shipped_profiles_still_load():
     """The stricter reader accepts every shipped profile, price list and facts file."""
-    from planner.hardware import load_profiles
-    from planner.instances import instance_facts
+    from planner.market.hardware import load_profiles
+    from planner.market.instances import instance_facts
 
     assert load_profiles(PROFILE_DIR)
     assert instance_facts(PROFILE_DIR)
@@ -120,7 +120,7 @@ def test_writing_under_an_existing_file_is_one_line(tmp_path, under):
 
 
 def test_data_dir_that_is_a_file_and_plot_under_a_file(tmp_path, monkeypatch):
-    from planner.cli import main
+    from planner.commands.main import main
 
     blocker = tmp_path / "afile"
     blocker.write_text("x")
@@ -144,7 +144,7 @@ def test_data_dir_that_is_a_file_and_plot_under_a_file(tmp_path, monkeypatch):
 def test_a_bad_set_value_names_the_set_flag_not_another_flag(item):
     """--set KEY=VALUE for a key a dedicated flag also sets (--spot, --budget, ...): the error
     names what the user typed."""
-    from planner.cli import main
+    from planner.commands.main import main
 
     spec = PROFILE_DIR.parent / "planner" / "specs" / "cpu_demo.toml"
     rc, lines = call(main, ["estimate", "--spec", str(spec), "--set", item])
@@ -184,7 +184,7 @@ def test_spec_rates_of_the_wrong_shape_or_not_finite(rates):
     ],
 )
 def test_a_flag_into_a_section_that_is_not_a_table(tmp_path, section, flags):
-    from planner.cli import main
+    from planner.commands.main import main
 
     spec = tmp_path / "spec.toml"
     spec.write_text(f"{section} = 5\n")
@@ -204,8 +204,8 @@ def test_a_flag_into_a_section_that_is_not_a_table(tmp_path, section, flags):
 def test_spot_interruption_table_of_the_wrong_shape_or_not_finite(tmp_path, text):
     import dataclasses
 
-    from planner.hardware import ProfileError, load_profiles
-    from planner.pricebook import spot_risk
+    from planner.market.hardware import ProfileError, load_profiles
+    from planner.market.pricebook import spot_risk
 
     offer = next(
         o
@@ -297,7 +297,7 @@ CASES = (
 @given(case=st.sampled_from(CASES), value=st.sampled_from([*MUTANTS, DELETE]))
 def test_mutated_hardware_data_loads_or_names_file_and_key(case, value):
     from gptplan.profile import calibration_tables
-    from planner.hardware import ProfileError, load_profile, load_profiles, read_price_file
+    from planner.market.hardware import ProfileError, load_profile, load_profiles, read_price_file
 
     kind, path = case
     base = {"profile": PROFILE_TEXT, "prices": PRICE_TEXT}.get(kind)

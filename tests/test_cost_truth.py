@@ -15,8 +15,10 @@ from conftest import merge, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.hardware import load_profiles
-from planner.search import allowed_offers, decide, evaluate_space
+from planner.market.hardware import load_profiles
+from planner.market.offers import allowed_offers
+from planner.screen.decide import decide
+from planner.screen.evaluate import evaluate_space
 from planner.spec import EMBEDDED_SPEC, SpecError, spec_from_dict
 
 BANK = tomli.loads(EMBEDDED_SPEC.read_text())
@@ -56,8 +58,8 @@ def test_rates_are_quoted_in_one_currency_and_crossed_explicitly():
     budget_rate=st.floats(0.01, 200.0),
 )
 def test_every_cost_is_price_times_rate_times_hours(currency, usd, budget_rate):
-    from planner.costreport import price_record
-    from planner.report import candidate_record
+    from planner.reporting.costreport import price_record
+    from planner.reporting.report import candidate_record
 
     rates = {"quote": "CHF", "USD": usd, currency: budget_rate}
     spec = spec_of(constraints={"currency": currency, "profiles": ["t4"], "budget": 0}, rates=rates)
@@ -75,7 +77,7 @@ def test_every_cost_is_price_times_rate_times_hours(currency, usd, budget_rate):
             prices[f"price_{currency.lower()}_per_node_hour"]
         )
     # printed: the per-offer table shows each best plan's cost = price x rate x nodes x hours
-    from planner.costreport import money, offer_summary, render_offers
+    from planner.reporting.costreport import money, offer_summary, render_offers
 
     text = render_offers(decision, spec)
     for rec in offer_summary(decision, spec):
@@ -105,7 +107,7 @@ def test_outlier_spot_price_is_flagged_and_kept_out_of_the_headline():
 
 
 def _with_risk(spec, low, high):
-    from planner.pricebook import SpotRisk
+    from planner.market.pricebook import SpotRisk
 
     offers = allowed_offers(spec, load_profiles())
     return [
@@ -159,8 +161,8 @@ def test_minimum_budget_of_a_deadline_bound_job_meets_the_deadline():
 
 def test_explain_works_on_a_usd_plan_without_the_articles_claims(tmp_path):
     from gptplan.plan import write_plan
-    from planner.explain import explain_plan
-    from planner.planwriter import candidate_plan
+    from planner.reporting.explain import explain_plan
+    from planner.writing.planwriter import candidate_plan
 
     data = copy.deepcopy(BANK)
     del data["rates"]

@@ -13,7 +13,7 @@ from gptplan import steptime as st
 from gptplan.memory import STAGE2_BUFFER_ELEMENTS, stage3_unsliced
 from gptplan.modelfacts import MODEL_SIZES
 from gptplan.plan import ModelSection
-from planner import costmodel as cm
+from planner.screen import costmodel as cm
 
 BASE = ModelSection(**vars(MODEL_SIZES["gpt-base-110m"]))
 SHAPE = cm.ModelShape.from_section(BASE)
@@ -200,8 +200,8 @@ def test_memory_is_monotone(tp, pp, stage, recompute, mixed, micro):
 
 def _layouts(model: ModelSection, profile: str, **g):
     """evaluate_layouts on one H100/A100 node layout (one row per value)."""
-    from planner.hardware import Offer, load_profiles
-    from planner.search import evaluate_layouts
+    from planner.market.hardware import Offer, load_profiles
+    from planner.screen.evaluate import evaluate_layouts
 
     base = {
         "nodes": 1,
@@ -301,8 +301,9 @@ def test_uneven_pipeline_stages_plan_126_layers_on_16_stages():
     import tomli
     from conftest import merge
 
-    from planner.hardware import load_profiles
-    from planner.search import allowed_offers, evaluate_space
+    from planner.market.hardware import load_profiles
+    from planner.market.offers import allowed_offers
+    from planner.screen.evaluate import evaluate_space
     from planner.spec import EMBEDDED_SPEC, spec_from_dict
 
     bank = tomli.loads(EMBEDDED_SPEC.read_text())
@@ -374,8 +375,8 @@ def test_the_band_top_past_the_card_is_cut_past_the_usable_share_may_fit():
     the usable share surely fits; past it with the optimistic end within the card's physical
     memory "may fit"; only where even the optimistic end is past the card is it refused."""
     from gptplan.memory import GIB, memory_fit
-    from planner.hardware import load_profiles
-    from planner.search import may_fit_note
+    from planner.market.hardware import load_profiles
+    from planner.screen.memory import may_fit_note
 
     card = 80 * GIB
     for low, high, sure, may in (
@@ -400,8 +401,8 @@ def test_the_band_top_past_the_card_is_cut_past_the_usable_share_may_fit():
 
 
 def test_interval_basis_is_leave_one_source_out_and_never_the_rows_own_source():
-    from planner import published as pb
-    from planner.hardware import load_profiles
+    from planner.market.hardware import load_profiles
+    from planner.screen import published as pb
 
     eff = load_profiles()["a100-80gb"].efficiency
     assert eff.interval_basis.startswith("leave-one-source-out over ")
@@ -471,7 +472,7 @@ def test_fp8_runs_put_only_the_linear_gemms_at_the_fp8_peak_and_pay_the_casts():
 
 
 def test_profile_peaks_accept_fp8_for_fitting_but_plans_never_offer_it(tmp_path):
-    from planner.hardware import ProfileError, load_profile, load_profiles
+    from planner.market.hardware import ProfileError, load_profile, load_profiles
 
     h100 = load_profiles()["h100-80gb"]
     assert h100.peak_for("fp8") == pytest.approx(2 * h100.peak_for("bf16"), rel=0.01)
@@ -515,7 +516,7 @@ def test_the_memory_rule_keeps_the_published_large_model_runs():
     than Paddle's recompute granularities) is past the card at its optimistic end
     (bench/README.md, section Memory)."""
     from gptplan.memory import GIB, memory_band
-    from planner import published as pb
+    from planner.screen import published as pb
 
     rows = [r for r in pb.load_rows() if r.prof is not None]
     low, point, high, _ = memory_band(pb.published_memory_terms(rows))

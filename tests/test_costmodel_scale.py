@@ -13,9 +13,11 @@ from gptplan import steptime as st
 from gptplan.errors import PlanError
 from gptplan.modelfacts import MODEL_SIZES
 from gptplan.plan import ModelSection, plan_from_dict, tensor_parallel_fits_node
-from planner import costmodel as cm
-from planner.hardware import load_profiles
-from planner.search import allowed_offers, decide, evaluate_space
+from planner.market.hardware import load_profiles
+from planner.market.offers import allowed_offers
+from planner.screen import costmodel as cm
+from planner.screen.decide import decide
+from planner.screen.evaluate import evaluate_space
 from planner.spec import EMBEDDED_SPEC, spec_from_dict
 
 BANK = tomli.loads(EMBEDDED_SPEC.read_text())
@@ -88,7 +90,7 @@ def evaluate(s):
 
 def evaluate_columns(s):
     """All columns of the single offer, diagnostics (dp_sync_s, ...) included."""
-    from planner.search import evaluate_offer
+    from planner.screen.evaluate import evaluate_offer
 
     (choice,) = allowed_offers(s, load_profiles())
     return evaluate_offer(s, choice, 0, s.job.target_tokens)

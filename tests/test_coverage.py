@@ -1,6 +1,6 @@
 """The interval beyond the published runs (issue 17): a query unlike every fitting row of its
 generation gets a wider interval and says why; the widening is measured by leave-one-REGIME-out
-(planner.published), never from the held-out regime's own rows."""
+(planner.screen.published), never from the held-out regime's own rows."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ import pytest
 import tomli
 from conftest import merge
 
-from planner import coverage
-from planner import published as pb
-from planner.hardware import ProfileError, load_profiles
-from planner.search import allowed_offers, evaluate_space
+from planner.market.hardware import ProfileError, load_profiles
+from planner.market.offers import allowed_offers
+from planner.screen import coverage
+from planner.screen import published as pb
+from planner.screen.evaluate import evaluate_space
 from planner.spec import EMBEDDED_SPEC, spec_from_dict
 
 BANK = tomli.loads(EMBEDDED_SPEC.read_text())

@@ -233,7 +233,7 @@ def test_every_user_data_file_kind_damaged_is_one_line_or_recovery(
     """Every file kind of the user data directory, garbled or a folder in its place: the
     planner (which reads them all) recovers (measures again, one line says what was moved
     aside) or says one line; never a traceback."""
-    from planner.cli import main
+    from planner.commands.main import main
 
     data, work = user_data
     found: dict[str, Path] = {}

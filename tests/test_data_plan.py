@@ -8,8 +8,8 @@ import math
 import pytest
 
 from gptplan.sample_corpora import peoples_daily_1998, write_corpus
-from planner import corpus_stats as cs
-from planner import dataprep
+from planner.corpus import corpus_stats as cs
+from planner.corpus import dataprep
 
 
 def _stats(tmp_path, **kw):

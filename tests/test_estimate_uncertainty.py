@@ -10,10 +10,12 @@ import pytest
 import tomli
 from conftest import merge
 
-from planner import costmodel as cm
-from planner import published as pb
-from planner.hardware import load_profiles
-from planner.search import allowed_offers, decide, evaluate_space
+from planner.market.hardware import load_profiles
+from planner.market.offers import allowed_offers
+from planner.screen import costmodel as cm
+from planner.screen import published as pb
+from planner.screen.decide import decide
+from planner.screen.evaluate import evaluate_space
 from planner.spec import EMBEDDED_SPEC, spec_from_dict
 
 BANK = tomli.loads(EMBEDDED_SPEC.read_text())
@@ -98,8 +100,8 @@ def test_every_candidate_carries_an_interval_around_its_estimate():
         assert (iv[lo] <= table[point] + 1e-9).all() and (table[point] <= iv[hi] + 1e-9).all()
         assert (iv[hi] > iv[lo]).all()
     d = decide(spec, table, spec.job.target_tokens)
-    from planner.planwriter import candidate_plan
-    from planner.report import candidate_records, render_choice
+    from planner.reporting.report import candidate_records, render_choice
+    from planner.writing.planwriter import candidate_plan
 
     row = table.row(d.chosen)
     plan = candidate_plan(spec, row, target=spec.job.target_tokens)
@@ -115,7 +117,7 @@ def test_every_candidate_carries_an_interval_around_its_estimate():
 
 
 def test_explain_names_the_dominant_uncertainty_term():
-    from planner.explain import uncertainty_terms
+    from planner.reporting.explain import uncertainty_terms
 
     profile = load_profiles()["a100-80gb"]
     row = {"compute_s": 1.0, "bubble": 1.0, "tp_s": 0.1, "pp_s": 0.0, "comm_s": 0.3, "opt_s": 0.05}
@@ -127,7 +129,7 @@ def test_explain_names_the_dominant_uncertainty_term():
 
 
 def test_large_models_get_the_wider_interval():
-    from planner.hardware import Efficiency
+    from planner.market.hardware import Efficiency
 
     e = Efficiency(
         throughput_p10=0.9, throughput_p90=1.1, throughput_p10_large=0.8, throughput_p90_large=1.2

@@ -108,7 +108,7 @@ def test_toy_family_plans_rehearses_and_exports(toy, write_plan, tmp_path):
 
 # A family named as a value in data, not a branch: the published runs' held-out regime.
 NAMED_AS_DATA = {
-    ("planner/published.py", '"llama family": lambda r: r.record.get("family") == "llama",')
+    ("planner/screen/published.py", '"llama family": lambda r: r.record.get("family") == "llama",')
 }
 
 

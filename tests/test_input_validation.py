@@ -99,7 +99,7 @@ def test_runner_flags_one_line(argv, needle):
     ],
 )
 def test_planner_flags_one_line(argv, needle):
-    from planner.cli import main
+    from planner.commands.main import main
 
     rc, _, lines = call(main, argv)
     assert (
@@ -123,8 +123,8 @@ CSV_HEAD = "InstanceType,AcceleratorName,AcceleratorCount,Price,SpotPrice,Region
 
 
 def test_price_import_validates_rows_and_names(tmp_path):
-    from planner.hardware import ProfileError
-    from planner.prices import import_catalog
+    from planner.market.hardware import ProfileError
+    from planner.market.prices import import_catalog
 
     csv = tmp_path / "aws.csv"
     csv.write_text(
@@ -145,7 +145,7 @@ def test_price_import_validates_rows_and_names(tmp_path):
 
 
 def test_planner_corpus_errors_name_the_spec_and_tiny_corpus_is_refused(tmp_path):
-    from planner.cli import main
+    from planner.commands.main import main
 
     (tmp_path / "tiny.txt").write_text("abcd\n")
     for corpus, needle in (
@@ -195,7 +195,7 @@ def test_planner_refuses_a_plan_the_runner_would_refuse(tmp_path, monkeypatch):
     it is refused, exit 2, one line, nothing written."""
     from conftest import REPO
 
-    from planner.cli import main
+    from planner.commands.main import main
 
     spec = (REPO / "planner" / "specs" / "cpu_demo.toml").read_text()
     spec = spec.replace('size = "gpt-tiny"', 'size = "gpt-tiny"\nintermediate_size = 3', 1)

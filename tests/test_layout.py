@@ -37,7 +37,7 @@ def _other(value):
 def test_the_probe_key_changes_with_every_layout_field():
     """Two layouts differing in any one field never share a probe measurement (today
     virtual_pp_degree, recompute_layers and use_flash_attention share one)."""
-    from planner.probes import config_key
+    from planner.tuning.probes import config_key
 
     plan = load_plan(BANK)
     base = config_key(plan)
@@ -68,7 +68,7 @@ def test_the_probe_key_changes_with_every_layout_field():
 )
 def test_the_probe_key_changes_with_the_model(field, value):
     """A later study of another family with the same shapes reads none of the first's."""
-    from planner.probes import config_key
+    from planner.tuning.probes import config_key
 
     plan = load_plan(BANK)
     other = dataclasses.replace(plan, model=dataclasses.replace(plan.model, **{field: value}))

@@ -8,7 +8,7 @@ import json
 import pytest
 from conftest import run_cli
 
-from planner.maximize import probability_within
+from planner.screen.maximize import probability_within
 
 SPEC_1B = """
 [job]

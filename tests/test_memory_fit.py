@@ -34,8 +34,10 @@ def _spec(data: dict):
 
 @functools.lru_cache(maxsize=4)
 def _planned(headroom: float = 0.9):
-    from planner.hardware import load_profiles
-    from planner.search import allowed_offers, decide, evaluate_space
+    from planner.market.hardware import load_profiles
+    from planner.market.offers import allowed_offers
+    from planner.screen.decide import decide
+    from planner.screen.evaluate import evaluate_space
 
     data = {**LLAMA_13B, "constraints": {**LLAMA_13B["constraints"], "memory_headroom": headroom}}
     spec = _spec(data)
@@ -53,7 +55,7 @@ def test_the_13b_spec_never_chooses_a_layout_over_the_card():
     fits (its band's high end, each term at its worst credible error, within the usable
     memory) or its point does; no kept row's optimistic end exceeds the card; the chosen line
     gives the share of the card with the band and its widest term."""
-    from planner.report import memory_line
+    from planner.reporting.report import memory_line
 
     _, table, decision = _planned()
     i = decision.chosen
@@ -76,8 +78,8 @@ def test_a_may_fit_layout_is_chosen_only_past_the_stated_saving():
     """A layout inside the band ("may fit") loses to the best surely-fitting one unless it
     saves more than MAY_FIT_SAVING; when it wins, the chosen line names the alternative and
     its cost."""
-    from planner.report import memory_line
-    from planner.search import choose_fitting, ranked
+    from planner.reporting.report import memory_line
+    from planner.screen.decide import choose_fitting, ranked
 
     _, table, decision = _planned(0.8)
     may = table["may_fit"].astype(bool)
@@ -112,7 +114,7 @@ def test_no_p90_throughput_exceeds_the_generation_cap():
     published run. The p90 stays at or under the best 16-bit MFU published for the generation
     (hardware_profiles/mfu_published.csv, issue 35), unless the point itself (the model's
     median, never clamped) is above it."""
-    from planner import coverage
+    from planner.screen import coverage
 
     _, table, decision = _planned()
     idx = np.arange(len(table))
@@ -127,7 +129,7 @@ def test_no_p90_throughput_exceeds_the_generation_cap():
 
 def test_plan_memory_terms_sum_to_the_peak():
     from gptplan.memory import layout_memory_bytes
-    from planner import costmodel as cm
+    from planner.screen import costmodel as cm
 
     _, table, decision = _planned()
     i = decision.chosen
@@ -173,10 +175,12 @@ def test_partial_recompute_is_planned_with_k_layers_and_charges_only_those():
     full recompute on k layers (the fewest that surely fit), the plan carries k, and the step
     time charges the recompute of those k layers only (linear between none and all 32)."""
     from gptplan.memory import layout_memory_bytes
-    from planner import costmodel as cm
-    from planner.hardware import load_profiles
-    from planner.planwriter import candidate_plan
-    from planner.search import allowed_offers, decide, evaluate_space, memory_args
+    from planner.market.hardware import load_profiles
+    from planner.market.offers import allowed_offers
+    from planner.screen import costmodel as cm
+    from planner.screen.decide import decide
+    from planner.screen.evaluate import evaluate_space, memory_args
+    from planner.writing.planwriter import candidate_plan
 
     spec = _spec(LLAMA_7B_40GB)
     table = evaluate_space(spec, allowed_offers(spec, load_profiles()), 1e9)
@@ -278,7 +282,7 @@ def test_the_dry_run_checks_partial_recompute_on_the_built_model():
 def test_estimate_memory_prints_the_terms_and_what_frees_the_most():
     """planner estimate --memory: the chosen layout's terms (GB and share of the card) add up
     to its modelled peak, and the single change that frees the most comes first."""
-    from planner.report import render_memory
+    from planner.reporting.report import render_memory
 
     spec, table, decision = _planned()
     result = SimpleNamespace(table=table, chosen=decision.chosen, decision=decision, spec=spec)

@@ -138,9 +138,11 @@ def test_band_from_term_errors_and_the_verdict():
 
 @functools.lru_cache(maxsize=2)
 def _planned(profiles: tuple[str, ...], caps: tuple | None = None):
-    from planner import coverage
-    from planner.hardware import load_profiles
-    from planner.search import allowed_offers, decide, evaluate_space
+    from planner.market.hardware import load_profiles
+    from planner.market.offers import allowed_offers
+    from planner.screen import coverage
+    from planner.screen.decide import decide
+    from planner.screen.evaluate import evaluate_space
     from planner.spec import spec_from_dict
 
     data = {
@@ -199,7 +201,7 @@ def test_no_chosen_point_equals_its_top_unless_capped():
 def test_caps_are_the_published_best_not_the_fitted_rows():
     """The cap per generation is the best 16-bit MFU in hardware_profiles/mfu_published.csv
     (cited training runs and kernels), above what H100 runs publish (up to ~55% MFU)."""
-    from planner import coverage
+    from planner.screen import coverage
 
     caps = coverage.mfu_caps()
     assert caps["hopper"].mfu >= 0.55 and caps["ampere"].mfu >= 0.64

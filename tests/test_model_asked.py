@@ -11,7 +11,7 @@ import pytest
 
 from gptplan.modelfacts import parameter_count
 from gptplan.plan import load_plan
-from planner.cli import main as planner_main
+from planner.commands.main import main as planner_main
 from tests.conftest import call_main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -178,7 +178,7 @@ def test_a_sample_that_cannot_train_the_asked_size_keeps_it():
 def test_statistics_cache_key_holds_the_vocabulary(tmp_path):
     """A declared tokens_per_char with 32,000 and then 128,256 pieces in one data directory:
     each priced with its own vocabulary (today both with the first)."""
-    from planner.corpus_stats import corpus_statistics
+    from planner.corpus.corpus_stats import corpus_statistics
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("一个很小的语料。\n第二个文档。\n" * 20, encoding="utf-8")
@@ -263,7 +263,7 @@ def test_binding_constraint_is_what_bound_the_next_cheaper_candidate():
     """Device memory only when the next cheaper candidate did not fit."""
     import numpy as np
 
-    from planner.search import _binding_constraint
+    from planner.screen.decide import _binding_constraint
     from planner.spec import load_spec
 
     class Table:

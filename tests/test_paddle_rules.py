@@ -1,4 +1,4 @@
-"""The planner's layout rules (planner.search.layout_rules) against Paddle 3.3.1's own
+"""The planner's layout rules (planner.screen.space.layout_rules) against Paddle 3.3.1's own
 (paddle/distributed/auto_tuner/prune.py, installed with Paddle): on random layouts the two
 agree wherever none of the planner's stated differences applies, and each stated difference
 really occurs (issue 17: "a rule Paddle does not have needs a stated reason")."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gptplan.plan import ModelSection
-from planner.search import layout_rules
+from planner.screen.space import layout_rules
 
 prune = pytest.importorskip("paddle.distributed.auto_tuner.prune")
 

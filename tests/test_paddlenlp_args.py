@@ -184,7 +184,7 @@ def test_model_config_is_the_runners_model():
 def test_planner_writes_the_arguments_and_the_config(tmp_path):
     from conftest import run_main
 
-    from planner.cli import main
+    from planner.commands.main import main
 
     out = tmp_path / "bank"
     rc, stdout, _ = run_main(
@@ -201,7 +201,7 @@ def test_planner_writes_the_arguments_and_the_config(tmp_path):
 def test_planner_paddlenlp_args_bad_plan_is_one_line(tmp_path):
     from conftest import run_main
 
-    from planner.cli import main
+    from planner.commands.main import main
 
     bad = tmp_path / "bad.toml"
     bad.write_text(

@@ -248,7 +248,7 @@ LAYOUT_BREAKS = {
 def test_a_layout_rule_rejects_the_same_layout_in_the_plan_and_in_the_search(name):
     np = pytest.importorskip("numpy")
     from gptplan.plan import RULES_BY_NAME, layout_columns
-    from planner.search import layout_rules
+    from planner.screen.space import layout_rules
 
     parallel = {"nproc_per_node": 8} | LAYOUT_BREAKS[name]
     parallel["data_parallel_degree"] = 1

@@ -12,9 +12,11 @@ import tomli
 from conftest import REPO, merge, run_cli
 
 from gptplan.plan import load_plan
-from planner.hardware import load_profiles
-from planner.prices import import_catalog
-from planner.search import allowed_offers, decide, evaluate_space
+from planner.market.hardware import load_profiles
+from planner.market.offers import allowed_offers
+from planner.market.prices import import_catalog
+from planner.screen.decide import decide
+from planner.screen.evaluate import evaluate_space
 from planner.spec import EMBEDDED_SPEC, SpecError, spec_from_dict
 
 BANK = tomli.loads(EMBEDDED_SPEC.read_text())
@@ -376,7 +378,9 @@ def test_fast_ranking_and_accumulations_equal_the_plain_ones():
     fresh two-key sort (ties in cost are common: spot and on-demand rows), the 1-D unique of
     accumulation pairs equals np.unique over the stacked pairs, and evaluate_offer (parts
     joined) equals evaluate_space's rows of that offer."""
-    from planner.search import _accumulations, evaluate_offer, ranked
+    from planner.screen.decide import ranked
+    from planner.screen.evaluate import evaluate_offer
+    from planner.screen.space import _accumulations
 
     spec = small_spec()
     offers = allowed_offers(spec, load_profiles())[:3]

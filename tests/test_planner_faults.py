@@ -19,8 +19,8 @@ import pytest
 from conftest import REPO
 from test_autotune import CPU_SPEC, ScriptedProbe, cpu_space
 
-from planner.autotune import TuneSettings, tune
-from planner.probes import ProbeCache, ProbeResult
+from planner.tuning.autotune import TuneSettings, tune
+from planner.tuning.probes import ProbeCache, ProbeResult
 
 
 def run_tune(work: Path, probes: int, calls: list, cache: Path, events: list | None = None):
@@ -156,7 +156,7 @@ def test_trial_of_a_dead_planner_on_this_host_is_failed_at_once(tmp_path):
     """SIGKILL leaves no chance to clean up: the next open sees its process is gone."""
     import optuna
 
-    from planner import study as studies
+    from planner.tuning import study as studies
 
     url = studies.study_url("", tmp_path)
     study, _ = studies.open_study("s", studies.open_storage(url))
@@ -199,7 +199,7 @@ HANGING_PLANNER = """
 import os, subprocess, sys
 from pathlib import Path
 
-import planner.autotune as autotune
+import planner.tuning.autotune as autotune
 
 
 class HangingProbe:
@@ -228,7 +228,7 @@ class HangingProbe:
 
 
 autotune.LocalProbe = HangingProbe
-from planner.cli import main
+from planner.commands.main import main
 
 sys.exit(main(sys.argv[1:]))
 """
@@ -249,7 +249,7 @@ def planner_dir(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
 def test_stopped_planner_leaves_no_running_trial(planner_dir, signum):
-    from planner import study as studies
+    from planner.tuning import study as studies
 
     work = planner_dir / "runs" / "autotune" / "cpu_demo"
     (work / "probe.pid").unlink(missing_ok=True)
@@ -312,7 +312,7 @@ def test_stopped_planner_leaves_no_running_trial(planner_dir, signum):
 def test_study_storage_in_a_folder_that_does_not_exist_yet(tmp_path, monkeypatch, storage):
     """Issue 29: the README's `planner optimize ... --storage runs/study.journal` in a fresh
     checkout died with a 32-line FileNotFoundError (nothing created runs/)."""
-    from planner import study as studies
+    from planner.tuning import study as studies
 
     monkeypatch.chdir(tmp_path)
     study, _ = studies.open_study("s", studies.open_storage(storage))
@@ -324,7 +324,7 @@ def test_study_storage_in_a_folder_that_does_not_exist_yet(tmp_path, monkeypatch
 
 def test_study_storage_under_a_file_is_one_line(tmp_path, monkeypatch):
     from gptplan.errors import UserError
-    from planner import study as studies
+    from planner.tuning import study as studies
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").write_text("a file")
@@ -340,7 +340,7 @@ def test_corpus_statistics_of_a_one_line_corpus_stay_bounded(tmp_path, monkeypat
     from types import SimpleNamespace
 
     from gptplan import tokenizer as tk
-    from planner import corpus_stats
+    from planner.corpus import corpus_stats
 
     asked: list[int] = []
 
@@ -374,7 +374,7 @@ def test_corpus_statistics_hold_no_long_line_whole(tmp_path):
     below the file's size, with the same counts a whole read gives."""
     import tracemalloc
 
-    from planner import corpus_stats
+    from planner.corpus import corpus_stats
 
     corpus = tmp_path / "one_line.txt"
     unit = "ab\u4e2d\u3000 c"  # 3-byte characters cut at piece boundaries, inner whitespace

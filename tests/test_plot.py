@@ -7,10 +7,10 @@ import numpy as np
 
 
 def test_plot_draws_at_most_8_cloud_offers_with_the_chosen_one(tmp_path):
-    from planner.hardware import load_profiles
+    from planner.market.hardware import load_profiles
     from planner.pipeline import plan_space
-    from planner.report import PLOT_MAX_OFFERS, plot_pareto, plotted_offers
-    from planner.search import outlier_rows
+    from planner.reporting.plots import PLOT_MAX_OFFERS, plot_pareto, plotted_offers
+    from planner.screen.decide import outlier_rows
     from planner.spec import load_spec
 
     # every profile named, this machine's CPU too (cloud tables hold it only when asked for)

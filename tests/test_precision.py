@@ -182,7 +182,7 @@ def test_a_plan_in_fp8_is_refused_with_one_line_and_status_2(tmp_path):
 
 
 def test_planner_and_runner_read_a_profile_through_one_reader():
-    from planner.hardware import Profile, load_profiles
+    from planner.market.hardware import Profile, load_profiles
 
     assert issubclass(Profile, DeviceProfile)
     for name in ("peak_for", "efficiency_for", "non_gemm_peak_for", "precisions"):
@@ -227,7 +227,7 @@ def test_bad_profile_is_one_error_naming_file_key_and_allowed(tmp_path, text, ke
 
 
 def _planner_load(folder: Path):
-    from planner.hardware import load_profile
+    from planner.market.hardware import load_profile
 
     return load_profile(folder / "x.toml")
 

@@ -19,11 +19,13 @@ from conftest import merge, run_cli, run_main
 
 from gptplan.errors import PlanError
 from gptplan.plan import load_plan
-from planner.cli import main
-from planner.costreport import sensitivity
-from planner.hardware import load_profiles
-from planner.prices import import_catalog, price_history
-from planner.search import allowed_offers, decide, evaluate_space
+from planner.commands.main import main
+from planner.market.hardware import load_profiles
+from planner.market.offers import allowed_offers
+from planner.market.prices import import_catalog, price_history
+from planner.reporting.costreport import sensitivity
+from planner.screen.decide import decide
+from planner.screen.evaluate import evaluate_space
 from planner.spec import EMBEDDED_SPEC, SpecError, spec_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,7 +84,7 @@ def test_a_rented_offer_priced_zero_is_refused_in_price_files_and_plans(tmp_path
         '[[offers]]\nprofile = "h200-141gb"\nprovider = "aws"\ninstance = "p5e.48xlarge"\n'
         "gpus_per_node = 8\non_demand_per_hour = 0.0\nspot_per_hour = 0.0\n"
     )
-    from planner.hardware import ProfileError, read_price_file
+    from planner.market.hardware import ProfileError, read_price_file
 
     with pytest.raises(ProfileError, match="needs on_demand_per_hour > 0 or spot_per_hour > 0"):
         read_price_file(bad, load_profiles())
@@ -171,7 +173,7 @@ def test_an_import_says_what_changed_and_history_stays_right_after_a_reimport(pr
 
 
 def test_as_of_cannot_be_in_the_future(profiles_dir):
-    from planner.hardware import ProfileError
+    from planner.market.hardware import ProfileError
 
     with pytest.raises(ProfileError, match="future"):
         import_catalog(
@@ -273,7 +275,7 @@ def test_a_failing_optimize_writes_no_plan(tmp_path, monkeypatch):
     def broken(*_args, **_kwargs):
         raise RuntimeError("report failed")
 
-    monkeypatch.setattr("planner.report.render_choice", broken)
+    monkeypatch.setattr("planner.reporting.report.render_choice", broken)
     with pytest.raises(RuntimeError, match="report failed"):
         run_main(main, ["optimize", "--spec", str(tmp_path / "spec.toml"), "--out", str(out)])
     assert not out.exists()
@@ -304,8 +306,8 @@ def test_the_50k_maximize_answer_states_deadline_odds_and_the_capacity_bet(tmp_p
 
 def test_a_price_interval_widens_with_the_price_age():
     """A stale or undated price was only labelled; its interval now widens 2% per month of
-    age (planner.pricebook.age_spreads; undated counts as 24 months)."""
-    from planner.pricebook import age_spreads
+    age (planner.market.pricebook.age_spreads; undated counts as 24 months)."""
+    from planner.market.pricebook import age_spreads
 
     assert age_spreads(0, (0.7, 1.3)) == ((0.7, 1.3), (1.0, 1.0))
     spot, on_demand = age_spreads(365, (0.7, 1.3))
@@ -314,7 +316,7 @@ def test_a_price_interval_widens_with_the_price_age():
 
 
 def test_the_capacity_bet_threshold_and_the_fallback_flag():
-    from planner.risk import CAPACITY_BET_GPU_HOURS, plan_risk
+    from planner.screen.risk import CAPACITY_BET_GPU_HOURS, plan_risk
 
     common = dict(cost=40e3, cost_p10=30e3, cost_p90=80e3, hours_p10=600.0, hours_p90=1400.0)
     bet = plan_risk(

@@ -12,12 +12,15 @@ import pytest
 import tomli
 from conftest import merge
 
-from planner.cli import build_parser, main, spec_overrides
-from planner.costreport import hours_text, offer_summary
-from planner.hardware import load_profiles
-from planner.instances import facts_for
-from planner.prices import import_catalog, price_history
-from planner.search import allowed_offers, decide, evaluate_space
+from planner.commands.main import build_parser, main
+from planner.commands.overrides import spec_overrides
+from planner.market.hardware import load_profiles
+from planner.market.instances import facts_for
+from planner.market.offers import allowed_offers
+from planner.market.prices import import_catalog, price_history
+from planner.reporting.costreport import hours_text, offer_summary
+from planner.screen.decide import decide
+from planner.screen.evaluate import evaluate_space
 from planner.spec import EMBEDDED_SPEC, SpecError, load_spec, spec_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -137,9 +140,11 @@ def test_newer_row_replaces_older_one_row_shown_newer_price_used(profiles_dir, m
     ]
     assert [o.as_of for o in east] == ["2026-12-04"]
     # `planner profiles` lists the instance once (issue 26: 'aws/p5.48xlarge' twice)
-    import planner.hardware
+    import planner.market.hardware
 
-    monkeypatch.setattr(planner.hardware, "load_profiles", lambda: load_profiles(profiles_dir))
+    monkeypatch.setattr(
+        planner.market.hardware, "load_profiles", lambda: load_profiles(profiles_dir)
+    )
     assert main(["profiles"]) == 0
     listing = [line for line in capsys.readouterr().out.splitlines() if "aws/p4de" in line]
     assert len(listing) == 1 and "3.25" in listing[0]  # 26.00 / 8 per GPU-hour, the newest
@@ -254,7 +259,7 @@ def test_shipped_offers_agree_with_the_instance_facts():
 def test_a_killed_import_leaves_no_temporary_file(profiles_dir):
     """Issue 39: a SIGKILL in the middle of writing a price list left `offers/.NAME.toml.*.tmp`
     (16.8 MB) for good; the next import removes what a killed one left."""
-    from planner.prices import imported_prices_dir
+    from planner.market.prices import imported_prices_dir
 
     folder = imported_prices_dir(profiles_dir)
     (folder / "history").mkdir(parents=True)

@@ -17,7 +17,7 @@ from conftest import BASE_PLAN, REPO, merge
 PLANNER_SCRIPT = """
 import sys
 from pathlib import Path
-from planner.probes import LocalProbe
+from planner.tuning.probes import LocalProbe
 from gptplan.plan import load_plan
 
 plan = load_plan(sys.argv[1])
@@ -101,7 +101,7 @@ def test_running_trial_of_a_killed_planner_is_failed_on_resume(tmp_path, monkeyp
     planner on this host is checked by its process: tests/test_planner_faults.py)."""
     import optuna
 
-    from planner import study as studies
+    from planner.tuning import study as studies
 
     monkeypatch.setattr(studies, "STALE_AFTER_S", 0)
     url = studies.study_url("", tmp_path)

@@ -84,7 +84,7 @@ def test_qwen_recompute_choices_the_search_offers():
     import numpy as np
     from conftest import LLAMA
 
-    from planner.search import partial_recompute_rows
+    from planner.screen.evaluate import partial_recompute_rows
 
     def rows(plan: dict) -> list[int]:
         g = {"tp": np.array([1, 1]), "pp": np.array([1, 1]), "recompute_code": np.array([1, 3])}

@@ -102,8 +102,9 @@ def test_fitting_plan_is_unchanged_except_steps(write_plan):
 def test_runner_step_time_and_memory_agree_with_the_planner():
     """One formula, two callers: the runner's rehearsal model must equal the planner's
     candidate evaluation for the same data-parallel configuration on the cpu profile."""
-    from planner.hardware import load_profiles
-    from planner.search import allowed_offers, evaluate_offer
+    from planner.market.hardware import load_profiles
+    from planner.market.offers import allowed_offers
+    from planner.screen.evaluate import evaluate_offer
     from planner.spec import load_spec
 
     spec = load_spec(str(REPO / "planner" / "specs" / "cpu_demo.toml"))

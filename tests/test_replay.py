@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.autotune import TuneSettings, measured_cost, tune
-from planner.probes import ProbeCache, ProbeResult
-from planner.replay import Recording, RecordingError, recording_key, replay_space
+from planner.tuning.autotune import TuneSettings, measured_cost, tune
+from planner.tuning.probes import ProbeCache, ProbeResult
+from planner.tuning.replay import Recording, RecordingError, recording_key, replay_space
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDING = REPO / "bench" / "recordings" / "cpu_space_v2.json.gz"
@@ -140,6 +140,26 @@ def test_replay_is_deterministic_and_charges_recorded_wall_cost(small_space):
     assert longer.measured_steps == 20
 
 
+def test_the_live_and_the_replay_backend_are_one_protocol(small_space, tmp_path):
+    """Issue 38: tune() takes a ProbeBackend; the live probe and the replay implement it (the
+    same run signature and a fingerprint), so a benchmark's replay is the planner's code path."""
+    import inspect
+
+    from planner.tuning.autotune import tune as tune_fn
+    from planner.tuning.probes import LocalProbe, ProbeBackend
+
+    live = LocalProbe(tmp_path, fingerprint="fp")
+    try:
+        backends = [live, small_space.backend(0)]
+        assert all(isinstance(b, ProbeBackend) for b in backends)
+        wanted = inspect.signature(ProbeBackend.run)
+        assert all(inspect.signature(type(b).run) == wanted for b in backends)
+    finally:
+        live.close()
+    assert "ProbeBackend" in str(inspect.signature(tune_fn).parameters["backend"].annotation)
+    assert not isinstance(object(), ProbeBackend)  # the check can fail
+
+
 def test_recording_format_is_checked(tmp_path):
     bad = tmp_path / "r.json.gz"
     bad.write_bytes(gzip.compress(json.dumps({"format": "other"}).encode()))
@@ -163,7 +183,7 @@ class TwoSpeeds:
         self.rng = np.random.default_rng(0)
 
     def run(self, plan, *, steps=None):
-        from planner.probes import config_key
+        from planner.tuning.probes import config_key
 
         key = config_key(plan)
         self.calls.append(key)
@@ -185,8 +205,8 @@ class TwoSpeeds:
 
 
 def test_finalists_are_raced_alternately_until_separated(small_space, tmp_path):
-    from planner.planwriter import candidate_plan
-    from planner.probes import config_key
+    from planner.tuning.probes import config_key
+    from planner.writing.planwriter import candidate_plan
 
     space = small_space
     keys = {
@@ -241,7 +261,7 @@ def synthetic_space(seed: int = 0, *, drift: float = 0.10, jitter: float = 0.03)
     configuration's step time is known (the model's step x a factor), each of its 8 recorded
     probes drifts from it by lognormal `drift` and each step by `jitter`; one configuration is
     made the best by a clear margin (known best)."""
-    from planner.replay import RecordedConfig
+    from planner.tuning.replay import RecordedConfig
 
     recording = Recording.load(RECORDING)
     base = replay_space(
@@ -285,8 +305,8 @@ def synthetic_space(seed: int = 0, *, drift: float = 0.10, jitter: float = 0.03)
 
 
 def config_key_of(space, i: int) -> str:
-    from planner.planwriter import candidate_plan
-    from planner.replay import recording_key
+    from planner.tuning.replay import recording_key
+    from planner.writing.planwriter import candidate_plan
 
     return recording_key(candidate_plan(space.spec, space.table.row(i), target=space.target))
 
@@ -327,8 +347,8 @@ def test_a_probe_taken_under_a_load_spike_is_flagged(tmp_path, monkeypatch):
     """The live probe records the 1-minute load average around it (the higher of before and
     after) and flags the probe when more tasks ran than the machine has cores; the replay
     serves the recorded load with the same flag; a flagged probe counts as noisier."""
-    import planner.probes as probes
-    from planner.noise import NoiseModel, reading
+    import planner.tuning.probes as probes
+    from planner.tuning.noise import NoiseModel, reading
 
     result = {
         "status": "ok",
@@ -371,8 +391,8 @@ def test_a_probe_taken_under_a_load_spike_is_flagged(tmp_path, monkeypatch):
 def test_the_pick_is_reported_with_its_lead_and_confidence(small_space):
     """`planner optimize --probes N` (make demo's autotune) states the pick's cost, its lead
     over the runner-up with an interval and the probability behind it."""
-    from planner.autotune import Race
-    from planner.report import race_note
+    from planner.reporting.report import race_note
+    from planner.tuning.autotune import Race
 
     a, b = (int(i) for i in small_space.rows[:2])
     race = Race((a, b), 3, 4, True, 0.04, (0.01, 0.07), 0.03, 0.97, 0.8, 0.00702)

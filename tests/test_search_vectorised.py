@@ -1,7 +1,7 @@
 """The search's fast paths change no result (issue 30): step-time terms evaluated once per
 distinct layout equal every row evaluated alone, the cost order equals the plain two-key sort
 with ties and NaN, columns joined on first read equal the joined parts, the search prices
-through gptplan.money, and planner/search.py keeps its functions short (issue 28)."""
+through gptplan.money, and planner/screen/ keeps its functions short (issue 28)."""
 
 from __future__ import annotations
 
@@ -17,19 +17,12 @@ from conftest import merge
 
 from gptplan import money
 from gptplan.steptime import Device, Rates, distinct_rows, step_time_parts
-from planner import costmodel as cm
-from planner.hardware import load_profiles
-from planner.search import (
-    CandidateTable,
-    Columns,
-    allowed_offers,
-    cheapest_first,
-    evaluate_layouts,
-    evaluate_space,
-    first_ranked,
-    pareto_front,
-    ranked,
-)
+from planner.market.hardware import load_profiles
+from planner.market.offers import allowed_offers
+from planner.screen import costmodel as cm
+from planner.screen.decide import cheapest_first, first_ranked, pareto_front, ranked
+from planner.screen.evaluate import evaluate_layouts, evaluate_space
+from planner.screen.table import CandidateTable, Columns
 from planner.spec import EMBEDDED_SPEC, spec_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,9 +165,36 @@ def test_the_search_prices_through_money(monkeypatch):
     assert np.array_equal(evaluate_space(spec, offers, 1e9)["cost"], 2.0 * plain)
 
 
-def test_search_functions_are_short():
-    """Issue 28: no function in planner/search.py is longer than 60 lines."""
-    tree = ast.parse((ROOT / "planner" / "search.py").read_text())
+def test_a_row_has_exactly_the_keys_of_the_candidate_row_type():
+    """Issue 38: functions that take a chosen candidate read a CandidateRow (a TypedDict the
+    type checker holds them to); a column added to or dropped from the table without the type
+    fails here."""
+    from planner.screen.table import CandidateRow
+
+    spec = small_spec()
+    table = evaluate_space(spec, allowed_offers(spec, load_profiles())[:1], 1e9)
+    row = table.row(0)
+    assert set(row) == set(CandidateRow.__required_keys__)
+    assert set(CandidateRow.__optional_keys__) == {  # what a measured row adds
+        "step_time_interval_s",
+        "step_time_spread",
+        "interval_source",
+    }
+    assert isinstance(row["offer_choice"].node_price(spot=bool(row["spot"])), float)
+
+
+SEARCH_MODULES = [
+    "planner/market/offers.py",
+    *(f"planner/screen/{m}.py" for m in ("space", "table", "evaluate", "pricing", "memory")),
+    "planner/screen/decide.py",
+]
+
+
+@pytest.mark.parametrize("module", SEARCH_MODULES)
+def test_search_functions_are_short(module):
+    """Issue 28: no function of the search (planner/search.py until issue 38 split it into
+    these modules) is longer than 60 lines."""
+    tree = ast.parse((ROOT / module).read_text())
     long = {
         node.name: node.end_lineno - node.lineno + 1
         for node in ast.walk(tree)

@@ -15,8 +15,8 @@ from conftest import REPO, run_cli
 
 from gptplan.errors import UserError
 from gptplan.plan import load_plan
-from planner import skypilot
-from planner.prices import ACCELERATORS, parse_catalog
+from planner.market.prices import ACCELERATORS, parse_catalog
+from planner.writing import skypilot
 
 BANK_FAQ = REPO / "plans" / "bank_faq.toml"
 
@@ -224,7 +224,7 @@ def test_without_corpus_bucket_the_task_says_what_the_nodes_read(tmp_path, monke
 
 def plan_on(offer_key: str, *, nnodes: int = 1):
     """The bank-FAQ plan moved onto a shipped offer (its profile), on `nnodes` nodes."""
-    from planner.hardware import load_profiles
+    from planner.market.hardware import load_profiles
 
     for profile in load_profiles().values():
         for offer in profile.offers:
@@ -288,7 +288,7 @@ def test_every_emitted_task_names_a_python_3_11_environment():
     environment with CPython 3.11 (constraints.txt needs >= 3.11) and checks it; the run
     line uses it. Before: `python3 -m venv` with whatever the image ships."""
     sky_schemas()
-    from planner.hardware import load_profiles
+    from planner.market.hardware import load_profiles
 
     by_cloud = {}
     for profile in load_profiles().values():

@@ -15,8 +15,8 @@ from conftest import REPO, run_cli
 
 from gptplan import userdata
 from gptplan.profile import PROFILE_DIR
-from planner import calibration
-from planner.hardware import load_profiles
+from planner.market.hardware import load_profiles
+from planner.tuning import calibration
 
 # Six rows in SkyPilot's catalogs/v6/aws/vms.csv layout
 HEADER = "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice"
@@ -65,7 +65,7 @@ def test_the_default_is_the_platforms_user_data_folder(monkeypatch, tmp_path):
 
 def test_make_demo_then_make_test_on_one_checkout(tmp_path, monkeypatch):
     """`make demo` calibrates this machine (its `planner optimize --probes` step writes the
-    fit with planner.calibration.write); `make test` on the same checkout must still pass.
+    fit with planner.tuning.calibration.write); `make test` on the same checkout must still pass.
     Before: the calibration went into hardware_profiles/local/cpu.toml, the module-scoped
     replay space read it, and test_planner_regret_on_the_recorded_space_meets_the_targets
     failed ("regret median 5.9%"). Here the demo's write, then that test in a child pytest

@@ -1,6 +1,7 @@
 """Values outside what makes sense are refused at load like every other bad input (issue 20):
 one line naming the file, the key and the allowed range, exit status 2. The ranges live in the
-schema (gptplan.plan, planner.spec, planner.autotune.TuneSettings), so every loader gets them.
+schema (gptplan.plan, planner.spec, planner.tuning.autotune.TuneSettings), so every loader gets
+them.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def test_seed_in_32_bits_loads(seed):
 def planner(*argv: str) -> tuple[int, str]:
     """`planner ARGV` in-process, in a fresh folder (a command that is not refused writes
     plans/ and runs/ where it runs)."""
-    from planner.cli import main
+    from planner.commands.main import main
 
     err = io.StringIO()
     cwd = os.getcwd()
@@ -142,8 +143,8 @@ def test_spec_breaking_a_plan_rule_is_the_specs_error_not_the_output_plans(tmp_p
     spec and then failed at plan write, naming the output plan instead of the spec."""
     import tomli
 
-    from planner.cli import write_spec_plan
     from planner.spec import SpecError, load_spec
+    from planner.writing.planwriter import write_spec_plan
 
     data = tomli.loads(CPU_SPEC.read_text())
     data.setdefault("training", {})["min_learning_rate"] = 1.0
@@ -222,7 +223,7 @@ def test_every_number_of_the_plan_has_a_sane_upper_bound():
 
     from gptplan.tomlconf import DEFAULT_MAX
     from planner import spec as specs
-    from planner.autotune import TuneSettings
+    from planner.tuning.autotune import TuneSettings
 
     unbounded = [f"{s}.{k}" for s, k, meta, _ in numeric_settings() if meta.get("max") is None]
     assert not unbounded

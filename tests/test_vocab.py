@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from gptplan.tokenizer import padded_vocab
-from planner.corpus_stats import _finish, corpus_statistics, vocab_fit
+from planner.corpus.corpus_stats import _finish, corpus_statistics, vocab_fit
 
 
 def _stats_data(**extra) -> dict:

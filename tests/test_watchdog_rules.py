@@ -139,7 +139,7 @@ def test_a_stopped_rank_is_blamed_not_the_healthy_one_gloo_aborted(tmp_path):
 
 
 def test_planner_stop_line_names_trial_numbers():
-    from planner.stopping import Stopped
+    from planner.tuning.stopping import Stopped
 
     stopped = Stopped(signal.SIGTERM)
     stopped.probes_ended, stopped.failed_trials = 1, [0]

@@ -1,17 +1,17 @@
 """Fit the four constants of each GPU generation's step-time composition
 (gptplan.steptime.step_time_parts) to hardware_profiles/published_runs.csv and write them, with
 their provenance and honest 80% interval, into the [efficiency] table of each member profile
-(A100 40/80 GB -> "ampere", H100/H200 -> "hopper"; see planner.published).
+(A100 40/80 GB -> "ampere", H100/H200 -> "hopper"; see planner.screen.published).
 
 For each generation: one fit on all its rows (the shipped constants: Efficiency.max = the
 attainable fraction of peak of large GEMMs, kernel_overhead_us, comm_overlap,
 attention_relative); a leave-one-SOURCE-out pass (each paper/repository predicted by a fit to
 the others) whose published/modelled ratios, each source weighted equally and widened for few
-sources (planner.published.interval_from_sources), give the interval (p10/p90) and the fit
+sources (planner.screen.published.interval_from_sources), give the interval (p10/p90) and the fit
 error (median absolute relative leave-one-source-out error); models >= 15e9 parameters get the
 wider of that and their own rows' interval. The basis is written in words (interval_basis).
 Leave-one-REGIME-out against leave-one-row-out gives the extra log-error per axis a query lies
-outside the rows on (extrapolation_log_error; planner.coverage applies it).
+outside the rows on (extrapolation_log_error; planner.screen.coverage applies it).
 
 Run: python bench/published/fit_priors.py [--dry-run]
 """
@@ -29,8 +29,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from planner import published as pb  # noqa: E402
-from planner.hardware import PROFILE_DIR  # noqa: E402
+from planner.market.hardware import PROFILE_DIR  # noqa: E402
+from planner.screen import published as pb  # noqa: E402
 
 
 def efficiency_block(
@@ -72,7 +72,7 @@ def efficiency_block(
                 ),
                 f"fit_error = {float(np.median(loso_err)):.4f}",
                 f"extrapolation_log_error = {extrapolation_log_error:.3f}  # per axis outside"
-                " the runs (planner.coverage)",
+                " the runs (planner.screen.coverage)",
                 f"fit_rows = {len(rows)}",
                 f'calibrated_at = "{date}"',
                 f'interval_basis = "{basis}"',

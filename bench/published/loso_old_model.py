@@ -24,8 +24,8 @@ import numpy as np
 
 def main() -> int:
     sys.path.insert(0, str(Path.cwd()))
-    from planner import published as pb
-    from planner.hardware import load_profiles
+    from planner.market.hardware import load_profiles
+    from planner.screen import published as pb
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)

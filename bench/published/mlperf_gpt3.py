@@ -420,7 +420,7 @@ def padded_vocab(tp: int, divisible_by: int = 128) -> int:
 
 def source_of(rec: dict) -> str:
     """`MLPerf Training vX.Y (mlcommons/training_results_vX.Y)` is the source key (one source
-    per round, planner.published.source_key); the config and the results directory follow."""
+    per round, planner.screen.published.source_key); the config and the results directory follow."""
     rnd = rec["round"]
     return (
         f"MLPerf Training {rnd} (mlcommons/training_results_{rnd}), {rec['config']} and "
