@@ -5,7 +5,7 @@ All functions take numpy arrays (or scalars) and broadcast. Sources:
 - [K22]  Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
          Models", table 2: activation memory per layer.
 - [Z20]  Rajbhandari et al. 2020, ZeRO: bytes per parameter of model states under sharding.
-The planner re-exports these from planner.costmodel (its one formula module); the runner may
+The planner re-exports these from planner.screen.costmodel (its one formula module); the runner may
 not import the planner, so they live here.
 """
 
@@ -149,7 +149,7 @@ TERM_BAND = {
 }
 TERMS = tuple(TERM_BAND)
 # A "may fit" layout is chosen only when it costs at least this share less than the best
-# layout that surely fits (planner.search.decide); otherwise the surely-fitting one is chosen.
+# layout that surely fits (planner.screen.decide.decide); otherwise the surely-fitting one is chosen.
 MAY_FIT_SAVING = 0.05
 
 

@@ -1,6 +1,6 @@
 """Step time of a training step, composed from where a GPU spends it: ONE composition
-(`step_time_parts`) shared by the planner's search (planner.search.evaluate_layouts), the fit
-to published runs (planner.published) and the runner's local rehearsal
+(`step_time_parts`) shared by the planner's search (planner.screen.evaluate.evaluate_layouts), the fit
+to published runs (planner.screen.published) and the runner's local rehearsal
 (`data_parallel_step_time_s`); tests/test_rehearsal.py checks the planner and runner agree.
 
 All functions take numpy arrays (or scalars) and broadcast, model shapes included (the fit
@@ -749,7 +749,7 @@ def step_time_parts(shape: ModelShape, g: dict, dev: Device, rates: Rates) -> di
         "opt_s": t_opt,
         "bubble": bubble,
         "stage_layers": stage_layers,
-        # what compute time scales with (planner.calibration): the curve, or gemm_max
+        # what compute time scales with (planner.tuning.calibration): the curve, or gemm_max
         "efficiency": np.where(tiled, rates.gemm_max, curve) * np.ones_like(step),
     }
 

@@ -192,7 +192,7 @@ def test_a_pipelines_loss_is_on_its_last_stage() -> None:
 def test_published_runs_of_other_frameworks_carry_no_paddle_only_terms() -> None:
     """PaddleNLP's GPT allocates an int64 causal mask of max_position_embeddings² (34 GB at
     65,536 positions): a Paddle plan carries it; a published PyTorch run of the same shape
-    (planner.published, `ModelShape.framework_neutral`) does not, nor stage 3's unsliced
+    (planner.screen.published, `ModelShape.framework_neutral`) does not, nor stage 3's unsliced
     parameters or Paddle's pipeline segmentation."""
     m = ModelSection(**(vars(MODEL_SIZES["gpt-1.3b"]) | {"max_position_embeddings": 65536}))
     paddle_shape = mem.ModelShape.from_section(m)

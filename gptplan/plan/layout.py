@@ -63,7 +63,7 @@ def virtual_pipeline_fits(
 @dataclass(frozen=True)
 class LayoutRule:
     """A rule that rejects a parallel layout, written once for one plan (validate) and for the
-    planner's candidate table (planner.search.layout_rules).
+    planner's candidate table (planner.screen.space.layout_rules).
 
     `allows(m, c)` is True where the layout is allowed; the columns `c` are ints for a plan and
     numpy arrays (one row per candidate) in the search, so a rule uses only operators both

@@ -424,7 +424,7 @@ def price_lines(result) -> list[str]:
     widened = (
         f"; interval x{spread[0]:.2f}-x{spread[1]:.2f} of the price, widened with its age "
         f"({AGE_WIDENING:.0%} per month, undated = {UNDATED_MONTHS:g} months; "
-        "planner/pricebook.py)"
+        "planner/market/pricebook.py)"
         if offer.kind == "cloud"
         else ""
     )

@@ -693,6 +693,6 @@ def race_note(table, race, currency: str = "", measured: tuple | None = None) ->
         f"{short_config(table, other)} by {race.difference:.0%} +- {half:.0%} "
         f"({race.level:.0%} interval {lo:+.1%} .. {hi:+.1%}; cheaper with probability "
         f"{race.probability:.2f}, {verdict} it at {(1 + race.level) / 2:.0%}; the lead from "
-        f"every probe pooled with the model's prior (planner.noise); "
+        f"every probe pooled with the model's prior (planner.tuning.noise); "
         f"{race.rounds} repeat probe(s) of finalists)"
     )

@@ -77,7 +77,7 @@ class Risk:
             parts.append(
                 f"CAPACITY BET: {self.spot_gpu_hours:,.0f} spot GPU-hours, above the "
                 f"{CAPACITY_BET_GPU_HOURS:,.0f} we treat as an ordinary spot risk "
-                f"({CAPACITY_BET_GPUS} GPUs for {CAPACITY_BET_HOURS:g} h; planner/risk.py); "
+                f"({CAPACITY_BET_GPUS} GPUs for {CAPACITY_BET_HOURS:g} h; planner/screen/risk.py); "
                 + fallback
             )
         if self.fallback_over_budget:

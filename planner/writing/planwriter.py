@@ -58,7 +58,7 @@ def _interval_source(prof: Profile, precision: str, row: CandidateRow) -> str:
             where += "; the point estimate is at or above the cap, so it is the interval's top"
     return (
         f"80% interval on throughput x{lo:.3g}..x{hi:.3g}: {where}; hours and cost add the "
-        "price spread and the spot preemption rate's range (planner.spotrisk)"
+        "price spread and the spot preemption rate's range (planner.market.spotrisk)"
     )
 
 
