@@ -149,7 +149,7 @@ TERM_BAND = {
 }
 TERMS = tuple(TERM_BAND)
 # A "may fit" layout is chosen only when it costs at least this share less than the best
-# layout that surely fits (planner.screen.decide.decide); otherwise the surely-fitting one is chosen.
+# layout that surely fits (planner.screen.decide); otherwise the surely-fitting one is chosen.
 MAY_FIT_SAVING = 0.05
 
 

@@ -1,6 +1,6 @@
 """Step time of a training step, composed from where a GPU spends it: ONE composition
-(`step_time_parts`) shared by the planner's search (planner.screen.evaluate.evaluate_layouts), the fit
-to published runs (planner.screen.published) and the runner's local rehearsal
+(`step_time_parts`) shared by the planner's search (planner.screen.evaluate), the fit to
+published runs (planner.screen.published) and the runner's local rehearsal
 (`data_parallel_step_time_s`); tests/test_rehearsal.py checks the planner and runner agree.
 
 All functions take numpy arrays (or scalars) and broadcast, model shapes included (the fit
