@@ -47,7 +47,8 @@ from planner import costmodel as cm
 from planner import coverage, spotrisk
 from planner.corpus_stats import CorpusStatistics
 from planner.hardware import Offer, Profile
-from planner.pricebook import PriceFacts, price_date, price_facts
+from planner.pricebook import PriceFacts, candidate_disk, price_date, price_facts
+from planner.skypilot import EFA_SKYPILOT, PINNED_SKYPILOT
 from planner.spec import Spec
 
 DIAGNOSTIC_COLUMNS = frozenset(
@@ -350,16 +351,13 @@ def allowed_offers(spec: Spec, profiles: dict[str, Profile]) -> list[OfferChoice
     return [dataclasses.replace(ch, facts=f) for ch, f in zip(choices, facts, strict=True)]
 
 
-# The pinned launcher (constraints.txt) and what it cannot give a multi-node plan.
-PINNED_SKYPILOT = "0.9.2"
-
-
 def launchable(offer: Offer, c) -> Offer:
-    """The offer as the launch path gets it. SkyPilot 0.9.2 attaches no EFA interfaces to EC2
-    VMs (planner.skypilot): with constraints.launcher_attaches_efa = false an AWS instance
-    whose network is EFA has no inter-node figure to be costed on and is planned single-node;
-    by default it is costed on EFA and the chosen line says the launch needs a SkyPilot that
-    attaches it (resources.network_tier: best)."""
+    """The offer as the launch path gets it. The pinned SkyPilot 0.9.2 attaches no EFA to EC2
+    VMs; 0.10.3 is the first that does (planner.skypilot, PINNED_SKYPILOT / EFA_SKYPILOT, with
+    the sources). By default (constraints.launcher_attaches_efa = false) an AWS instance whose
+    network is EFA has no inter-node figure it would get, and is planned single-node; with true
+    it is costed on EFA, its task sets resources.network_tier: best and says what the launch
+    needs (planner.skypilot.efa_requirement)."""
     if (
         offer.provider == "aws"
         and "EFA" in offer.network_source
@@ -370,8 +368,8 @@ def launchable(offer: Offer, c) -> Offer:
             offer,
             inter_node_gbits_per_s=0.0,
             network_source=f"{offer.network_source}; but SkyPilot {PINNED_SKYPILOT} (the pinned "
-            "launcher) attaches no EFA: planned single-node (constraints.launcher_attaches_efa "
-            "= true with a SkyPilot that sets resources.network_tier: best)",
+            f"launcher) attaches no EFA: planned single-node (constraints.launcher_attaches_efa "
+            f"= true to cost it on EFA, launched with SkyPilot >= {EFA_SKYPILOT})",
         )
     return offer
 
@@ -1037,6 +1035,7 @@ def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) ->
     )
     od_price = offer.node_price_per_hour(spot=False, tdp_w=prof.tdp_w) * choice.rate
     od_hours = _hours(rows, checkpoint_hours, 0.0, sp)[0]
+    disk_gb, disk_rate = candidate_disk(spec, choice, shape.params_total, rows)
     risk = choice.price.risk
     for spot in modes:
         r = dict(rows)
@@ -1044,10 +1043,10 @@ def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) ->
         hours, interval, useful, preemptions = _hours(
             rows, checkpoint_hours, risk.rate if spot else 0.0, sp
         )
-        price = offer.node_price_per_hour(spot=spot, tdp_w=prof.tdp_w) * choice.rate
+        price = offer.node_price_per_hour(spot=spot, tdp_w=prof.tdp_w) * choice.rate + disk_rate
         cost = money.cost_of_hours(price_per_node_hour=price, nodes=r["nodes"], hours=hours)
         cost_od = money.cost_of_hours(
-            price_per_node_hour=od_price, nodes=r["nodes"], hours=od_hours
+            price_per_node_hour=od_price + disk_rate, nodes=r["nodes"], hours=od_hours
         )
         if spot and sp.fallback_wait_hours > 0 and od_price > 0:
             p = risk.unavailable_probability  # expected cost; the deadline must hold either way
@@ -1061,6 +1060,7 @@ def _price(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict) ->
         r["hours"] = hours
         r["price_node_hour"] = np.broadcast_to(price, (n,)).astype(float)
         r["cost"] = cost
+        r["disk_gb"], r["disk_cost"] = disk_gb, disk_rate * r["nodes"] * hours
         r["cost_on_demand"] = cost_od if od_price > 0 else np.full(n, np.nan)
         r["preemptions"] = preemptions
         # what the cost counts: an owned node's devices, host and PUE (Offer.node_power_kw)

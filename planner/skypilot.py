@@ -36,11 +36,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import re
 import shlex
 import textwrap
 from pathlib import Path
+
+import numpy as np
+from numpy.typing import ArrayLike
 
 from gptplan.errors import UserError
 from gptplan.plan import Plan
@@ -97,6 +99,38 @@ DEFAULT_FOREIGN_STORE = "s3"
 STORES = ("s3", "gcs", "azure", "r2", "ibm", "oci", "nebius")  # SkyPilot's StoreType
 
 
+# The launcher and EFA (confirmed in SkyPilot's released wheels, sky/clouds/aws.py and
+# sky/provision/aws/instance.py): 0.9.2 (the pin in constraints.txt) up to 0.10.2 have no EFA
+# code and launch EC2 VMs with one plain network interface; 0.10.3 is the first release that
+# attaches EFA, when the task sets `resources.network_tier: best` (PR skypilot-org/skypilot#6852,
+# "Enable EFA automatically for AWS", merged 2025-08; it picks the Deep Learning Base AMI with
+# the EFA drivers, and a custom image_id is refused). It attaches more than one EFA interface
+# (p4d 4, p5 32, p5en 16) only when the nodes have no public IP, i.e. with `aws:
+# use_internal_ips: true` in the user's SkyPilot config (~/.sky/config.yaml; a task cannot set
+# it; PR #8475's hint and examples/aws_efa/README.md); otherwise one interface. SkyPilot 0.9.3
+# and later need click < 8.2, which constraints.txt's pins exclude: the `cloud` extra stays at
+# 0.9.2, and a plan costed on EFA is launched with a SkyPilot installed on its own (e.g.
+# `uv tool install skypilot==0.10.3`). By default (constraints.launcher_attaches_efa = false)
+# the planner costs such instances on what the pinned launcher gives (planner.search.launchable).
+PINNED_SKYPILOT = "0.9.2"
+EFA_SKYPILOT = "0.10.3"
+EFA_SOURCES = (
+    "SkyPilot 0.10.3 wheel (sky/clouds/aws.py: network_tier best -> max EFA interfaces; "
+    "0.10.2 has no EFA code); skypilot-org/skypilot PR #6852 and examples/aws_efa/README.md"
+)
+
+
+def efa_requirement(instance: str) -> str:
+    """What launching a plan costed on `instance`'s EFA needs (one sentence, the facts above)."""
+    return (
+        f"needs SkyPilot >= {EFA_SKYPILOT} (resources.network_tier: best attaches EFA; the "
+        f"pinned {PINNED_SKYPILOT} attaches none, and {EFA_SKYPILOT} does not install with "
+        "constraints.txt's pins: install it on its own, e.g. uv tool install "
+        f"skypilot=={EFA_SKYPILOT}) and, for all of {instance}'s EFA interfaces (the planned "
+        "bandwidth), aws: use_internal_ips: true in ~/.sky/config.yaml (else one interface)"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Interconnect:
     """What a multi-node plan on a cloud's RDMA network needs from the task."""
@@ -117,11 +151,9 @@ INTERCONNECTS = {
         image_id="",
         note="NCCL reaches EFA through libfabric and the aws-ofi-nccl plugin, which the AWS "
         "Deep Learning AMIs carry; setup checks for the EFA device (fi_info -p efa) and says "
-        "if NCCL will fall back to TCP (slower than planned). SkyPilot 0.9.2 (constraints.txt) "
-        "attaches no EFA interfaces to EC2 VMs by itself; newer SkyPilot does with "
-        "resources.network_tier: best",
+        "if NCCL will fall back to TCP (slower than planned)",
         sources="AWS EC2 User Guide, 'Get started with EFA and NCCL' (FI_PROVIDER, "
-        "FI_EFA_USE_DEVICE_RDMA, FI_EFA_FORK_SAFE); SkyPilot YAML reference (network_tier)",
+        f"FI_EFA_USE_DEVICE_RDMA, FI_EFA_FORK_SAFE); {EFA_SOURCES}",
     ),
     ("azure", "InfiniBand"): Interconnect(
         name="InfiniBand",
@@ -261,10 +293,67 @@ def corpus_mount(uri: str) -> tuple[str, str]:
     return source, "/".join([CORPUS_MOUNT, *inner])
 
 
+def disk_parts(
+    *,
+    tokens: ArrayLike,
+    vocab_size: int,
+    params: float,
+    master_weights: ArrayLike,
+    keep_last: int,
+    corpus_bytes: float,
+) -> dict[str, np.ndarray]:
+    """Bytes per node of what the boot disk holds besides the image (modelled): the prepared
+    data (`tokens` x the id width + the document offsets), the checkpoints (keep_last + 1
+    being written, cached locally by the bucket mount) and the corpus mount's read cache.
+    Scalars or arrays (one value per candidate in the search)."""
+    from gptplan.money import checkpoint_bytes
+
+    width = 2 if vocab_size < 65535 else 4
+    return {
+        "prepared": np.asarray(tokens, dtype=float) * (width + OFFSET_BYTES_PER_TOKEN),
+        "checkpoints": (keep_last + 1)
+        * np.asarray(checkpoint_bytes(params, master_weights=master_weights), dtype=float),
+        "corpus": np.asarray(float(corpus_bytes)),
+    }
+
+
+def disk_gb(parts: dict[str, np.ndarray]) -> np.ndarray:
+    """The task's disk_size in GB: the image and venv + DISK_HEADROOM x the data parts."""
+    data = parts["prepared"] + parts["checkpoints"] + parts["corpus"]
+    return np.ceil(IMAGE_GB + DISK_HEADROOM * data / 1e9)
+
+
+def candidate_disk_gb(
+    *,
+    corpus_tokens: float,
+    corpus_bytes: float,
+    trained_tokens: np.ndarray,
+    vocab_size: int,
+    params: float,
+    master_weights: np.ndarray,
+) -> np.ndarray:
+    """disk_size per node of each search candidate, reckoned as `disk_plan` reckons the
+    plan's (the corpus tokens when measured, else the trained tokens; the planned keep_last),
+    so that the disk the task asks for is the disk the cost counts (planner.search._price)."""
+    from gptplan.plan import CheckpointSection
+
+    tokens = np.asarray(corpus_tokens if corpus_tokens else trained_tokens, dtype=float)
+    return disk_gb(
+        disk_parts(
+            tokens=tokens,
+            vocab_size=vocab_size,
+            params=params,
+            master_weights=master_weights,
+            keep_last=CheckpointSection().keep_last,
+            corpus_bytes=corpus_bytes,
+        )
+    )
+
+
 def disk_plan(plan: Plan) -> tuple[int, str]:
     """Boot disk in GB for the task, and how it was reckoned (modelled)."""
     from gptplan.modelfacts import parameter_count
-    from gptplan.money import checkpoint_bytes, keeps_master_weights
+    from gptplan.money import keeps_master_weights
 
     job = plan.job
     tokens = job.corpus_tokens or plan.training.max_steps * plan.tokens_per_step
@@ -273,15 +362,18 @@ def disk_plan(plan: Plan) -> tuple[int, str]:
         if job.corpus_tokens
         else "the trained tokens (job.corpus_tokens not recorded)"
     )
-    width = 2 if plan.model.vocab_size < 65535 else 4
-    prepared = tokens * (width + OFFSET_BYTES_PER_TOKEN)
     t = plan.training
-    checkpoints = (plan.checkpoint.keep_last + 1) * checkpoint_bytes(
-        parameter_count(plan.model),
+    parts = disk_parts(
+        tokens=tokens,
+        vocab_size=plan.model.vocab_size,
+        params=parameter_count(plan.model),
         master_weights=keeps_master_weights(t.precision, t.fp16_opt_level),
+        keep_last=plan.checkpoint.keep_last,
+        corpus_bytes=job.corpus_bytes,
     )
-    corpus = job.corpus_bytes
-    gb = math.ceil(IMAGE_GB + DISK_HEADROOM * (prepared + checkpoints + corpus) / 1e9)
+    gb = int(disk_gb(parts))
+    width = 2 if plan.model.vocab_size < 65535 else 4
+    prepared, checkpoints, corpus = (float(parts[k]) for k in ("prepared", "checkpoints", "corpus"))
     why = (
         f"disk_size {gb} GB (modelled) = {IMAGE_GB:g} GB image and venv + "
         f"{DISK_HEADROOM:g} x (prepared data {prepared / 1e9:,.1f} GB: {tokens:,.0f} "
@@ -365,6 +457,8 @@ def task_dict(
     net = interconnect(plan, cloud)
     if net is not None and net.image_id:
         resources["image_id"] = net.image_id
+    if net is not None and net.name == "EFA":
+        resources["network_tier"] = "best"  # attaches EFA from SkyPilot EFA_SKYPILOT on
     mounts, run = _mounts_and_run(
         plan,
         plan_path=plan_path,
@@ -421,8 +515,12 @@ def interconnect_note(task: dict, plan: Plan) -> str:
         return f"interconnect: TCP between nodes, as planned with {figure}"
     envs = ", ".join(f"{k}={v}" for k, v in net.envs.items())
     image = f"; image_id {net.image_id}" if net.image_id else ""
+    launch = ""
+    if net.name == "EFA":
+        need = efa_requirement(plan.hardware.offer)
+        launch = f"; resources.network_tier: best: the launch {need}"
     return (
-        f"interconnect: {net.name} as planned with {figure}: envs {envs}{image}; "
+        f"interconnect: {net.name} as planned with {figure}: envs {envs}{image}{launch}; "
         f"{net.note} (sources: {net.sources})"
     )
 
@@ -460,7 +558,7 @@ def render(task: dict, plan: Plan, *, plan_path: str, out_path: str) -> str:
         f"# SkyPilot task for plan {plan.name!r} ({plan_path}), written by gptplan's planner.",
         f"# Offer: {hw.offer}, {plan.parallel.nnodes} node(s) x {plan.parallel.nproc_per_node} "
         f"{hw.profile}, {'spot' if hw.spot else 'on-demand'}, "
-        f"{hw.price_per_node_hour:g} {hw.currency} per node-hour.",
+        f"{hw.price_per_node_hour:g} {hw.currency} per node-hour (the node and its disk).",
         f"# Price source: {plan.provenance.prices_source or 'not recorded'} "
         f"(as of {plan.provenance.prices_as_of or 'unknown'}).",
         "# Region: "
