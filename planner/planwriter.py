@@ -20,6 +20,7 @@ from gptplan.plan import (
     TrainingSection,
 )
 from planner import __version__, coverage
+from planner.pricebook import disk_line
 from planner.search import Decision
 from planner.spec import Spec
 
@@ -259,6 +260,7 @@ def _risk_notes(row: dict, cur: str) -> list[str]:
         )
     if row["spot"] and f.outlier:
         out.append(f.outlier_note)
+    out.append(disk_line(row, cur))  # the task's disk, in price_per_node_hour and the cost
     return out
 
 

@@ -376,6 +376,7 @@ def disk_line(row: dict, currency: str) -> str:
     price = disk_price(row["offer_choice"].offer)
     nodes, gb = int(row["nodes"]), float(row["disk_gb"])
     cost = float(row["disk_cost"])
+    money = f"{cost:,.0f}" if cost >= 100 else f"{cost:.2g}"
     if not price.per_gb_month:
         return (
             f"disk: {nodes} x {gb:,.0f} GB (the task's disk_size, modelled): 0 {currency} "
@@ -387,7 +388,7 @@ def disk_line(row: dict, currency: str) -> str:
         f"disk: {nodes} x {gb:,.0f} GB (the task's disk_size, modelled) x {assumed}"
         f"{price.per_gb_month:g} {price.currency}/GB-month ({price.product}{where}; as of "
         f"{price.as_of or 'undated'}; {price.source}) x {float(row['hours']):,.0f} h / "
-        f"{price.hours_per_month:g} h a month = {cost:,.0f} {currency} (modelled), included in "
+        f"{price.hours_per_month:g} h a month = {money} {currency} (modelled), included in "
         "the cost and in the price per node-hour"
     )
 

@@ -92,7 +92,8 @@ def test_an_8_x_p5_spot_plans_cost_includes_its_disk(tmp_path):
         8 * (p5.spot_per_hour + disk_hourly) * hours, rel=1e-6
     )
     assert f"disk: 8 x {gb:,.0f} GB (the task's disk_size, modelled) x 0.08 USD/GB-month" in text
-    assert f"= {chosen['modelled_disk_cost_usd']:,.0f} USD (modelled)" in text
+    assert f"= {chosen['modelled_disk_cost_usd']:.2g} USD (modelled)" in text
+    assert any(n.startswith(f"disk: 8 x {gb:,.0f} GB") for n in plan.provenance.notes)
 
 
 def test_the_disk_counts_in_the_choice():
