@@ -217,6 +217,7 @@ def offer_summary(decision: Decision, spec) -> list[dict]:
                 f"modelled_cost_on_demand_{cur}": _nan_none(r["cost_on_demand"]),
                 "modelled_hours": r["hours"],
                 "expected_preemptions": r["preemptions"] if r["spot"] else 0.0,
+                **disk_record(r, spec.constraints.currency),
             }
         )
     out.sort(
