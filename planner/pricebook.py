@@ -346,7 +346,9 @@ def disk_cost_per_node_hour(gb: np.ndarray, price: DiskPrice, rate: float) -> np
     return np.asarray(gb, dtype=float) * price.per_gb_month / price.hours_per_month * rate
 
 
-def candidate_disk(spec: Spec, choice: OfferChoice, params: float, rows: dict) -> tuple:
+def candidate_disk(
+    spec: Spec, choice: OfferChoice, params: float, rows: dict
+) -> tuple[np.ndarray, np.ndarray]:
     """(disk GB per node, disk cost per node-hour in the budget currency) of every candidate
     row of one offer: the size the task will ask for (planner.skypilot.candidate_disk_gb,
     the same reckoning as its disk_size) at the cloud's block-storage price. The search adds
