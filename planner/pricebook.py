@@ -350,12 +350,12 @@ def candidate_disk(
     spec: Spec, choice: OfferChoice, params: float, rows: dict
 ) -> tuple[np.ndarray, np.ndarray]:
     """(disk GB per node, disk cost per node-hour in the budget currency) of every candidate
-    row of one offer: the size the task will ask for (planner.skypilot.candidate_disk_gb,
+    row of one offer: the size the task will ask for (planner.skyfacts.candidate_disk_gb,
     the same reckoning as its disk_size) at the cloud's block-storage price. The search adds
     the cost to the node's price, so it counts in the choice, the plan's price_per_node_hour
     (which the runner's budget guard bills) and its cost."""
     from gptplan import precision as precision_table
-    from planner.skypilot import candidate_disk_gb
+    from planner.skyfacts import candidate_disk_gb
 
     master = precision_table.of_codes("master_weights", rows["precision_code"]) & (
         spec.training.fp16_opt_level == "O2"

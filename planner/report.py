@@ -588,7 +588,7 @@ def render_choice(result) -> str:
 def efa_line(result) -> str:
     """A multi-node AWS plan costed on EFA needs a launcher that attaches EFA (planner.search
     .launchable): said on the chosen plan, with the way to cost it on what 0.9.2 gives."""
-    from planner.skypilot import efa_requirement
+    from planner.skyfacts import efa_requirement
 
     table, i = result.table, int(result.chosen)
     offer = table.offers[int(table["offer"][i])].offer

@@ -48,7 +48,7 @@ from planner import coverage, spotrisk
 from planner.corpus_stats import CorpusStatistics
 from planner.hardware import Offer, Profile
 from planner.pricebook import PriceFacts, candidate_disk, price_date, price_facts
-from planner.skypilot import EFA_SKYPILOT, PINNED_SKYPILOT
+from planner.skyfacts import EFA_SKYPILOT, PINNED_SKYPILOT
 from planner.spec import Spec
 
 DIAGNOSTIC_COLUMNS = frozenset(
@@ -353,11 +353,11 @@ def allowed_offers(spec: Spec, profiles: dict[str, Profile]) -> list[OfferChoice
 
 def launchable(offer: Offer, c) -> Offer:
     """The offer as the launch path gets it. The pinned SkyPilot 0.9.2 attaches no EFA to EC2
-    VMs; 0.10.3 is the first that does (planner.skypilot, PINNED_SKYPILOT / EFA_SKYPILOT, with
+    VMs; 0.10.3 is the first that does (planner.skyfacts, PINNED_SKYPILOT / EFA_SKYPILOT, with
     the sources). By default (constraints.launcher_attaches_efa = false) an AWS instance whose
     network is EFA has no inter-node figure it would get, and is planned single-node; with true
     it is costed on EFA, its task sets resources.network_tier: best and says what the launch
-    needs (planner.skypilot.efa_requirement)."""
+    needs (planner.skyfacts.efa_requirement)."""
     if (
         offer.provider == "aws"
         and "EFA" in offer.network_source

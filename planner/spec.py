@@ -151,7 +151,7 @@ class ConstraintSpec:
         "network is EFA are planned single-node (no NCCL-over-TCP figure is stated for them). "
         "true: cost them multi-node on EFA; their task sets resources.network_tier: best, which "
         "attaches EFA from SkyPilot 0.10.3 on (all interfaces only with aws.use_internal_ips; "
-        "planner/skypilot.py has the sources), and the plan says so.",
+        "planner/skyfacts.py has the sources), and the plan says so.",
     )
     allow_outlier_prices: bool = setting(
         False,
