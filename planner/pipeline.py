@@ -153,6 +153,8 @@ def measure_corpus(spec, *, log: Callable = quiet):
 
     stats = spec_corpus_statistics(spec, log=log)
     set_planned_vocab(spec, stats, log=log)
+    spec.planned_corpus_tokens = stats.total_tokens  # the task's disk (pricebook.candidate_disk)
+    spec.planned_corpus_bytes = stats.declared_bytes or stats.local_bytes
     return stats
 
 

@@ -146,11 +146,12 @@ class ConstraintSpec:
         "for each (false: both from one region, the table names it).",
     )
     launcher_attaches_efa: bool = setting(
-        True,
-        "Cost AWS instances whose network is EFA multi-node on EFA: the launch then needs a "
-        "SkyPilot newer than the pinned 0.9.2 that attaches EFA (resources.network_tier: best), "
-        "and the plan says so. false: plan them single-node, which is what 0.9.2 gives (no EFA, "
-        "and no NCCL-over-TCP figure is stated for them).",
+        False,
+        "The pinned SkyPilot 0.9.2 attaches no EFA to EC2 VMs, so by default AWS instances whose "
+        "network is EFA are planned single-node (no NCCL-over-TCP figure is stated for them). "
+        "true: cost them multi-node on EFA; their task sets resources.network_tier: best, which "
+        "attaches EFA from SkyPilot 0.10.3 on (all interfaces only with aws.use_internal_ips; "
+        "planner/market/skyfacts.py has the sources), and the plan says so.",
     )
     allow_outlier_prices: bool = setting(
         False,
@@ -312,6 +313,10 @@ class Spec:
     # model.vocab_size as the planner sets it after measuring the tokenizer: the tokenizer's
     # size padded (gptplan.tokenizer.padded_vocab); 0 = the named size's or model.vocab_size
     planned_vocab_size: int = 0
+    # the corpus as measured (planner.pipeline.measure_corpus): tokens and bytes, for the task's
+    # disk size in the search (planner.pricebook.candidate_disk); 0 = not measured
+    planned_corpus_tokens: float = 0.0
+    planned_corpus_bytes: float = 0.0
     # every change the planner makes to the asked model, one line each (console, --json, plan)
     model_changes: list[str] = field(default_factory=list)
     # the budget converted to --currency at the stated rate ('' = not converted)

@@ -64,16 +64,22 @@ def test_every_cost_is_price_times_rate_times_hours(currency, usd, budget_rate):
     rates = {"quote": "CHF", "USD": usd, currency: budget_rate}
     spec = spec_of(constraints={"currency": currency, "profiles": ["t4"], "budget": 0}, rates=rates)
     decision, table = plan_for(spec)
+    from planner.market.disks import disk_cost_per_node_hour, disk_price
+
     rate = usd / budget_rate
     for i in [decision.chosen, *np.flatnonzero(table["fits"])[:20]]:
         r = table.row(int(i))
-        native = r["offer_choice"].offer.node_price_per_hour(spot=bool(r["spot"]), tdp_w=70.0)
-        expected = native * rate * r["nodes"] * r["hours"]
+        offer = r["offer_choice"].offer
+        native = offer.node_price_per_hour(spot=bool(r["spot"]), tdp_w=70.0)
+        # the task's disk (planner.pricebook; USD per GB-month, converted like the node)
+        disk = float(disk_cost_per_node_hour(r["disk_gb"], disk_price(offer), rate))
+        assert disk > 0 and r["disk_cost"] == pytest.approx(disk * r["nodes"] * r["hours"])
+        expected = (native * rate + disk) * r["nodes"] * r["hours"]
         assert r["cost"] == pytest.approx(expected, rel=1e-9)
         rec = candidate_record(table, int(i), currency, chosen=decision.chosen)
         assert rec[f"modelled_cost_{currency.lower()}"] == pytest.approx(expected, rel=1e-9)
         prices = price_record(table, int(i), currency)
-        assert prices["price_usd_per_node_hour"] * rate == pytest.approx(
+        assert prices["price_usd_per_node_hour"] * rate + disk == pytest.approx(
             prices[f"price_{currency.lower()}_per_node_hour"]
         )
     # printed: the per-offer table shows each best plan's cost = price x rate x nodes x hours
@@ -83,7 +89,10 @@ def test_every_cost_is_price_times_rate_times_hours(currency, usd, budget_rate):
     for rec in offer_summary(decision, spec):
         cost = rec[f"modelled_cost_{currency.lower()}"]
         native = rec[f"price_usd_per_node_hour_{rec['capacity']}"]
-        assert cost == pytest.approx(native * rate * rec["nodes"] * rec["modelled_hours"], rel=1e-9)
+        disk = rec[f"modelled_disk_cost_{currency.lower()}"]
+        assert cost == pytest.approx(
+            native * rate * rec["nodes"] * rec["modelled_hours"] + disk, rel=1e-9
+        )
         assert f"{money(cost)} (" in text and f"cost {currency}" in text
 
 

@@ -325,6 +325,7 @@ def test_uneven_pipeline_stages_plan_126_layers_on_16_stages():
                     "profiles": ["h100-80gb"],
                     "seq_lens": [4096],
                     "precisions": ["bf16"],
+                    "launcher_attaches_efa": True,  # 16 x p5 on EFA
                     "max_nodes": 128,
                     "budget": 0.0,
                     "deadline_hours": 0.0,

@@ -25,7 +25,10 @@ GB = 1e9
 
 
 def spec(overrides: dict):
-    return spec_from_dict(merge(BANK, overrides), file="spec.toml")
+    """The bank-FAQ spec with `overrides`. These tests model EFA-connected AWS clusters: costed
+    on EFA (constraints.launcher_attaches_efa; the pinned SkyPilot attaches none)."""
+    efa = {"constraints": {"launcher_attaches_efa": True}}
+    return spec_from_dict(merge(merge(BANK, efa), overrides), file="spec.toml")
 
 
 def pinned(

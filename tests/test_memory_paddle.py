@@ -155,6 +155,7 @@ def _planned(profiles: tuple[str, ...], caps: tuple | None = None):
             "global_batch_tokens_max": 4_200_000,
             "profiles": list(profiles),
             "max_nodes": 8,
+            "launcher_attaches_efa": True,  # 8 x p5/p4de costed on EFA (planner/skypilot.py)
         },
         "search": {"node_counts": [8]},
     }

@@ -351,3 +351,26 @@ def test_the_capacity_bet_threshold_and_the_fallback_flag():
         fallback_cost=float("nan"),
     )
     assert not on_demand.capacity_bet and on_demand.probability_meeting_deadline == 1.0
+
+
+def test_after_importing_a_spot_only_row_the_planner_writes_no_free_plan(tmp_path):
+    """The issue's commands end to end: import AWS v7's p-family rows (p5e.48xlarge has a
+    SpotPrice and no Price), then `planner optimize --budget 12000` and `--maximize tokens`:
+    no traceback, no offer or plan priced 0, and the plan written is a priced one."""
+    env = {"GPTPLAN_DATA_DIR": str(tmp_path / "data")}
+    csv = tmp_path / "vms.csv"
+    shutil.copy(DATA / "aws_p_family.csv", csv)
+    proc = run_cli(
+        "planner", "prices", "import", str(csv), "--provider", "aws", "--as-of", "2026-12-05",
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for args in (["--budget", "12000"], ["--budget", "12000", "--maximize", "tokens"]):
+        proc = run_cli("planner", "optimize", *args, "--json", cwd=tmp_path, env=env)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        out = json.loads(proc.stdout)
+        assert out["chosen"]["modelled_cost_cny"] > 0
+        assert all(r["modelled_cost_cny"] is None or r["modelled_cost_cny"] > 0
+                   for r in out["per_offer"])  # fmt: skip
+        plan = load_plan(tmp_path / "plans" / "bank_faq.toml")
+        assert plan.hardware.price_per_node_hour > 0 and plan.budget.planned_cost > 0

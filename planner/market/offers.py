@@ -23,6 +23,7 @@ from planner.market.pricebook import (
     price_date,
     spot_risk,
 )
+from planner.market.skyfacts import EFA_SKYPILOT, PINNED_SKYPILOT
 from planner.spec import Spec
 
 
@@ -100,16 +101,13 @@ def allowed_offers(spec: Spec, profiles: dict[str, Profile]) -> list[OfferChoice
     return [dataclasses.replace(ch, facts=f) for ch, f in zip(choices, facts, strict=True)]
 
 
-# The pinned launcher (constraints.txt) and what it cannot give a multi-node plan.
-PINNED_SKYPILOT = "0.9.2"
-
-
 def launchable(offer: Offer, c) -> Offer:
-    """The offer as the launch path gets it. SkyPilot 0.9.2 attaches no EFA interfaces to EC2
-    VMs (planner.writing.skypilot): with constraints.launcher_attaches_efa = false an AWS instance
-    whose network is EFA has no inter-node figure to be costed on and is planned single-node;
-    by default it is costed on EFA and the chosen line says the launch needs a SkyPilot that
-    attaches it (resources.network_tier: best)."""
+    """The offer as the launch path gets it. The pinned SkyPilot 0.9.2 attaches no EFA to EC2
+    VMs; 0.10.3 is the first that does (planner.market.skyfacts, PINNED_SKYPILOT /
+    EFA_SKYPILOT, with the sources). By default (constraints.launcher_attaches_efa = false) an
+    AWS instance whose network is EFA has no inter-node figure it would get, and is planned
+    single-node; with true it is costed on EFA, its task sets resources.network_tier: best and
+    says what the launch needs (planner.market.skyfacts.efa_requirement)."""
     if (
         offer.provider == "aws"
         and "EFA" in offer.network_source
@@ -120,8 +118,8 @@ def launchable(offer: Offer, c) -> Offer:
             offer,
             inter_node_gbits_per_s=0.0,
             network_source=f"{offer.network_source}; but SkyPilot {PINNED_SKYPILOT} (the pinned "
-            "launcher) attaches no EFA: planned single-node (constraints.launcher_attaches_efa "
-            "= true with a SkyPilot that sets resources.network_tier: best)",
+            f"launcher) attaches no EFA: planned single-node (constraints.launcher_attaches_efa "
+            f"= true to cost it on EFA, launched with SkyPilot >= {EFA_SKYPILOT})",
         )
     return offer
 

@@ -13,6 +13,7 @@ import numpy as np
 from tabulate import tabulate
 
 from gptplan import precision as precision_table
+from planner.market.disks import disk_line, disk_record
 from planner.market.pricebook import AGE_WIDENING, UNDATED_MONTHS
 from planner.screen.decide import (
     Decision,
@@ -218,6 +219,7 @@ def offer_summary(decision: Decision, spec) -> list[dict]:
                 f"modelled_cost_on_demand_{cur}": _nan_none(r["cost_on_demand"]),
                 "modelled_hours": r["hours"],
                 "expected_preemptions": r["preemptions"] if r["spot"] else 0.0,
+                **disk_record(r, spec.constraints.currency),
             }
         )
     out.sort(
@@ -430,7 +432,8 @@ def price_lines(result) -> list[str]:
     )
     lines = [
         f"price: {native:g} {offer.currency}/node-hour{rate}; price as of "
-        f"{offer.as_of or '(no date)'} ({age}{stale}{widened})"
+        f"{offer.as_of or '(no date)'} ({age}{stale}{widened})",
+        disk_line(r, cur),
     ]
     fallback = spec.spot.fallback_wait_hours
     if r["spot"] and fallback:
@@ -536,4 +539,5 @@ def price_record(table: CandidateTable, i: int, currency: str) -> dict:
         "preemption_rate_source": f.risk.source if r["spot"] else "",
         "checkpoint_interval_hours": _nan_none(float(r["checkpoint_interval_h"])),
         f"modelled_cost_on_demand_{cur}": _nan_none(r["cost_on_demand"]),
+        **disk_record(r, currency),
     }

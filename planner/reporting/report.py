@@ -585,9 +585,9 @@ def render_choice(result) -> str:
 
 
 def efa_line(result) -> str:
-    """A multi-node AWS plan costed on EFA needs a launcher that attaches EFA (planner.screen
-    .launchable): said on the chosen plan, with the way to cost it on what 0.9.2 gives."""
-    from planner.market.offers import PINNED_SKYPILOT
+    """A multi-node AWS plan costed on EFA needs a launcher that attaches EFA (planner.market
+    .offers.launchable): said on the chosen plan, with the way to cost it on what 0.9.2 gives."""
+    from planner.market.skyfacts import efa_requirement
 
     table, i = result.table, int(result.chosen)
     offer = table.offers[int(table["offer"][i])].offer
@@ -600,9 +600,8 @@ def efa_line(result) -> str:
         return ""
     return (
         f"        launch: costed on EFA ({offer.inter_node_gbits_per_s:g} Gbit/s) between its "
-        f"{int(table['nodes'][i])} nodes; SkyPilot {PINNED_SKYPILOT} (pinned) attaches no EFA: "
-        "launch with a SkyPilot whose resources.network_tier: best attaches it, or set "
-        "constraints.launcher_attaches_efa = false to cost what 0.9.2 gives (single-node)"
+        f"{int(table['nodes'][i])} nodes (constraints.launcher_attaches_efa = true): the launch "
+        f"{efa_requirement(offer.instance)}"
     )
 
 

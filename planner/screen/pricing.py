@@ -10,6 +10,7 @@ from gptplan import money
 from gptplan import precision as precision_table
 from gptplan.money import checkpoint_bytes
 from planner.market import spotrisk
+from planner.market.disks import candidate_disk
 from planner.market.offers import OfferChoice
 from planner.screen import costmodel as cm
 from planner.spec import Spec
@@ -63,6 +64,8 @@ def price_rows(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict
     )
     od_price = choice.node_price(spot=False)
     od_hours = _hours(rows, checkpoint_hours, 0.0, sp)[0]
+    disk_gb, disk_rate = candidate_disk(spec, choice, shape.params_total, rows)
+    od_node = od_price + disk_rate  # the same plan on-demand, with the task's disk
     risk = choice.price.risk
     for spot in modes:
         r = dict(rows)
@@ -70,11 +73,9 @@ def price_rows(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict
         hours, interval, useful, preemptions = _hours(
             rows, checkpoint_hours, risk.rate if spot else 0.0, sp
         )
-        price = choice.node_price(spot=spot)
+        price = choice.node_price(spot=spot) + disk_rate
         cost = money.cost_of_hours(price_per_node_hour=price, nodes=r["nodes"], hours=hours)
-        cost_od = money.cost_of_hours(
-            price_per_node_hour=od_price, nodes=r["nodes"], hours=od_hours
-        )
+        cost_od = money.cost_of_hours(price_per_node_hour=od_node, nodes=r["nodes"], hours=od_hours)
         if spot and sp.fallback_wait_hours > 0 and od_price > 0:
             p = risk.unavailable_probability  # expected cost; the deadline must hold either way
             cost = (1 - p) * cost + p * cost_od
@@ -86,7 +87,7 @@ def price_rows(spec: Spec, choice: OfferChoice, shape: cm.ModelShape, rows: dict
         r["checkpoint_interval_h"] = interval
         r["hours"] = hours
         r["price_node_hour"] = np.broadcast_to(price, (n,)).astype(float)
-        r["cost"] = cost
+        r["cost"], r["disk_gb"], r["disk_cost"] = cost, disk_gb, disk_rate * r["nodes"] * hours
         r["cost_on_demand"] = cost_od if od_price > 0 else np.full(n, np.nan)
         r["preemptions"] = preemptions
         # what the cost counts: an owned node's devices, host and PUE (Offer.node_power_kw)

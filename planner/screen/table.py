@@ -85,6 +85,8 @@ class CandidateRow(_MeasuredKeys):
     hours: float
     price_node_hour: float
     cost: float
+    disk_gb: float  # the task's disk per node (planner.market.disks)
+    disk_cost: float  # its cost over the run, all nodes, in the budget currency
     cost_on_demand: float
     preemptions: float
     energy_kwh: float

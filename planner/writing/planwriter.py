@@ -21,6 +21,7 @@ from gptplan.plan import (
     TrainingSection,
 )
 from planner import __version__
+from planner.market.disks import disk_line
 from planner.market.hardware import Profile
 from planner.screen import coverage
 from planner.screen.decide import Decision
@@ -263,6 +264,7 @@ def _risk_notes(row: CandidateRow, cur: str) -> list[str]:
         )
     if row["spot"] and f.outlier:
         out.append(f.outlier_note)
+    out.append(disk_line(row, cur))  # the task's disk, in price_per_node_hour and the cost
     return out
 
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import re
 import shlex
 import textwrap
@@ -44,6 +43,17 @@ from pathlib import Path
 
 from gptplan.errors import UserError
 from gptplan.plan import Plan
+from planner.market.skyfacts import (  # noqa: F401  (re-exported: the task's facts live there)
+    DISK_HEADROOM,
+    EFA_SKYPILOT,
+    EFA_SOURCES,
+    IMAGE_GB,
+    OFFSET_BYTES_PER_TOKEN,
+    PINNED_SKYPILOT,
+    disk_gb,
+    disk_parts,
+    efa_requirement,
+)
 
 # Our profile -> SkyPilot's accelerator name: the inverse of the catalog import's mapping
 # (planner.market.prices.ACCELERATORS), so that the two always meet. A10 (Azure) and A10G (AWS) both
@@ -77,10 +87,6 @@ CORPUS_MOUNT = "/corpus"
 # Existing buckets SkyPilot mounts by URI (`source`), by scheme
 CORPUS_SCHEMES = ("s3", "gs", "r2", "https", "cos", "oci", "nebius")
 GLOB_CHARS = set("*?[")
-# Boot disk: the image (OS, CUDA, drivers), this project's venv with Paddle GPU, logs
-IMAGE_GB = 50.0
-DISK_HEADROOM = 1.25  # on the data parts, which are modelled
-OFFSET_BYTES_PER_TOKEN = 0.5  # docs.npy + its side file, at >= 32 tokens a document
 MASTER_PORT = 8090
 GPU_INDEX = "https://www.paddlepaddle.org.cn/packages/stable/cu126/"
 # The nodes' Python: constraints.txt pins numpy 2.4, pandas 3.1, scipy 1.17 (Python >= 3.11),
@@ -117,11 +123,9 @@ INTERCONNECTS = {
         image_id="",
         note="NCCL reaches EFA through libfabric and the aws-ofi-nccl plugin, which the AWS "
         "Deep Learning AMIs carry; setup checks for the EFA device (fi_info -p efa) and says "
-        "if NCCL will fall back to TCP (slower than planned). SkyPilot 0.9.2 (constraints.txt) "
-        "attaches no EFA interfaces to EC2 VMs by itself; newer SkyPilot does with "
-        "resources.network_tier: best",
+        "if NCCL will fall back to TCP (slower than planned)",
         sources="AWS EC2 User Guide, 'Get started with EFA and NCCL' (FI_PROVIDER, "
-        "FI_EFA_USE_DEVICE_RDMA, FI_EFA_FORK_SAFE); SkyPilot YAML reference (network_tier)",
+        f"FI_EFA_USE_DEVICE_RDMA, FI_EFA_FORK_SAFE); {EFA_SOURCES}",
     ),
     ("azure", "InfiniBand"): Interconnect(
         name="InfiniBand",
@@ -264,7 +268,7 @@ def corpus_mount(uri: str) -> tuple[str, str]:
 def disk_plan(plan: Plan) -> tuple[int, str]:
     """Boot disk in GB for the task, and how it was reckoned (modelled)."""
     from gptplan.modelfacts import parameter_count
-    from gptplan.money import checkpoint_bytes, keeps_master_weights
+    from gptplan.money import keeps_master_weights
 
     job = plan.job
     tokens = job.corpus_tokens or plan.training.max_steps * plan.tokens_per_step
@@ -273,15 +277,18 @@ def disk_plan(plan: Plan) -> tuple[int, str]:
         if job.corpus_tokens
         else "the trained tokens (job.corpus_tokens not recorded)"
     )
-    width = 2 if plan.model.vocab_size < 65535 else 4
-    prepared = tokens * (width + OFFSET_BYTES_PER_TOKEN)
     t = plan.training
-    checkpoints = (plan.checkpoint.keep_last + 1) * checkpoint_bytes(
-        parameter_count(plan.model),
+    parts = disk_parts(
+        tokens=tokens,
+        vocab_size=plan.model.vocab_size,
+        params=parameter_count(plan.model),
         master_weights=keeps_master_weights(t.precision, t.fp16_opt_level),
+        keep_last=plan.checkpoint.keep_last,
+        corpus_bytes=job.corpus_bytes,
     )
-    corpus = job.corpus_bytes
-    gb = math.ceil(IMAGE_GB + DISK_HEADROOM * (prepared + checkpoints + corpus) / 1e9)
+    gb = int(disk_gb(parts))
+    width = 2 if plan.model.vocab_size < 65535 else 4
+    prepared, checkpoints, corpus = (float(parts[k]) for k in ("prepared", "checkpoints", "corpus"))
     why = (
         f"disk_size {gb} GB (modelled) = {IMAGE_GB:g} GB image and venv + "
         f"{DISK_HEADROOM:g} x (prepared data {prepared / 1e9:,.1f} GB: {tokens:,.0f} "
@@ -365,6 +372,8 @@ def task_dict(
     net = interconnect(plan, cloud)
     if net is not None and net.image_id:
         resources["image_id"] = net.image_id
+    if net is not None and net.name == "EFA":
+        resources["network_tier"] = "best"  # attaches EFA from SkyPilot EFA_SKYPILOT on
     mounts, run = _mounts_and_run(
         plan,
         plan_path=plan_path,
@@ -421,8 +430,12 @@ def interconnect_note(task: dict, plan: Plan) -> str:
         return f"interconnect: TCP between nodes, as planned with {figure}"
     envs = ", ".join(f"{k}={v}" for k, v in net.envs.items())
     image = f"; image_id {net.image_id}" if net.image_id else ""
+    launch = ""
+    if net.name == "EFA":
+        need = efa_requirement(plan.hardware.offer)
+        launch = f"; resources.network_tier: best: the launch {need}"
     return (
-        f"interconnect: {net.name} as planned with {figure}: envs {envs}{image}; "
+        f"interconnect: {net.name} as planned with {figure}: envs {envs}{image}{launch}; "
         f"{net.note} (sources: {net.sources})"
     )
 
@@ -460,7 +473,7 @@ def render(task: dict, plan: Plan, *, plan_path: str, out_path: str) -> str:
         f"# SkyPilot task for plan {plan.name!r} ({plan_path}), written by gptplan's planner.",
         f"# Offer: {hw.offer}, {plan.parallel.nnodes} node(s) x {plan.parallel.nproc_per_node} "
         f"{hw.profile}, {'spot' if hw.spot else 'on-demand'}, "
-        f"{hw.price_per_node_hour:g} {hw.currency} per node-hour.",
+        f"{hw.price_per_node_hour:g} {hw.currency} per node-hour (the node and its disk).",
         f"# Price source: {plan.provenance.prices_source or 'not recorded'} "
         f"(as of {plan.provenance.prices_as_of or 'unknown'}).",
         "# Region: "
