@@ -212,3 +212,94 @@ def test_stage3_sigkill_and_rerun_give_the_uninterrupted_losses(stage3_runs):
     again = rehearse(plan, "killed")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert losses(run) == pytest.approx(losses(work / "s3"), rel=1e-6, abs=1e-6)
+
+
+# ---- pipelines: every layout starts from the 1-process weights (runner.train.start_weights) ----
+# One tiny GPT of 8 layers (pp 4 x 2 virtual stages need whole layers), micro-batch 1 x 8
+# micro-batches (the interleaved schedule needs at least 2 x pp): the three pipeline layouts and
+# the 1-process reference train the same global batch, so one reference serves them all.
+PIPE_MODEL = {
+    "model": {"num_hidden_layers": 8},
+    "training": {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8},
+}
+PIPE_STEPS = "3"
+PIPE_PLANS = {
+    # pipeline 4 on 4 GPUs -> pp 2 (1F1B), 2 processes
+    "pp2": {"parallel": {"nproc_per_node": 4, "pipeline_parallel_degree": 4}},
+    # pipeline 4 x 2 virtual stages -> pp 4 x 2 virtual stages (interleaved), 4 processes
+    "vpp": {
+        "parallel": {"nproc_per_node": 4, "pipeline_parallel_degree": 4, "virtual_pp_degree": 2}
+    },
+    # tensor 4 x pipeline 2 on 8 GPUs -> tp 2 x pp 2, 4 processes
+    "tp2pp2": {
+        "parallel": {
+            "nproc_per_node": 8,
+            "tensor_parallel_degree": 4,
+            "pipeline_parallel_degree": 2,
+        }
+    },
+}
+PIPE_LOCAL = {"pp2": (1, 2, 1, 2), "vpp": (1, 4, 2, 4), "tp2pp2": (2, 2, 1, 4)}  # tp pp vpp n
+
+
+def _gpu_plan(overrides: dict) -> dict:
+    base = merge(TP4_GPU, PIPE_MODEL)
+    base["parallel"] = {"data_parallel_degree": 1}
+    return merge(base, overrides)
+
+
+@pytest.fixture(scope="module")
+def pipeline_runs(tmp_path_factory, shared_cache):
+    """The three pipeline rehearsals and their one 1-process reference (3 steps each)."""
+    work = tmp_path_factory.mktemp("pipe")
+    done = {}
+    for name, overrides in PIPE_PLANS.items():
+        plan = plan_file(work, shared_cache, _gpu_plan(overrides), name)
+        proc = run_cli(
+            "runner",
+            "execute",
+            str(plan),
+            "--local",
+            "--max-steps",
+            PIPE_STEPS,
+            "--output-dir",
+            name,
+            cwd=work,
+            timeout=900,
+        )
+        assert proc.returncode == 0, name + proc.stdout[-3000:] + proc.stderr[-3000:]
+        done[name] = proc
+    local = load_plan(work / "pp2" / "plan.toml")
+    reference = merge(
+        json.loads(json.dumps(local.to_dict())),
+        {
+            "parallel": {"nproc_per_node": 1, "pipeline_parallel_degree": 1},
+            "hardware": {"profile": "cpu"},
+            "job": {"output_dir": str(work / "ref")},
+        },
+    )
+    ref_plan = work / "ref.toml"
+    ref_plan.write_text(tomli_w.dumps(reference))
+    ref = run_cli("runner", "execute", str(ref_plan), cwd=work, timeout=900)
+    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
+    return work, done
+
+
+@pytest.mark.parametrize("name", list(PIPE_PLANS))
+def test_pipeline_rehearsals_have_the_reference_losses(pipeline_runs, name):
+    work, done = pipeline_runs
+    local = load_plan(work / name / "plan.toml")
+    p = local.parallel
+    assert (
+        p.tensor_parallel_degree,
+        p.pipeline_parallel_degree,
+        p.virtual_pp_degree,
+        p.nproc_per_node,
+    ) == PIPE_LOCAL[name]
+    assert local.model.num_hidden_layers == 8
+    assert local.training.gradient_accumulation_steps == 8
+    assert "runs on: the rehearsal device" in done[name].stdout
+    assert (work / name / "start_weights.safetensors").is_file()  # written once, by rank 0
+    a, b = losses(work / name), losses(work / "ref")
+    assert len(a) == len(b) == int(PIPE_STEPS)
+    assert a == pytest.approx(b, rel=1e-5, abs=1e-5)
