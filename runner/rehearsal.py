@@ -25,6 +25,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gptplan import families, precision
 from gptplan.errors import HardwareError
@@ -563,6 +564,15 @@ def _recompute_layers(p, layers_before: int, layers: int, pp: int) -> int:
     return max(1, min(per_stage, round(share * per_stage))) * pp
 
 
+def amp_blocked_by(plan: Plan, sup: Any) -> str:
+    """Why AMP cannot run in `plan`'s (local) layout on `sup`'s device ('' when it can):
+    a layout kind the device runs only in fp32 (runner.rehearsal_device.Support.amp_without)."""
+    kinds = [k for k in layout_kinds(plan.parallel) if k in getattr(sup, "amp_without", {})]
+    if not kinds or not getattr(sup, "on_device", False):
+        return ""
+    return f"AMP does not run with {kinds[0]} on the rehearsal device: {sup.amp_without[kinds[0]]}"
+
+
 def localize(plan: Plan, sup=None) -> tuple[Plan, list[str]]:
     """The plan rehearsed on this machine: its own kinds of parallelism, shrunk.
 
@@ -613,13 +623,17 @@ def localize(plan: Plan, sup=None) -> tuple[Plan, list[str]]:
         )
     precisions = list(sup.precisions) if device == "cpu" else plan.hardware.precisions
     new_t = t
-    if t.precision not in precisions:
+    amp_blocked = amp_blocked_by(shrunk, sup) if device == "cpu" else ""
+    if amp_blocked and precision.row(t.precision).mixed:
+        new_t = dataclasses.replace(t, precision="fp32", fp16_opt_level="O1")
+        changes.append(f"training.precision: {t.precision!r} -> 'fp32' ({amp_blocked})")
+    elif t.precision not in precisions:
         mixed = precision.row(t.precision).mixed
         fallback: Precision = "bf16" if "bf16" in precisions and mixed else "fp32"
         level = t.fp16_opt_level if precision.row(fallback).mixed else "O1"
         new_t = dataclasses.replace(t, precision=fallback, fp16_opt_level=level)
         why = (
-            "AMP does not run on the rehearsal device yet (no low-precision kernels)"
+            f"the rehearsal device runs {', '.join(precisions)}"
             if sup.on_device
             else "Paddle's AMP is a no-op on CPU"
         )

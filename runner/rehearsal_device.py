@@ -46,6 +46,8 @@ class Support:
     kinds: frozenset[str]  # layout kinds that run here
     precisions: tuple[str, ...]  # precisions that really train here (not fp32 under a name)
     why_not: str = ""  # why the device is not used ('' when it is)
+    # layout kinds AMP (bf16/fp16) does not run with here -> why (the device's amp_without)
+    amp_without: dict[str, str] = field(default_factory=dict)
     max_ranks: int = MAX_RANKS
     env: dict[str, str] = field(default_factory=dict)  # for the launcher and every rank
 
@@ -94,6 +96,11 @@ def support() -> Support:
             DEVICE_KIND_NAMES[k] for k in caps["layout_kinds"] if k in DEVICE_KIND_NAMES
         ),
         precisions=tuple(caps["precisions"]),
+        amp_without={
+            DEVICE_KIND_NAMES[k]: str(v)
+            for k, v in dict(caps.get("amp_without") or {}).items()
+            if k in DEVICE_KIND_NAMES
+        },
         max_ranks=min(MAX_RANKS, int(caps.get("max_processes", MAX_RANKS))),
         env={str(k): str(v) for k, v in caps["env"].items()},
     )

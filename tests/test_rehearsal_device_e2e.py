@@ -7,6 +7,7 @@ says why)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 from pathlib import Path
@@ -303,3 +304,51 @@ def test_pipeline_rehearsals_have_the_reference_losses(pipeline_runs, name):
     a, b = losses(work / name), losses(work / "ref")
     assert len(a) == len(b) == int(PIPE_STEPS)
     assert a == pytest.approx(b, rel=1e-5, abs=1e-5)
+
+
+# ---- AMP on the device: the device's upcasting kernels (runner/device/src/kernels.cc) ----------
+# Data parallel 4 -> 2 processes, micro-batch 2: the tp fixture's 1-process fp32 reference trains
+# the same global batch (micro 4 x 1). bf16/fp16 round every matmul's operands and results, so
+# the losses are close to the fp32 ones, not equal (nor equal to a GPU's, bit for bit).
+AMP_TOLERANCE = (
+    1e-3  # relative, per step, vs the fp32 reference (measured: bf16 O2 4.2e-5, fp16 O1 2.3e-6)
+)
+AMP_PLANS = {
+    "bf16_o2": {"training": {"precision": "bf16", "fp16_opt_level": "O2"}},
+    "fp16_o1": {"training": {"precision": "fp16", "fp16_opt_level": "O1", "scale_loss": 1024.0}},
+}
+
+
+@pytest.mark.parametrize("name", list(AMP_PLANS))
+def test_amp_rehearsal_trains_on_the_device_close_to_fp32(tp_runs, shared_cache, name):
+    work, _, _ = tp_runs
+    gpu = merge(
+        TP4_GPU,
+        {
+            "parallel": {
+                "nproc_per_node": 4,
+                "tensor_parallel_degree": 1,
+                "sequence_parallel": False,
+                "data_parallel_degree": 4,
+            },
+            "training": {"per_device_train_batch_size": 2},
+            "hardware": {"precisions": ["fp32", "bf16", "fp16"]},
+        },
+    )
+    plan = plan_file(work, shared_cache, merge(gpu, AMP_PLANS[name]), name)
+    done = rehearse(plan, name)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "training.precision" not in done.stdout  # rehearsed in the plan's precision
+    local = load_plan(work / name / "plan.toml")
+    want = AMP_PLANS[name]["training"]
+    assert (local.training.precision, local.training.fp16_opt_level) == (
+        want["precision"],
+        want["fp16_opt_level"],
+    )
+    assert (local.parallel.data_parallel_degree, local.parallel.nproc_per_node) == (2, 2)
+    amp, fp32 = losses(work / name), losses(work / "ref")
+    assert len(amp) == len(fp32) == 6
+    assert all(math.isfinite(x) for x in amp)
+    assert amp[-1] < amp[0]
+    assert amp == pytest.approx(fp32, rel=AMP_TOLERANCE)
+    assert amp != pytest.approx(fp32, rel=1e-7, abs=0)  # it did not train in fp32

@@ -306,3 +306,29 @@ def test_a_pipeline_step_reads_the_loss_paddle_hands_every_stage():
 
     trainer = Trainer(plan, RankInfo(), Pipe(), Optimizer(), None, Batches())  # type: ignore[arg-type]
     assert trainer.train_step(0) == 2.5
+
+
+AMP_DEVICE = dataclasses.replace(
+    DEVICE,
+    precisions=("fp32", "bf16", "fp16"),
+    amp_without={rd.TENSOR: "no bf16 c_identity"},
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "precision", "why"),
+    [
+        ("stage3x8", "fp16", None),  # kept as planned
+        ("pp4 vpp3", "fp16", None),
+        ("tp4xpp2", "fp32", "AMP does not run with tensor parallel on the rehearsal device"),
+    ],
+)
+def test_amp_is_rehearsed_as_planned_where_the_device_runs_it(name, precision, why):
+    local, changes = localize(PLANS[name](), AMP_DEVICE)
+    assert local.training.precision == precision
+    lines = [c for c in changes if c.startswith("training.precision: ")]
+    if why is None:
+        assert lines == []
+        assert local.training.fp16_opt_level == PLANS[name]().training.fp16_opt_level
+    else:
+        assert lines == [f"training.precision: 'fp16' -> 'fp32' ({why}: no bf16 c_identity)"]

@@ -30,7 +30,8 @@ TIMEOUT_ENV = "GPTPLAN_DEVICE_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 120.0
 
 # The layout kinds the device runs, each checked against a 1-process reference by
-# tests/test_device.py (fp32); AMP is not among the precisions yet (docs/device.md says why).
+# tests/test_device.py (fp32). AMP (bf16, fp16; O1, O2) runs through the device's upcasting
+# kernels (src/kernels.cc), except with tensor parallel (AMP_WITHOUT).
 LAYOUT_KINDS = (
     "dp",
     "tp",
@@ -41,7 +42,15 @@ LAYOUT_KINDS = (
     "sharding_stage2",
     "sharding_stage3",
 )
-PRECISIONS = ("fp32",)
+PRECISIONS = ("fp32", "bf16", "fp16")
+# layout kinds AMP does not run with on the device, and why
+AMP_WITHOUT = {
+    "tp": (
+        "Paddle 3.3.1 registers its custom-device c_identity, mp_allreduce_sum and "
+        "c_softmax_with_cross_entropy kernels (tensor parallel) for fp32/fp16 only, not bf16, "
+        "and fp16 tensor parallel is not verified here"
+    ),
+}
 
 
 class DeviceBuildError(RuntimeError):
@@ -235,10 +244,7 @@ def capabilities(*, check_load: bool = False) -> dict:
         "root": str(install_dir()),
         "layout_kinds": list(LAYOUT_KINDS) if ok else [],
         "precisions": list(PRECISIONS) if ok else [],
-        "unavailable_precisions": {
-            "bf16": "no CPU bf16 kernels for about 25 ops of a training step (docs/device.md)",
-            "fp16": "no CPU fp16 kernels for about 24 ops of a training step (docs/device.md)",
-        },
+        "amp_without": dict(AMP_WITHOUT) if ok else {},
         "max_processes": 8,
         "env": {k: v for k, v in env({}).items()} if ok else {},
     }
@@ -293,7 +299,30 @@ def install_paddle_hooks() -> None:
 
     for module in (batch_isend_irecv, p2p_communication):
         module.__dict__["_coalescing_manager"] = coalescing
+    allow_bfloat16_amp()
     _HOOKED = True
+
+
+def allow_bfloat16_amp() -> None:
+    """Let Paddle's AMP run bf16 on the device: Paddle 3.3.1 enables bf16 on a custom device
+    only for a fixed list of device types (`paddle.amp.auto_cast._is_custom_device_bfloat16_
+    supported`: npu, intel_hpu, iluvatar_gpu, metax_gpu) and otherwise warns "CustomPlace only
+    support float16 amp." and trains in fp32. The device's bf16 kernels (its own upcasting ones
+    where Paddle's CPU build has none, kernels.cc) make bf16 run here, so its type joins the
+    list. auto_cast and decorate read the function from their module at each call."""
+    import importlib
+
+    auto_cast = importlib.import_module("paddle.amp.auto_cast")
+    original = auto_cast._is_custom_device_bfloat16_supported
+    if getattr(original, "_gptplan_device", False):
+        return
+
+    def supported() -> bool:
+        place = auto_cast._current_expected_place()
+        return place.get_device_type() == DEVICE_TYPE or bool(original())
+
+    supported._gptplan_device = True  # type: ignore[attr-defined]
+    auto_cast.__dict__["_is_custom_device_bfloat16_supported"] = supported
 
 
 def activate_if_on_device() -> bool:
