@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 DEVICE_TYPE = "gptplan_cpu"
 LIBRARY = f"lib{DEVICE_TYPE}.so"
@@ -300,6 +301,7 @@ def install_paddle_hooks() -> None:
     for module in (batch_isend_irecv, p2p_communication):
         module.__dict__["_coalescing_manager"] = coalescing
     allow_bfloat16_amp()
+    clip_bfloat16_gradients()
     _HOOKED = True
 
 
@@ -323,6 +325,50 @@ def allow_bfloat16_amp() -> None:
 
     supported._gptplan_device = True  # type: ignore[attr-defined]
     auto_cast.__dict__["_is_custom_device_bfloat16_supported"] = supported
+
+
+class _NotACustomPlace:
+    """The current place, seen as no custom place (delegates everything else to it)."""
+
+    def __init__(self, place: object) -> None:
+        self._place = place
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._place, name)
+
+
+def clip_bfloat16_gradients() -> None:
+    """Paddle 3.3.1's hybrid-parallel gradient clip (`HybridParallelClipGrad._comm_and_clip`,
+    pipeline and sharding layouts) makes its bf16 clip factor only on GPUs and a fixed list of
+    custom device types, and otherwise fails on a bf16 gradient ("cannot access local variable
+    'clip_var_bf16'"). On the device it runs as on a GPU: during the call, the place it asks
+    `paddle.framework._current_expected_place()` for is not seen as a custom place."""
+    import importlib
+
+    import paddle
+
+    module = importlib.import_module(
+        "paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer"
+    )
+    clip = module.HybridParallelClipGrad
+    original = clip._comm_and_clip
+    if getattr(original, "_gptplan_device", False):
+        return
+    framework = paddle.framework
+
+    def comm_and_clip(self: Any, *args: Any, **kwargs: Any) -> Any:
+        real = framework._current_expected_place
+        place = real()
+        if getattr(place, "get_device_type", lambda: "")() != DEVICE_TYPE:
+            return original(self, *args, **kwargs)
+        framework._current_expected_place = lambda: _NotACustomPlace(place)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            framework._current_expected_place = real
+
+    comm_and_clip._gptplan_device = True  # type: ignore[attr-defined]
+    clip._comm_and_clip = comm_and_clip
 
 
 def activate_if_on_device() -> bool:

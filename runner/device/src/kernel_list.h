@@ -59,4 +59,8 @@
   X(update_loss_scaling, phi::UpdateLossScalingKernel)                         \
   X(maximum, phi::MaximumKernel)                                               \
   X(max, phi::MaxKernel)                                                       \
-  X(clip, phi::ClipKernel)
+  X(clip, phi::ClipKernel)                                                     \
+  X(square, phi::SquareKernel)                                                 \
+  X(square_grad, phi::SquareGradKernel)                                        \
+  X(tril, phi::TrilKernel)                                                     \
+  X(triu, phi::TriuKernel)

@@ -69,6 +69,7 @@
 #include "paddle/phi/kernels/swiglu_grad_kernel.h"
 #include "paddle/phi/kernels/swiglu_kernel.h"
 #include "paddle/phi/kernels/where_grad_kernel.h"
+#include "paddle/phi/kernels/tril_triu_kernel.h"
 #include "paddle/phi/kernels/unsqueeze_kernel.h"
 #include "paddle/phi/kernels/where_kernel.h"
 
