@@ -272,14 +272,18 @@ class Trainer(Generic[B]):
         barrier(self.rank)
         writer = self.rank.data_parallel_rank == 0
         scaler_state = dict(self.scaler.state_dict()) if self.scaler is not None else None
+        if self.plan.parallel.sharding == "stage3":
+            # the sliced parameters whole again on every rank (a collective of the sharding
+            # group; Paddle's stage 3 holds only each rank's slice between steps)
+            self.model.get_all_parameters()
         ckpt.write_shard(
             tmp,
             self.rank.shard,
             model_state=ckpt.model_state(self.model),  # canonical names, any wrapper
-            optimizer_state=self.optimizer.state_dict(),
+            optimizer_state=self.optimizer.state_dict(),  # stage 3: this rank's slices
             scaler_state=scaler_state,
-            write_model=writer
-            and (self.rank.shard.sharding_rank == 0 or self.plan.parallel.sharding == "stage3"),
+            # one writer per model shard: the weights are whole on every sharding rank
+            write_model=writer and self.rank.shard.sharding_rank == 0,
             write_optimizer=writer,
         )
         barrier(self.rank)
@@ -690,6 +694,18 @@ def tensor_parallel_slice(plan: Plan, state: dict[str, Any]) -> dict[str, Any]:
     return {k: (split[k](v) if k in split else v) for k, v in state.items()}
 
 
+STAGE3_SEGMENT = 2**20  # Paddle's default: stage 3 slices parameters of at least this many
+REHEARSAL_STAGE3_SEGMENT = 2**10  # elements; a rehearsal's shrunk model: its weight matrices too
+
+
+def stage3_segment_size(plan: Plan) -> int:
+    """The smallest parameter (elements) sharding stage 3 slices over its ranks; smaller ones
+    every rank holds whole. A rehearsal's model is shrunk until its weights are all below
+    Paddle's 2^20, where stage 3 would slice nothing and the rehearsal would not exercise the
+    sliced parameters, gathers and optimizer shards of the planned run: it slices from 2^10."""
+    return REHEARSAL_STAGE3_SEGMENT if plan.hardware.offer == "local" else STAGE3_SEGMENT
+
+
 def distribute(trainer: Trainer[B]) -> None:
     """Wrap model/optimizer/scaler for fleet (after restoring plain state dicts)."""
     if trainer.rank.world == 1:
@@ -713,6 +729,7 @@ def distribute(trainer: Trainer[B]) -> None:
             scaler=trainer.scaler,
             group=groups["group"],
             dp_group=groups.get("dp_group"),
+            segment_size=stage3_segment_size(plan),
         )
         return
     trainer.model = fleet.distributed_model(trainer.model)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 from conftest import BASE_PLAN, merge, run_cli
+from safetensors import safe_open
 from test_train_e2e import metrics, start_background, wait_for_step
 
 from gptplan.plan import REHEARSAL_PROFILE, load_plan
@@ -196,6 +197,20 @@ def test_stage3_rehearses_as_stage3_x2_with_the_reference_losses(stage3_runs):
     a, b = losses(work / "s3"), losses(work / "ref")
     assert len(a) == len(b) == 6
     assert a == pytest.approx(b, rel=1e-5, abs=1e-5)
+    # stage 3 really sliced the rehearsal's small weights (runner.train.stage3_segment_size):
+    # each rank's optimizer file holds the moments of its half of the word embedding; the
+    # model file is written once, whole (gathered), by sharding rank 0
+    last = sorted((work / "s3" / "checkpoints").glob("step_*"))[-1]
+    assert json.loads((last / "state.json").read_text())["model_files"] == [
+        "model.tp00_pp00.safetensors"
+    ]
+    vocab, hidden = local.model.vocab_size, local.model.hidden_size
+    for rank in (0, 1):
+        with safe_open(str(last / f"optimizer.tp00_pp00_sd{rank:02d}.safetensors"), "np") as f:
+            shapes = {k: f.get_slice(k).get_shape() for k in f.keys() if "moment1" in k}
+        assert shapes["slice@embedding_0.w_0_moment1_0"] == [vocab * hidden // 2]
+    with safe_open(str(last / "model.tp00_pp00.safetensors"), "np") as f:
+        assert f.get_slice("gpt.embeddings.word_embeddings.weight").get_shape() == [vocab, hidden]
 
 
 def test_stage3_sigkill_and_rerun_give_the_uninterrupted_losses(stage3_runs):

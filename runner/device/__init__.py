@@ -382,22 +382,23 @@ def activate_if_on_device() -> bool:
     return True
 
 
-def off_device(model, optimizer, device_type: str = DEVICE_TYPE) -> list[str]:
-    """Every parameter, gradient, optimizer state and master weight of this rank that is not on
-    the device (a stage-3 parameter's released storage is not counted): what a rehearsal and
-    the self-test check, since a matching loss alone proves nothing (docs/device.md)."""
+def off_device(model: Any, optimizer: Any, device_type: str = DEVICE_TYPE) -> list[str]:
+    """Every parameter (a stage-3 parameter's slice too), gradient, optimizer state and master
+    weight of this rank that is not on the device (a stage-3 parameter's released storage is
+    not counted): what a rehearsal and the self-test check, since a matching loss alone proves
+    nothing (docs/device.md)."""
     bad = []
 
-    def check(kind, name, t):
-        if t is None or not hasattr(t, "place"):
+    def check(kind: str, name: str, t: Any) -> None:
+        # a released stage-3 parameter has no place (asking raises): test that first
+        if t is None or not hasattr(t, "_is_initialized") or not t._is_initialized():
             return
-        if not t._is_initialized():
-            return  # a stage-3 parameter's released storage
         if f"Place({device_type}:" not in str(t.place):
             bad.append(f"{kind} {name} on {t.place}")
 
     for name, p in model.named_parameters():
         check("parameter", name, p)
+        check("parameter slice", name, getattr(p, "fw_storage", None))
         check("gradient", name, p.grad)
     seen = set()
     opt = optimizer
