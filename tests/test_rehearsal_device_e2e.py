@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
-from conftest import BASE_PLAN, merge, run_cli
+from conftest import BASE_PLAN, LLAMA, QWEN, merge, run_cli
 from safetensors import safe_open
 from test_train_e2e import metrics, start_background, wait_for_step
 
@@ -367,3 +367,75 @@ def test_amp_rehearsal_trains_on_the_device_close_to_fp32(tp_runs, shared_cache,
     assert amp[-1] < amp[0]
     assert amp == pytest.approx(fp32, rel=AMP_TOLERANCE)
     assert amp != pytest.approx(fp32, rel=1e-7, abs=0)  # it did not train in fp32
+
+
+# ---- the other families, and per-layer recompute (the CI matrix) ------------------------------
+# tp on GPUs -> tp 2 on the device, 3 steps, each against its own 1-process reference:
+# QWen (whole-layer recompute) and Llama with per-layer recompute (1 of its 2 layers).
+FAMILY_PLANS = {
+    "qwen_tp2": merge(
+        QWEN,
+        {"parallel": {"recompute": "full"}, "training": {"gradient_accumulation_steps": 2}},
+    ),
+    "llama_tp2_per_layer": merge(
+        LLAMA,
+        {
+            # tp 2 on 2 GPUs: 2 key/value heads allow no wider tensor split
+            "parallel": {
+                "nproc_per_node": 2,
+                "tensor_parallel_degree": 2,
+                "recompute": "full",
+                "recompute_layers": 1,
+            },
+            "training": {"gradient_accumulation_steps": 2},
+        },
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def family_runs(tmp_path_factory, shared_cache):
+    work = tmp_path_factory.mktemp("families")
+    for name, overrides in FAMILY_PLANS.items():
+        gpu = merge(TP4_GPU, {"parallel": {"sequence_parallel": False}})
+        plan = plan_file(work, shared_cache, merge(gpu, overrides), name)
+        done = run_cli(
+            "runner",
+            "execute",
+            str(plan),
+            "--local",
+            "--max-steps",
+            "3",
+            "--output-dir",
+            name,
+            cwd=work,
+            timeout=900,
+        )
+        assert done.returncode == 0, name + done.stdout[-3000:] + done.stderr[-3000:]
+        local = load_plan(work / name / "plan.toml")
+        reference = merge(
+            json.loads(json.dumps(local.to_dict())),
+            {
+                "parallel": {"nproc_per_node": 1, "tensor_parallel_degree": 1},
+                "hardware": {"profile": "cpu"},
+                "job": {"output_dir": str(work / f"{name}.ref")},
+            },
+        )
+        ref_plan = work / f"{name}.ref.toml"
+        ref_plan.write_text(tomli_w.dumps(reference))
+        ref = run_cli("runner", "execute", str(ref_plan), cwd=work, timeout=900)
+        assert ref.returncode == 0, name + ref.stdout[-3000:] + ref.stderr[-3000:]
+    return work
+
+
+@pytest.mark.parametrize("name", list(FAMILY_PLANS))
+def test_families_and_per_layer_recompute_rehearse_with_the_reference_losses(family_runs, name):
+    local = load_plan(family_runs / name / "plan.toml")
+    assert (local.parallel.tensor_parallel_degree, local.parallel.nproc_per_node) == (2, 2)
+    want = FAMILY_PLANS[name]
+    assert local.model.family == want["model"]["family"]
+    assert local.parallel.recompute == "full"
+    assert local.parallel.recompute_layers == want["parallel"].get("recompute_layers", 0)
+    a, b = losses(family_runs / name), losses(family_runs / f"{name}.ref")
+    assert len(a) == len(b) == 3
+    assert a == pytest.approx(b, rel=1e-5, abs=1e-5)
