@@ -6,7 +6,8 @@ Two ways exist (facts in the project's CPU_DEVICE notes):
 - the rehearsal device: the project's Paddle custom-device plugin (built by `make setup`),
   whose device is host memory and whose collectives really move data; it runs every layout
   kind (tensor, pipeline incl. interleaved, sequence parallel, sharding stages 1-3, data
-  parallel, recompute), in fp32 until its AMP kernels exist;
+  parallel, recompute), in fp32, bf16 and fp16 (AMP O1/O2 through its upcasting kernels; not
+  with tensor parallel: `Support.amp_without`);
 - plain CPU (gloo): data parallel and sharding stage 1 only (Paddle's CPU build has no
   `c_identity`, gloo no send/recv, `group_sharded_parallel` asserts a GPU).
 
