@@ -63,4 +63,10 @@
   X(square, phi::SquareKernel)                                                 \
   X(square_grad, phi::SquareGradKernel)                                        \
   X(tril, phi::TrilKernel)                                                     \
-  X(triu, phi::TriuKernel)
+  X(triu, phi::TriuKernel)                                                     \
+  X(tile, phi::TileKernel)                                                     \
+  X(tile_grad, phi::TileGradKernel)                                            \
+  X(gather, phi::GatherKernel)                                                 \
+  X(gather_grad, phi::GatherGradKernel)                                        \
+  X(index_select, phi::IndexSelectKernel)                                      \
+  X(index_select_grad, phi::IndexSelectGradKernel)
