@@ -69,4 +69,6 @@
   X(gather, phi::GatherKernel)                                                 \
   X(gather_grad, phi::GatherGradKernel)                                        \
   X(index_select, phi::IndexSelectKernel)                                      \
-  X(index_select_grad, phi::IndexSelectGradKernel)
+  X(index_select_grad, phi::IndexSelectGradKernel)                             \
+  X(silu, phi::SiluKernel)                                                     \
+  X(silu_grad, phi::SiluGradKernel)
