@@ -32,7 +32,7 @@ DEFAULT_TIMEOUT_S = 120.0
 
 # The layout kinds the device runs, each checked against a 1-process reference by
 # tests/test_device.py (fp32). AMP (bf16, fp16; O1, O2) runs through the device's upcasting
-# kernels (src/kernels.cc), except with tensor parallel (AMP_WITHOUT).
+# kernels (src/kernels.cc), except with tensor parallel and sharding stage 1 (AMP_WITHOUT).
 LAYOUT_KINDS = (
     "dp",
     "tp",
@@ -50,6 +50,11 @@ AMP_WITHOUT = {
         "Paddle 3.3.1 registers its custom-device c_identity, mp_allreduce_sum and "
         "c_softmax_with_cross_entropy kernels (tensor parallel) for fp32/fp16 only, not bf16, "
         "and fp16 tensor parallel is not verified here"
+    ),
+    "sharding_stage1": (
+        "fleet's sharding stage 1 with GPT in fp16 O2 (bank_faq) stopped in its gradient "
+        "reduce on the device ('interface not found': a tensor off the device; cause not "
+        "found yet; Llama's ran)"
     ),
 }
 
