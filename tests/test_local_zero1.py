@@ -65,6 +65,8 @@ def test_bank_faq_local_runs_zero1_over_two_processes_with_the_data_parallel_los
         'training.precision="fp32"',
         "--set",
         'training.fp16_opt_level="O1"',
+        "--set",
+        "training.use_flash_attention=false",
         "--max-steps",
         "2",
     ]
