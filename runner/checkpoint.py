@@ -16,8 +16,11 @@ ignored and removed. On resume the newest complete checkpoint is verified agains
 and must hold model weights (`model_files`); a damaged one is moved aside (`damaged/`, never
 deleted) and the previous one is used. A weight shared by two names (GPT's lm_head is tied to
 the word embedding) is saved once and re-attached on load (`tied` in the file's header). Only
-data-parallel rank 0 of each shard writes. Dropout is re-seeded from (seed, step, rank) every
-step, so no RNG state needs saving for a bit-exact resume.
+data-parallel rank 0 of each shard writes; a model file is written by sharding rank 0 alone
+(sharding stage 3 gathers its sliced parameters first), each sharding rank writes its own
+optimizer file (stage 3: the states of its parameter slices, `slice@<name>`). Dropout is
+re-seeded from (seed, step, rank) every step, so no RNG state needs saving for a bit-exact
+resume.
 
 Nothing here can run code: safetensors and JSON only. Checkpoints of the earlier format
 (`paddle.save` pickles: model.*.pdparams, optimizer.*.pdopt, scaler.pdstate) are refused; with

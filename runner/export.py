@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from gptplan import families, userdata
 from gptplan.errors import UserError
@@ -304,6 +305,24 @@ def merged_model_state(plan: Plan, checkpoint: Path) -> dict:
     return merged
 
 
+def with_tied_names(net: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """`state` with every name `net` ties to another (one tensor under several names: GPT's
+    lm_head is its word embedding) filled from a name of the same tensor that `state` holds.
+    A pipeline stage saves a shared weight under one name only (the last stage's copy of the
+    word embedding is the embedding's name), so a merged pipeline checkpoint lacks the
+    alias. Names `state` lacks that nothing ties stay missing (an error on loading)."""
+    groups: dict[str, list[str]] = {}
+    for name, tensor in net.state_dict().items():
+        groups.setdefault(getattr(tensor, "name", None) or name, []).append(name)
+    out = dict(state)
+    for names in groups.values():
+        held = [n for n in names if n in out]
+        for name in names:
+            if name not in out and held:
+                out[name] = out[held[0]]
+    return out
+
+
 def load_trained_model(plan: Plan, checkpoint: Path):
     """The family's PaddleNLP causal LM (one process, fp32, eval mode) with the weights of
     `checkpoint`, merged from every shard its layout wrote; any name or shape that does not
@@ -325,7 +344,8 @@ def load_trained_model(plan: Plan, checkpoint: Path):
         nproc_per_node=1,
     )
     net = build_model(plan.model, single, seq_len=plan.training.seq_len)
-    ckpt.load_model_state(net, merged_model_state(plan, checkpoint), source=str(checkpoint))
+    state = with_tied_names(net, merged_model_state(plan, checkpoint))
+    ckpt.load_model_state(net, state, source=str(checkpoint))
     net.eval()
     return net
 

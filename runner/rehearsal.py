@@ -25,6 +25,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gptplan import families, precision
 from gptplan.errors import HardwareError
@@ -303,6 +304,20 @@ def fit_time(
     }
 
 
+def timing_precision(plan: Plan, perf: DeviceProfile | None) -> str:
+    """The precision a rehearsal's step time is modelled in: the plan's where the local profile
+    has a peak for it; on the rehearsal device, whose AMP kernels compute each op in fp32
+    (docs/device.md), fp32 when the profile has none for the plan's bf16/fp16 (without it the
+    step would not be fitted to this machine's time at all: llama_zh's bf16 rehearsal kept 64
+    micro-batches of 2 x 1024 a step)."""
+    from runner.rehearsal_device import uses_device
+
+    own = plan.training.precision
+    if perf is None or perf.peak_for(own) > 0 or not uses_device(plan):
+        return own
+    return "fp32"
+
+
 def rehearse(
     plan: Plan,
     *,
@@ -337,12 +352,18 @@ def rehearse(
     before = plan
     plan, reasons = fit_memory(plan, perf, budget)
     step_time, interval = float("nan"), (float("nan"), float("nan"))
-    if perf is not None and perf.peak_for(plan.training.precision) > 0:
-        plan, time_reasons = fit_time(plan, perf, pinned)
+    timed = plan
+    if timing_precision(plan, perf) != plan.training.precision:
+        timed = _with_training(plan, precision="fp32", fp16_opt_level="O1")
+    if perf is not None and perf.peak_for(timed.training.precision) > 0:
+        timed, time_reasons = fit_time(timed, perf, pinned)
+        plan = _with_training(
+            timed, precision=plan.training.precision, fp16_opt_level=plan.training.fp16_opt_level
+        )
         for key, why in time_reasons.items():
             reasons[key] = f"{reasons[key]}; {why}" if key in reasons else why
-        step_time = data_parallel_step_time_s(plan, perf)
-        eff = perf.efficiency_for(plan.training.precision)
+        step_time = data_parallel_step_time_s(timed, perf)
+        eff = perf.efficiency_for(timed.training.precision)
         interval = (step_time / eff.throughput_p90, step_time / eff.throughput_p10)
     for key in ("per_device_train_batch_size", "seq_len", "gradient_accumulation_steps"):
         old, new = getattr(before.training, key), getattr(plan.training, key)
@@ -368,7 +389,7 @@ def rehearse(
     memory = modelled_memory_bytes(plan, perf)
     if perf is not None and math.isfinite(step_time):
         tokens_per_s = plan.tokens_per_step / step_time
-        peak = perf.peak_for(plan.training.precision) * 1e12 * plan.parallel.world_size
+        peak = perf.peak_for(timed.training.precision) * 1e12 * plan.parallel.world_size
         estimate = EstimateSection(
             source="model",
             tokens_per_second=tokens_per_s,
@@ -385,7 +406,7 @@ def rehearse(
         )
         hardware = dataclasses.replace(
             plan.hardware,  # so the run's MFU uses this peak
-            peak_tflops=perf.peak_for(plan.training.precision),
+            peak_tflops=perf.peak_for(timed.training.precision),
         )
         plan = dataclasses.replace(plan, estimate=estimate, hardware=hardware)
     return Rehearsal(
@@ -563,6 +584,15 @@ def _recompute_layers(p, layers_before: int, layers: int, pp: int) -> int:
     return max(1, min(per_stage, round(share * per_stage))) * pp
 
 
+def amp_blocked_by(plan: Plan, sup: Any) -> str:
+    """Why AMP cannot run in `plan`'s (local) layout on `sup`'s device ('' when it can):
+    a layout kind the device runs only in fp32 (runner.rehearsal_device.Support.amp_without)."""
+    kinds = [k for k in layout_kinds(plan.parallel) if k in getattr(sup, "amp_without", {})]
+    if not kinds or not getattr(sup, "on_device", False):
+        return ""
+    return f"AMP does not run with {kinds[0]} on the rehearsal device: {sup.amp_without[kinds[0]]}"
+
+
 def localize(plan: Plan, sup=None) -> tuple[Plan, list[str]]:
     """The plan rehearsed on this machine: its own kinds of parallelism, shrunk.
 
@@ -613,13 +643,17 @@ def localize(plan: Plan, sup=None) -> tuple[Plan, list[str]]:
         )
     precisions = list(sup.precisions) if device == "cpu" else plan.hardware.precisions
     new_t = t
-    if t.precision not in precisions:
+    amp_blocked = amp_blocked_by(shrunk, sup) if device == "cpu" else ""
+    if amp_blocked and precision.row(t.precision).mixed:
+        new_t = dataclasses.replace(t, precision="fp32", fp16_opt_level="O1")
+        changes.append(f"training.precision: {t.precision!r} -> 'fp32' ({amp_blocked})")
+    elif t.precision not in precisions:
         mixed = precision.row(t.precision).mixed
         fallback: Precision = "bf16" if "bf16" in precisions and mixed else "fp32"
         level = t.fp16_opt_level if precision.row(fallback).mixed else "O1"
         new_t = dataclasses.replace(t, precision=fallback, fp16_opt_level=level)
         why = (
-            "AMP does not run on the rehearsal device yet (no low-precision kernels)"
+            f"the rehearsal device runs {', '.join(precisions)}"
             if sup.on_device
             else "Paddle's AMP is a no-op on CPU"
         )

@@ -6,7 +6,8 @@ Two ways exist (facts in the project's CPU_DEVICE notes):
 - the rehearsal device: the project's Paddle custom-device plugin (built by `make setup`),
   whose device is host memory and whose collectives really move data; it runs every layout
   kind (tensor, pipeline incl. interleaved, sequence parallel, sharding stages 1-3, data
-  parallel, recompute), in fp32 until its AMP kernels exist;
+  parallel, recompute), in fp32, bf16 and fp16 (AMP O1/O2 through its upcasting kernels; not
+  with tensor parallel: `Support.amp_without`);
 - plain CPU (gloo): data parallel and sharding stage 1 only (Paddle's CPU build has no
   `c_identity`, gloo no send/recv, `group_sharded_parallel` asserts a GPU).
 
@@ -46,6 +47,8 @@ class Support:
     kinds: frozenset[str]  # layout kinds that run here
     precisions: tuple[str, ...]  # precisions that really train here (not fp32 under a name)
     why_not: str = ""  # why the device is not used ('' when it is)
+    # layout kinds AMP (bf16/fp16) does not run with here -> why (the device's amp_without)
+    amp_without: dict[str, str] = field(default_factory=dict)
     max_ranks: int = MAX_RANKS
     env: dict[str, str] = field(default_factory=dict)  # for the launcher and every rank
 
@@ -94,6 +97,11 @@ def support() -> Support:
             DEVICE_KIND_NAMES[k] for k in caps["layout_kinds"] if k in DEVICE_KIND_NAMES
         ),
         precisions=tuple(caps["precisions"]),
+        amp_without={
+            DEVICE_KIND_NAMES[k]: str(v)
+            for k, v in dict(caps.get("amp_without") or {}).items()
+            if k in DEVICE_KIND_NAMES
+        },
         max_ranks=min(MAX_RANKS, int(caps.get("max_processes", MAX_RANKS))),
         env={str(k): str(v) for k, v in caps["env"].items()},
     )

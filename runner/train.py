@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import signal
 import sys
 import time
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from gptplan import families, money, precision
-from gptplan.diskspace import free_bytes
+from gptplan.diskspace import free_bytes, guard_disk_writes
 from gptplan.errors import UserError
 from gptplan.plan import Plan, TrainingSection, load_plan
 from gptplan.progress import stderr_is_terminal
@@ -271,14 +272,18 @@ class Trainer(Generic[B]):
         barrier(self.rank)
         writer = self.rank.data_parallel_rank == 0
         scaler_state = dict(self.scaler.state_dict()) if self.scaler is not None else None
+        if self.plan.parallel.sharding == "stage3":
+            # the sliced parameters whole again on every rank (a collective of the sharding
+            # group; Paddle's stage 3 holds only each rank's slice between steps)
+            self.model.get_all_parameters()
         ckpt.write_shard(
             tmp,
             self.rank.shard,
             model_state=ckpt.model_state(self.model),  # canonical names, any wrapper
-            optimizer_state=self.optimizer.state_dict(),
+            optimizer_state=self.optimizer.state_dict(),  # stage 3: this rank's slices
             scaler_state=scaler_state,
-            write_model=writer
-            and (self.rank.shard.sharding_rank == 0 or self.plan.parallel.sharding == "stage3"),
+            # one writer per model shard: the weights are whole on every sharding rank
+            write_model=writer and self.rank.shard.sharding_rank == 0,
             write_optimizer=writer,
         )
         barrier(self.rank)
@@ -495,7 +500,11 @@ class StopRules:
 # ---- the run ---------------------------------------------------------------------------------
 
 
-def build_trainer(plan: Plan, data_dir: Path, rank: RankInfo) -> Trainer[BatchSource]:
+def build_trainer(
+    plan: Plan, data_dir: Path, rank: RankInfo, start: StartWeights | None = None
+) -> Trainer[BatchSource]:
+    """The rank's model, optimizer, scaler and data; `start`: a rehearsal's 1-process start
+    weights (`start_weights`), None to keep the model's own initialisation."""
     data = open_prepared(data_dir)
     if data.meta["vocab_size"] > plan.model.vocab_size:
         raise RuntimeError("prepared data vocabulary exceeds model.vocab_size")
@@ -507,7 +516,7 @@ def build_trainer(plan: Plan, data_dir: Path, rank: RankInfo) -> Trainer[BatchSo
         accumulation=plan.training.gradient_accumulation_steps,
         batch_ranks=plan.parallel.batch_ranks,
     )
-    model, optimizer, scaler = build_training_state(plan)
+    model, optimizer, scaler = build_training_state(plan, start=start)
     if plan.parallel.pipeline_parallel_degree == 1:
         from runner.model import mask_padding_in_loss
 
@@ -517,12 +526,14 @@ def build_trainer(plan: Plan, data_dir: Path, rank: RankInfo) -> Trainer[BatchSo
     )
 
 
-def build_training_state(plan: Plan):
-    """Model, optimizer and loss scaler exactly as a run builds them (probes use this too)."""
+def build_training_state(
+    plan: Plan, *, start: StartWeights | None = None
+) -> tuple[paddle.nn.Layer, paddle.optimizer.Optimizer, paddle.amp.GradScaler | None]:
+    """Model, optimizer and loss scaler exactly as a run builds them (probes use this too);
+    `start`: the 1-process start weights this rank takes its slice of (`start_weights`)."""
     import paddle
     from paddle.utils import unique_name
 
-    reference = reference_weights(plan)  # a rehearsal's tensor-parallel start (see there)
     paddle.seed(plan.job.seed)
     with unique_name.guard():  # stable parameter names -> optimizer state keys match on resume
         model = build_model(
@@ -533,8 +544,8 @@ def build_training_state(plan: Plan):
             precision=plan.training.precision,
         )
         optimizer = build_optimizer(plan, model)
-    if reference is not None:
-        model.set_state_dict(tensor_parallel_slice(plan, reference))
+    if start is not None:
+        load_slice(plan, model, start)
     if plan.parallel.sequence_parallel and plan.parallel.tensor_parallel_degree > 1:
         # as PaddleNLP's llm/run_pretrain.py does: the gradients of the parameters every
         # tensor-parallel rank holds whole (norms, biases) are partial sums over the rank's
@@ -556,24 +567,39 @@ def build_training_state(plan: Plan):
     return model, optimizer, scaler
 
 
-def reference_weights(plan: Plan) -> dict | None:
-    """A rehearsal (hardware.offer 'local') with tensor parallel starts from the weights a
-    1-process run of the same seed starts from, each rank its slice: Paddle initialises each
-    tensor-parallel shard from its own random stream, so without this a rehearsal's losses
-    could not be compared with a 1-process reference. Returns that 1-process model's state
-    (built as the reference builds it), or None (no rehearsal, no tensor parallel, or a
-    pipeline, whose stages name their weights differently)."""
-    p = plan.parallel
-    if plan.hardware.offer != "local" or p.tensor_parallel_degree == 1:
-        return None
-    if p.pipeline_parallel_degree > 1:
-        return None
-    import paddle
-    from paddle.utils import unique_name
+# ---- a rehearsal's start: the 1-process weights, each rank its slice ---------------------------
 
+START_WEIGHTS = "start_weights.safetensors"  # in the run folder (runner.checkpoint's format)
+
+
+@dataclass(frozen=True)
+class StartWeights:
+    """The weights a 1-process run of the plan's seed starts from, under its structured names
+    (numpy arrays), and the names that share a tensor ({alias: name}: GPT's lm_head is the
+    word embedding)."""
+
+    state: dict[str, Any]
+    tied: dict[str, str]
+
+
+def needs_start_weights(plan: Plan) -> bool:
+    """A rehearsal (hardware.offer 'local') whose layout initialises its weights otherwise than
+    one process of the same seed: tensor parallel (Paddle initialises each shard from its own
+    random stream) and pipeline parallel (each stage builds only its layers, from its own
+    stream). Data parallel and sharding build the whole model from the seed on every rank."""
+    p = plan.parallel
+    if plan.hardware.offer != "local":
+        return False
+    return p.tensor_parallel_degree > 1 or p.pipeline_parallel_degree > 1
+
+
+def single_process_plan(plan: Plan) -> Plan:
+    """The plan as one process trains it (the rehearsal's reference layout)."""
     single = dataclasses.replace(
-        p,
+        plan.parallel,
         tensor_parallel_degree=1,
+        pipeline_parallel_degree=1,
+        virtual_pp_degree=1,
         sequence_parallel=False,
         data_parallel_degree=1,
         sharding="",
@@ -581,19 +607,76 @@ def reference_weights(plan: Plan) -> dict | None:
         nproc_per_node=1,
         nnodes=1,
     )
+    return dataclasses.replace(plan, parallel=single)
+
+
+def write_start_weights(plan: Plan, path: Path) -> None:
+    """Build the model as one process of the plan's seed builds it and write its weights to
+    `path` (safetensors, runner.checkpoint's model format; written whole or not at all)."""
+    import paddle
+    from paddle.utils import unique_name
+
+    single = single_process_plan(plan)
     paddle.seed(plan.job.seed)
     with unique_name.guard():
         full = build_model(
-            plan.model,
-            single,
+            single.model,
+            single.parallel,
             seq_len=plan.training.seq_len,
             use_flash_attention=plan.training.use_flash_attention,
             precision=plan.training.precision,
         )
-    return {k: v.numpy() for k, v in full.state_dict().items()}
+    tmp = path.with_name(path.name + ".tmp")
+    with guard_disk_writes(path.parent):
+        ckpt.save_tensors(tmp, ckpt.untie(dict(full.state_dict())), kind="model")
+        os.replace(tmp, path)
 
 
-def tensor_parallel_slice(plan: Plan, state: dict) -> dict:
+def start_weights(plan: Plan, rank: RankInfo, run_dir: Path) -> StartWeights | None:
+    """A fresh rehearsal's start (`needs_start_weights`; None otherwise): global rank 0 writes
+    the 1-process start weights once into the run folder (START_WEIGHTS), every rank reads
+    them after a barrier and later loads its slice (`load_slice`), so every layout starts from
+    the weights its 1-process reference starts from and their losses can be compared."""
+    if not needs_start_weights(plan):
+        return None
+    path = Path(run_dir) / START_WEIGHTS
+    if rank.is_main:
+        write_start_weights(plan, path)
+    barrier(rank)
+    state = ckpt.load_tensors(path, kind="model")
+    tied = dict(state.pop(ckpt.TIED_KEY, None) or {})
+    return StartWeights({k: v.numpy() for k, v in state.items()}, tied)
+
+
+def load_slice(plan: Plan, model: paddle.nn.Layer, start: StartWeights) -> None:
+    """Load this rank's slice of `start` into its freshly built model: the tensor-parallel
+    split by the family's own mappings (`tensor_parallel_slice`), the pipeline stage's layers
+    by their structured names (a PaddleNLP pipeline model's state dict maps its stage's names,
+    virtual stages included, back to the 1-process names). Every tensor of the rank must be
+    found, in its shape: anything else is an error naming them, never a tensor left at its
+    own random start."""
+    state = dict(start.state)
+    if plan.parallel.tensor_parallel_degree > 1:
+        state = tensor_parallel_slice(plan, state)
+    for alias, name in start.tied.items():  # a shared tensor: the slice of its first name
+        state[alias] = state[name]
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    shapes = [
+        f"{k} {list(state[k].shape)} (rank: {list(expected[k].shape)})"
+        for k in expected
+        if k in state and list(state[k].shape) != list(expected[k].shape)
+    ]
+    if missing or shapes:
+        raise RuntimeError(
+            f"the 1-process start weights ({START_WEIGHTS}) do not fit this rank's model: "
+            f"{len(missing)} missing ({', '.join(missing[:3])}), {len(shapes)} of another shape "
+            f"({'; '.join(shapes[:2])})"
+        )
+    model.set_state_dict({k: state[k] for k in expected})
+
+
+def tensor_parallel_slice(plan: Plan, state: dict[str, Any]) -> dict[str, Any]:
     """This tensor-parallel rank's slice of a 1-process state dict, by the family's own
     PaddleNLP split mappings (`_get_tensor_parallel_mappings(config, is_split=True)`)."""
     from paddle.distributed import fleet
@@ -609,6 +692,18 @@ def tensor_parallel_slice(plan: Plan, state: dict) -> dict:
     names = cls._resolve_prefix_keys(actions.keys(), state.keys(), ignore_error=True)
     split = {full: actions[short] for short, full in names.items()}
     return {k: (split[k](v) if k in split else v) for k, v in state.items()}
+
+
+STAGE3_SEGMENT = 2**20  # Paddle's default: stage 3 slices parameters of at least this many
+REHEARSAL_STAGE3_SEGMENT = 2**10  # elements; a rehearsal's shrunk model: its weight matrices too
+
+
+def stage3_segment_size(plan: Plan) -> int:
+    """The smallest parameter (elements) sharding stage 3 slices over its ranks; smaller ones
+    every rank holds whole. A rehearsal's model is shrunk until its weights are all below
+    Paddle's 2^20, where stage 3 would slice nothing and the rehearsal would not exercise the
+    sliced parameters, gathers and optimizer shards of the planned run: it slices from 2^10."""
+    return REHEARSAL_STAGE3_SEGMENT if plan.hardware.offer == "local" else STAGE3_SEGMENT
 
 
 def distribute(trainer: Trainer[B]) -> None:
@@ -634,6 +729,7 @@ def distribute(trainer: Trainer[B]) -> None:
             scaler=trainer.scaler,
             group=groups["group"],
             dp_group=groups.get("dp_group"),
+            segment_size=stage3_segment_size(plan),
         )
         return
     trainer.model = fleet.distributed_model(trainer.model)
@@ -743,15 +839,16 @@ def start_attempt(plan: Plan, data_dir: Path, run_dir: Path) -> Attempt:
     """Build the rank's model and data, restore the newest checkpoint, set up meters."""
     rank = init_distributed(plan)
     agree_on_data(data_dir, rank)
-    trainer = build_trainer(plan, data_dir, rank)
+    root = run_dir / "checkpoints"
+    latest = agree_on_checkpoint(ckpt.latest_checkpoint(root), rank)
+    start = start_weights(plan, rank, run_dir) if latest is None else None
+    trainer = build_trainer(plan, data_dir, rank, start)
     notice = StopSignal()  # after importing paddle, which installs its own handlers
     signals.unblock()  # a notice that came during start-up is delivered now
     # the runner opened this attempt (runner.billing); the other nodes' time is in the bill
     billing = Billing(run_dir, nnodes=plan.parallel.nnodes)
     attempt_start = billing.attempts[-1]["start"] if billing.attempts else time.time()
-    root = run_dir / "checkpoints"
     start_step, tokens_before, padded_before = 0, 0, 0
-    latest = agree_on_checkpoint(ckpt.latest_checkpoint(root), rank)
     state = None
     if latest is not None:
         state = ckpt.read_state(latest)

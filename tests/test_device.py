@@ -98,7 +98,8 @@ def test_capabilities_when_built():
     assert caps["available"], caps["reason"]
     for kind in ("tp", "pp", "vpp", "sp", "sharding_stage2", "sharding_stage3"):
         assert kind in caps["layout_kinds"]
-    assert caps["precisions"] == ["fp32"]
+    assert caps["precisions"] == ["fp32", "bf16", "fp16"]  # AMP: the upcasting kernels
+    assert set(caps["amp_without"]) == {"tp", "sharding_stage1"}
 
 
 # ---- collectives -------------------------------------------------------------------------------

@@ -7,13 +7,15 @@ says why)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 from pathlib import Path
 
 import pytest
 import tomli_w
-from conftest import BASE_PLAN, merge, run_cli
+from conftest import BASE_PLAN, LLAMA, QWEN, merge, run_cli
+from safetensors import safe_open
 from test_train_e2e import metrics, start_background, wait_for_step
 
 from gptplan.plan import REHEARSAL_PROFILE, load_plan
@@ -195,6 +197,20 @@ def test_stage3_rehearses_as_stage3_x2_with_the_reference_losses(stage3_runs):
     a, b = losses(work / "s3"), losses(work / "ref")
     assert len(a) == len(b) == 6
     assert a == pytest.approx(b, rel=1e-5, abs=1e-5)
+    # stage 3 really sliced the rehearsal's small weights (runner.train.stage3_segment_size):
+    # each rank's optimizer file holds the moments of its half of the word embedding; the
+    # model file is written once, whole (gathered), by sharding rank 0
+    last = sorted((work / "s3" / "checkpoints").glob("step_*"))[-1]
+    assert json.loads((last / "state.json").read_text())["model_files"] == [
+        "model.tp00_pp00.safetensors"
+    ]
+    vocab, hidden = local.model.vocab_size, local.model.hidden_size
+    for rank in (0, 1):
+        with safe_open(str(last / f"optimizer.tp00_pp00_sd{rank:02d}.safetensors"), "np") as f:
+            shapes = {k: f.get_slice(k).get_shape() for k in f.keys() if "moment1" in k}
+        assert shapes["slice@embedding_0.w_0_moment1_0"] == [vocab * hidden // 2]
+    with safe_open(str(last / "model.tp00_pp00.safetensors"), "np") as f:
+        assert f.get_slice("gpt.embeddings.word_embeddings.weight").get_shape() == [vocab, hidden]
 
 
 def test_stage3_sigkill_and_rerun_give_the_uninterrupted_losses(stage3_runs):
@@ -212,3 +228,214 @@ def test_stage3_sigkill_and_rerun_give_the_uninterrupted_losses(stage3_runs):
     again = rehearse(plan, "killed")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert losses(run) == pytest.approx(losses(work / "s3"), rel=1e-6, abs=1e-6)
+
+
+# ---- pipelines: every layout starts from the 1-process weights (runner.train.start_weights) ----
+# One tiny GPT of 8 layers (pp 4 x 2 virtual stages need whole layers), micro-batch 1 x 8
+# micro-batches (the interleaved schedule needs at least 2 x pp): the three pipeline layouts and
+# the 1-process reference train the same global batch, so one reference serves them all.
+PIPE_MODEL = {
+    "model": {"num_hidden_layers": 8},
+    "training": {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8},
+}
+PIPE_STEPS = "3"
+PIPE_PLANS = {
+    # pipeline 4 on 4 GPUs -> pp 2 (1F1B), 2 processes
+    "pp2": {"parallel": {"nproc_per_node": 4, "pipeline_parallel_degree": 4}},
+    # pipeline 4 x 2 virtual stages -> pp 4 x 2 virtual stages (interleaved), 4 processes
+    "vpp": {
+        "parallel": {"nproc_per_node": 4, "pipeline_parallel_degree": 4, "virtual_pp_degree": 2}
+    },
+    # tensor 4 x pipeline 2 on 8 GPUs -> tp 2 x pp 2, 4 processes
+    "tp2pp2": {
+        "parallel": {
+            "nproc_per_node": 8,
+            "tensor_parallel_degree": 4,
+            "pipeline_parallel_degree": 2,
+        }
+    },
+}
+PIPE_LOCAL = {"pp2": (1, 2, 1, 2), "vpp": (1, 4, 2, 4), "tp2pp2": (2, 2, 1, 4)}  # tp pp vpp n
+
+
+def _gpu_plan(overrides: dict) -> dict:
+    base = merge(TP4_GPU, PIPE_MODEL)
+    base["parallel"] = {"data_parallel_degree": 1}
+    return merge(base, overrides)
+
+
+@pytest.fixture(scope="module")
+def pipeline_runs(tmp_path_factory, shared_cache):
+    """The three pipeline rehearsals and their one 1-process reference (3 steps each)."""
+    work = tmp_path_factory.mktemp("pipe")
+    done = {}
+    for name, overrides in PIPE_PLANS.items():
+        plan = plan_file(work, shared_cache, _gpu_plan(overrides), name)
+        proc = run_cli(
+            "runner",
+            "execute",
+            str(plan),
+            "--local",
+            "--max-steps",
+            PIPE_STEPS,
+            "--output-dir",
+            name,
+            cwd=work,
+            timeout=900,
+        )
+        assert proc.returncode == 0, name + proc.stdout[-3000:] + proc.stderr[-3000:]
+        done[name] = proc
+    local = load_plan(work / "pp2" / "plan.toml")
+    reference = merge(
+        json.loads(json.dumps(local.to_dict())),
+        {
+            "parallel": {"nproc_per_node": 1, "pipeline_parallel_degree": 1},
+            "hardware": {"profile": "cpu"},
+            "job": {"output_dir": str(work / "ref")},
+        },
+    )
+    ref_plan = work / "ref.toml"
+    ref_plan.write_text(tomli_w.dumps(reference))
+    ref = run_cli("runner", "execute", str(ref_plan), cwd=work, timeout=900)
+    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
+    return work, done
+
+
+@pytest.mark.parametrize("name", list(PIPE_PLANS))
+def test_pipeline_rehearsals_have_the_reference_losses(pipeline_runs, name):
+    work, done = pipeline_runs
+    local = load_plan(work / name / "plan.toml")
+    p = local.parallel
+    assert (
+        p.tensor_parallel_degree,
+        p.pipeline_parallel_degree,
+        p.virtual_pp_degree,
+        p.nproc_per_node,
+    ) == PIPE_LOCAL[name]
+    assert local.model.num_hidden_layers == 8
+    assert local.training.gradient_accumulation_steps == 8
+    assert "runs on: the rehearsal device" in done[name].stdout
+    assert (work / name / "start_weights.safetensors").is_file()  # written once, by rank 0
+    a, b = losses(work / name), losses(work / "ref")
+    assert len(a) == len(b) == int(PIPE_STEPS)
+    assert a == pytest.approx(b, rel=1e-5, abs=1e-5)
+
+
+# ---- AMP on the device: the device's upcasting kernels (runner/device/src/kernels.cc) ----------
+# Data parallel 4 -> 2 processes, micro-batch 2: the tp fixture's 1-process fp32 reference trains
+# the same global batch (micro 4 x 1). bf16/fp16 round every matmul's operands and results, so
+# the losses are close to the fp32 ones, not equal (nor equal to a GPU's, bit for bit).
+AMP_TOLERANCE = (
+    1e-3  # relative, per step, vs the fp32 reference (measured: bf16 O2 4.2e-5, fp16 O1 2.3e-6)
+)
+AMP_PLANS = {
+    "bf16_o2": {"training": {"precision": "bf16", "fp16_opt_level": "O2"}},
+    "fp16_o1": {"training": {"precision": "fp16", "fp16_opt_level": "O1", "scale_loss": 1024.0}},
+}
+
+
+@pytest.mark.parametrize("name", list(AMP_PLANS))
+def test_amp_rehearsal_trains_on_the_device_close_to_fp32(tp_runs, shared_cache, name):
+    work, _, _ = tp_runs
+    gpu = merge(
+        TP4_GPU,
+        {
+            "parallel": {
+                "nproc_per_node": 4,
+                "tensor_parallel_degree": 1,
+                "sequence_parallel": False,
+                "data_parallel_degree": 4,
+            },
+            "training": {"per_device_train_batch_size": 2},
+            "hardware": {"precisions": ["fp32", "bf16", "fp16"]},
+        },
+    )
+    plan = plan_file(work, shared_cache, merge(gpu, AMP_PLANS[name]), name)
+    done = rehearse(plan, name)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "training.precision" not in done.stdout  # rehearsed in the plan's precision
+    local = load_plan(work / name / "plan.toml")
+    want = AMP_PLANS[name]["training"]
+    assert (local.training.precision, local.training.fp16_opt_level) == (
+        want["precision"],
+        want["fp16_opt_level"],
+    )
+    assert (local.parallel.data_parallel_degree, local.parallel.nproc_per_node) == (2, 2)
+    amp, fp32 = losses(work / name), losses(work / "ref")
+    assert len(amp) == len(fp32) == 6
+    assert all(math.isfinite(x) for x in amp)
+    assert amp[-1] < amp[0]
+    assert amp == pytest.approx(fp32, rel=AMP_TOLERANCE)
+    assert amp != pytest.approx(fp32, rel=1e-7, abs=0)  # it did not train in fp32
+
+
+# ---- the other families, and per-layer recompute (the CI matrix) ------------------------------
+# tp on GPUs -> tp 2 on the device, 3 steps, each against its own 1-process reference:
+# QWen (whole-layer recompute) and Llama with per-layer recompute (1 of its 2 layers).
+FAMILY_PLANS = {
+    "qwen_tp2": merge(
+        QWEN,
+        {"parallel": {"recompute": "full"}, "training": {"gradient_accumulation_steps": 2}},
+    ),
+    "llama_tp2_per_layer": merge(
+        LLAMA,
+        {
+            # tp 2 on 2 GPUs: 2 key/value heads allow no wider tensor split
+            "parallel": {
+                "nproc_per_node": 2,
+                "tensor_parallel_degree": 2,
+                "recompute": "full",
+                "recompute_layers": 1,
+            },
+            "training": {"gradient_accumulation_steps": 2},
+        },
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def family_runs(tmp_path_factory, shared_cache):
+    work = tmp_path_factory.mktemp("families")
+    for name, overrides in FAMILY_PLANS.items():
+        gpu = merge(TP4_GPU, {"parallel": {"sequence_parallel": False}})
+        plan = plan_file(work, shared_cache, merge(gpu, overrides), name)
+        done = run_cli(
+            "runner",
+            "execute",
+            str(plan),
+            "--local",
+            "--max-steps",
+            "3",
+            "--output-dir",
+            name,
+            cwd=work,
+            timeout=900,
+        )
+        assert done.returncode == 0, name + done.stdout[-3000:] + done.stderr[-3000:]
+        local = load_plan(work / name / "plan.toml")
+        reference = merge(
+            json.loads(json.dumps(local.to_dict())),
+            {
+                "parallel": {"nproc_per_node": 1, "tensor_parallel_degree": 1},
+                "hardware": {"profile": "cpu"},
+                "job": {"output_dir": str(work / f"{name}.ref")},
+            },
+        )
+        ref_plan = work / f"{name}.ref.toml"
+        ref_plan.write_text(tomli_w.dumps(reference))
+        ref = run_cli("runner", "execute", str(ref_plan), cwd=work, timeout=900)
+        assert ref.returncode == 0, name + ref.stdout[-3000:] + ref.stderr[-3000:]
+    return work
+
+
+@pytest.mark.parametrize("name", list(FAMILY_PLANS))
+def test_families_and_per_layer_recompute_rehearse_with_the_reference_losses(family_runs, name):
+    local = load_plan(family_runs / name / "plan.toml")
+    assert (local.parallel.tensor_parallel_degree, local.parallel.nproc_per_node) == (2, 2)
+    want = FAMILY_PLANS[name]
+    assert local.model.family == want["model"]["family"]
+    assert local.parallel.recompute == "full"
+    assert local.parallel.recompute_layers == want["parallel"].get("recompute_layers", 0)
+    a, b = losses(family_runs / name), losses(family_runs / f"{name}.ref")
+    assert len(a) == len(b) == 3
+    assert a == pytest.approx(b, rel=1e-5, abs=1e-5)

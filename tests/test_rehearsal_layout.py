@@ -306,3 +306,51 @@ def test_a_pipeline_step_reads_the_loss_paddle_hands_every_stage():
 
     trainer = Trainer(plan, RankInfo(), Pipe(), Optimizer(), None, Batches())  # type: ignore[arg-type]
     assert trainer.train_step(0) == 2.5
+
+
+AMP_DEVICE = dataclasses.replace(
+    DEVICE,
+    precisions=("fp32", "bf16", "fp16"),
+    amp_without={rd.TENSOR: "no bf16 c_identity"},
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "precision", "why"),
+    [
+        ("stage3x8", "fp16", None),  # kept as planned
+        ("pp4 vpp3", "fp16", None),
+        ("tp4xpp2", "fp32", "AMP does not run with tensor parallel on the rehearsal device"),
+    ],
+)
+def test_amp_is_rehearsed_as_planned_where_the_device_runs_it(name, precision, why):
+    local, changes = localize(PLANS[name](), AMP_DEVICE)
+    assert local.training.precision == precision
+    lines = [c for c in changes if c.startswith("training.precision: ")]
+    if why is None:
+        assert lines == []
+        assert local.training.fp16_opt_level == PLANS[name]().training.fp16_opt_level
+    else:
+        assert lines == [f"training.precision: 'fp16' -> 'fp32' ({why}: no bf16 c_identity)"]
+
+
+def test_an_amp_rehearsal_on_the_device_is_fitted_to_time_as_fp32():
+    """The local profile has no fp16/bf16 peak; the device's AMP kernels compute in fp32, so the
+    step is fitted to this machine's time as fp32 would be (unfitted, llama_zh kept 64
+    micro-batches of 2 x 1024 a step), and the plan keeps its precision."""
+    import math
+
+    from runner.rehearsal import rehearse
+
+    local, _ = localize(PLANS["llama_zh"](), AMP_DEVICE)
+    assert local.training.precision == "fp16"  # the plan's own
+    amp = rehearse(local, max_steps_given=True, limit_gb=16.0)
+    fp32_plan = dataclasses.replace(
+        local, training=dataclasses.replace(local.training, precision="fp32", fp16_opt_level="O1")
+    )
+    fp32 = rehearse(fp32_plan, max_steps_given=True, limit_gb=16.0)
+    assert amp.plan.training.precision == "fp16"
+    assert math.isfinite(amp.step_time_s)
+    for key in ("gradient_accumulation_steps", "per_device_train_batch_size", "seq_len"):
+        assert getattr(amp.plan.training, key) == getattr(fp32.plan.training, key)
+    assert amp.plan.training.gradient_accumulation_steps < 64

@@ -10,3 +10,65 @@
   X(split, phi::SplitKernel)                  \
   X(split_with_num, phi::SplitWithNumKernel)  \
   X(embedding_grad, phi::EmbeddingGradKernel)
+
+// Paddle CPU kernels without a bfloat16 / float16 version that a training step of the families
+// runs (listed by GLOG_vmodule=kernel_factory=3 on a Llama and a GPT step): the device's bf16 and
+// fp16 kernels of these cast the low-precision inputs to fp32, run the CPU fp32 kernel and cast
+// the outputs back (kernels.cc, `Upcast`), so AMP (O1/O2) runs on the device. Registered only
+// where Paddle has no CPU kernel of that precision. adamw has its own (master weights).
+#define GPTPLAN_UPCAST_KERNELS(X)                                              \
+  X(add, phi::AddKernel)                                                       \
+  X(add_grad, phi::AddGradKernel)                                              \
+  X(multiply, phi::MultiplyKernel)                                             \
+  X(multiply_grad, phi::MultiplyGradKernel)                                    \
+  X(divide, phi::DivideKernel)                                                 \
+  X(divide_grad, phi::DivideGradKernel)                                        \
+  X(elementwise_pow, phi::ElementwisePowKernel)                                \
+  X(matmul, phi::MatmulKernel)                                                 \
+  X(matmul_grad, phi::MatmulGradKernel)                                        \
+  X(softmax, phi::SoftmaxKernel)                                               \
+  X(softmax_grad, phi::SoftmaxGradKernel)                                      \
+  X(cross_entropy_with_softmax, phi::CrossEntropyWithSoftmaxKernel)            \
+  X(cross_entropy_with_softmax_grad, phi::CrossEntropyWithSoftmaxGradKernel)   \
+  X(mean, phi::MeanKernel)                                                     \
+  X(mean_grad, phi::ReduceMeanGradKernel)                                      \
+  X(pow, phi::PowKernel)                                                       \
+  X(pow_grad, phi::PowGradKernel)                                              \
+  X(rsqrt, phi::RsqrtKernel)                                                   \
+  X(rsqrt_grad, phi::RsqrtGradKernel)                                          \
+  X(sqrt, phi::SqrtKernel)                                                     \
+  X(tanh, phi::TanhKernel)                                                     \
+  X(tanh_grad, phi::TanhGradKernel)                                            \
+  X(sin, phi::SinKernel)                                                       \
+  X(cos, phi::CosKernel)                                                       \
+  X(gelu, phi::GeluKernel)                                                     \
+  X(gelu_grad, phi::GeluGradKernel)                                            \
+  X(layer_norm, phi::LayerNormKernel)                                          \
+  X(layer_norm_grad, phi::LayerNormGradKernel)                                 \
+  X(swiglu, phi::SwiGLUKernel)                                                 \
+  X(swiglu_grad, phi::SwiGLUGradKernel)                                        \
+  X(where, phi::WhereKernel)                                                   \
+  X(where_grad, phi::WhereGradKernel)                                          \
+  X(concat_grad, phi::ConcatGradKernel)                                        \
+  X(gather_nd, phi::GatherNdKernel)                                            \
+  X(gather_nd_grad, phi::GatherNdGradKernel)                                   \
+  X(arange_tensor, phi::ArangeTensorKernel)                                    \
+  X(unsqueeze, phi::UnsqueezeKernel)                                           \
+  X(squared_l2_norm, phi::SquaredL2NormKernel)                                 \
+  X(check_finite_and_unscale, phi::CheckFiniteAndUnscaleKernel)                \
+  X(update_loss_scaling, phi::UpdateLossScalingKernel)                         \
+  X(maximum, phi::MaximumKernel)                                               \
+  X(max, phi::MaxKernel)                                                       \
+  X(clip, phi::ClipKernel)                                                     \
+  X(square, phi::SquareKernel)                                                 \
+  X(square_grad, phi::SquareGradKernel)                                        \
+  X(tril, phi::TrilKernel)                                                     \
+  X(triu, phi::TriuKernel)                                                     \
+  X(tile, phi::TileKernel)                                                     \
+  X(tile_grad, phi::TileGradKernel)                                            \
+  X(gather, phi::GatherKernel)                                                 \
+  X(gather_grad, phi::GatherGradKernel)                                        \
+  X(index_select, phi::IndexSelectKernel)                                      \
+  X(index_select_grad, phi::IndexSelectGradKernel)                             \
+  X(silu, phi::SiluKernel)                                                     \
+  X(silu_grad, phi::SiluGradKernel)

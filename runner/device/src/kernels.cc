@@ -15,11 +15,14 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <vector>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 
+#include "paddle/phi/backends/context_pool.h"
 #include "paddle/phi/backends/cpu/cpu_context.h"
 #include "paddle/phi/backends/custom/custom_context.h"
 #include "paddle/phi/common/backend.h"
@@ -33,6 +36,48 @@
 #include "paddle/phi/kernels/one_hot_kernel.h"
 #include "paddle/phi/kernels/scale_kernel.h"
 #include "paddle/phi/kernels/split_kernel.h"
+// the upcast kernels (kernel_list.h: GPTPLAN_UPCAST_KERNELS)
+#include "paddle/phi/kernels/activation_grad_kernel.h"
+#include "paddle/phi/kernels/activation_kernel.h"
+#include "paddle/phi/kernels/amp_kernel.h"
+#include "paddle/phi/kernels/clip_kernel.h"
+#include "paddle/phi/kernels/reduce_max_kernel.h"
+#include "paddle/phi/kernels/squared_l2_norm_kernel.h"
+#include "paddle/phi/kernels/arange_kernel.h"
+#include "paddle/phi/kernels/gather_nd_grad_kernel.h"
+#include "paddle/phi/kernels/gather_nd_kernel.h"
+#include "paddle/phi/kernels/concat_grad_kernel.h"
+#include "paddle/phi/kernels/cross_entropy_grad_kernel.h"
+#include "paddle/phi/kernels/cross_entropy_kernel.h"
+#include "paddle/phi/kernels/elementwise_add_grad_kernel.h"
+#include "paddle/phi/kernels/elementwise_add_kernel.h"
+#include "paddle/phi/kernels/elementwise_divide_grad_kernel.h"
+#include "paddle/phi/kernels/elementwise_divide_kernel.h"
+#include "paddle/phi/kernels/elementwise_kernel.h"
+#include "paddle/phi/kernels/elementwise_multiply_grad_kernel.h"
+#include "paddle/phi/kernels/elementwise_multiply_kernel.h"
+#include "paddle/phi/kernels/gelu_grad_kernel.h"
+#include "paddle/phi/kernels/gelu_kernel.h"
+#include "paddle/phi/kernels/layer_norm_grad_kernel.h"
+#include "paddle/phi/kernels/layer_norm_kernel.h"
+#include "paddle/phi/kernels/matmul_grad_kernel.h"
+#include "paddle/phi/kernels/matmul_kernel.h"
+#include "paddle/phi/kernels/reduce_mean_grad_kernel.h"
+#include "paddle/phi/kernels/reduce_mean_kernel.h"
+#include "paddle/phi/kernels/softmax_grad_kernel.h"
+#include "paddle/phi/kernels/softmax_kernel.h"
+#include "paddle/phi/kernels/swiglu_grad_kernel.h"
+#include "paddle/phi/kernels/swiglu_kernel.h"
+#include "paddle/phi/kernels/where_grad_kernel.h"
+#include "paddle/phi/kernels/gather_grad_kernel.h"
+#include "paddle/phi/kernels/gather_kernel.h"
+#include "paddle/phi/kernels/index_select_grad_kernel.h"
+#include "paddle/phi/kernels/index_select_kernel.h"
+#include "paddle/phi/kernels/tile_grad_kernel.h"
+#include "paddle/phi/kernels/tile_kernel.h"
+#include "paddle/phi/kernels/tril_triu_kernel.h"
+#include "paddle/phi/kernels/unsqueeze_kernel.h"
+#include "paddle/phi/kernels/where_kernel.h"
 
 #include "device_name.h"
 #include "kernel_list.h"
@@ -174,7 +219,228 @@ void install_one_hot() {
 
 #define GPTPLAN_NAME(op, fn) constexpr char name_##op[] = #op;
 GPTPLAN_FORWARDED_KERNELS(GPTPLAN_NAME)
+GPTPLAN_UPCAST_KERNELS(GPTPLAN_NAME)
 #undef GPTPLAN_NAME
+
+// ---- upcast kernels: bf16/fp16 in, fp32 CPU kernel, bf16/fp16 out ----------------------------
+
+bool low_precision(phi::DataType t) { return t == phi::DataType::BFLOAT16 || t == phi::DataType::FLOAT16; }
+
+template <typename From, typename To>
+void convert(const phi::DenseTensor& in, To* out) {
+  const From* src = in.data<From>();
+  const int64_t n = in.numel();
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<To>(static_cast<float>(src[i]));
+}
+
+// Paddle's CPU context (CPU place): the upcast kernels run the fp32 CPU kernel on CPU-place
+// tensors (some CPU kernels copy with phi::Copy, which takes a device place for a custom one
+// and then its stream), and cast the results into the device's tensors.
+const phi::CPUContext& plain_cpu_context() {
+  return *static_cast<const phi::CPUContext*>(phi::DeviceContextPool::Instance().Get(phi::CPUPlace()));
+}
+
+// What one upcast call allocates, and the outputs it casts back when the fp32 kernel is done.
+struct Scratch {
+  const phi::CPUContext& dev;  // on the device's place: the caller's outputs
+  const phi::CPUContext& ctx = plain_cpu_context();  // on the CPU place: the fp32 kernel's
+  std::vector<std::unique_ptr<phi::DenseTensor>> tensors;
+  std::vector<std::unique_ptr<paddle::optional<phi::DenseTensor>>> optionals;
+  std::vector<std::unique_ptr<std::vector<const phi::DenseTensor*>>> inputs;
+  std::vector<std::pair<phi::DenseTensor*, phi::DenseTensor*>> outputs;  // (the caller's, fp32)
+  std::vector<phi::DataType> wanted;  // the caller's output's data type (from InferMeta)
+
+  // a tensor of the device seen on the CPU place (the same memory: the device's is host memory)
+  const phi::DenseTensor* on_cpu(const phi::DenseTensor& x) {
+    if (!x.initialized() || x.place().GetType() == phi::AllocationType::CPU) return &x;
+    auto holder = std::make_shared<phi::Allocation>(x.Holder()->ptr(), x.Holder()->size(), phi::CPUPlace());
+    tensors.push_back(std::make_unique<phi::DenseTensor>(holder, x.meta()));
+    return tensors.back().get();
+  }
+
+  const phi::DenseTensor* up(const phi::DenseTensor& x) {
+    if (!x.initialized() || !low_precision(x.dtype())) return on_cpu(x);
+    auto t = std::make_unique<phi::DenseTensor>();
+    t->Resize(x.dims());
+    float* o = ctx.template Alloc<float>(t.get());
+    if (x.dtype() == phi::DataType::BFLOAT16)
+      convert<phi::dtype::bfloat16>(x, o);
+    else
+      convert<phi::dtype::float16>(x, o);
+    tensors.push_back(std::move(t));
+    return tensors.back().get();
+  }
+
+  phi::DenseTensor* out(phi::DenseTensor* o) {
+    if (o == nullptr) return nullptr;
+    auto t = std::make_unique<phi::DenseTensor>();
+    phi::DenseTensorMeta meta = o->meta();  // the shape InferMeta gave (kernels read it)
+    wanted.push_back(meta.dtype);
+    if (low_precision(meta.dtype)) meta.dtype = phi::DataType::FLOAT32;
+    t->set_meta(meta);
+    outputs.emplace_back(o, t.get());
+    tensors.push_back(std::move(t));
+    return tensors.back().get();
+  }
+
+  // every fp32 result into the caller's tensor, in its own allocation where it is big enough
+  // (in-place updates stay in place), cast to the caller's data type (`low` where InferMeta set
+  // none)
+  void finish(phi::DataType low) {
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      phi::DenseTensor* dst = outputs[i].first;
+      const phi::DenseTensor* src = outputs[i].second;
+      if (!src->initialized()) continue;
+      phi::DataType want = wanted[i];
+      if (want == phi::DataType::UNDEFINED) want = src->dtype() == phi::DataType::FLOAT32 ? low : src->dtype();
+      dst->Resize(src->dims());
+      if (src->dtype() == phi::DataType::FLOAT32 && want == phi::DataType::BFLOAT16) {
+        convert<float>(*src, dev.template Alloc<phi::dtype::bfloat16>(dst));
+      } else if (src->dtype() == phi::DataType::FLOAT32 && want == phi::DataType::FLOAT16) {
+        convert<float>(*src, dev.template Alloc<phi::dtype::float16>(dst));
+      } else {
+        void* d = dev.Alloc(dst, src->dtype());
+        if (d != src->data()) std::memcpy(d, src->data(), src->numel() * phi::SizeOf(src->dtype()));
+      }
+    }
+  }
+};
+
+template <typename A>
+struct Conv {
+  static A go(A a, Scratch&) { return a; }
+};
+template <>
+struct Conv<const phi::DenseTensor&> {
+  static const phi::DenseTensor& go(const phi::DenseTensor& a, Scratch& s) { return *s.up(a); }
+};
+template <>
+struct Conv<phi::DenseTensor*> {
+  static phi::DenseTensor* go(phi::DenseTensor* a, Scratch& s) { return s.out(a); }
+};
+template <>
+struct Conv<const paddle::optional<phi::DenseTensor>&> {
+  static const paddle::optional<phi::DenseTensor>& go(const paddle::optional<phi::DenseTensor>& a, Scratch& s) {
+    if (!a) return a;
+    s.optionals.push_back(std::make_unique<paddle::optional<phi::DenseTensor>>(*s.up(*a)));
+    return *s.optionals.back();
+  }
+};
+template <>
+struct Conv<const std::vector<const phi::DenseTensor*>&> {
+  static const std::vector<const phi::DenseTensor*>& go(const std::vector<const phi::DenseTensor*>& a,
+                                                        Scratch& s) {
+    auto v = std::make_unique<std::vector<const phi::DenseTensor*>>();
+    for (const auto* t : a) v->push_back(t == nullptr ? nullptr : s.up(*t));
+    s.inputs.push_back(std::move(v));
+    return *s.inputs.back();
+  }
+};
+template <>
+struct Conv<std::vector<phi::DenseTensor*>> {
+  static std::vector<phi::DenseTensor*> go(std::vector<phi::DenseTensor*> a, Scratch& s) {
+    std::vector<phi::DenseTensor*> v;
+    for (auto* t : a) v.push_back(s.out(t));
+    return v;
+  }
+};
+
+template <typename Sig>
+struct Upcast;
+
+template <typename Ctx, typename... Args>
+struct Upcast<void (*)(const Ctx&, Args...)> {
+  template <const char* Name, phi::DataType DType>
+  static void Run(const phi::CustomContext& dev, Args... args) {
+    static const phi::Kernel& k = cpu_kernel(Name, phi::DataLayout::ALL_LAYOUT, phi::DataType::FLOAT32);
+    using Variadic = void (*)(const phi::DeviceContext&, Args...);
+    auto fn = k.template GetVariadicKernelFn<Variadic>();
+    Scratch s{cpu_context(dev)};
+    fn(s.ctx, Conv<Args>::go(args, s)...);
+    s.finish(DType);
+  }
+};
+
+// the device's kernel for (name, dtype) from the CPU fp32 kernel's argument definitions
+void install_upcast(const char* name, phi::DataType dtype, phi::KernelFn fn, void* variadic) {
+  auto& all = phi::KernelFactory::Instance().kernels();
+  auto it = all.find(name);
+  if (it == all.end()) return;
+  const phi::DataLayout L = phi::DataLayout::ALL_LAYOUT;
+  if (it->second.count(phi::KernelKey(phi::Backend::CPU, L, dtype))) return;  // Paddle has one
+  if (it->second.count(phi::KernelKey(device_backend(), L, dtype))) return;   // the device has one
+  auto f = it->second.find(phi::KernelKey(phi::Backend::CPU, L, phi::DataType::FLOAT32));
+  if (f == it->second.end() || f->second.GetKernelRegisteredType() != phi::KernelRegisteredType::FUNCTION) return;
+  install(name, phi::KernelKey(phi::Backend::CPU, L, dtype), f->second, fn, variadic);
+  auto& defs = *all[name][phi::KernelKey(device_backend(), L, dtype)].mutable_args_def();
+  for (auto& d : defs.input_defs())
+    if (d.dtype == phi::DataType::FLOAT32) d.dtype = dtype;
+  for (auto& d : defs.output_defs())
+    if (d.dtype == phi::DataType::FLOAT32) d.dtype = dtype;
+}
+
+template <typename Sig, const char* Name>
+void upcast_low_types() {
+  constexpr auto bf16 = &Upcast<Sig>::template Run<Name, phi::DataType::BFLOAT16>;
+  constexpr auto fp16 = &Upcast<Sig>::template Run<Name, phi::DataType::FLOAT16>;
+  using B = phi::KernelImpl<std::remove_const_t<decltype(bf16)>, bf16>;
+  using F = phi::KernelImpl<std::remove_const_t<decltype(fp16)>, fp16>;
+  install_upcast(Name, phi::DataType::BFLOAT16, &B::Compute, reinterpret_cast<void*>(&B::VariadicCompute));
+  install_upcast(Name, phi::DataType::FLOAT16, &F::Compute, reinterpret_cast<void*>(&F::VariadicCompute));
+}
+
+// AdamW of low-precision parameters: with master weights (O2) the fp32 kernel updates the master
+// weight in place and the parameter becomes its cast; without, the parameter's fp32 copy.
+template <phi::DataType DType>
+void AdamwUpcast(const phi::CustomContext& dev, const phi::DenseTensor& param, const phi::DenseTensor& grad,
+                 const phi::DenseTensor& learning_rate, const phi::DenseTensor& moment1,
+                 const phi::DenseTensor& moment2, const paddle::optional<phi::DenseTensor>& moment2_max,
+                 const phi::DenseTensor& beta1_pow, const phi::DenseTensor& beta2_pow,
+                 const paddle::optional<phi::DenseTensor>& master_param,
+                 const paddle::optional<phi::DenseTensor>& skip_update, const phi::Scalar& beta1,
+                 const phi::Scalar& beta2, const phi::Scalar& epsilon, float lr_ratio, float coeff, bool with_decay,
+                 bool lazy_mode, int64_t min_row_size_to_use_multithread, bool multi_precision,
+                 bool use_global_beta_pow, bool amsgrad, phi::DenseTensor* param_out, phi::DenseTensor* moment1_out,
+                 phi::DenseTensor* moment2_out, phi::DenseTensor* moment2_max_out, phi::DenseTensor* beta1_pow_out,
+                 phi::DenseTensor* beta2_pow_out, phi::DenseTensor* master_param_outs) {
+  using Sig = decltype(&phi::AdamwDenseKernel<float, phi::CPUContext>);
+  static const phi::Kernel& k = cpu_kernel("adamw", phi::DataLayout::ALL_LAYOUT, phi::DataType::FLOAT32);
+  using Variadic = void (*)(const phi::DeviceContext&, const phi::DenseTensor&, const phi::DenseTensor&,
+                            const phi::DenseTensor&, const phi::DenseTensor&, const phi::DenseTensor&,
+                            const paddle::optional<phi::DenseTensor>&, const phi::DenseTensor&,
+                            const phi::DenseTensor&, const paddle::optional<phi::DenseTensor>&,
+                            const paddle::optional<phi::DenseTensor>&, const phi::Scalar&, const phi::Scalar&,
+                            const phi::Scalar&, float, float, bool, bool, int64_t, bool, bool, bool,
+                            phi::DenseTensor*, phi::DenseTensor*, phi::DenseTensor*, phi::DenseTensor*,
+                            phi::DenseTensor*, phi::DenseTensor*, phi::DenseTensor*);
+  static_assert(std::is_same<Sig, decltype(&phi::AdamwDenseKernel<float, phi::CPUContext>)>::value, "");
+  auto fn = k.template GetVariadicKernelFn<Variadic>();
+  Scratch s{cpu_context(dev)};
+  const bool master = multi_precision && master_param && master_param_outs != nullptr;
+  const phi::DenseTensor& p32 = master ? *s.on_cpu(*master_param) : *s.up(param);
+  // the fp32 result: into the master weight (then cast into the parameter) or the parameter
+  phi::DenseTensor* p32_out = s.out(master ? master_param_outs : param_out);
+  const paddle::optional<phi::DenseTensor> none;
+  fn(s.ctx, p32, *s.up(grad), *s.up(learning_rate), *s.up(moment1), *s.up(moment2), Conv<const paddle::optional<phi::DenseTensor>&>::go(moment2_max, s), *s.up(beta1_pow), *s.up(beta2_pow), none,
+     Conv<const paddle::optional<phi::DenseTensor>&>::go(skip_update, s), beta1, beta2, epsilon, lr_ratio, coeff,
+     with_decay, lazy_mode, min_row_size_to_use_multithread, false, use_global_beta_pow, amsgrad, p32_out,
+     s.out(moment1_out), s.out(moment2_out), s.out(moment2_max_out), s.out(beta1_pow_out), s.out(beta2_pow_out),
+     nullptr);
+  s.finish(DType);
+  if (master) {  // the parameter: the master weight's cast
+    param_out->Resize(master_param_outs->dims());
+    if (DType == phi::DataType::BFLOAT16)
+      convert<float>(*master_param_outs, s.dev.template Alloc<phi::dtype::bfloat16>(param_out));
+    else
+      convert<float>(*master_param_outs, s.dev.template Alloc<phi::dtype::float16>(param_out));
+  }
+}
+
+template <phi::DataType DType>
+void install_adamw_upcast() {
+  using Impl = phi::KernelImpl<decltype(&AdamwUpcast<DType>), &AdamwUpcast<DType>>;
+  install_upcast("adamw", DType, &Impl::Compute, reinterpret_cast<void*>(&Impl::VariadicCompute));
+}
 
 void register_kernels() {
 #define GPTPLAN_FORWARD(op, fn) forward_all_types<decltype(&fn<float, phi::CPUContext>), name_##op>();
@@ -182,6 +448,11 @@ void register_kernels() {
 #undef GPTPLAN_FORWARD
   install_one_hot<phi::DataType::INT32, int32_t>();
   install_one_hot<phi::DataType::INT64, int64_t>();
+#define GPTPLAN_UPCAST(op, fn) upcast_low_types<decltype(&fn<float, phi::CPUContext>), name_##op>();
+  GPTPLAN_UPCAST_KERNELS(GPTPLAN_UPCAST)
+#undef GPTPLAN_UPCAST
+  install_adamw_upcast<phi::DataType::BFLOAT16>();
+  install_adamw_upcast<phi::DataType::FLOAT16>();
 }
 
 }  // namespace gptplan_device
