@@ -42,6 +42,7 @@ from runner.parallel import build_strategy, sharding_groups
 from runner.watchdog import ProgressFile
 
 if TYPE_CHECKING:
+    import numpy as np
     import paddle
     from tqdm import tqdm
 
@@ -578,7 +579,7 @@ class StartWeights:
     (numpy arrays), and the names that share a tensor ({alias: name}: GPT's lm_head is the
     word embedding)."""
 
-    state: dict[str, Any]
+    state: dict[str, np.ndarray]
     tied: dict[str, str]
 
 
@@ -673,7 +674,8 @@ def load_slice(plan: Plan, model: paddle.nn.Layer, start: StartWeights) -> None:
             f"{len(missing)} missing ({', '.join(missing[:3])}), {len(shapes)} of another shape "
             f"({'; '.join(shapes[:2])})"
         )
-    model.set_state_dict({k: state[k] for k in expected})
+    weights: dict[str, Any] = {k: state[k] for k in expected}  # numpy arrays: Paddle copies them
+    model.set_state_dict(weights)
 
 
 def tensor_parallel_slice(plan: Plan, state: dict[str, Any]) -> dict[str, Any]:
