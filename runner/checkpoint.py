@@ -37,11 +37,19 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from gptplan.diskspace import guard_disk_writes
 from gptplan.errors import UserError
+from gptplan.progress import Log
+
+if TYPE_CHECKING:
+    import numpy as np
+    import paddle
+    from paddle._typing import PlaceLike
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 MANIFEST = "manifest.json"
@@ -189,7 +197,7 @@ def move_aside(folder: Path) -> Path:
     return target
 
 
-def resume_point(root: Path, *, log=print, trust_pickled: bool = False) -> Path | None:
+def resume_point(root: Path, *, log: Log = print, trust_pickled: bool = False) -> Path | None:
     """The newest checkpoint that verifies; damaged newer ones are moved aside with one line
     each (`log`). One of the earlier pickled format is refused (CheckpointError), or with
     `trust_pickled` (--trust-pickled-checkpoint) converted. Called by the runner before it
@@ -379,7 +387,7 @@ def optimizer_file(shard: ShardId) -> str:
     return f"optimizer.{shard.optimizer_tag}.safetensors"
 
 
-def canonical_model(model):
+def canonical_model(model: paddle.nn.Layer) -> paddle.nn.Layer:
     """The bare model inside the wrappers that trained it: fleet's DataParallel,
     ShardingParallel, TensorParallel and PipelineParallel keep it in `_layers`, sharding
     stage 2/3 (GroupShardedStage2/3) in `_layer`. Its state dict has the structured names of
@@ -395,18 +403,18 @@ def canonical_model(model):
     return model
 
 
-def model_state(model) -> dict:
+def model_state(model: paddle.nn.Layer) -> dict:
     """The model's state dict under canonical names (`canonical_model`)."""
     return dict(canonical_model(model).state_dict())
 
 
-def _listing(names, limit: int = 4) -> str:
+def _listing(names: Iterable[str], limit: int = 4) -> str:
     names = sorted(names)
     shown = ", ".join(names[:limit])
     return f"{shown} and {len(names) - limit} more" if len(names) > limit else shown
 
 
-def load_model_state(model, state: dict, *, source: str) -> None:
+def load_model_state(model: paddle.nn.Layer, state: dict, *, source: str) -> None:
     """Load `state` (canonical names) into `model` (or the bare model inside its wrappers);
     names the model does not have, names it has that `state` lacks and shapes that differ are
     one CheckpointError naming them: never a key skipped with a warning."""
@@ -441,13 +449,13 @@ def load_model_state(model, state: dict, *, source: str) -> None:
     bare.set_state_dict(ordered)
 
 
-def _is_tensor(value) -> bool:
+def _is_tensor(value: object) -> TypeGuard[paddle.Tensor]:
     import paddle
 
     return isinstance(value, paddle.Tensor)
 
 
-def _tree(value, tensors: dict, path: str):
+def _tree(value: object, tensors: dict[str, paddle.Tensor | np.ndarray], path: str) -> object:
     """A JSON-able copy of `value` with tensors and arrays moved into `tensors` (under their
     path) and replaced by {"__tensor__": name} / {"__ndarray__": name}."""
     import numpy as np
@@ -474,7 +482,9 @@ def _tree(value, tensors: dict, path: str):
     raise TypeError(f"checkpoint state at {path!r} is a {type(value).__name__}")
 
 
-def _untree(value, tensors: dict):
+def _untree(
+    value: object, tensors: dict[str, paddle.Tensor]
+) -> Any:  # JSON, as json.loads gives it
     if isinstance(value, dict):
         if set(value) == {"__tensor__"}:
             return tensors[value["__tensor__"]]
@@ -509,7 +519,7 @@ def save_tensors(path: Path, state: dict, *, kind: str) -> None:
 NUMPY_LESS = frozenset({"BF16", "F8_E4M3", "F8_E5M2"})
 
 
-def _current_place():
+def _current_place() -> PlaceLike:
     import paddle
 
     return paddle.framework._current_expected_place()
@@ -562,14 +572,14 @@ def load_tensors(path: Path, *, kind: str) -> dict:
     return state
 
 
-def write_json_file(path: Path, data) -> None:
+def write_json_file(path: Path, data: object) -> None:
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(data, handle, indent=1)
         handle.flush()
         os.fsync(handle.fileno())
 
 
-def read_json_file(path: Path):
+def read_json_file(path: Path) -> Any:  # JSON, as json.loads gives it
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
@@ -599,7 +609,7 @@ def pickled_refusal(folder: Path) -> CheckpointError:
     )
 
 
-def convert_pickled(folder: Path, *, log=print) -> Path:
+def convert_pickled(folder: Path, *, log: Log = print) -> Path:
     """Unpickle a checkpoint of the earlier format (paddle.load: this RUNS CODE a crafted file
     holds; only behind --trust-pickled-checkpoint) and write it as format 2 in its place; the
     pickled folder is moved to `<root>/pickled/`. Returns the converted folder."""

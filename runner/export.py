@@ -15,14 +15,19 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gptplan import families, userdata
 from gptplan.errors import UserError
 from gptplan.plan import Plan
+from gptplan.progress import Log
 from runner import checkpoint as ckpt
 from runner.console import quiet_paddlenlp
 from runner.model import build_model
+
+if TYPE_CHECKING:
+    import numpy as np
+    import paddle
 
 TOKENIZER_DIR = "tokenizer"
 PRETRAINED_DIR = Path("export") / "paddlenlp"
@@ -40,7 +45,7 @@ def _replace_dir(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def save_run_tokenizer(plan: Plan, meta: dict, run_dir: Path, *, log=print) -> Path:
+def save_run_tokenizer(plan: Plan, meta: dict, run_dir: Path, *, log: Log = print) -> Path:
     """Save the job's tokenizer (PaddleNLP format) into the run dir, once; a copy that no
     longer matches its checksums, or that is of another tokenizer than the data's, is moved
     into damaged/ and saved again (one line)."""
@@ -104,7 +109,7 @@ def run_tokenizer_problem(folder: Path) -> str | None:
     return None
 
 
-def _move_copy_aside(out: Path, problem: str, *, log, state: str = "damaged") -> None:
+def _move_copy_aside(out: Path, problem: str, *, log: Log, state: str = "damaged") -> None:
     from runner.billing import move_damaged
 
     run_dir = out.parent
@@ -171,7 +176,7 @@ def _write_run_tokenizer(
     return out
 
 
-def repair_run_tokenizer(plan: Plan, run_dir: Path, problem: str, *, log=print) -> Path:
+def repair_run_tokenizer(plan: Plan, run_dir: Path, problem: str, *, log: Log = print) -> Path:
     """Move a damaged tokenizer copy aside and save it again from the cache (one line)."""
     out = Path(run_dir) / TOKENIZER_DIR
     manifest = _read_copy_manifest(out)
@@ -182,7 +187,7 @@ def repair_run_tokenizer(plan: Plan, run_dir: Path, problem: str, *, log=print) 
 
 
 def resolve_checkpoint(
-    run_dir: Path, checkpoint: str | None = None, *, log=print, trust_pickled: bool = False
+    run_dir: Path, checkpoint: str | None = None, *, log: Log = print, trust_pickled: bool = False
 ) -> Path:
     """The newest complete checkpoint that matches its manifest (a damaged newer one is
     skipped with one line; the run's next `runner execute` moves it aside), or the one named
@@ -196,7 +201,7 @@ def resolve_checkpoint(
     return path
 
 
-def _resolve_checkpoint(run_dir: Path, checkpoint: str | None, *, log) -> Path:
+def _resolve_checkpoint(run_dir: Path, checkpoint: str | None, *, log: Log) -> Path:
     root = Path(run_dir) / "checkpoints"
     found = ckpt.complete_checkpoints(root)
     if not found:
@@ -323,7 +328,8 @@ def with_tied_names(net: Any, state: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_trained_model(plan: Plan, checkpoint: Path):
+# a PaddleNLP PretrainedModel (untyped: save_pretrained, config), built as a paddle.nn.Layer
+def load_trained_model(plan: Plan, checkpoint: Path) -> Any:
     """The family's PaddleNLP causal LM (one process, fp32, eval mode) with the weights of
     `checkpoint`, merged from every shard its layout wrote; any name or shape that does not
     match the model is an error (runner.checkpoint.load_model_state)."""
@@ -358,7 +364,7 @@ JIT_RECORD = "gptplan_jit.json"  # beside export/model.*, written last (paddle.j
 LOGIT_TOLERANCE = 1e-4  # max |logit difference| (fp32) an export may show on the fixed batch
 
 
-def fixed_batch(vocab_size: int, seq_len: int):
+def fixed_batch(vocab_size: int, seq_len: int) -> np.ndarray:
     """The batch every export is checked on: 2 sequences of min(seq_len, 16) token ids drawn
     with seed 0 from the first min(vocab_size, 1000) ids."""
     import numpy as np
@@ -367,7 +373,7 @@ def fixed_batch(vocab_size: int, seq_len: int):
     return rng.integers(0, min(vocab_size, 1000), size=(2, min(seq_len, 16)), dtype=np.int64)
 
 
-def logits_of(net, batch):
+def logits_of(net: paddle.nn.Layer, batch: np.ndarray) -> np.ndarray:
     import paddle
 
     with paddle.no_grad():
@@ -378,7 +384,7 @@ def logits_of(net, batch):
     return out.astype("float32").numpy()
 
 
-def compare_logits(want, got, *, what: str) -> float:
+def compare_logits(want: np.ndarray, got: np.ndarray, *, what: str) -> float:
     """The max |logit difference|; above LOGIT_TOLERANCE (or another shape) an error."""
     import numpy as np
 
@@ -422,7 +428,7 @@ def _read_record(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _files_match(folder: Path, files) -> bool:
+def _files_match(folder: Path, files: object) -> bool:
     if not isinstance(files, dict) or not files:
         return False
     for name, digest in files.items():
@@ -491,7 +497,9 @@ def remove_partial_exports(run_dir: Path) -> None:
                 child.unlink(missing_ok=True)
 
 
-def load_run_tokenizer(run_dir: Path, plan: Plan | None = None, *, log=print):
+def load_run_tokenizer(
+    run_dir: Path, plan: Plan | None = None, *, log: Log = print
+) -> Any:  # a PaddleNLP tokenizer (untyped)
     """The run's tokenizer copy, verified against its checksums first; a damaged or missing
     copy is saved again from the tokenizer cache (or trained again from the plan's corpus)
     with one line, so an export never fails on it."""
@@ -527,7 +535,7 @@ def load_run_tokenizer(run_dir: Path, plan: Plan | None = None, *, log=print):
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def set_special_ids(net, tokenizer) -> None:
+def set_special_ids(net: Any, tokenizer: Any) -> None:  # PaddleNLP model and tokenizer (untyped)
     """Generation stops at the tokenizer's end-of-document piece."""
     for attr in ("eos", "pad", "bos"):
         token_id = getattr(tokenizer, f"{attr}_token_id", None)
@@ -588,7 +596,7 @@ def export_pretrained(
     return out
 
 
-def _jit_save(plan: Plan, net, prefix: Path) -> None:
+def _jit_save(plan: Plan, net: paddle.nn.Layer, prefix: Path) -> None:
     """paddle.jit.save with the family's traceable stand-ins in place while it traces
     (gptplan.families: FamilySpec.jit_patches), put back afterwards."""
     import importlib

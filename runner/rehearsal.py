@@ -25,7 +25,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gptplan import families, precision
 from gptplan.errors import HardwareError
@@ -36,6 +36,8 @@ from gptplan.plan import (
     SHARDING_STAGES,
     Device,
     EstimateSection,
+    ModelSection,
+    ParallelSection,
     Plan,
     Precision,
     validate,
@@ -44,6 +46,9 @@ from gptplan.profile import DeviceProfile, ProfileError, read_performance
 from gptplan.steptime import RECOMPUTE_CODES, data_parallel_step_time_s
 from runner.parallel import local_device_count
 from runner.supervise import machine_memory_bytes, machine_share_bytes
+
+if TYPE_CHECKING:
+    from runner.rehearsal_device import Support
 
 # A rehearsal's modelled memory may use this share of a rank's memory: the formulas (made for
 # GPUs) measured up to 1.57x low for the bank-FAQ rehearsal on CPU (see LIMIT_MARGIN).
@@ -159,11 +164,11 @@ def rank_memory_limit_bytes(plan: Plan, *, limit_gb: float | None = None) -> int
     return int(min(share, max(LIMIT_MARGIN * modelled, modelled + LIMIT_SLACK_GB * GB)))
 
 
-def _with_training(plan: Plan, **fields) -> Plan:
+def _with_training(plan: Plan, **fields: Any) -> Plan:  # TrainingSection's fields, mixed types
     return dataclasses.replace(plan, training=dataclasses.replace(plan.training, **fields))
 
 
-def _changed(a, b) -> list[str]:
+def _changed(a: ModelSection, b: ModelSection) -> list[str]:
     return [f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(b, f.name)]
 
 
@@ -197,7 +202,7 @@ def smaller_model(plan: Plan) -> Plan | None:
     return _with_parallel(plan, p, smaller)
 
 
-def _with_parallel(plan: Plan, p, m) -> Plan:
+def _with_parallel(plan: Plan, p: ParallelSection, m: ModelSection) -> Plan:
     """`plan` with model `m`; per-layer recompute kept in proportion to its layers."""
     if p.recompute_layers and m.num_hidden_layers != plan.model.num_hidden_layers:
         share = p.recompute_layers / plan.model.num_hidden_layers
@@ -456,7 +461,7 @@ def describe(r: Rehearsal) -> list[str]:
     return lines
 
 
-def layout_kinds(p) -> list[str]:
+def layout_kinds(p: ParallelSection) -> list[str]:
     """The layout kinds a [parallel] table uses (runner.rehearsal_device's names)."""
     from runner import rehearsal_device as rd
 
@@ -488,7 +493,7 @@ def _pipeline_width(layers: int, pp: int, vpp: int) -> tuple[int, int]:
     return width, max(width * vpp, layers // (width * vpp) * width * vpp)
 
 
-def local_layout(plan: Plan, sup) -> tuple[Plan, list[str]]:
+def local_layout(plan: Plan, sup: Support) -> tuple[Plan, list[str]]:
     """The plan's own kinds of parallelism at a width `sup` (runner.rehearsal_device.Support)
     holds: each degree > 1 becomes 2 (pipeline with virtual stages 4 or 3), what does not run
     here or does not fit sup.max_ranks is dropped (data parallel first, then sharding, the
@@ -574,7 +579,7 @@ def min_accumulation(pp: int, vpp: int) -> int:
     return 2 * pp if vpp > 1 else pp
 
 
-def _recompute_layers(p, layers_before: int, layers: int, pp: int) -> int:
+def _recompute_layers(p: ParallelSection, layers_before: int, layers: int, pp: int) -> int:
     """Per-layer recompute kept in proportion: the same share of layers per stage, a multiple
     of the local pp (0 stays 0: every layer)."""
     if p.recompute_layers == 0 or p.recompute == "none":
@@ -584,7 +589,7 @@ def _recompute_layers(p, layers_before: int, layers: int, pp: int) -> int:
     return max(1, min(per_stage, round(share * per_stage))) * pp
 
 
-def amp_blocked_by(plan: Plan, sup: Any) -> str:
+def amp_blocked_by(plan: Plan, sup: Support) -> str:
     """Why AMP cannot run in `plan`'s (local) layout on `sup`'s device ('' when it can):
     a layout kind the device runs only in fp32 (runner.rehearsal_device.Support.amp_without)."""
     kinds = [k for k in layout_kinds(plan.parallel) if k in getattr(sup, "amp_without", {})]
@@ -593,7 +598,7 @@ def amp_blocked_by(plan: Plan, sup: Any) -> str:
     return f"AMP does not run with {kinds[0]} on the rehearsal device: {sup.amp_without[kinds[0]]}"
 
 
-def localize(plan: Plan, sup=None) -> tuple[Plan, list[str]]:
+def localize(plan: Plan, sup: Support | None = None) -> tuple[Plan, list[str]]:
     """The plan rehearsed on this machine: its own kinds of parallelism, shrunk.
 
     Keeps seq_len, micro-batch, accumulation, precision where possible and the model; keeps

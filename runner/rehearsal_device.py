@@ -21,6 +21,10 @@ from __future__ import annotations
 import functools
 import importlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gptplan.plan import Plan
 
 # Layout kinds, named once (runner.rehearsal.layout_kinds reads a plan into these).
 TENSOR = "tensor parallel"
@@ -117,7 +121,7 @@ def _plain(why: str) -> Support:
     )
 
 
-def uses_device(plan) -> bool:
+def uses_device(plan: Plan) -> bool:
     """Whether `plan` runs on the rehearsal device: a CPU plan whose hardware.profile is
     gptplan.plan.REHEARSAL_PROFILE (runner.rehearsal.localize writes it when the device is
     built)."""
@@ -126,7 +130,7 @@ def uses_device(plan) -> bool:
     return plan.hardware.device == "cpu" and plan.hardware.profile == REHEARSAL_PROFILE
 
 
-def launch_env(plan) -> dict[str, str]:
+def launch_env(plan: Plan) -> dict[str, str]:
     """What the launcher and every rank need to run `plan` on the rehearsal device ({} when
     it does not use it); HardwareError when it should and the device is unavailable."""
     if not uses_device(plan):

@@ -36,12 +36,14 @@ from runner.billing import Billing
 from runner.console import say
 from runner.datacache import content_key, data_identity, open_prepared
 from runner.divergence import PATIENCE, STOP_DIVERGED, DivergenceGuard, ignoring
-from runner.metrics import AllocatorPhases, AllocatorProbe, MetricsWriter, RunMeter
+from runner.metrics import AllocatorPhases, AllocatorProbe, MetricsWriter, RunMeter, StepRecord
 from runner.model import build_model
 from runner.parallel import build_strategy, sharding_groups
 from runner.watchdog import ProgressFile
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     import numpy as np
     import paddle
     from tqdm import tqdm
@@ -139,7 +141,7 @@ def init_distributed(plan: Plan) -> RankInfo:
 # ---- construction ----------------------------------------------------------------------------
 
 
-def build_optimizer(plan: Plan, model):
+def build_optimizer(plan: Plan, model: paddle.nn.Layer) -> paddle.optimizer.Optimizer:
     import paddle
 
     t = plan.training
@@ -159,7 +161,7 @@ def build_optimizer(plan: Plan, model):
     )
 
 
-def build_scaler(plan: Plan):
+def build_scaler(plan: Plan) -> paddle.amp.GradScaler | None:
     import paddle
 
     if not precision.row(plan.training.precision).loss_scaling:
@@ -167,7 +169,7 @@ def build_scaler(plan: Plan):
     return paddle.amp.GradScaler(init_loss_scaling=plan.training.scale_loss)
 
 
-def amp_context(plan: Plan):
+def amp_context(plan: Plan) -> contextlib.AbstractContextManager[None]:
     import paddle
 
     t = plan.training
@@ -404,12 +406,12 @@ def agree_on_checkpoint(latest: Path | None, rank: RankInfo) -> Path | None:
 class StopSignal:
     """SIGTERM/SIGINT (a spot preemption notice) asks for a checkpoint at the next step end."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.received = 0
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handle)
 
-    def _handle(self, signum, frame) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.received = signum
 
 
@@ -740,7 +742,7 @@ def distribute(trainer: Trainer[B]) -> None:
         trainer.scaler = fleet.distributed_scaler(trainer.scaler)
 
 
-def log_line(plan: Plan, rec) -> str:
+def log_line(plan: Plan, rec: StepRecord) -> str:
     cur = plan.hardware.currency
     mfu = f"MFU {rec.mfu * 100:.2f}%" if plan.hardware.peak_tflops > 0 else "MFU peak unknown"
     return (
@@ -895,7 +897,7 @@ def start_attempt(plan: Plan, data_dir: Path, run_dir: Path) -> Attempt:
     return run
 
 
-def _announce(run: Attempt, rank) -> None:
+def _announce(run: Attempt, rank: RankInfo) -> None:
     """Rank 0's first line of the attempt, and a progress bar where a person watches (launched
     ranks log to files; the bar is drawn on stderr, on a terminal only)."""
     plan, t = run.plan, run.plan.training

@@ -17,8 +17,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from paddle.base.core import task
+    from paddle.distributed.communication.group import Group
 
 DEVICE_TYPE = "gptplan_cpu"
 LIBRARY = f"lib{DEVICE_TYPE}.so"
@@ -291,7 +296,7 @@ def install_paddle_hooks() -> None:
     original = batch_isend_irecv._coalescing_manager
 
     @contextlib.contextmanager
-    def coalescing(group, tasks=None):
+    def coalescing(group: Group | None, tasks: task | None = None) -> Iterator[None]:
         with original(group, tasks):
             if lib.gptplan_device_group_start() != 0:
                 raise RuntimeError("the rehearsal device refused group_start")

@@ -21,9 +21,15 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gptplan import families as _families
 from runner.device import off_device
+
+if TYPE_CHECKING:
+    import numpy as np
+    import paddle
+    from paddle.distributed.fleet.base.topology import HybridCommunicateGroup
 
 FAMILIES = (_families.gpt.SPEC.name, _families.llama.SPEC.name)
 STEPS = 3
@@ -50,7 +56,7 @@ GROUPS = {
 }
 
 
-def _load(path: str):
+def _load(path: str) -> Any:  # a PaddleNLP class (untyped)
     import importlib
 
     module, _, name = path.partition(":")
@@ -59,7 +65,7 @@ def _load(path: str):
 
 def _config(
     family: str, *, tp: int = 1, tp_rank: int = 0, sp: bool = False, pp: int = 1, vpp: int = 1
-):
+) -> Any:  # a PaddleNLP config (untyped)
     """The family's PaddleNLP config (gptplan.families names its classes). One set of
     arguments for every family: a config keeps the ones its model does not read."""
     from gptplan import families
@@ -84,14 +90,14 @@ def _config(
     )
 
 
-def _classes(family: str):
+def _classes(family: str) -> tuple[Any, Any]:  # PaddleNLP model classes (untyped)
     from gptplan import families
 
     spec = families.get(family)
     return _load(spec.causal_lm_class), _load(spec.pipeline_class)
 
 
-def _batches():
+def _batches() -> list[tuple[np.ndarray, np.ndarray]]:
     import numpy as np
 
     rng = np.random.default_rng(1234)
@@ -100,7 +106,7 @@ def _batches():
     return [(b[:, :-1], b[:, 1:]) for b in ids]
 
 
-def _loss(out):
+def _loss(out: paddle.Tensor | tuple[paddle.Tensor, ...] | list[paddle.Tensor]) -> paddle.Tensor:
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
@@ -140,7 +146,7 @@ def reference(out_dir: Path) -> None:
     (out_dir / "reference.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
 
 
-def _hybrid(group: str):
+def _hybrid(group: str) -> HybridCommunicateGroup | None:
     import paddle.distributed as dist
     from paddle.distributed import fleet
 
@@ -172,7 +178,9 @@ def _hybrid(group: str):
     return fleet.get_hybrid_communicate_group()
 
 
-def run_layout(layout: str, family: str, init_dir: Path, hcg, device_type: str) -> dict:
+def run_layout(
+    layout: str, family: str, init_dir: Path, hcg: HybridCommunicateGroup | None, device_type: str
+) -> dict:
     import paddle
     import paddle.distributed as dist
     from paddle.distributed import fleet
