@@ -17,7 +17,7 @@ import numpy as np
 from gptplan.tomlconf import read_toml
 from planner.market.hardware import PROFILE_DIR, Offer, ProfileError
 
-if TYPE_CHECKING:  # annotations only: planner.market.offers and the spec import this module's users
+if TYPE_CHECKING:  # annotations only: nothing of offers or the spec is needed at run time
     from planner.market.offers import OfferChoice
     from planner.spec import Spec
 
