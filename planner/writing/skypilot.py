@@ -226,10 +226,6 @@ def setup_script(*, python_version: str = PYTHON_VERSION, efa_check: bool = Fals
         "# this project with the GPU extra; every other package pinned by constraints.txt",
         f"{uv} pip install --python {VENV}/bin/python --quiet -c constraints.txt -e '.[gpu]' "
         f"--extra-index-url {GPU_INDEX} --index-strategy unsafe-best-match",
-        "# jieba's loops in C for data preparation (same ids); optional: needs a C compiler",
-        f"{uv} pip install --python {VENV}/bin/python --quiet -c constraints.txt "
-        f"-e '.[gpu,fast]' --extra-index-url {GPU_INDEX} --index-strategy unsafe-best-match "
-        "|| echo 'jieba_fast not built: jieba is used'",
     ]
     if efa_check:
         lines.append(
