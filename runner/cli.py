@@ -187,8 +187,9 @@ def _main(argv: list[str] | None, started_at: float) -> int:
         userdata.apply_flag(args)
         return commands[args.command](args)
     except UserError as exc:
-        if isinstance(exc, DataError) and not exc.file:
-            exc.file = str(args.plan)  # corpus/tokenizer errors name the plan they came from
+        plan_file = getattr(args, "plan", None)
+        if plan_file is not None and not exc.file and _from_the_plan(exc):
+            exc.file = str(plan_file)  # a plan key (or corpus/tokenizer) checked after loading
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_status
     except signals.Terminated as exc:
@@ -198,6 +199,15 @@ def _main(argv: list[str] | None, started_at: float) -> int:
             file=sys.stderr,
         )
         return signals.EXIT_SIGNALLED
+
+
+def _from_the_plan(exc: UserError) -> bool:
+    """Whether `exc` is about the plan file's content: a corpus/tokenizer error, or one naming a
+    plan key (section.key) rather than a flag (--master) or a folder of the machine."""
+    if isinstance(exc, DataError):
+        return True
+    key = exc.key or ""
+    return exc.exit_status == 2 and bool(key) and not key.startswith("-")
 
 
 def cmd_execute(args: argparse.Namespace, started_at: float) -> int:

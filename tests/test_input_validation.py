@@ -36,6 +36,8 @@ call = call_main
         ({"name": "has space"}, "name"),
         ({"name": "../x"}, "name"),
         ({"hardware": {"currency": "dollars"}}, "hardware.currency"),
+        # checked after loading (runner.preflight), still named with the plan's file
+        ({"parallel": {"master": "has space"}}, "parallel.master"),
     ],
 )
 def test_bad_plan_values_are_one_line_exit_2(tmp_path, shared_cache, overrides, key):
