@@ -6,8 +6,8 @@ Two ways exist (facts in the project's CPU_DEVICE notes):
 - the rehearsal device: the project's Paddle custom-device plugin (built by `make setup`),
   whose device is host memory and whose collectives really move data; it runs every layout
   kind (tensor, pipeline incl. interleaved, sequence parallel, sharding stages 1-3, data
-  parallel, recompute), in fp32, bf16 and fp16 (AMP O1/O2 through its upcasting kernels; not
-  with tensor parallel: `Support.amp_without`);
+  parallel, recompute), in fp32, bf16 and fp16 (AMP O1/O2 through its upcasting kernels; a
+  layout kind it could not run AMP with would be in `Support.amp_without`);
 - plain CPU (gloo): data parallel and sharding stage 1 only (Paddle's CPU build has no
   `c_identity`, gloo no send/recv, `group_sharded_parallel` asserts a GPU).
 
@@ -92,7 +92,11 @@ def support() -> Support:
         device = importlib.import_module("runner.device")
     except ImportError:
         return _plain("the rehearsal device's module (runner.device) is not in this install")
-    caps = device.capabilities(check_load=True)
+    return support_from(device.capabilities(check_load=True))
+
+
+def support_from(caps: dict) -> Support:
+    """The Support of the device's capabilities() answer."""
     if not caps.get("available"):
         return _plain(str(caps.get("reason") or "the rehearsal device is not built"))
     return Support(
