@@ -158,3 +158,50 @@ def test_a_tensor_parallel_rehearsal_keeps_bf16(built_device):
     assert local.parallel.tensor_parallel_degree == 2 and local.parallel.sequence_parallel
     assert (local.training.precision, local.training.fp16_opt_level) == ("bf16", "O2")
     assert [c for c in changes if c.startswith("training.precision")] == []
+
+
+def test_the_runner_checks_placement_after_the_update_before_the_gradients_are_cleared():
+    """The update's own ops (the loss scaler's unscale) can move gradients; clearing them can
+    hide it: Trainer.check_update (runner.train.check_placement in a run) runs once, between."""
+    import numpy as np
+    import paddle
+
+    from runner.train import RankInfo, Trainer
+
+    events: list[str] = []
+
+    class Model(paddle.nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = self.create_parameter([2])
+
+        def forward(self, x, labels=None):
+            return self.w.sum(), None
+
+    class Optimizer:
+        def set_lr(self, lr):
+            pass
+
+        def step(self):
+            events.append("step")
+
+        def clear_grad(self):
+            events.append("clear")
+
+    class Batch:
+        input_ids = np.zeros((1, 4), dtype="int64")
+        labels = input_ids
+
+    class Batches:
+        def micro_batch(self, step, micro):
+            return Batch()
+
+    plan = load_plan(REPO / "plans" / "bank_faq.toml")
+    plan = dataclasses.replace(
+        plan, training=dataclasses.replace(plan.training, precision="fp32", fp16_opt_level="O1")
+    )
+    trainer = Trainer(plan, RankInfo(), Model(), Optimizer(), None, Batches())  # type: ignore[arg-type]
+    trainer.check_update = lambda t: events.append("check")
+    trainer.train_step(0)
+    trainer.train_step(1)
+    assert events == ["step", "check", "clear", "step", "clear"]
