@@ -103,7 +103,7 @@ class RankInfo:
 def init_distributed(plan: Plan) -> RankInfo:
     import paddle
 
-    from runner.rehearsal_device import uses_device
+    from runner.device.support import uses_device
 
     if uses_device(plan):  # the rehearsal device: Paddle placed this rank there (--devices)
         from runner import device
@@ -935,7 +935,7 @@ def check_placement(plan: Plan, trainer: Trainer) -> None:
     the device, or the rank stops with one line naming what is not (a matching loss alone
     proves nothing: Paddle's CPU fallback of a missing kernel moves tensors silently; the loss
     scaler's unscale did, of fp32 gradients, until the device ran it in place)."""
-    from runner.rehearsal_device import uses_device
+    from runner.device.support import uses_device
 
     if not uses_device(plan):
         return

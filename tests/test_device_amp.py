@@ -28,8 +28,9 @@ import pytest
 from conftest import REPO
 
 from gptplan.plan import load_plan
-from runner import device, rehearsal_device
+from runner import device
 from runner.device import selftest
+from runner.device import support as device_support
 from runner.rehearsal import localize
 
 # relative, per step, vs the fp32 reference: the AMP rehearsals' tolerance
@@ -124,11 +125,11 @@ def test_amp_trains_on_the_device_close_to_fp32(amp_runs, key, launch):
 
 
 @pytest.fixture
-def built_device(monkeypatch) -> rehearsal_device.Support:
+def built_device(monkeypatch) -> device_support.Support:
     """What support() answers where the device is built and loads (this device's real
     capabilities, whether or not it is built here)."""
     monkeypatch.setattr(device, "_state", lambda: (True, ""))
-    return rehearsal_device.support_from(device.capabilities())
+    return device_support.support_from(device.capabilities())
 
 
 def test_the_bank_faq_rehearsal_keeps_fp16_o2(built_device):

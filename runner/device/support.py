@@ -11,15 +11,14 @@ Two ways exist (facts in the project's CPU_DEVICE notes):
 - plain CPU (gloo): data parallel and sharding stage 1 only (Paddle's CPU build has no
   `c_identity`, gloo no send/recv, `group_sharded_parallel` asserts a GPU).
 
-The plugin's own module (runner.device) says whether it is built and gives the launch
-environment; this module only reads its answer, so the layout mapping (runner.rehearsal) stays
-pure: its tests pass a Support of their own.
+The package (runner.device: `capabilities()`) says whether the plugin is built and gives the
+launch environment; this module only reads its answer, so the layout mapping (runner.rehearsal)
+stays pure: its tests pass a Support of their own. Importing it imports no Paddle.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -88,10 +87,8 @@ DEVICE_KIND_NAMES = {
 def support() -> Support:
     """This machine's answer: runner.device.capabilities() (built, and loadable by Paddle in a
     child process) when the plugin is there, else plain CPU with the reason."""
-    try:
-        device = importlib.import_module("runner.device")
-    except ImportError:
-        return _plain("the rehearsal device's module (runner.device) is not in this install")
+    from runner import device
+
     return support_from(device.capabilities(check_load=True))
 
 
