@@ -64,7 +64,7 @@ class Run:
     def needs_launch(self) -> bool:
         """More than one process, or the rehearsal device (Paddle selects a custom device
         only in processes that paddle.distributed.launch starts with --devices)."""
-        from runner.rehearsal_device import uses_device
+        from runner.device.support import uses_device
 
         return self.plan.parallel.world_size > 1 or uses_device(self.plan)
 

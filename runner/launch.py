@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 from gptplan.errors import HardwareError, UserError
 from gptplan.lifeline import die_with_parent
 from gptplan.plan import Plan
+from runner.device.support import local_precisions
 from runner.parallel import LaunchCommand, local_device_count
-from runner.rehearsal_device import local_precisions
 from runner.supervise import STATUS_DIR_ENV, signal_supervised_ranks
 
 if TYPE_CHECKING:

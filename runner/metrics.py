@@ -65,7 +65,7 @@ class AllocatorProbe:
 
     @classmethod
     def for_plan(cls, plan: Plan) -> AllocatorProbe:
-        from runner.rehearsal_device import uses_device
+        from runner.device.support import uses_device
 
         if plan.hardware.device == "gpu":
             return cls("gpu")

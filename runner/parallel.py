@@ -165,7 +165,7 @@ def launcher_argv(
         "--max_restart",
         "0",
     ]
-    from runner.rehearsal_device import uses_device
+    from runner.device.support import uses_device
 
     if plan.hardware.device in ("gpu", "xpu") or uses_device(plan):
         argv += ["--devices", ",".join(str(i) for i in range(p.nproc_per_node))]
@@ -196,7 +196,7 @@ def launch_commands(
             # every "node" runs on this machine (a loopback rehearsal): they share its cores
             per_proc = max(1, (os.cpu_count() or 1) // plan.parallel.world_size)
             env = {k: str(per_proc) for k in env}
-        from runner.rehearsal_device import launch_env
+        from runner.device.support import launch_env
 
         env = {**env, **launch_env(plan)}  # the rehearsal device's plugin and flags
         commands.append(LaunchCommand(node, argv, env))

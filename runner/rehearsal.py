@@ -48,7 +48,7 @@ from runner.parallel import local_device_count
 from runner.supervise import machine_memory_bytes, machine_share_bytes
 
 if TYPE_CHECKING:
-    from runner.rehearsal_device import Support
+    from runner.device.support import Support
 
 # A rehearsal's modelled memory may use this share of a rank's memory: the formulas (made for
 # GPUs) measured up to 1.57x low for the bank-FAQ rehearsal on CPU (see LIMIT_MARGIN).
@@ -315,7 +315,7 @@ def timing_precision(plan: Plan, perf: DeviceProfile | None) -> str:
     (docs/device.md), fp32 when the profile has none for the plan's bf16/fp16 (without it the
     step would not be fitted to this machine's time at all: llama_zh's bf16 rehearsal kept 64
     micro-batches of 2 x 1024 a step)."""
-    from runner.rehearsal_device import uses_device
+    from runner.device.support import uses_device
 
     own = plan.training.precision
     if perf is None or perf.peak_for(own) > 0 or not uses_device(plan):
@@ -462,8 +462,8 @@ def describe(r: Rehearsal) -> list[str]:
 
 
 def layout_kinds(p: ParallelSection) -> list[str]:
-    """The layout kinds a [parallel] table uses (runner.rehearsal_device's names)."""
-    from runner import rehearsal_device as rd
+    """The layout kinds a [parallel] table uses (runner.device.support's names)."""
+    from runner.device import support as rd
 
     kinds = []
     if p.tensor_parallel_degree > 1:
@@ -494,12 +494,12 @@ def _pipeline_width(layers: int, pp: int, vpp: int) -> tuple[int, int]:
 
 
 def local_layout(plan: Plan, sup: Support) -> tuple[Plan, list[str]]:
-    """The plan's own kinds of parallelism at a width `sup` (runner.rehearsal_device.Support)
+    """The plan's own kinds of parallelism at a width `sup` (runner.device.support.Support)
     holds: each degree > 1 becomes 2 (pipeline with virtual stages 4 or 3), what does not run
     here or does not fit sup.max_ranks is dropped (data parallel first, then sharding, the
     virtual stages, pipeline, sequence and tensor parallel last), and the model changes only
     where a divisibility rule needs it. Pure: no Paddle, no machine state."""
-    from runner import rehearsal_device as rd
+    from runner.device import support as rd
 
     p, m, t = plan.parallel, plan.model, plan.training
     notes: list[str] = []
@@ -591,7 +591,7 @@ def _recompute_layers(p: ParallelSection, layers_before: int, layers: int, pp: i
 
 def amp_blocked_by(plan: Plan, sup: Support) -> str:
     """Why AMP cannot run in `plan`'s (local) layout on `sup`'s device ('' when it can):
-    a layout kind the device runs only in fp32 (runner.rehearsal_device.Support.amp_without)."""
+    a layout kind the device runs only in fp32 (runner.device.support.Support.amp_without)."""
     kinds = [k for k in layout_kinds(plan.parallel) if k in getattr(sup, "amp_without", {})]
     if not kinds or not getattr(sup, "on_device", False):
         return ""
@@ -602,19 +602,19 @@ def localize(plan: Plan, sup: Support | None = None) -> tuple[Plan, list[str]]:
     """The plan rehearsed on this machine: its own kinds of parallelism, shrunk.
 
     Keeps seq_len, micro-batch, accumulation, precision where possible and the model; keeps
-    every layout kind that runs here (runner.rehearsal_device.support(): tensor, pipeline with
+    every layout kind that runs here (runner.device.support.support(): tensor, pipeline with
     its virtual stages, sequence parallel, sharding stages, recompute on the rehearsal device;
     data parallel and ZeRO-1 on plain CPU) at degree 2 (local_layout), one node. Price
     becomes 0: a rehearsal on your own machine is not billed at the cloud price. Every change
     is listed.
     """
-    from runner import rehearsal_device
+    from runner.device import support as device_support
 
     if sup is None:
-        sup = rehearsal_device.support()
+        sup = device_support.support()
     changes: list[str] = []
     device: Device = "cpu"
-    if sup is rehearsal_device.PLAIN_CPU or not sup.on_device:
+    if sup is device_support.PLAIN_CPU or not sup.on_device:
         import paddle
 
         if paddle.is_compiled_with_cuda() and local_device_count("gpu"):
@@ -622,7 +622,7 @@ def localize(plan: Plan, sup: Support | None = None) -> tuple[Plan, list[str]]:
     par, model = plan.parallel, plan.model
     if device == "gpu":  # a GPU machine: every kind runs, as many ranks as it has GPUs
         sup = dataclasses.replace(
-            sup, kinds=rehearsal_device.ALL_KINDS, max_ranks=local_device_count("gpu")
+            sup, kinds=device_support.ALL_KINDS, max_ranks=local_device_count("gpu")
         )
     elif not sup.on_device:
         sup = dataclasses.replace(sup, max_ranks=min(sup.max_ranks, local_device_count("cpu")))

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
@@ -101,7 +103,7 @@ class RankInfo:
 def init_distributed(plan: Plan) -> RankInfo:
     import paddle
 
-    from runner.rehearsal_device import uses_device
+    from runner.device.support import uses_device
 
     if uses_device(plan):  # the rehearsal device: Paddle placed this rank there (--devices)
         from runner import device
@@ -197,6 +199,9 @@ class Trainer(Generic[B]):
     optimizer: paddle.optimizer.Optimizer
     scaler: paddle.amp.GradScaler | None
     batches: B
+    # called once, after the first optimizer update and before the gradients are cleared (the
+    # update's own ops, e.g. the loss scaler's unscale, can move gradients: check_placement)
+    check_update: Callable[[Trainer[B]], None] | None = None
 
     # ---- one optimizer step ----
     def forward_backward(self, step: int, micro_step: int, *, sync: bool) -> float:
@@ -236,6 +241,9 @@ class Trainer(Generic[B]):
             self.scaler.update()
         else:
             self.optimizer.step()
+        if self.check_update is not None:
+            check, self.check_update = self.check_update, None
+            check(self)
         self.optimizer.clear_grad()
         return loss
 
@@ -525,7 +533,13 @@ def build_trainer(
 
         mask_padding_in_loss(model, int(data.meta["vocab_size"]))
     return Trainer(
-        plan, rank, model, optimizer, scaler, BatchSource(dataset, sampler, rank=rank.batch_rank)
+        plan,
+        rank,
+        model,
+        optimizer,
+        scaler,
+        BatchSource(dataset, sampler, rank=rank.batch_rank),
+        check_update=functools.partial(check_placement, plan),
     )
 
 
@@ -915,11 +929,13 @@ def _announce(run: Attempt, rank: RankInfo) -> None:
 
 
 def check_placement(plan: Plan, trainer: Trainer) -> None:
-    """A rehearsal on the device proves a layout only if it ran there: after its first step,
-    every parameter, gradient, optimizer state and master weight of this rank is on the
-    device, or the rank stops with one line naming what is not (a matching loss alone proves
-    nothing: Paddle's CPU fallback of a missing kernel moves tensors silently)."""
-    from runner.rehearsal_device import uses_device
+    """A rehearsal on the device proves a layout only if it ran there: after its first
+    optimizer update (before the gradients are cleared: Trainer.check_update) and after its
+    first step, every parameter, gradient, optimizer state and master weight of this rank is on
+    the device, or the rank stops with one line naming what is not (a matching loss alone
+    proves nothing: Paddle's CPU fallback of a missing kernel moves tensors silently; the loss
+    scaler's unscale did, of fp32 gradients, until the device ran it in place)."""
+    from runner.device.support import uses_device
 
     if not uses_device(plan):
         return

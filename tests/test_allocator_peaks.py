@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO
 
 from gptplan.plan import load_plan
-from runner import rehearsal_device as rd
+from runner.device import support as rd
 from runner.metrics import ALLOCATOR_PHASES, AllocatorPhases, AllocatorProbe, per_rank_peaks
 from runner.rehearsal import localize, modelled_allocator_gb
 from runner.report import memory_per_rank, planned_vs_actual, render

@@ -17,12 +17,13 @@ BANK = REPO / "plans" / "bank_faq.toml"
 
 
 def test_localize_keeps_zero1_as_zero1_over_the_local_processes(monkeypatch):
-    from runner import rehearsal, rehearsal_device
+    from runner import rehearsal
+    from runner.device import support as device_support
 
     monkeypatch.setattr(rehearsal, "local_device_count", lambda device: 2)
     plan = load_plan(BANK)
     assert (plan.parallel.sharding, plan.parallel.sharding_parallel_degree) == ("stage1", 8)
-    local, changes = rehearsal.localize(plan, rehearsal_device.PLAIN_CPU)
+    local, changes = rehearsal.localize(plan, device_support.PLAIN_CPU)
     p = local.parallel
     assert (p.sharding, p.sharding_parallel_degree, p.data_parallel_degree) == ("stage1", 2, 1)
     assert p.nproc_per_node == 2 and "parallel.sharding_parallel_degree: 8 -> 2" in changes
@@ -30,7 +31,7 @@ def test_localize_keeps_zero1_as_zero1_over_the_local_processes(monkeypatch):
     staged = dataclasses.replace(
         plan, parallel=dataclasses.replace(plan.parallel, sharding="stage2")
     )
-    p2 = rehearsal.localize(staged, rehearsal_device.PLAIN_CPU)[0].parallel
+    p2 = rehearsal.localize(staged, device_support.PLAIN_CPU)[0].parallel
     assert (p2.sharding, p2.sharding_parallel_degree, p2.data_parallel_degree) == ("", 1, 2)
 
 

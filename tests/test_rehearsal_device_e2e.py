@@ -1,7 +1,7 @@
 """Real rehearsals on the rehearsal device (issue 34): a tensor-parallel plan rehearsed with
 --local runs in its own layout (tp 2, 2 processes), its losses equal a 1-process reference
 (fp32), a rank SIGKILLed mid-run and the rerun give the uninterrupted run's losses, and every
-rank records its allocator peaks. Skipped where the device is not built (runner.rehearsal_device
+rank records its allocator peaks. Skipped where the device is not built (runner.device.support
 says why)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from safetensors import safe_open
 from test_train_e2e import metrics, start_background, wait_for_step
 
 from gptplan.plan import REHEARSAL_PROFILE, load_plan
-from runner import rehearsal_device
+from runner.device import support as rehearsal_device
 
 pytestmark = [
     pytest.mark.e2e,

@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO
 
 from gptplan.plan import load_plan, no_recompute_layers, validate
-from runner import rehearsal_device as rd
+from runner.device import support as rd
 from runner.rehearsal import localize
 
 DEVICE = rd.Support(device="gptplan_cpu", kinds=rd.ALL_KINDS, precisions=("fp32",))
@@ -204,7 +204,7 @@ def test_a_rehearsal_device_plan_needs_the_device():
     """A plan written for the rehearsal device fails at launch with one line where the device
     is unavailable (never silently as plain-CPU data parallel)."""
     from gptplan.errors import HardwareError
-    from runner import rehearsal_device
+    from runner.device import support as rehearsal_device
 
     local, _ = localize(PLANS["tp4xpp2"](), DEVICE)
     assert rehearsal_device.uses_device(local)

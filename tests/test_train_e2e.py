@@ -17,7 +17,7 @@ import pytest
 from conftest import FAMILIES, LLAMA, SHARED_RUNS, merge, run_cli
 
 from runner.billing import Billing
-from runner.rehearsal_device import local_precisions, support
+from runner.device.support import local_precisions, support
 
 pytestmark = pytest.mark.e2e
 DP2 = {"parallel": {"nproc_per_node": 2, "data_parallel_degree": 2}}

@@ -170,7 +170,7 @@ def _sharding_stage_check(plan: Plan) -> Problem:
 
 # A CPU plan with this hardware.profile runs on the rehearsal device: the project's Paddle
 # custom device whose memory is host memory and whose collectives really move data between
-# processes (runner.rehearsal_device); it runs every layout kind, so _cpu_check allows them.
+# processes (runner.device.support); it runs every layout kind, so _cpu_check allows them.
 REHEARSAL_PROFILE = "local-rehearsal-device"
 
 

@@ -36,8 +36,9 @@ TIMEOUT_ENV = "GPTPLAN_DEVICE_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 120.0
 
 # The layout kinds the device runs, each checked against a 1-process reference by
-# tests/test_device.py (fp32). AMP (bf16, fp16; O1, O2) runs through the device's upcasting
-# kernels (src/kernels.cc), except with tensor parallel and sharding stage 1 (AMP_WITHOUT).
+# tests/test_device.py (fp32). AMP (bf16, fp16; O1, O2) runs with each through the device's
+# upcasting kernels (src/kernels.cc; tests/test_device_amp.py: tensor + sequence parallel and
+# sharding stage 1, tests/test_rehearsal_device_e2e.py: data parallel).
 LAYOUT_KINDS = (
     "dp",
     "tp",
@@ -49,19 +50,13 @@ LAYOUT_KINDS = (
     "sharding_stage3",
 )
 PRECISIONS = ("fp32", "bf16", "fp16")
-# layout kinds AMP does not run with on the device, and why
-AMP_WITHOUT = {
-    "tp": (
-        "Paddle 3.3.1 registers its custom-device c_identity, mp_allreduce_sum and "
-        "c_softmax_with_cross_entropy kernels (tensor parallel) for fp32/fp16 only, not bf16, "
-        "and fp16 tensor parallel is not verified here"
-    ),
-    "sharding_stage1": (
-        "fleet's sharding stage 1 with GPT in fp16 O2 (bank_faq) stopped in its gradient "
-        "reduce on the device ('interface not found': a tensor off the device; cause not "
-        "found yet; Llama's ran)"
-    ),
-}
+# layout kinds AMP does not run with on the device -> why (a rehearsal of such a layout trains
+# in fp32 and its change list says why: runner.rehearsal.amp_blocked_by). None today: tensor
+# parallel (Paddle's custom-device c_identity, mp_allreduce_sum, c_softmax_with_cross_entropy
+# have no bf16 kernel) and fleet's sharding stage 1 with fp32 gradients under a loss scaler
+# (Paddle's CPU check_finite_and_unscale left them on the CPU) were here until the device got
+# its own kernels for them.
+AMP_WITHOUT: dict[str, str] = {}
 
 
 class DeviceBuildError(RuntimeError):

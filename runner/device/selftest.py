@@ -8,6 +8,11 @@ the same weights on the same batches in each layout, and rank 0 writes the per-s
 step times and every tensor found off the device (parameters, gradients, optimizer states) to
 DIR/<layout>.json. Layouts that share a process-group setup share one launch.
 
+`--precisions bf16_o2,fp16_o1` (of bf16_o1, bf16_o2, fp16_o1, fp16_o2; fp16 with a dynamic loss
+scaler) trains each layout in each of these AMP precisions (`paddle.amp.decorate` for O2, as
+runner.train does) and writes DIR/<layouts>.<precisions>.json, keys <layout>/<family>/<precision>;
+`--families gpt` trains one family only.
+
 Layouts: tp2, tp2_sp (tensor parallel, + sequence parallel), pp2 (pipeline, train_batch, 1F1B),
 stage1 (fleet sharding), stage2, stage3 (group_sharded_parallel), dp2, and with 4 processes pp4,
 vpp4 (pp 4 with 2 virtual stages each: Paddle's interleaved schedule needs pp > 2), dp2_tp2,
@@ -21,7 +26,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from gptplan import families as _families
 from runner.device import off_device
@@ -37,6 +42,15 @@ BATCH = 4  # global batch (samples)
 SEQ = 32
 VOCAB = 256
 LR = 1e-3
+# AMP: precision name -> (Paddle dtype, level); fp32 is no AMP
+AMP: dict[str, tuple[Literal["bfloat16", "float16"], Literal["O1", "O2"]]] = {
+    "bf16_o1": ("bfloat16", "O1"),
+    "bf16_o2": ("bfloat16", "O2"),
+    "fp16_o1": ("float16", "O1"),
+    "fp16_o2": ("float16", "O2"),
+}
+PRECISIONS = ("fp32", *AMP)
+LOSS_SCALE = 1024.0  # fp16's initial (dynamic) loss scale
 # which launch each layout needs: (fleet hybrid degrees or None for init_parallel_env, nprocs)
 GROUPS = {
     "tp2": ("mp2", 2),
@@ -110,13 +124,13 @@ def _loss(out: paddle.Tensor | tuple[paddle.Tensor, ...] | list[paddle.Tensor]) 
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
-def reference(out_dir: Path) -> None:
+def reference(out_dir: Path, families: tuple[str, ...] = FAMILIES) -> None:
     """One process, plain CPU: initial weights (save_pretrained) and the per-step losses."""
     import paddle
 
     paddle.set_device("cpu")
     result = {}
-    for family in FAMILIES:
+    for family in families:
         paddle.seed(2024)
         model = _classes(family)[0](_config(family))
         init = out_dir / f"init_{family}"
@@ -179,8 +193,15 @@ def _hybrid(group: str) -> HybridCommunicateGroup | None:
 
 
 def run_layout(
-    layout: str, family: str, init_dir: Path, hcg: HybridCommunicateGroup | None, device_type: str
+    layout: str,
+    family: str,
+    init_dir: Path,
+    hcg: HybridCommunicateGroup | None,
+    device_type: str,
+    precision: str = "fp32",
 ) -> dict:
+    import contextlib
+
     import paddle
     import paddle.distributed as dist
     from paddle.distributed import fleet
@@ -201,7 +222,27 @@ def run_layout(
         )
 
         register_sequence_parallel_allreduce_hooks(model, 1, False)
-    opt = paddle.optimizer.AdamW(learning_rate=LR, parameters=model.parameters())
+    enabled = precision in AMP
+    dtype, level = AMP[precision] if enabled else ("float16", "O1")  # (unused in fp32)
+    o2 = enabled and level == "O2"
+    opt: Any = paddle.optimizer.AdamW(  # fleet's and the sharding wrappers later
+        learning_rate=LR, parameters=model.parameters(), multi_precision=o2
+    )
+    scaler = (
+        paddle.amp.GradScaler(init_loss_scaling=LOSS_SCALE)
+        if enabled and dtype == "float16"
+        else None
+    )
+    if o2:  # as runner.train builds it: bf16/fp16 weights, fp32 master weights
+        model, opt = paddle.amp.decorate(
+            models=model, optimizers=opt, level="O2", dtype=dtype, master_weight=True
+        )
+
+    def amp() -> contextlib.AbstractContextManager[None]:
+        if not enabled:
+            return contextlib.nullcontext()
+        return paddle.amp.auto_cast(enable=True, level=level, dtype=dtype)
+
     # the data-parallel width: which part of the global batch this rank trains on
     if hcg is None:
         dp_width, dp_rank = world, rank
@@ -214,12 +255,14 @@ def run_layout(
     if layout in ("stage2", "stage3"):
         from paddle.distributed.sharding import group_sharded_parallel
 
-        model, opt, _ = group_sharded_parallel(
-            model, opt, level="os_g" if layout == "stage2" else "p_g_os"
+        model, opt, scaler = group_sharded_parallel(
+            model, opt, level="os_g" if layout == "stage2" else "p_g_os", scaler=scaler
         )
     elif hcg is not None:
         model = fleet.distributed_model(model)
         opt = fleet.distributed_optimizer(opt)
+        if scaler is not None:
+            scaler = fleet.distributed_scaler(scaler)
     per = BATCH // dp_width
     losses: list[float] = []
     times: list[float] = []
@@ -229,15 +272,24 @@ def run_layout(
         ys = paddle.to_tensor(y[dp_rank * per : (dp_rank + 1) * per])
         t0 = time.perf_counter()
         if pp > 1:
-            loss = model.train_batch([xs, ys], optimizer=opt)
+            with amp():
+                loss = model.train_batch([xs, ys], optimizer=opt, scaler=scaler)
         else:
-            loss = _loss(model(xs, labels=ys))
-            loss.backward()
-            if not off:
+            with amp():
+                loss = _loss(model(xs, labels=ys))
+            (loss if scaler is None else scaler.scale(loss)).backward()
+            first = not losses
+            if first:
                 off = off_device(model, opt, device_type)
-            opt.step()
+            if scaler is None:
+                opt.step()
+            else:
+                scaler.step(opt)
+                scaler.update()
+            if first:  # the step's own ops (the loss scaler's unscale) keep them there too
+                off += [o for o in off_device(model, opt, device_type) if o not in off]
             opt.clear_grad()
-        loss = loss.detach().clone()
+        loss = loss.detach().clone().astype("float32")
         if dp_width > 1:  # the global batch's loss: the mean over the data-parallel ranks
             if hcg is None:
                 dist.all_reduce(loss)
@@ -252,7 +304,12 @@ def run_layout(
     return {"losses": losses, "step_s": times, "off_device": off}
 
 
-def run(layouts: list[str], out_dir: Path) -> None:
+def run(
+    layouts: list[str],
+    out_dir: Path,
+    precisions: tuple[str, ...] = ("fp32",),
+    families: tuple[str, ...] = FAMILIES,
+) -> None:
     import paddle
     import paddle.distributed as dist
 
@@ -267,11 +324,16 @@ def run(layouts: list[str], out_dir: Path) -> None:
     if len(groups) != 1:
         raise SystemExit(f"layouts {layouts} need different process groups; launch them separately")
     hcg = _hybrid(groups.pop())
-    result: dict = {"place": str(paddle.get_device()), "world": dist.get_world_size()}
+    result: dict = {
+        "place": str(paddle.get_device()),
+        "world": dist.get_world_size(),
+    }
     for layout in layouts:
-        for family in FAMILIES:
-            paddle.seed(2024)
-            result[f"{layout}/{family}"] = run_layout(layout, family, out_dir, hcg, DEVICE_TYPE)
+        for family in families:
+            for precision in precisions:
+                paddle.seed(2024)
+                key = f"{layout}/{family}" + ("" if precision == "fp32" else f"/{precision}")
+                result[key] = run_layout(layout, family, out_dir, hcg, DEVICE_TYPE, precision)
     # every rank's off-device findings count: gather them on rank 0
     findings: list = []
     dist.all_gather_object(
@@ -282,6 +344,8 @@ def run(layouts: list[str], out_dir: Path) -> None:
             for key, bad in per_rank.items():
                 result[key].setdefault("off_device_by_rank", {})[str(rank)] = bad
         name = "+".join(layouts)
+        if precisions != ("fp32",):
+            name += "." + "+".join(precisions)
         tmp = out_dir / f".{name}.json.tmp"
         tmp.write_text(json.dumps(result, indent=1), encoding="utf-8")
         os.replace(tmp, out_dir / f"{name}.json")
@@ -292,11 +356,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("mode", choices=["reference", "run"])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--layouts", default="")
+    parser.add_argument("--precisions", default="fp32")
+    parser.add_argument("--families", default=",".join(FAMILIES))
     args = parser.parse_args(argv)
+    families = tuple(x for x in args.families.split(",") if x)
+    precisions = tuple(x for x in args.precisions.split(",") if x)
+    for flag, got, allowed in (
+        ("--families", families, FAMILIES),
+        ("--precisions", precisions, PRECISIONS),
+    ):
+        unknown = [x for x in got if x not in allowed]
+        if unknown:
+            parser.error(f"{flag}: {unknown[0]!r} is not one of {', '.join(allowed)}")
     if args.mode == "reference":
-        reference(args.out)
+        reference(args.out, families)
     else:
-        run([x for x in args.layouts.split(",") if x], args.out)
+        run([x for x in args.layouts.split(",") if x], args.out, precisions, families)
 
 
 if __name__ == "__main__":

@@ -2,14 +2,15 @@
 // Paddle CPU kernels the device runs in place (kernels.cc): X(kernel name, CPU kernel template).
 // Each is one whose CPU fallback copies its outputs into new allocations (in-place updates of
 // views lost) or leaves them on the CPU; the placement test (tests/test_device.py) finds more.
-#define GPTPLAN_FORWARDED_KERNELS(X)          \
-  X(adamw, phi::AdamwDenseKernel)             \
-  X(adam, phi::AdamDenseKernel)               \
-  X(scale, phi::ScaleKernel)                  \
-  X(fill, phi::FillKernel)                    \
-  X(split, phi::SplitKernel)                  \
-  X(split_with_num, phi::SplitWithNumKernel)  \
-  X(embedding_grad, phi::EmbeddingGradKernel)
+#define GPTPLAN_FORWARDED_KERNELS(X)                            \
+  X(adamw, phi::AdamwDenseKernel)                               \
+  X(adam, phi::AdamDenseKernel)                                 \
+  X(scale, phi::ScaleKernel)                                    \
+  X(fill, phi::FillKernel)                                      \
+  X(split, phi::SplitKernel)                                    \
+  X(split_with_num, phi::SplitWithNumKernel)                    \
+  X(embedding_grad, phi::EmbeddingGradKernel)                   \
+  X(check_finite_and_unscale, phi::CheckFiniteAndUnscaleKernel)
 
 // Paddle CPU kernels without a bfloat16 / float16 version that a training step of the families
 // runs (listed by GLOG_vmodule=kernel_factory=3 on a Llama and a GPT step): the device's bf16 and
@@ -72,3 +73,13 @@
   X(index_select_grad, phi::IndexSelectGradKernel)                             \
   X(silu, phi::SiluKernel)                                                     \
   X(silu_grad, phi::SiluGradKernel)
+
+// Paddle's custom-device kernels (tensor parallelism) registered for fp32/fp16 only, not bf16
+// (Paddle 3.3.1; its fp16 c_softmax_with_cross_entropy reads fp16 data as float): the device's
+// bf16 and fp16 kernels of these cast the inputs to fp32 on the device, run the custom-device fp32
+// kernel with the device's context (its communicator) and cast the outputs back.
+#define GPTPLAN_CUSTOM_UPCAST_KERNELS(X)                                                    \
+  X(c_identity, phi::CIdentityKernel)                                                       \
+  X(mp_allreduce_sum, phi::MpAllReduceSumKernel)                                            \
+  X(c_softmax_with_cross_entropy, gptplan_device::CSoftmaxWithCrossEntropyKernel)           \
+  X(c_softmax_with_cross_entropy_grad, phi::CSoftmaxWithCrossEntropyGradKernel)

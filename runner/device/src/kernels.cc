@@ -78,6 +78,10 @@
 #include "paddle/phi/kernels/tril_triu_kernel.h"
 #include "paddle/phi/kernels/unsqueeze_kernel.h"
 #include "paddle/phi/kernels/where_kernel.h"
+// the custom-device kernels of tensor parallelism (kernel_list.h: GPTPLAN_CUSTOM_UPCAST_KERNELS)
+#include "paddle/phi/kernels/c_identity_kernel.h"
+#include "paddle/phi/kernels/c_softmax_with_cross_entropy_grad_kernel.h"
+#include "paddle/phi/kernels/mp_allreduce_sum_kernel.h"
 
 #include "device_name.h"
 #include "kernel_list.h"
@@ -217,9 +221,14 @@ void install_one_hot() {
   install("one_hot", key, k->second, &Impl::Compute, reinterpret_cast<void*>(&Impl::VariadicCompute));
 }
 
-#define GPTPLAN_NAME(op, fn) constexpr char name_##op[] = #op;
+// (a kernel can be in both lists: forwarded for the types Paddle's CPU build has, upcast for
+// bf16/fp16)
+#define GPTPLAN_NAME(op, fn) constexpr char forwarded_##op[] = #op;
 GPTPLAN_FORWARDED_KERNELS(GPTPLAN_NAME)
+#undef GPTPLAN_NAME
+#define GPTPLAN_NAME(op, fn) constexpr char name_##op[] = #op;
 GPTPLAN_UPCAST_KERNELS(GPTPLAN_NAME)
+GPTPLAN_CUSTOM_UPCAST_KERNELS(GPTPLAN_NAME)
 #undef GPTPLAN_NAME
 
 // ---- upcast kernels: bf16/fp16 in, fp32 CPU kernel, bf16/fp16 out ----------------------------
@@ -243,6 +252,9 @@ const phi::CPUContext& plain_cpu_context() {
 // What one upcast call allocates, and the outputs it casts back when the fp32 kernel is done.
 struct Scratch {
   const phi::CPUContext& dev;  // on the device's place: the caller's outputs
+  // the fp32 inputs on the device (for a custom-device kernel, which runs on the device's
+  // context) rather than on the CPU place (for a CPU kernel)
+  bool on_device = false;
   const phi::CPUContext& ctx = plain_cpu_context();  // on the CPU place: the fp32 kernel's
   std::vector<std::unique_ptr<phi::DenseTensor>> tensors;
   std::vector<std::unique_ptr<paddle::optional<phi::DenseTensor>>> optionals;
@@ -252,7 +264,7 @@ struct Scratch {
 
   // a tensor of the device seen on the CPU place (the same memory: the device's is host memory)
   const phi::DenseTensor* on_cpu(const phi::DenseTensor& x) {
-    if (!x.initialized() || x.place().GetType() == phi::AllocationType::CPU) return &x;
+    if (on_device || !x.initialized() || x.place().GetType() == phi::AllocationType::CPU) return &x;
     auto holder = std::make_shared<phi::Allocation>(x.Holder()->ptr(), x.Holder()->size(), phi::CPUPlace());
     tensors.push_back(std::make_unique<phi::DenseTensor>(holder, x.meta()));
     return tensors.back().get();
@@ -262,7 +274,7 @@ struct Scratch {
     if (!x.initialized() || !low_precision(x.dtype())) return on_cpu(x);
     auto t = std::make_unique<phi::DenseTensor>();
     t->Resize(x.dims());
-    float* o = ctx.template Alloc<float>(t.get());
+    float* o = (on_device ? dev : ctx).template Alloc<float>(t.get());
     if (x.dtype() == phi::DataType::BFLOAT16)
       convert<phi::dtype::bfloat16>(x, o);
     else
@@ -389,6 +401,73 @@ void upcast_low_types() {
   install_upcast(Name, phi::DataType::FLOAT16, &F::Compute, reinterpret_cast<void*>(&F::VariadicCompute));
 }
 
+// ---- custom-device kernels without bf16 (tensor parallelism): the same, around Paddle's fp32
+// custom-device kernel, on the device ------------------------------------------------------------
+
+// declared for its signature only (Paddle 3.3.1 has no header for it)
+template <typename T, typename Context>
+void CSoftmaxWithCrossEntropyKernel(const Context& dev_ctx, const phi::DenseTensor& logits,
+                                    const phi::DenseTensor& label, int64_t ignore_index, int rank, int nranks,
+                                    phi::DenseTensor* softmax, phi::DenseTensor* loss);
+
+const phi::KernelKey custom_fp32_key() {
+  return phi::KernelKey(phi::Backend::CUSTOM, phi::DataLayout::ALL_LAYOUT, phi::DataType::FLOAT32);
+}
+
+template <typename Sig>
+struct UpcastCustom;
+
+template <typename Ctx, typename... Args>
+struct UpcastCustom<void (*)(const Ctx&, Args...)> {
+  template <const char* Name, phi::DataType DType>
+  static void Run(const phi::CustomContext& dev, Args... args) {
+    static const phi::Kernel& k = [] () -> const phi::Kernel& {
+      auto& all = phi::KernelFactory::Instance().kernels();
+      return all.at(Name).at(custom_fp32_key());
+    }();
+    using Variadic = void (*)(const phi::DeviceContext&, Args...);
+    auto fn = k.template GetVariadicKernelFn<Variadic>();
+    Scratch s{cpu_context(dev), true};
+    fn(dev, Conv<Args>::go(args, s)...);  // the device's context: its communicator, its stream
+    s.finish(DType);
+  }
+};
+
+// the device's kernel for (name, dtype) from the custom-device fp32 kernel's argument definitions
+void install_custom_upcast(const char* name, phi::DataType dtype, phi::KernelFn fn, void* variadic) {
+  auto& all = phi::KernelFactory::Instance().kernels();
+  auto it = all.find(name);
+  if (it == all.end()) return;
+  const phi::DataLayout L = phi::DataLayout::ALL_LAYOUT;
+  const phi::KernelKey key(device_backend(), L, dtype);
+  if (it->second.count(key)) return;  // the device has one
+  auto f = it->second.find(custom_fp32_key());
+  if (f == it->second.end() || f->second.GetKernelRegisteredType() != phi::KernelRegisteredType::FUNCTION) return;
+  phi::Kernel k(fn, variadic);
+  *k.mutable_args_def() = f->second.args_def();
+  k.get_kerneltype_forvar_fn_ = f->second.get_kerneltype_forvar_fn_;
+  auto& defs = *k.mutable_args_def();
+  for (auto& d : defs.input_defs()) {
+    if (d.backend == phi::Backend::CUSTOM) d.backend = device_backend();
+    if (d.dtype == phi::DataType::FLOAT32) d.dtype = dtype;
+  }
+  for (auto& d : defs.output_defs()) {
+    if (d.backend == phi::Backend::CUSTOM) d.backend = device_backend();
+    if (d.dtype == phi::DataType::FLOAT32) d.dtype = dtype;
+  }
+  all[name][key] = k;
+}
+
+template <typename Sig, const char* Name>
+void custom_upcast_low_types() {
+  constexpr auto bf16 = &UpcastCustom<Sig>::template Run<Name, phi::DataType::BFLOAT16>;
+  constexpr auto fp16 = &UpcastCustom<Sig>::template Run<Name, phi::DataType::FLOAT16>;
+  using B = phi::KernelImpl<std::remove_const_t<decltype(bf16)>, bf16>;
+  using F = phi::KernelImpl<std::remove_const_t<decltype(fp16)>, fp16>;
+  install_custom_upcast(Name, phi::DataType::BFLOAT16, &B::Compute, reinterpret_cast<void*>(&B::VariadicCompute));
+  install_custom_upcast(Name, phi::DataType::FLOAT16, &F::Compute, reinterpret_cast<void*>(&F::VariadicCompute));
+}
+
 // AdamW of low-precision parameters: with master weights (O2) the fp32 kernel updates the master
 // weight in place and the parameter becomes its cast; without, the parameter's fp32 copy.
 template <phi::DataType DType>
@@ -443,7 +522,7 @@ void install_adamw_upcast() {
 }
 
 void register_kernels() {
-#define GPTPLAN_FORWARD(op, fn) forward_all_types<decltype(&fn<float, phi::CPUContext>), name_##op>();
+#define GPTPLAN_FORWARD(op, fn) forward_all_types<decltype(&fn<float, phi::CPUContext>), forwarded_##op>();
   GPTPLAN_FORWARDED_KERNELS(GPTPLAN_FORWARD)
 #undef GPTPLAN_FORWARD
   install_one_hot<phi::DataType::INT32, int32_t>();
@@ -453,6 +532,9 @@ void register_kernels() {
 #undef GPTPLAN_UPCAST
   install_adamw_upcast<phi::DataType::BFLOAT16>();
   install_adamw_upcast<phi::DataType::FLOAT16>();
+#define GPTPLAN_CUSTOM_UPCAST(op, fn) custom_upcast_low_types<decltype(&fn<float, phi::CustomContext>), name_##op>();
+  GPTPLAN_CUSTOM_UPCAST_KERNELS(GPTPLAN_CUSTOM_UPCAST)
+#undef GPTPLAN_CUSTOM_UPCAST
 }
 
 }  // namespace gptplan_device

@@ -6,20 +6,19 @@ Two ways exist (facts in the project's CPU_DEVICE notes):
 - the rehearsal device: the project's Paddle custom-device plugin (built by `make setup`),
   whose device is host memory and whose collectives really move data; it runs every layout
   kind (tensor, pipeline incl. interleaved, sequence parallel, sharding stages 1-3, data
-  parallel, recompute), in fp32, bf16 and fp16 (AMP O1/O2 through its upcasting kernels; not
-  with tensor parallel: `Support.amp_without`);
+  parallel, recompute), in fp32, bf16 and fp16 (AMP O1/O2 through its upcasting kernels; a
+  layout kind it could not run AMP with would be in `Support.amp_without`);
 - plain CPU (gloo): data parallel and sharding stage 1 only (Paddle's CPU build has no
   `c_identity`, gloo no send/recv, `group_sharded_parallel` asserts a GPU).
 
-The plugin's own module (runner.device) says whether it is built and gives the launch
-environment; this module only reads its answer, so the layout mapping (runner.rehearsal) stays
-pure: its tests pass a Support of their own.
+The package (runner.device: `capabilities()`) says whether the plugin is built and gives the
+launch environment; this module only reads its answer, so the layout mapping (runner.rehearsal)
+stays pure: its tests pass a Support of their own. Importing it imports no Paddle.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -88,11 +87,13 @@ DEVICE_KIND_NAMES = {
 def support() -> Support:
     """This machine's answer: runner.device.capabilities() (built, and loadable by Paddle in a
     child process) when the plugin is there, else plain CPU with the reason."""
-    try:
-        device = importlib.import_module("runner.device")
-    except ImportError:
-        return _plain("the rehearsal device's module (runner.device) is not in this install")
-    caps = device.capabilities(check_load=True)
+    from runner import device
+
+    return support_from(device.capabilities(check_load=True))
+
+
+def support_from(caps: dict) -> Support:
+    """The Support of the device's capabilities() answer."""
     if not caps.get("available"):
         return _plain(str(caps.get("reason") or "the rehearsal device is not built"))
     return Support(
