@@ -171,19 +171,32 @@ STAGE3_GPU = merge(
             "sequence_parallel": False,
             "sharding": "stage3",
             "sharding_parallel_degree": 8,
-        }
+        },
+        # micro 2 x 2 shards: the tp rehearsal's global batch (micro 4), so its 1-process
+        # reference is this one's too
+        "training": {"per_device_train_batch_size": 2},
     },
 )
 
 
 @pytest.fixture(scope="module")
-def stage3_runs(tmp_path_factory, shared_cache):
+def stage3_runs(tmp_path_factory, shared_cache, tp_runs):
+    """The stage 3 rehearsal and its 1-process reference: tp_runs' (checked to be the same
+    training: model, data, schedule and global batch)."""
     work = tmp_path_factory.mktemp("stage3")
     plan = plan_file(work, shared_cache, STAGE3_GPU, "s3")
     done = rehearse(plan, "s3")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    reference_run(work, work / "s3", "ref", unsharded(load_plan(work / "s3" / "plan.toml")))
-    return work, plan, done
+    local = load_plan(work / "s3" / "plan.toml")
+    own = merge(json.loads(json.dumps(local.to_dict())), unsharded(local))
+    shared = load_plan(tp_runs[0] / "ref.toml").to_dict()
+    for section in ("model", "training"):
+        assert own[section] == json.loads(json.dumps(shared[section])), section
+    assert (own["job"]["seed"], own["job"]["corpus"]) == (
+        shared["job"]["seed"],
+        shared["job"]["corpus"],
+    )
+    return work, plan, done, tp_runs[0] / "ref"
 
 
 def unsharded(local) -> dict:
@@ -196,11 +209,11 @@ def unsharded(local) -> dict:
 
 
 def test_stage3_rehearses_as_stage3_x2_with_the_reference_losses(stage3_runs):
-    work, _, done = stage3_runs
+    work, _, done, ref = stage3_runs
     assert "parallel.sharding_parallel_degree: 8 -> 2" in done.stdout
     local = load_plan(work / "s3" / "plan.toml")
     assert (local.parallel.sharding, local.parallel.nproc_per_node) == ("stage3", 2)
-    a, b = losses(work / "s3"), losses(work / "ref")
+    a, b = losses(work / "s3"), losses(ref)
     assert len(a) == len(b) == 6
     assert a == pytest.approx(b, rel=1e-5, abs=1e-5)
     # stage 3 really sliced the rehearsal's small weights (runner.train.stage3_segment_size):
@@ -220,7 +233,7 @@ def test_stage3_rehearses_as_stage3_x2_with_the_reference_losses(stage3_runs):
 
 
 def test_stage3_sigkill_and_rerun_give_the_uninterrupted_losses(stage3_runs):
-    work, plan, _ = stage3_runs
+    work, plan, _, _ = stage3_runs
     run = work / "killed"
     proc = start_background(plan, "--local", "--max-steps", "6", "--output-dir", "killed")
     try:
