@@ -250,18 +250,11 @@ LAUNCHES = {  # one launch per process-group setup: its layouts and processes
 
 @pytest.fixture(scope="module")
 def layout_runs(tmp_path_factory):
-    """The reference on plain CPU, then every launch on the device; {layout/family: result}."""
+    """The reference on plain CPU, then every launch on the device; {layout/family: result}.
+    The reference trains in this process (selftest.reference sets the CPU place), saving a
+    Python that imports Paddle and PaddleNLP again."""
     out = tmp_path_factory.mktemp("device_layouts")
-    env = device.cpu_env()
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    ref = subprocess.run(
-        [sys.executable, "-m", "runner.device.selftest", "reference", "--out", str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert ref.returncode == 0, ref.stderr[-3000:]
+    selftest.reference(out)
     reference = json.loads((out / "reference.json").read_text())
     results: dict = {}
     failures: dict = {}

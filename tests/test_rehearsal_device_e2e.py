@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
-from conftest import BASE_PLAN, LLAMA, QWEN, REPO, merge, run_cli
+from conftest import BASE_PLAN, LLAMA, QWEN, REPO, merge, run_cli, small_model_pins
 from safetensors import safe_open
 from test_train_e2e import metrics, start_background, wait_for_step
 
@@ -443,20 +443,13 @@ def test_families_and_per_layer_recompute_rehearse_with_the_reference_losses(fam
 # stage 1 x 2 on the device in the precision the device allows with stage 1. It trains 2 steps
 # with the losses of its 1-process fp32 reference, and its export is verified.
 LLAMA_ZH = REPO / "plans" / "llama_zh.toml"
-LLAMA_ZH_PINS = {
-    "job.target_tokens": 0,  # the plan's 50B tokens need its batch; the micro-batch is pinned
-    # the tokenizer and data every end-to-end test shares (BASE_PLAN's: the session cache)
-    "job.max_documents": 1500,
-    "job.tokenizer_vocab_size": 4000,
-    "model.vocab_size": 4000,
-    "model.hidden_size": 64,
-    "model.num_hidden_layers": 2,
-    "model.num_attention_heads": 4,
-    "model.intermediate_size": 176,
-    "training.seq_len": 32,
-    "training.per_device_train_batch_size": 4,
-    "training.logging_steps": 1,  # every step's loss (the plan logs every 100th)
-}
+LLAMA_ZH_PINS = [
+    "job.target_tokens=0",  # the plan's 50B tokens need its batch; the micro-batch is pinned
+    *small_model_pins(merge(BASE_PLAN, LLAMA)["model"]),
+    "training.seq_len=32",
+    "training.per_device_train_batch_size=4",
+    "training.logging_steps=1",  # every step's loss (the plan logs every 100th)
+]
 
 
 def test_llama_zh_rehearses_as_stage1_x2_on_the_device_with_its_reference(tmp_path, shared_cache):
@@ -464,7 +457,7 @@ def test_llama_zh_rehearses_as_stage1_x2_on_the_device_with_its_reference(tmp_pa
     from runner.overrides import load_plan_with
 
     sets = [f"job.cache_dir={json.dumps(str(shared_cache))}"]
-    sets += [f"{k}={v}" for k, v in LLAMA_ZH_PINS.items()]
+    sets += LLAMA_ZH_PINS
     done = run_cli(
         "runner",
         "execute",
