@@ -7,6 +7,7 @@ machine without a GPU, and the launch command printed is exactly the one run.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from dataclasses import dataclass
@@ -139,6 +140,18 @@ def thread_env(plan: Plan) -> dict[str, str]:
     }
 
 
+# The rehearsal device's run tag (runner/device/src/runtime.cc): every communicator a run's
+# ranks make carries it, and a rank joins only its own run's, so two runs on one machine never
+# share a communicator (nor /dev/shm names), whatever ports their launchers happen to pick.
+DEVICE_RUN_ENV = "GPTPLAN_DEVICE_RUN"
+
+
+def device_run_tag(run_dir: Path, master: str = "") -> str:
+    """One run's device tag: the same on each of its nodes and attempts (its run folder, its
+    master), another for any other run on this machine (runner.lock: one run per folder)."""
+    return hashlib.sha256(f"{Path(run_dir).resolve()}|{master}".encode()).hexdigest()[:12]
+
+
 def is_loopback(master: str) -> bool:
     host = master.rpartition(":")[0].strip("[]")
     return host == "localhost" or host.startswith("127.") or host == "::1"
@@ -198,6 +211,9 @@ def launch_commands(
             env = {k: str(per_proc) for k in env}
         from runner.device.support import launch_env
 
-        env = {**env, **launch_env(plan)}  # the rehearsal device's plugin and flags
+        device_env = launch_env(plan)  # the rehearsal device's plugin and flags
+        if device_env:
+            device_env[DEVICE_RUN_ENV] = device_run_tag(run_dir, master or p.master)
+        env = {**env, **device_env}
         commands.append(LaunchCommand(node, argv, env))
     return commands

@@ -75,6 +75,17 @@ QWEN = {
 }
 
 
+def small_model_pins(model: dict | None = None) -> list[str]:
+    """`--set` assignments that give a shipped plan BASE_PLAN's data and tokenizer (the
+    session's shared cache) and a tiny model (BASE_PLAN's, or `model`), keeping its layout,
+    precision and schedule."""
+    model = model or BASE_PLAN["model"]
+    return [
+        f"job.max_documents={BASE_PLAN['job']['max_documents']}",
+        f"job.tokenizer_vocab_size={model['vocab_size']}",
+    ] + [f"model.{k}={v}" for k, v in model.items() if k not in ("name", "family")]
+
+
 def merge(base: dict, overrides: dict) -> dict:
     out = copy.deepcopy(base)
     for key, value in overrides.items():

@@ -13,12 +13,14 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from runner import device
 from runner.device import selftest
+from runner.parallel import DEVICE_RUN_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 1e-5  # per-step loss vs the 1-process reference (fp32)
@@ -28,16 +30,21 @@ needs_device = pytest.mark.skipif(
 )
 
 
-def _shm_names() -> set[str]:
+def _shm_names(tag: str) -> set[str]:
+    """This run's communicator names in /dev/shm (another run on this machine, e.g. another
+    checkout's tests, has its own tag)."""
     try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith(device.DEVICE_TYPE)}
+        return {n for n in os.listdir("/dev/shm") if n.startswith(f"{device.DEVICE_TYPE}-{tag}-")}
     except FileNotFoundError:
         return set()
 
 
-def _launch(script_args: list[str], nprocs: int, cwd: Path, *, extra_env=None, timeout=600):
+def _launch(script_args: list[str], nprocs: int, cwd: Path, *, extra_env=None, timeout=600, tag=""):
+    """paddle.distributed.launch on the device, as one run of its own (a fresh run tag unless
+    `tag` is given: runner.parallel.DEVICE_RUN_ENV)."""
     env = device.env()
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env[DEVICE_RUN_ENV] = tag or uuid.uuid4().hex[:12]
     env.update(extra_env or {})
     cmd = [
         sys.executable,
@@ -152,11 +159,24 @@ assert float(rc2[0]) == peer
 outs = []; dist.alltoall(outs, [paddle.full([2], float(r * 10 + k)) for k in range(n)])
 assert [float(o[0]) for o in outs] == [k * 10 + r for k in range(n)]
 
+# ranks of two runs that met at one rendezvous port: rank 1 claims another run's tag, so it
+# refuses the communicator rank 0 made (this run's tag), and rank 0's ends by the deadline
+import os
+mine = os.environ["GPTPLAN_DEVICE_RUN"]
+if r == 1:
+    os.environ["GPTPLAN_DEVICE_RUN"] = "otherrun"
+try:
+    dist.all_reduce(paddle.ones([1]), group=dist.new_group([0, 1]))
+    report = {"foreign": "no error"}
+except Exception as e:
+    report = {"foreign": str(e)[-400:]}
+os.environ["GPTPLAN_DEVICE_RUN"] = mine
+open(f"foreign.{r}.json", "w").write(json.dumps(report))
+
 # a hung peer: rank 1 stops answering; rank 0's collective ends with an error by the deadline
 group = dist.new_group([0, 1])
 dist.all_reduce(paddle.ones([1]), group=group)
 dist.all_reduce(paddle.ones([1]))
-report = {}
 if r == 1:
     time.sleep(float(sys.argv[1]) * 1.6)
     import os; os._exit(0)  # then it dies
@@ -181,11 +201,12 @@ open("collectives.json", "w").write(json.dumps(report))
 @pytest.mark.e2e
 @needs_device
 def test_collectives_move_data_and_end_on_a_dead_or_hung_peer(tmp_path):
-    """Every collective the device offers, on 2 processes; then a hung peer (no answer within
-    the deadline) and a dead one (its process gone) each end the call with an error, and no
-    shared-memory segment is left in /dev/shm."""
+    """Every collective the device offers, on 2 processes; a communicator of another run is
+    refused; then a hung peer (no answer within the deadline) and a dead one (its process
+    gone) each end the call with an error, and no shared-memory segment of this run is left in
+    /dev/shm (its names carry the run's tag)."""
     deadline_s = 4
-    before = _shm_names()
+    tag = uuid.uuid4().hex[:12]
     (tmp_path / "coll.py").write_text(COLLECTIVES)
     t0 = time.time()
     proc = _launch(
@@ -194,6 +215,7 @@ def test_collectives_move_data_and_end_on_a_dead_or_hung_peer(tmp_path):
         tmp_path,
         extra_env={device.TIMEOUT_ENV: str(deadline_s)},
         timeout=300,
+        tag=tag,
     )
     elapsed = time.time() - t0
     out = tmp_path / "collectives.json"
@@ -201,13 +223,19 @@ def test_collectives_move_data_and_end_on_a_dead_or_hung_peer(tmp_path):
     report = json.loads(out.read_text())
     # Paddle raises its generic "CustomDevice error"; the device's own line says which and why
     log0 = (tmp_path / "log" / "workerlog.0").read_text(errors="replace")
+    log1 = (tmp_path / "log" / "workerlog.1").read_text(errors="replace")
+    foreign = [json.loads((tmp_path / f"foreign.{r}.json").read_text())["foreign"] for r in (0, 1)]
+    assert "no error" not in foreign, foreign
+    assert f"belongs to another run (run tag {tag}; this rank's GPTPLAN_DEVICE_RUN: otherrun)" in (
+        log1
+    ), log1[-3000:]
     assert report["hung"] != "no error" and report["dead"] != "no error", report
     assert f"no answer from the other ranks within {deadline_s} s" in log0, log0[-3000:]
     assert "(pid " in log0 and "of the communicator has exited" in log0, log0[-3000:]
     assert report["hung_s"] < deadline_s + 10, report
     assert report["dead_s"] < deadline_s + 10, report
     assert elapsed < 300
-    assert _shm_names() <= before  # nothing of ours left behind
+    assert _shm_names(tag) == set()  # nothing of this run left behind
 
 
 # ---- layouts vs the 1-process reference ----------------------------------------------------------
@@ -222,18 +250,11 @@ LAUNCHES = {  # one launch per process-group setup: its layouts and processes
 
 @pytest.fixture(scope="module")
 def layout_runs(tmp_path_factory):
-    """The reference on plain CPU, then every launch on the device; {layout/family: result}."""
+    """The reference on plain CPU, then every launch on the device; {layout/family: result}.
+    The reference trains in this process (selftest.reference sets the CPU place), saving a
+    Python that imports Paddle and PaddleNLP again."""
     out = tmp_path_factory.mktemp("device_layouts")
-    env = device.cpu_env()
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    ref = subprocess.run(
-        [sys.executable, "-m", "runner.device.selftest", "reference", "--out", str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert ref.returncode == 0, ref.stderr[-3000:]
+    selftest.reference(out)
     reference = json.loads((out / "reference.json").read_text())
     results: dict = {}
     failures: dict = {}

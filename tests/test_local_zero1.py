@@ -9,7 +9,7 @@ import dataclasses
 import json
 
 import pytest
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, small_model_pins
 
 from gptplan.plan import load_plan
 
@@ -52,6 +52,10 @@ def test_bank_faq_local_runs_zero1_over_two_processes_with_the_data_parallel_los
         f"job.cache_dir={json.dumps(str(shared_cache))}",
         "--set",
         "job.target_tokens=0",
+        # the plan's layout and schedule with a model and data the size of every other
+        # end-to-end test's (the suite's shared tokenizer and data; neither the layout nor the
+        # export's key names depend on the size): GPT-Base's 110M took most of this test's time
+        *(a for pin in small_model_pins() for a in ("--set", pin)),
         "--set",
         "training.per_device_train_batch_size=1",
         "--set",

@@ -193,6 +193,48 @@ def test_cpu_launch_splits_threads():
     assert int(cmd.env["OMP_NUM_THREADS"]) >= 1
 
 
+def test_device_launches_carry_their_runs_tag(tmp_path, monkeypatch):
+    """Two runs on one machine never share a device communicator (runner/device/src/runtime.cc
+    joins only its own run's): each run's ranks get a tag of its own, the same on every node
+    and attempt of that run; a plan off the device gets none."""
+    from gptplan.plan import REHEARSAL_PROFILE
+    from runner import rehearsal_device
+    from runner.parallel import DEVICE_RUN_ENV
+
+    monkeypatch.setattr(
+        rehearsal_device,
+        "launch_env",
+        lambda plan: {"CUSTOM_DEVICE_ROOT": "lib"} if rehearsal_device.uses_device(plan) else {},
+    )
+
+    def tags(run_dir: Path, plan_overrides: dict, master: str = "") -> list:
+        plan = plan_from_dict(merge(BASE_PLAN, plan_overrides))
+        cmds = launch_commands(
+            plan,
+            plan_path=run_dir / "plan.toml",
+            data_dir=Path("d"),
+            run_dir=run_dir,
+            log_dir=run_dir / "logs",
+            master=master,
+            python="python",
+        )
+        return [c.env.get(DEVICE_RUN_ENV) for c in cmds]
+
+    on_device = {
+        "parallel": {"nproc_per_node": 2, "data_parallel_degree": 2},
+        "hardware": {"profile": REHEARSAL_PROFILE},
+    }
+    (a,) = tags(tmp_path / "a", on_device)
+    (b,) = tags(tmp_path / "b", on_device)
+    assert a and b and a != b
+    assert tags(tmp_path / "a", on_device) == [a]  # a rerun of that run: the same
+    two_nodes = merge(on_device, {"parallel": {"nnodes": 2, "data_parallel_degree": 4}})
+    node0, node1 = tags(tmp_path / "a", two_nodes, "127.0.0.1:8090")
+    assert node0 == node1
+    cpu = {"parallel": {"nproc_per_node": 2, "data_parallel_degree": 2}}
+    assert tags(tmp_path / "a", cpu) == [None]
+
+
 @pytest.mark.parametrize(
     "recompute, layer_runs, attention_runs",
     [("none", 1, 1), ("full", 2, 2), ("full_attn", 1, 2), ("core_attn", 1, 1)],

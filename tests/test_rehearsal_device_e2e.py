@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
-from conftest import BASE_PLAN, LLAMA, QWEN, merge, run_cli
+from conftest import BASE_PLAN, LLAMA, QWEN, REPO, merge, run_cli, small_model_pins
 from safetensors import safe_open
 from test_train_e2e import metrics, start_background, wait_for_step
 
@@ -64,6 +64,28 @@ def losses(run_dir: Path) -> list[float]:
     return [r["loss"] for _, r in sorted(metrics(run_dir).items())]
 
 
+def reference_run(work: Path, rehearsal: Path, name: str, overrides: dict):
+    """The 1-process plain-CPU reference of the rehearsal in `rehearsal` (its local plan.toml
+    with `overrides`), trained into work/name; returns the rehearsal's local plan."""
+    local = load_plan(rehearsal / "plan.toml")
+    data = merge(
+        json.loads(json.dumps(local.to_dict())),
+        merge(
+            {
+                "parallel": {"nproc_per_node": 1},
+                "hardware": {"profile": "cpu"},
+                "job": {"output_dir": str(work / name)},
+            },
+            overrides,
+        ),
+    )
+    plan = work / f"{name}.toml"
+    plan.write_text(tomli_w.dumps(data))
+    ref = run_cli("runner", "execute", str(plan), cwd=work, timeout=900)
+    assert ref.returncode == 0, name + ref.stdout[-3000:] + ref.stderr[-3000:]
+    return local
+
+
 def rehearse(plan: Path, out: str, *extra: str):
     return run_cli(
         "runner",
@@ -86,23 +108,12 @@ def tp_runs(tmp_path_factory, shared_cache):
     plan = plan_file(work, shared_cache, TP4_GPU, "tp4")
     done = rehearse(plan, "tp")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    local = load_plan(work / "tp" / "plan.toml")
-    reference = merge(
-        json.loads(json.dumps(local.to_dict())),
-        {
-            "parallel": {
-                "nproc_per_node": 1,
-                "tensor_parallel_degree": 1,
-                "sequence_parallel": False,
-            },
-            "hardware": {"profile": "cpu"},
-            "job": {"output_dir": str(work / "ref")},
-        },
+    reference_run(
+        work,
+        work / "tp",
+        "ref",
+        {"parallel": {"tensor_parallel_degree": 1, "sequence_parallel": False}},
     )
-    ref_plan = work / "ref.toml"
-    ref_plan.write_text(tomli_w.dumps(reference))
-    ref = run_cli("runner", "execute", str(ref_plan), cwd=work, timeout=900)
-    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
     return work, plan, done
 
 
@@ -160,41 +171,49 @@ STAGE3_GPU = merge(
             "sequence_parallel": False,
             "sharding": "stage3",
             "sharding_parallel_degree": 8,
-        }
+        },
+        # micro 2 x 2 shards: the tp rehearsal's global batch (micro 4), so its 1-process
+        # reference is this one's too
+        "training": {"per_device_train_batch_size": 2},
     },
 )
 
 
 @pytest.fixture(scope="module")
-def stage3_runs(tmp_path_factory, shared_cache):
+def stage3_runs(tmp_path_factory, shared_cache, tp_runs):
+    """The stage 3 rehearsal and its 1-process reference: tp_runs' (checked to be the same
+    training: model, data, schedule and global batch)."""
     work = tmp_path_factory.mktemp("stage3")
     plan = plan_file(work, shared_cache, STAGE3_GPU, "s3")
     done = rehearse(plan, "s3")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     local = load_plan(work / "s3" / "plan.toml")
-    micro = local.training.per_device_train_batch_size * local.parallel.sharding_parallel_degree
-    reference = merge(
-        json.loads(json.dumps(local.to_dict())),
-        {
-            "parallel": {"nproc_per_node": 1, "sharding": "", "sharding_parallel_degree": 1},
-            "training": {"per_device_train_batch_size": micro},  # the same global batch
-            "hardware": {"profile": "cpu"},
-            "job": {"output_dir": str(work / "ref")},
-        },
+    own = merge(json.loads(json.dumps(local.to_dict())), unsharded(local))
+    shared = load_plan(tp_runs[0] / "ref.toml").to_dict()
+    for section in ("model", "training"):
+        assert own[section] == json.loads(json.dumps(shared[section])), section
+    assert (own["job"]["seed"], own["job"]["corpus"]) == (
+        shared["job"]["seed"],
+        shared["job"]["corpus"],
     )
-    ref_plan = work / "ref.toml"
-    ref_plan.write_text(tomli_w.dumps(reference))
-    ref = run_cli("runner", "execute", str(ref_plan), cwd=work, timeout=900)
-    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
-    return work, plan, done
+    return work, plan, done, tp_runs[0] / "ref"
+
+
+def unsharded(local) -> dict:
+    """Overrides that make a sharded local plan's 1-process reference: the same global batch."""
+    micro = local.training.per_device_train_batch_size * local.parallel.sharding_parallel_degree
+    return {
+        "parallel": {"sharding": "", "sharding_parallel_degree": 1},
+        "training": {"per_device_train_batch_size": micro},
+    }
 
 
 def test_stage3_rehearses_as_stage3_x2_with_the_reference_losses(stage3_runs):
-    work, _, done = stage3_runs
+    work, _, done, ref = stage3_runs
     assert "parallel.sharding_parallel_degree: 8 -> 2" in done.stdout
     local = load_plan(work / "s3" / "plan.toml")
     assert (local.parallel.sharding, local.parallel.nproc_per_node) == ("stage3", 2)
-    a, b = losses(work / "s3"), losses(work / "ref")
+    a, b = losses(work / "s3"), losses(ref)
     assert len(a) == len(b) == 6
     assert a == pytest.approx(b, rel=1e-5, abs=1e-5)
     # stage 3 really sliced the rehearsal's small weights (runner.train.stage3_segment_size):
@@ -214,7 +233,7 @@ def test_stage3_rehearses_as_stage3_x2_with_the_reference_losses(stage3_runs):
 
 
 def test_stage3_sigkill_and_rerun_give_the_uninterrupted_losses(stage3_runs):
-    work, plan, _ = stage3_runs
+    work, plan, _, _ = stage3_runs
     run = work / "killed"
     proc = start_background(plan, "--local", "--max-steps", "6", "--output-dir", "killed")
     try:
@@ -285,19 +304,7 @@ def pipeline_runs(tmp_path_factory, shared_cache):
         )
         assert proc.returncode == 0, name + proc.stdout[-3000:] + proc.stderr[-3000:]
         done[name] = proc
-    local = load_plan(work / "pp2" / "plan.toml")
-    reference = merge(
-        json.loads(json.dumps(local.to_dict())),
-        {
-            "parallel": {"nproc_per_node": 1, "pipeline_parallel_degree": 1},
-            "hardware": {"profile": "cpu"},
-            "job": {"output_dir": str(work / "ref")},
-        },
-    )
-    ref_plan = work / "ref.toml"
-    ref_plan.write_text(tomli_w.dumps(reference))
-    ref = run_cli("runner", "execute", str(ref_plan), cwd=work, timeout=900)
-    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
+    reference_run(work, work / "pp2", "ref", {"parallel": {"pipeline_parallel_degree": 1}})
     return work, done
 
 
@@ -412,19 +419,7 @@ def family_runs(tmp_path_factory, shared_cache):
             timeout=900,
         )
         assert done.returncode == 0, name + done.stdout[-3000:] + done.stderr[-3000:]
-        local = load_plan(work / name / "plan.toml")
-        reference = merge(
-            json.loads(json.dumps(local.to_dict())),
-            {
-                "parallel": {"nproc_per_node": 1, "tensor_parallel_degree": 1},
-                "hardware": {"profile": "cpu"},
-                "job": {"output_dir": str(work / f"{name}.ref")},
-            },
-        )
-        ref_plan = work / f"{name}.ref.toml"
-        ref_plan.write_text(tomli_w.dumps(reference))
-        ref = run_cli("runner", "execute", str(ref_plan), cwd=work, timeout=900)
-        assert ref.returncode == 0, name + ref.stdout[-3000:] + ref.stderr[-3000:]
+        reference_run(work, work / name, f"{name}.ref", {"parallel": {"tensor_parallel_degree": 1}})
     return work
 
 
@@ -439,3 +434,71 @@ def test_families_and_per_layer_recompute_rehearse_with_the_reference_losses(fam
     a, b = losses(family_runs / name), losses(family_runs / f"{name}.ref")
     assert len(a) == len(b) == 3
     assert a == pytest.approx(b, rel=1e-5, abs=1e-5)
+
+
+# ---- the shipped llama_zh plan in its own layout ------------------------------------------------
+# plans/llama_zh.toml as written (ZeRO-1 x 8 on A100s, fp16 O2, its schedule and optimizer), with
+# only the model and data pinned small by --set (the layout does not depend on its size; the
+# full model takes about 2 min a step here, docs/rehearsal.md): localize maps it to sharding
+# stage 1 x 2 on the device in the precision the device allows with stage 1. It trains 2 steps
+# with the losses of its 1-process fp32 reference, and its export is verified.
+LLAMA_ZH = REPO / "plans" / "llama_zh.toml"
+LLAMA_ZH_PINS = [
+    "job.target_tokens=0",  # the plan's 50B tokens need its batch; the micro-batch is pinned
+    *small_model_pins(merge(BASE_PLAN, LLAMA)["model"]),
+    "training.seq_len=32",
+    "training.per_device_train_batch_size=4",
+    "training.logging_steps=1",  # every step's loss (the plan logs every 100th)
+]
+
+
+def test_llama_zh_rehearses_as_stage1_x2_on_the_device_with_its_reference(tmp_path, shared_cache):
+    from runner import rehearsal
+    from runner.overrides import load_plan_with
+
+    sets = [f"job.cache_dir={json.dumps(str(shared_cache))}"]
+    sets += LLAMA_ZH_PINS
+    done = run_cli(
+        "runner",
+        "execute",
+        str(LLAMA_ZH),
+        "--local",
+        "--max-steps",
+        "2",
+        *(a for s in sets for a in ("--set", s)),
+        "--output-dir",
+        "zh",
+        cwd=tmp_path,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "parallel.sharding_parallel_degree: 8 -> 2" in done.stdout
+    assert "runs on: the rehearsal device" in done.stdout
+    assert "export done, verified" in done.stdout
+    assert "Skip loading" not in done.stdout + done.stderr
+    local = load_plan(tmp_path / "zh" / "plan.toml")
+    assert local.hardware.profile == REHEARSAL_PROFILE
+    p = local.parallel
+    assert (p.sharding, p.sharding_parallel_degree, p.nproc_per_node, p.world_size) == (
+        "stage1",
+        2,
+        2,
+        2,
+    )
+    # the layout and precision localize gives the plan (what the device allows), nothing more
+    want, _ = rehearsal.localize(load_plan_with(LLAMA_ZH, sets)[0], rehearsal_device.support())
+    assert local.parallel == want.parallel
+    t = local.training
+    assert (t.precision, t.fp16_opt_level) == (
+        want.training.precision,
+        want.training.fp16_opt_level,
+    )
+    assert local.model.family == "llama" and t.max_steps == 2
+    fp32 = {"training": {"precision": "fp32", "fp16_opt_level": "O1"}}
+    reference_run(tmp_path, tmp_path / "zh", "ref", merge(unsharded(local), fp32))
+    a, b = losses(tmp_path / "zh"), losses(tmp_path / "ref")
+    assert len(a) == len(b) == 2 and all(math.isfinite(x) for x in a)
+    if t.precision == "fp32":
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-5)
+    else:  # AMP on the device: close to fp32, not equal (as the AMP tests above)
+        assert a == pytest.approx(b, rel=AMP_TOLERANCE)

@@ -6,6 +6,10 @@
 // - A communicator is one shared-memory segment named by the unique id Paddle distributes
 //   (made by rank 0, passed through Paddle's TCP store). Every rank maps it, and the last rank
 //   to map it unlinks the name: nothing stays in /dev/shm, even when a rank dies later.
+// - The name carries the run's tag (GPTPLAN_DEVICE_RUN, set by whoever launches one run's
+//   ranks), and a rank joins only a communicator of its own run: two runs on one machine whose
+//   ranks met at one rendezvous port (chosen free by one launcher, taken by another before it
+//   was bound) end with an error naming both, never share a communicator.
 // - Collectives: each rank writes its chunk into its own slot, a phase barrier, every rank
 //   reads the slots it needs (reductions in rank order, so every rank gets the same bits), a
 //   second barrier before the slots are reused. Large buffers go through in slot-sized chunks.
@@ -608,6 +612,26 @@ std::string hex_random(size_t n) {
 }
 
 constexpr size_t kUniqueIdSize = 64;
+constexpr size_t kRunTagMax = 16;
+
+// This process's run tag: GPTPLAN_DEVICE_RUN's letters and digits (at most kRunTagMax), '' when
+// unset. Read at each use (a process may set it before its first collective).
+std::string run_tag() {
+  const char* v = std::getenv("GPTPLAN_DEVICE_RUN");
+  std::string s;
+  for (; v != nullptr && *v != '\0' && s.size() < kRunTagMax; ++v) {
+    if ((*v >= '0' && *v <= '9') || (*v >= 'a' && *v <= 'z') || (*v >= 'A' && *v <= 'Z')) s.push_back(*v);
+  }
+  return s;
+}
+
+// The run tag inside a communicator name "/<device>-[<tag>-]<random hex>" ('' when none).
+std::string tag_of(const std::string& name) {
+  std::string prefix = std::string("/") + GPTPLAN_DEVICE_TYPE + "-";
+  if (name.compare(0, prefix.size(), prefix) != 0) return "";
+  size_t dash = name.find('-', prefix.size());
+  return dash == std::string::npos ? "" : name.substr(prefix.size(), dash - prefix.size());
+}
 
 size_t layout(size_t nranks, size_t slot, size_t chan, size_t* off_pids, size_t* off_phase, size_t* off_heads,
               size_t* off_tails, size_t* off_slots, size_t* off_chans) {
@@ -645,6 +669,13 @@ C_Status comm_init(size_t nranks, C_CCLRootId* unique_id, size_t rank, C_CCLComm
     return C_ERROR;
   }
   std::string name(static_cast<const char*>(unique_id->data), strnlen(static_cast<const char*>(unique_id->data), unique_id->sz));
+  if (tag_of(name) != run_tag()) {
+    auto shown = [](const std::string& t) { return t.empty() ? std::string("none") : t; };
+    report("comm_init: communicator " + name + " belongs to another run (run tag " + shown(tag_of(name)) +
+           "; this rank's GPTPLAN_DEVICE_RUN: " + shown(run_tag()) +
+           "): two runs on this machine met at one rendezvous port; not joining it");
+    return C_ERROR;
+  }
   auto* c = new C_CCLComm_st();
   c->name = name;
   c->rank = rank;
@@ -941,7 +972,8 @@ C_Status unique_id_size(size_t* sz) {
 
 C_Status unique_id(C_CCLRootId* id) {
   if (id->sz < kUniqueIdSize) return C_ERROR;
-  std::string name = std::string("/") + GPTPLAN_DEVICE_TYPE + "-" + hex_random(16);
+  std::string tag = run_tag();
+  std::string name = std::string("/") + GPTPLAN_DEVICE_TYPE + "-" + (tag.empty() ? "" : tag + "-") + hex_random(16);
   std::memset(id->data, 0, id->sz);
   std::memcpy(id->data, name.data(), std::min(name.size(), id->sz - 1));
   return C_SUCCESS;
