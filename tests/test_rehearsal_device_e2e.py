@@ -486,9 +486,15 @@ def test_llama_zh_rehearses_as_stage1_x2_on_the_device_with_its_reference(tmp_pa
         2,
     )
     # the layout and precision localize gives the plan (what the device allows), nothing more
-    want, _ = rehearsal.localize(load_plan_with(LLAMA_ZH, sets)[0], rehearsal_device.support())
+    asked = load_plan_with(LLAMA_ZH, sets)[0]
+    want, _ = rehearsal.localize(asked, rehearsal_device.support())
     assert local.parallel == want.parallel
     t = local.training
+    # the device runs AMP with sharding stage 1: the plan's own precision is rehearsed
+    assert (t.precision, t.fp16_opt_level) == (
+        asked.training.precision,
+        asked.training.fp16_opt_level,
+    )
     assert (t.precision, t.fp16_opt_level) == (
         want.training.precision,
         want.training.fp16_opt_level,
