@@ -10,6 +10,7 @@ setting), `capabilities()` says whether it is built and loadable and what it can
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -203,12 +204,69 @@ def cpu_env(base: dict[str, str] | None = None) -> dict[str, str]:
 
 
 _LOADABLE: dict[str, tuple[bool, str]] = {}
+# A record, next to the build's, that Paddle loaded this very library (the same build, Paddle
+# and files): later processes skip the child Python that checks it (several seconds each: every
+# `runner execute --local` and every rehearsal test asked again). Only a success is recorded.
+LOADED = "loaded.json"
+
+
+def _load_key() -> dict[str, object] | None:
+    """What a recorded load is valid for: the build record and the two libraries' files."""
+    root = install_dir()
+    paddle_dir = _paddle_dir()
+    if paddle_dir is None:
+        return None
+    try:
+        key: dict[str, object] = {
+            "build": json.loads((root / STAMP).read_text(encoding="utf-8")),
+            "python": sys.executable,
+        }
+        for name, path in (
+            ("plugin", root / LIBRARY),
+            ("paddle", paddle_dir / "base" / "libpaddle.so"),
+        ):
+            st = path.stat()
+            key[name] = [str(path), st.st_size, st.st_mtime_ns]
+    except (OSError, ValueError):
+        return None
+    return key
+
+
+def _recorded_load(key: dict[str, object] | None) -> bool:
+    if key is None:
+        return False
+    try:
+        return bool(json.loads((install_dir() / LOADED).read_text(encoding="utf-8")) == key)
+    except (OSError, ValueError):
+        return False
+
+
+def _record_load(key: dict[str, object] | None) -> None:
+    if key is None:
+        return
+    target = install_dir() / LOADED
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".loaded-")
+    except OSError:  # a read-only install: checked again next time
+        return
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(key, f)
+        os.replace(tmp, target)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def _loadable() -> tuple[bool, str]:
-    """Loads the plugin in a child Python (never in this process: loading it needs Paddle)."""
+    """Loads the plugin in a child Python (never in this process: loading it needs Paddle),
+    unless a previous process recorded that Paddle loaded this same build (LOADED)."""
     key = str(install_dir())
     if key not in _LOADABLE:
+        record = _load_key()
+        if _recorded_load(record):
+            _LOADABLE[key] = (True, "")
+            return _LOADABLE[key]
         code = (
             "import paddle, sys\n"
             f"sys.exit(0 if {DEVICE_TYPE!r} in paddle.device.get_all_custom_device_type() else 3)\n"
@@ -226,6 +284,8 @@ def _loadable() -> tuple[bool, str]:
             )
         except subprocess.TimeoutExpired:
             ok, why = False, "loading the rehearsal device took over 300 s"
+        if ok:
+            _record_load(record)
         _LOADABLE[key] = (ok, why)
     return _LOADABLE[key]
 
