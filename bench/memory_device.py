@@ -203,6 +203,7 @@ CASES: tuple[Case, ...] = (
         ("plain_llama_fp16o1", "shard2_amp", dict(family="llama", precision="fp16", level="O1")),
         ("rc_full_gpt_bf16o2", "shard2_amp", dict(recompute="full", precision="bf16", level="O2")),
         ("rc_full_gpt_fp16o1", "shard2_amp", dict(recompute="full", precision="fp16", level="O1")),
+        ("rc_full_gpt_bf16o1", "shard2_amp", dict(recompute="full", precision="bf16", level="O1")),
         (
             "rc_full_llama_bf16o2",
             "shard2_amp",
@@ -269,6 +270,11 @@ CASES: tuple[Case, ...] = (
             "pp2_m4_gpt_fp16o1",
             "pp2_amp",
             dict(pp=2, acc=4, micro=1, wrap="fleet", precision="fp16", level="O1"),
+        ),
+        (
+            "pp2_m4_gpt_bf16o1",
+            "pp2_amp",
+            dict(pp=2, acc=4, micro=1, wrap="fleet", precision="bf16", level="O1"),
         ),
         (
             "pp2_m4_llama_bf16o2",
