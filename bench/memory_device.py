@@ -2,8 +2,10 @@
 
 `python bench/memory_device.py` launches short trainings of tiny PaddleNLP GPT, Llama and QWen
 models on the rehearsal device (runner/device, docs/device.md: Paddle's allocator over host
-memory, real collectives between the processes), 2-4 processes, two optimizer steps per
-layout, fp32 (the device runs no AMP yet). Every rank records Paddle's allocator statistics
+memory, real collectives between the processes), 2-8 processes, two optimizer steps per
+layout, in fp32 and in AMP (bf16 / fp16, O1 / O2, built as runner/train.py builds them; a case
+of a layout kind the device runs only in fp32, runner.device.AMP_WITHOUT, is skipped with that
+reason and reported). Every rank records Paddle's allocator statistics
 (`runner.metrics.AllocatorProbe`: allocated and reserved, current and peak):
 
 - after the model build and its wrapping (`weights`),
@@ -11,13 +13,18 @@ layout, fp32 (the device runs no AMP yet). Every rank records Paddle's allocator
 - the peak within the second step above what stays after the first (`dynamic`: activations,
   loss path, transient gradient buffers).
 
-Each is compared with gptplan.memory's terms for the same layout (memory_terms, fp32, no
-runtime, communicator or fragmentation term: the device has no CUDA context, no NCCL and a
-host allocator without fragmentation, so only the device-independent terms are compared).
-Writes bench/results/memory_device_<date>.csv (one row per case, rank and phase) and prints
-the per-term table of bench/README.md section 8. About 3-6 minutes on 2 shared cores.
+Each is compared with gptplan.memory's terms for the same layout (memory_terms, the case's
+precision and AMP level, the families' unfused kernels, no runtime, communicator or
+fragmentation term: the device has no CUDA context, no NCCL and a host allocator without
+fragmentation, so only the device-independent terms are compared). Writes
+bench/results/memory_device_<date>.csv (one row per case, rank and phase; a skipped case one
+row with its reason) and .json (the raw figures), and prints the per-term table of
+bench/README.md section 8. About 8 minutes on 2 shared cores. Exit status 1 when a launch or a
+case failed (a skipped case is no failure).
 
-`--cases NAME,...` runs only those cases; `--launch NAME` only one launch's cases.
+`--cases NAME,...` runs only those cases; `--launch NAME` only one launch's cases;
+`--from-json FILE` re-compares a stored run with today's model (no device); `--reuse-json FILE`
+takes the launches a stored run holds and runs only the others.
 """
 
 from __future__ import annotations

@@ -438,9 +438,8 @@ def activation_bytes_per_layer(
         sixteen, np.where(soft32, FP32_BYTES, np.where(o1, FP32_BYTES - w, 0.0)), 0.0
     )
     attn_scores = scores_16 * 2.0 / w * a * s / h
-    rep = shape.act_replicated
     split = shape.act_split + np.where(unf, shape.unfused_split, 0.0)
-    kept_rep, kept_split = shape.kept_replicated, shape.kept_split
+    kept_split = shape.kept_split
     # bytes per s·b·h kept in fp32 by 16-bit training, replicated, as 16-bit units
     amp_rep = np.where(
         sixteen,
@@ -449,8 +448,8 @@ def activation_bytes_per_layer(
         + np.where(o1, AMP_O1_LAYER_BYTES, 0.0),
         0.0,
     ) * (2.0 / w)
-    rep = rep + amp_rep
-    kept_rep = kept_rep + amp_rep
+    rep = shape.act_replicated + amp_rep
+    kept_rep = shape.kept_replicated + amp_rep
     linear_part = np.where(sp, (rep + split) / t, np.where(t > 1, rep + split / t, rep + split))
     scores_part = np.where(np.asarray(flash_attention, dtype=bool), 0.0, attn_scores / t)
     code = np.asarray(recompute_code)
@@ -732,9 +731,11 @@ def memory_terms(
     head = np.where(np.asarray(shape.head_params) > 0, shape.head_params, shape.vocab_params)
     head_copy = np.where(o1 & (p <= 1), O1_WEIGHT_COPY * np.asarray(head, dtype=float) / t, 0.0)
     graph_layers = np.where(code == 3, np.where(partial, stage_layers - k, 0.0), stage_layers)
-    stage_acts = np.where(
-        partial, k * per_layer + (stage_layers - k) * keep_all, stage_layers * per_layer
-    ) + graph_layers * layer_copy + head_copy
+    stage_acts = (
+        np.where(partial, k * per_layer + (stage_layers - k) * keep_all, stage_layers * per_layer)
+        + graph_layers * layer_copy
+        + head_copy
+    )
     v = np.asarray(virtual_pp, dtype=float)
     in_flight = np.minimum(p, np.asarray(accumulation, dtype=float)) * np.where(
         v > 1, 1.0 + (p - 1.0) / (p * v), 1.0
@@ -751,7 +752,9 @@ def memory_terms(
     # temporaries, plus flash's dq accumulator ([FA2])
     working = np.where(
         code > 0,
-        keep_all * (1.0 + RECOMPUTE_BACKWARD_EXTRA) - per_layer + np.where(code == 3, layer_copy, 0),
+        keep_all * (1.0 + RECOMPUTE_BACKWARD_EXTRA)
+        - per_layer
+        + np.where(code == 3, layer_copy, 0),
         0.0,
     ) + np.where(
         np.asarray(flash_attention, dtype=bool),
