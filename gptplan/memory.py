@@ -407,6 +407,7 @@ def activation_bytes_per_layer(
     flash_attention: Any = False,
     amp_o1: Any = False,
     unfused: Any = True,
+    extras: Any = True,
 ) -> Any:
     """[K22] table 2, scaled from 16-bit to `act_bytes` per element, and [AMPACT] what 16-bit
     training keeps beyond that count (`act_bytes` < 4): the family's fp32 tensors
@@ -414,6 +415,8 @@ def activation_bytes_per_layer(
     no fused ones, or the family runs none), a softmax kept in fp32 and cast back (6 bytes a
     score), and at AMP level O1 (`amp_o1`) the fp32 residual stream (AMP_O1_LAYER_BYTES) and
     the black-listed softmax in fp32 (4 bytes where the family computes it in 16-bit).
+    `extras=False`: [K22]'s count alone (gptplan.steptime's traffic proxy, fitted on published
+    runs with that count).
 
     none:      s·b·h·(34 + 5·a·s/h)            (tp: 10 + 24/t + 5as/(ht); tp+sp: all / t)
                (GPT's coefficients; each family's come from `activation_coefficients`)
@@ -430,9 +433,11 @@ def activation_bytes_per_layer(
     h, a = np.asarray(shape.hidden, dtype=float), np.asarray(shape.heads, dtype=float)
     sbh = s * b * h
     w = np.asarray(act_bytes, dtype=float)
-    sixteen = w < FP32_BYTES
+    sixteen = (w < FP32_BYTES) & np.asarray(extras, dtype=bool)
     o1 = sixteen & np.asarray(amp_o1, dtype=bool)
-    unf = np.asarray(unfused, dtype=bool) | (np.asarray(shape.fuses, dtype=float) == 0)
+    unf = np.asarray(extras, dtype=bool) & (
+        np.asarray(unfused, dtype=bool) | (np.asarray(shape.fuses, dtype=float) == 0)
+    )
     soft32 = np.asarray(shape.softmax_fp32, dtype=float) > 0
     # scores in bytes per a·s²·b at 16 bit, then what 16-bit training adds ([AMPACT])
     scores_16 = shape.act_scores * w / 2.0 + np.where(
