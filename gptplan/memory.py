@@ -103,6 +103,16 @@ FP32_BYTES = precision.FP32_BYTES
 #   flight (`O1_WEIGHT_COPY`; measured: the s-independent part of a layer's O1 excess equals
 #   its matrices at 2 bytes).
 AMP_O1_LAYER_BYTES = 9.0
+# [TPIN] Tensor parallel: each column-parallel projection keeps its own input for its weight
+#   gradient. Without sequence parallel that input is a copy of the layer's replicated input:
+#   paddle/distributed/fleet/layers/mpu/mp_layers.py ColumnParallelLinear.forward ->
+#   mp_ops._c_identity -> _C_ops.c_identity ("Return a copy of the tensor"; mp_skip_c_identity
+#   off, the runner's mp_configs); with sequence parallel the full sequence all-gathered:
+#   fleet/utils/sequence_parallel_utils.py ColumnSequenceParallelLinear.forward
+#   (`AllGatherOp.apply(x)`, then the matmul keeps it; Megatron re-gathers in backward, which
+#   [K22] counts). So a layer keeps n 16-bit inputs of s·b·h (family `column_projections`:
+#   GPT's q, k, v, linear1 = 4; Llama 5; QWen 3) where [K22] counts 2 (/t with sp). Measured
+#   on the rehearsal device: tp 2 GPT and Llama, tp 2 + sp GPT (bench/memory_device.py).
 O1_WEIGHT_COPY = 2.0  # bytes a matrix parameter (the 16-bit copy)
 RECOMPUTE_BACKWARD_EXTRA = 0.4  # [RECOMP]
 # [PARTITION] Both sharding optimizers give whole parameters to ranks (greedy to the least
@@ -242,6 +252,7 @@ class ModelShape:
     unfused_amp_layer: float = 0.0
     fuses: float = 0.0
     softmax_fp32: float = 0.0
+    column_projections: float = 0.0  # [TPIN] 0 = [K22]'s two inputs a layer
     # Where the parameters are ([PLACE]); 0 = not known (a shape from bare numbers: the
     # parameters are then spread evenly over tensor and pipeline ranks)
     vocab_params: float = 0.0  # the word embedding V·h (split by tensor parallel)
@@ -295,6 +306,7 @@ class ModelShape:
             unfused_amp_layer=spec.unfused_activation[1],
             fuses=float(spec.fused_kernels),
             softmax_fp32=float(spec.softmax_fp32),
+            column_projections=float(spec.column_projections),
             vocab_params=float(v * h),
             head_params=0.0 if spec.lm_head_tied(m) else float(v * h),
             position_params=float(m.max_position_embeddings * h if spec.learned_positions else 0),
@@ -340,6 +352,7 @@ _PADDLE_ONLY_FIELDS = (
     "amp_layer",
     "unfused_split",
     "unfused_amp_layer",
+    "column_projections",
     "n_a",
     "n_b",
     "n_c",
@@ -457,6 +470,14 @@ def activation_bytes_per_layer(
     rep = shape.act_replicated + amp_rep
     kept_rep = shape.kept_replicated + amp_rep
     linear_part = np.where(sp, (rep + split) / t, np.where(t > 1, rep + split / t, rep + split))
+    # [TPIN] under tensor parallel each column-parallel projection keeps its own input
+    n_col = np.asarray(shape.column_projections, dtype=float)
+    tp_inputs = np.where(
+        (t > 1) & (n_col > 0) & np.asarray(extras, dtype=bool),
+        np.where(sp, 2.0 * n_col - 4.0 / t, 2.0 * (n_col - 2.0)),
+        0.0,
+    )
+    linear_part = linear_part + tp_inputs
     scores_part = np.where(np.asarray(flash_attention, dtype=bool), 0.0, attn_scores / t)
     code = np.asarray(recompute_code)
     kept = np.where(
@@ -466,7 +487,12 @@ def activation_bytes_per_layer(
     )
     per_layer_16bit = np.select(
         [code == 0, code == 1, code == 2, code == 3],
-        [sbh * (linear_part + scores_part), sbh * linear_part, sbh * kept, 2.0 * sbh],
+        [
+            sbh * (linear_part + scores_part),
+            sbh * linear_part,
+            sbh * (kept + tp_inputs / 2),
+            2.0 * sbh,
+        ],
     )
     return per_layer_16bit * (w / 2.0)
 

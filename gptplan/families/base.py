@@ -164,6 +164,10 @@ class FamilySpec:
     # the attention softmax computed in fp32 and cast back to 16-bit (F.softmax(...,
     # dtype="float32").astype(...)): in 16-bit training 4 + 2 bytes a score, not 2
     softmax_fp32: bool = False
+    # column-parallel projections a layer feeds (tensor parallel): each keeps its own input,
+    # a copy (c_identity) or, with sequence parallel, the all-gathered full sequence; 0 =
+    # [K22]'s count (two inputs a layer, split with sequence parallel)
+    column_projections: int = 0
     # a layer's weight matrices before tensor parallelism, (elements, how many) in three slots
     layer_matrices: Callable[[ModelLike], tuple[tuple[int, int], ...]] = lambda m: (
         (4 * m.hidden_size * m.hidden_size, 1),

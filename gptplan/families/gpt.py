@@ -119,6 +119,7 @@ SPEC = FamilySpec(
     # where: each keeps an fp32 input (+2 x 2), and the fp32 output of the first is cast
     # separately by each of the q, k and v projections (+2 x 2)
     amp_activation=8.0,
+    column_projections=4,  # q, k, v (GPTConfig fuse_attention_qkv off) and linear1
     recompute_granularities=("full", "full_attn", "core_attn"),
     partial_recompute_why_not=(
         "PaddleNLP 2.8.1's GPT has no per-layer recompute (no_recompute_layers exists in its "

@@ -184,6 +184,7 @@ SPEC = FamilySpec(
     # parallel) and 4 bytes of fp32 norm inputs in 16-bit training
     unfused_activation=(5.0, 4.0),
     softmax_fp32=True,  # LlamaAttention / QWenAttention: F.softmax(dtype="float32").astype
+    column_projections=5,  # q, k, v, gate and up (fuse_attention_qkv / fuse_attention_ffn off)
     recompute_granularities=("full", "full_attn", "core_attn"),
     partial_recompute_why_not="",
     # LlamaForCausalLMPipe asserts no_recompute_layers is empty under 'full'

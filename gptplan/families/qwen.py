@@ -172,6 +172,7 @@ SPEC = FamilySpec(
     # parallel) and 4 bytes of fp32 norm inputs in 16-bit training
     unfused_activation=(5.0, 4.0),
     softmax_fp32=True,  # LlamaAttention / QWenAttention: F.softmax(dtype="float32").astype
+    column_projections=3,  # c_attn (q, k, v fused), w1 and w2
     # QWenModel recomputes whole blocks under 'full' and QWenAttention the core under
     # 'core_attn'; nothing reads 'full_attn' (it would silently recompute nothing)
     recompute_granularities=("full", "core_attn"),
