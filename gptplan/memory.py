@@ -164,8 +164,8 @@ RECOMPUTE_BACKWARD_EXTRA = 0.4  # [RECOMP]
 # 2): x0.98-x1.06; activations follow [K22]'s per-tensor accounting with [AMPACT], measured/
 # modelled on the device 0.87-1.17 for activations + loss path over 60 layouts in fp32 and AMP
 # (2026-12-06; full recompute under tp 0.87, under AMP 1.17) (x0.85-x1.25); the loss path
-# was fitted x1.08 on Paddle's CPU peaks (x0.9-x1.1); the allocator from no caching to GMLake's worst; the
-# runtime and communicators their sources'.
+# was fitted x1.08 on Paddle's CPU peaks (x0.9-x1.1); the allocator from no caching to
+# GMLake's worst; the runtime and communicators their sources'.
 TERM_BAND = {
     "weights": (1.0, 1.02),
     "gradients": (0.98, 1.06),
