@@ -2,8 +2,10 @@
 
 `python bench/memory_device.py` launches short trainings of tiny PaddleNLP GPT, Llama and QWen
 models on the rehearsal device (runner/device, docs/device.md: Paddle's allocator over host
-memory, real collectives between the processes), 2-4 processes, two optimizer steps per
-layout, fp32 (the device runs no AMP yet). Every rank records Paddle's allocator statistics
+memory, real collectives between the processes), 2-8 processes, two optimizer steps per
+layout, in fp32 and in AMP (bf16 / fp16, O1 / O2, built as runner/train.py builds them; a case
+of a layout kind the device runs only in fp32, runner.device.AMP_WITHOUT, is skipped with that
+reason and reported). Every rank records Paddle's allocator statistics
 (`runner.metrics.AllocatorProbe`: allocated and reserved, current and peak):
 
 - after the model build and its wrapping (`weights`),
@@ -11,13 +13,18 @@ layout, fp32 (the device runs no AMP yet). Every rank records Paddle's allocator
 - the peak within the second step above what stays after the first (`dynamic`: activations,
   loss path, transient gradient buffers).
 
-Each is compared with gptplan.memory's terms for the same layout (memory_terms, fp32, no
-runtime, communicator or fragmentation term: the device has no CUDA context, no NCCL and a
-host allocator without fragmentation, so only the device-independent terms are compared).
-Writes bench/results/memory_device_<date>.csv (one row per case, rank and phase) and prints
-the per-term table of bench/README.md section 8. About 3-6 minutes on 2 shared cores.
+Each is compared with gptplan.memory's terms for the same layout (memory_terms, the case's
+precision and AMP level, the families' unfused kernels, no runtime, communicator or
+fragmentation term: the device has no CUDA context, no NCCL and a host allocator without
+fragmentation, so only the device-independent terms are compared). Writes
+bench/results/memory_device_<date>.csv (one row per case, rank and phase; a skipped case one
+row with its reason) and .json (the raw figures), and prints the per-term table of
+bench/README.md section 8. About 8 minutes on 2 shared cores. Exit status 1 when a launch or a
+case failed (a skipped case is no failure).
 
-`--cases NAME,...` runs only those cases; `--launch NAME` only one launch's cases.
+`--cases NAME,...` runs only those cases; `--launch NAME` only one launch's cases;
+`--from-json FILE` re-compares a stored run with today's model (no device); `--reuse-json FILE`
+takes the launches a stored run holds and runs only the others.
 """
 
 from __future__ import annotations
@@ -69,6 +76,35 @@ class Case:
     seq: int = 128
     wrap: str = "none"  # none (one model per rank), fleet, group_sharded, dp
     reference: str = ""  # stage 2: the unsharded case whose in-step growth it is compared with
+    precision: str = "fp32"  # fp32, bf16, fp16 (gptplan.precision rows)
+    level: str = ""  # AMP level of a 16-bit precision: O1 or O2
+    # run although the device lists the layout kind as one AMP does not run with
+    # (runner.device.AMP_WITHOUT): why it runs here all the same
+    runs_despite: str = ""
+
+    @property
+    def amp(self) -> bool:
+        return self.precision != "fp32"
+
+    def kinds(self) -> list[str]:
+        """The device's layout kinds (runner.device.LAYOUT_KINDS) this case uses."""
+        kinds = [k for k, on in (("dp", self.dp > 1), ("tp", self.tp > 1), ("sp", self.sp)) if on]
+        kinds += ["pp"] if self.pp > 1 else []
+        kinds += ["vpp"] if self.vpp > 1 else []
+        kinds += [f"sharding_{self.sharding}"] if self.sharding else []
+        return kinds
+
+    def skip_reason(self) -> str:
+        """Why the device cannot run this case ('' when it can): an AMP case of a layout kind
+        the device runs only in fp32 (runner.device.AMP_WITHOUT), unless `runs_despite`."""
+        from runner.device import AMP_WITHOUT
+
+        if not self.amp or self.runs_despite:
+            return ""
+        for kind in self.kinds():
+            if kind in AMP_WITHOUT:
+                return f"AMP does not run with {kind} on the rehearsal device: {AMP_WITHOUT[kind]}"
+        return ""
 
 
 # launch name -> (fleet hybrid degrees, processes)
@@ -79,7 +115,16 @@ LAUNCHES: dict[str, tuple[dict[str, int], int]] = {
     "pp4": ({"pp_degree": 4}, 4),
     "shard2mp2": ({"sharding_degree": 2, "mp_degree": 2}, 4),
     "shard8": ({"sharding_degree": 8}, 8),
+    # AMP cases in launches of their own: a case that fails on one rank cannot stop the others
+    "shard2_amp": ({"sharding_degree": 2}, 2),
+    "stage1_amp": ({"sharding_degree": 2}, 2),
+    "pp2_amp": ({"pp_degree": 2}, 2),
+    "pp4_amp": ({"pp_degree": 4}, 4),
+    "mp2_amp": ({"mp_degree": 2}, 2),
 }
+
+# fleet's sharding stage 1 is in runner.device.AMP_WITHOUT for GPT in fp16 O2; Llama's ran
+_LLAMA_STAGE1 = "Llama's stage 1 x 2 in fp16 O2 ran on the device (docs/device.md)"
 
 CASES: tuple[Case, ...] = (
     # one model per rank (no communication): activations per recompute choice, the loss path
@@ -153,6 +198,125 @@ CASES: tuple[Case, ...] = (
     ),
     Case("stage1x8_gpt", "shard8", sharding="stage1", shard=8, wrap="fleet"),
     Case("stage3x8_gpt", "shard8", sharding="stage3", shard=8, wrap="group_sharded"),
+) + tuple(
+    # AMP (bf16 / fp16, O1 / O2) through the device's upcasting kernels (docs/device.md)
+    Case(name, launch, **kw)
+    for name, launch, kw in (
+        ("plain_gpt_bf16o2", "shard2_amp", dict(precision="bf16", level="O2")),
+        ("plain_gpt_fp16o2", "shard2_amp", dict(precision="fp16", level="O2")),
+        ("plain_gpt_bf16o1", "shard2_amp", dict(precision="bf16", level="O1")),
+        ("plain_gpt_fp16o1", "shard2_amp", dict(precision="fp16", level="O1")),
+        ("plain_llama_bf16o2", "shard2_amp", dict(family="llama", precision="bf16", level="O2")),
+        ("plain_llama_fp16o1", "shard2_amp", dict(family="llama", precision="fp16", level="O1")),
+        ("rc_full_gpt_bf16o2", "shard2_amp", dict(recompute="full", precision="bf16", level="O2")),
+        ("rc_full_gpt_fp16o1", "shard2_amp", dict(recompute="full", precision="fp16", level="O1")),
+        ("rc_full_gpt_bf16o1", "shard2_amp", dict(recompute="full", precision="bf16", level="O1")),
+        (
+            "rc_full_llama_bf16o2",
+            "shard2_amp",
+            dict(family="llama", recompute="full", precision="bf16", level="O2"),
+        ),
+        (
+            "rc_core_attn_llama_bf16o2",
+            "shard2_amp",
+            dict(family="llama", recompute="core_attn", precision="bf16", level="O2"),
+        ),
+        ("dp2_gpt_bf16o2", "shard2_amp", dict(dp=2, wrap="dp", precision="bf16", level="O2")),
+        ("dp2_gpt_fp16o1", "shard2_amp", dict(dp=2, wrap="dp", precision="fp16", level="O1")),
+        (
+            "stage2x2_gpt_bf16o2",
+            "shard2_amp",
+            dict(sharding="stage2", shard=2, wrap="group_sharded", reference="plain_gpt_bf16o2")
+            | dict(precision="bf16", level="O2"),
+        ),
+        (
+            "stage2x2_gpt_fp16o1",
+            "shard2_amp",
+            dict(sharding="stage2", shard=2, wrap="group_sharded", reference="plain_gpt_fp16o1")
+            | dict(precision="fp16", level="O1"),
+        ),
+        (
+            "stage2x2_llama_bf16o2",
+            "shard2_amp",
+            dict(sharding="stage2", shard=2, wrap="group_sharded", reference="plain_llama_bf16o2")
+            | dict(family="llama", precision="bf16", level="O2"),
+        ),
+        (
+            "stage3x2_gpt_bf16o2",
+            "shard2_amp",
+            dict(sharding="stage3", shard=2, wrap="group_sharded", precision="bf16", level="O2"),
+        ),
+        (
+            "stage3x2_gpt_fp16o1",
+            "shard2_amp",
+            dict(sharding="stage3", shard=2, wrap="group_sharded", precision="fp16", level="O1"),
+        ),
+        (
+            "stage1x2_llama_bf16o2",
+            "stage1_amp",
+            dict(family="llama", sharding="stage1", shard=2, wrap="fleet")
+            | dict(precision="bf16", level="O2", runs_despite=_LLAMA_STAGE1),
+        ),
+        (
+            "stage1x2_llama_fp16o2",
+            "stage1_amp",
+            dict(family="llama", sharding="stage1", shard=2, wrap="fleet")
+            | dict(precision="fp16", level="O2", runs_despite=_LLAMA_STAGE1),
+        ),
+        (
+            "stage1x2_gpt_bf16o2",
+            "stage1_amp",
+            dict(sharding="stage1", shard=2, wrap="fleet", precision="bf16", level="O2"),
+        ),
+        (
+            "pp2_m4_gpt_bf16o2",
+            "pp2_amp",
+            dict(pp=2, acc=4, micro=1, wrap="fleet", precision="bf16", level="O2"),
+        ),
+        (
+            "pp2_m4_gpt_fp16o1",
+            "pp2_amp",
+            dict(pp=2, acc=4, micro=1, wrap="fleet", precision="fp16", level="O1"),
+        ),
+        (
+            "pp2_m4_gpt_bf16o1",
+            "pp2_amp",
+            dict(pp=2, acc=4, micro=1, wrap="fleet", precision="bf16", level="O1"),
+        ),
+        (
+            "pp2_m4_llama_bf16o2",
+            "pp2_amp",
+            dict(family="llama", pp=2, acc=4, micro=1, wrap="fleet", precision="bf16", level="O2"),
+        ),
+        (
+            "pp2_m4_rc_full_gpt_bf16o2",
+            "pp2_amp",
+            dict(pp=2, acc=4, micro=1, recompute="full", wrap="fleet")
+            | dict(precision="bf16", level="O2"),
+        ),
+        (
+            "pp4_m8_gpt_bf16o2",
+            "pp4_amp",
+            dict(pp=4, acc=8, micro=1, wrap="fleet", precision="bf16", level="O2"),
+        ),
+        (
+            "vpp4x2_m8_gpt_bf16o2",
+            "pp4_amp",
+            dict(pp=4, vpp=2, acc=8, micro=1, wrap="fleet", precision="bf16", level="O2"),
+        ),
+        # tensor parallel in AMP: listed so that they run once the device has the kernels
+        ("tp2_gpt_bf16o2", "mp2_amp", dict(tp=2, wrap="fleet", precision="bf16", level="O2")),
+        (
+            "tp2_sp_gpt_bf16o2",
+            "mp2_amp",
+            dict(tp=2, sp=True, wrap="fleet", precision="bf16", level="O2"),
+        ),
+        (
+            "tp2_llama_bf16o2",
+            "mp2_amp",
+            dict(family="llama", tp=2, wrap="fleet", precision="bf16", level="O2"),
+        ),
+    )
 )
 
 
@@ -232,47 +396,74 @@ def run_case(case: Case, hcg: Any, probe: Any) -> dict[str, Any]:
     base_alloc, base_res = probe.now_bytes()
     probe.reset_peaks()
     paddle.seed(SEED)
-    model = build_model(model_section(case), parallel_section(case), seq_len=case.seq)
-    opt = paddle.optimizer.AdamW(learning_rate=1e-4, parameters=model.parameters())
+    model = build_model(
+        model_section(case), parallel_section(case), seq_len=case.seq, precision=case.precision
+    )
+    # as runner/train.py builds them: master weights at O2 (multi_precision), a loss scaler
+    # for fp16, paddle.amp.decorate O2 before the wrappers
+    o2 = case.amp and case.level == "O2"
+    opt = paddle.optimizer.AdamW(
+        learning_rate=1e-4, parameters=model.parameters(), multi_precision=o2
+    )
+    scaler = paddle.amp.GradScaler(init_loss_scaling=1024.0) if case.precision == "fp16" else None
+    dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(case.precision, "float32")
+    if o2:
+        model, opt = paddle.amp.decorate(
+            models=model, optimizers=opt, level="O2", dtype=dtype, master_weight=True
+        )
     if case.wrap == "group_sharded":
         from paddle.distributed.sharding import group_sharded_parallel
 
         level = "os_g" if case.sharding == "stage2" else "p_g_os"
-        model, opt, _ = group_sharded_parallel(
-            model, opt, level, group=hcg.get_sharding_parallel_group()
+        model, opt, scaler = group_sharded_parallel(
+            model, opt, level, scaler=scaler, group=hcg.get_sharding_parallel_group()
         )
     elif case.wrap == "dp":
         model = paddle.DataParallel(model, group=hcg.get_sharding_parallel_group())
     elif case.wrap == "fleet":
         model = fleet.distributed_model(model)
         opt = fleet.distributed_optimizer(opt)
+        if scaler is not None:
+            scaler = fleet.distributed_scaler(scaler)
         if case.pp > 1:
             model.accumulate_steps = case.acc
             model.micro_batch_size = case.micro
     values: dict[str, Any] = {}
     values["build_peak"] = probe.peak_bytes()
     values["after_build"] = probe.now_bytes()
+
+    def amp() -> Any:
+        # disabled for fp32 (auto_cast looks its op lists up by a 16-bit dtype even then)
+        low = dtype if case.amp else "float16"
+        return paddle.amp.auto_cast(enable=case.amp, level=case.level or "O1", dtype=low)
+
     for step in range(STEPS):
         probe.reset_peaks()
         if case.pp > 1:
             x, y = _batch(case, step, case.micro * case.acc)
-            model.train_batch([x, y], optimizer=opt)
+            with amp():
+                model.train_batch([x, y], optimizer=opt, scaler=scaler)
         else:
             for _ in range(case.acc):
                 x, y = _batch(case, step, case.micro)
                 # as runner/train.py: the logits stay bound through backward
-                loss, _logits = model(x, labels=y)
+                with amp():
+                    loss, _logits = model(x, labels=y)
                 values[f"after_fwd{step + 1}"] = probe.now_bytes()
                 values[f"fwd{step + 1}_peak"] = probe.peak_bytes()
-                loss.backward()
+                (loss if scaler is None else scaler.scale(loss)).backward()
             values[f"before_opt{step + 1}"] = probe.now_bytes()
-            opt.step()
+            if scaler is None:
+                opt.step()
+            else:
+                scaler.step(opt)
+                scaler.update()
             values[f"after_opt{step + 1}"] = probe.now_bytes()
             opt.clear_grad()
             del loss, _logits, x, y
         values[f"step{step + 1}_peak"] = probe.peak_bytes()
         values[f"after_step{step + 1}"] = probe.now_bytes()
-    del model, opt
+    del model, opt, scaler
     gc.collect()
     values["after_free"] = probe.now_bytes()
     return {
@@ -367,12 +558,14 @@ def modelled(case: Case) -> dict[str, float]:
         shard_degree=case.shard,
         recompute_code=RECOMPUTE_CODES[case.recompute],
         seq_parallel=case.sp,
-        precision_code=precision.code("fp32"),
+        precision_code=precision.code(case.precision),
         overhead_gb=0.0,
         fragmentation=1.0,
         virtual_pp=case.vpp,
         recompute_layers=case.rc_layers // case.pp,
         dp=case.dp,
+        amp_o1=case.amp and case.level == "O1",
+        fused_kernels=False,  # the device runs the families' unfused norm and rotary code
     )
     return {k: float(v) for k, v in terms.items()}
 
@@ -417,6 +610,22 @@ def device_only_bytes(case: Case) -> float:
     return DEVICE_TP_CROSS_ENTROPY_BYTES_PER_LOGIT * case.micro * case.seq * VOCAB / case.tp
 
 
+# Measured on the device (a 1024 x 1024 fp32 Linear, fp16 O1, GradScaler.unscale_): after
+# the loss scaler's check_finite_and_unscale_ of fp32 gradients (Paddle's CPU fallback: the
+# device registers no fp32 kernel of it) the gradients are on the CPU place, off the device's
+# allocator. So fp16 O1 (fp32 gradients with a loss scaler) cannot show its gradients,
+# optimizer states and peak here; bf16 O1 (no scaler) measures the same O1 terms.
+OFF_DEVICE_GRADIENTS = (
+    "the loss scaler's unscale (Paddle's CPU fallback of check_finite_and_unscale_ for fp32 "
+    "gradients) leaves the gradients on the CPU place, off the device's allocator"
+)
+
+
+def off_device_gradients(case: Case) -> bool:
+    """fp16 at O1: fp32 gradients unscaled by the loss scaler (OFF_DEVICE_GRADIENTS)."""
+    return case.precision == "fp16" and case.level == "O1"
+
+
 def kept_buffers(case: Case) -> bool:
     """Whether the comm_buffers term is paddle.DataParallel's fused buffer, kept between
     steps (gptplan.memory [DPFUSE]), rather than a copy that exists only as backward ends."""
@@ -427,9 +636,13 @@ def model_parts(case: Case, t: dict[str, float]) -> dict[str, float]:
     """The modelled figure of each compared term from gptplan.memory's terms (bytes)."""
     kept = t["comm_buffers"] if kept_buffers(case) else 0.0
     dynamic = t["activations"] + t["logits"] + t["comm_buffers"] - kept
+    # stage 2 at O2 makes the rank's fp32 master weights when it wraps the model
+    # (GroupShardedOptimizerStage2._integration_params -> _generate_master_params), not at the
+    # first step: the same bytes, allocated in the build phase
+    master = t["optimizer"] / 3.0 if case.sharding == "stage2" and case.level == "O2" else 0.0
     out = {
-        "weights": t["weights"],
-        "optimizer": t["optimizer"],
+        "weights": t["weights"] + master,
+        "optimizer": t["optimizer"] - master,
         "gradients": t["gradients"] + kept,
         "dynamic": dynamic,
         "states": t["weights"] + t["gradients"] + t["optimizer"] + kept,
@@ -455,6 +668,13 @@ def measured_parts(case: Case, v: dict[str, Any], ref: dict[str, Any] | None) ->
     if "after_opt1" in a and case.sharding != "stage3":
         out["optimizer"] = a["after_opt1"] - a["before_opt1"]
         out["gradients"] = a["after_step1"] - a["after_build"] - out["optimizer"]
+    if off_device_gradients(case):
+        # only the terms before the first unscale and the forward's peak stay comparable
+        # (the forward's peak: no gradients yet; a backward's peak has them)
+        forward_peak = case.pp == 1 and case.recompute == "none" and case.sharding != "stage2"
+        keep = ("weights", "dynamic") if forward_peak else ("weights",)
+        out = {k: (x if k in keep else nan) for k, x in out.items()}
+        return out
     if case.sharding == "stage2":
         out["states"] = nan  # its storages live partly within the step: see `gradients`
         if ref is None:
@@ -486,6 +706,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="compare the allocator figures of an earlier run (its .json) with today's model",
     )
+    parser.add_argument(
+        "--reuse-json",
+        type=Path,
+        default=None,
+        help="take the launches an earlier run (its .json) holds from it and run the others; "
+        "the .json written holds both",
+    )
     args = parser.parse_args(argv)
     names = [x for x in args.cases.split(",") if x]
     if args.mode == "worker":
@@ -495,59 +722,78 @@ def main(argv: list[str] | None = None) -> int:
     names += [c.reference for c in CASES if c.name in names and c.reference]
     wanted = [c for c in CASES if (not names or c.name in names)]
     wanted = [c for c in wanted if not args.launch or c.launch == args.launch]
-    launches = sorted({c.launch for c in wanted}, key=list(LAUNCHES).index)
+    # what the device cannot run is not launched; the report says why
+    skipped = {c.name: c.skip_reason() for c in wanted if c.skip_reason()}
     results: dict[str, list[Any]] = {}
     problems: dict[str, str] = {}
+    if args.reuse_json:
+        results = json.loads(args.reuse_json.read_text(encoding="utf-8"))
+    launches = sorted(
+        {c.launch for c in wanted if c.name not in skipped and c.launch not in results},
+        key=list(LAUNCHES).index,
+    )
     if args.from_json:
         results = json.loads(args.from_json.read_text(encoding="utf-8"))
         launches = []
-        wanted = [c for c in wanted if c.launch in results]
+        wanted = [c for c in wanted if c.launch in results or c.name in skipped]
     with tempfile.TemporaryDirectory(prefix="memory_device_") as tmp:
         for name in launches:
             t0 = time.perf_counter()
-            got = launch(
-                name, [c.name for c in wanted if c.launch == name], Path(tmp), args.timeout
-            )
+            mine = [c.name for c in wanted if c.launch == name and c.name not in skipped]
+            got = launch(name, mine, Path(tmp), args.timeout)
             print(f"launch {name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
             if isinstance(got, str):
                 problems[name] = got
             else:
                 results[name] = got
-    rows = report(wanted, results, problems)
+    rows, failed = report(wanted, results, problems, skipped)
     date = datetime.date.today().isoformat()
     out = args.out or REPO / "bench" / "results" / f"memory_device_{date}.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
     if not args.from_json:  # the raw allocator figures per launch, rank, case and phase
         out.with_suffix(".json").write_text(json.dumps(results, indent=1), encoding="utf-8")
     with out.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["case"])
+        writer = csv.DictWriter(fh, fieldnames=list(ROW_FIELDS))
         writer.writeheader()
         writer.writerows(rows)
     print(f"wrote {out.relative_to(REPO) if out.is_relative_to(REPO) else out}")
-    return 1 if problems else 0
+    return 1 if problems or failed else 0
 
 
 def report(
-    cases: list[Case], results: dict[str, list[Any]], problems: dict[str, str]
-) -> list[dict[str, Any]]:
+    cases: list[Case],
+    results: dict[str, list[Any]],
+    problems: dict[str, str],
+    skipped: dict[str, str] | None = None,
+) -> tuple[list[dict[str, Any]], list[str]]:
     """Print the per-case table (busiest rank; MB = 10^6 bytes; measured by Paddle's
-    allocator on the device / modelled, and the error modelled/measured - 1) and the per-term
-    summary; return the CSV rows (every rank, every compared term)."""
+    allocator on the device / modelled, and the error modelled/measured - 1), the cases
+    skipped with the reason and the per-term summary; return the CSV rows (every rank, every
+    compared term; a skipped case one row with its reason) and the cases that failed."""
     rows: list[dict[str, Any]] = []
+    failures: list[str] = []
+    skipped = skipped or {}
     errors: dict[str, list[float]] = {k: [] for k in TERMS_COMPARED}
     by_name = {c.name: c for c in CASES}
     print(
         f"{'case':<22} {'rank':>4} "
         + " ".join(f"{k + ' meas/model MB':>25}" for k in TERMS_COMPARED)
     )
+    blank = dict.fromkeys(ROW_FIELDS, "")
     for case in cases:
+        if case.name in skipped:
+            print(f"{case.name:<22} skipped: {skipped[case.name]}")
+            rows.append(blank | {"case": case.name, "skipped": skipped[case.name]})
+            continue
         if case.launch in problems:
             print(f"{case.name:<22} not run: {problems[case.launch][:200]}")
+            failures.append(case.name)
             continue
         per_rank = [r.get(case.name, {"error": "missing"}) for r in results[case.launch]]
         failed = [r["error"] for r in per_rank if "error" in r]
         if failed:
             print(f"{case.name:<22} failed: {failed[0][:200]}")
+            failures.append(case.name)
             continue
         model = model_parts(case, modelled(case))
         b = busiest(per_rank)
@@ -575,6 +821,7 @@ def report(
                         "layout": json.dumps(
                             {f: x for f, x in asdict(case).items() if f != "name"}, sort_keys=True
                         ),
+                        "skipped": "",
                     }
                 )
                 if rank == b:
@@ -598,7 +845,24 @@ def report(
             )
     for name, why in problems.items():
         print(f"launch {name} failed: {why[:400]}")
-    return rows
+    return rows, failures
+
+
+# the CSV's columns (report)
+ROW_FIELDS = (
+    "date",
+    "case",
+    "rank",
+    "busiest",
+    "term",
+    "measured_allocated_bytes",
+    "modelled_bytes",
+    "error",
+    "step2_peak_reserved_bytes",
+    "device_only_bytes_taken_off",
+    "layout",
+    "skipped",
+)
 
 
 if __name__ == "__main__":

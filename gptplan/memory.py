@@ -85,6 +85,35 @@ FRAGMENTATION_HIGH = 1.0 / (1.0 - 0.33)
 #   A parameter that fits no storage keeps its own gradient until its hook reduces and
 #   clears it (the largest one is the transient).
 STAGE2_BUFFER_ELEMENTS = 2**23
+FP32_BYTES = precision.FP32_BYTES
+# [AMPACT] What 16-bit training keeps beyond the 16-bit count of [K22], measured on the
+#   rehearsal device (Paddle's allocator, bench/memory_device.py: tiny GPT and Llama with 2 and
+#   4 layers at seq 64 and 128, fp32 / bf16 / fp16, O1 / O2; one layer's kept bytes by
+#   difference, split into its s·b·h and a·s²·b parts by the two sequence lengths): the
+#   family's fp32 tensors (gptplan.families `amp_activation`, `unfused_activation`,
+#   `softmax_fp32`), and at O1 (paddle.amp.auto_cast level O1 without decorate: fp32
+#   parameters) three more things. (1) The fp32 residual stream: the embedding lookup is
+#   black-listed (paddle/amp/amp_lists.py EXTRA_BLACK_LIST lookup_table_v2), so the residual
+#   adds promote to fp32 and the norms keep fp32 inputs and outputs: measured +8 (GPT) and +10
+#   (Llama) bytes per s·b·h per layer over O2, AMP_O1_LAYER_BYTES their mean. (2) The softmax
+#   black-listed (FP16_BLACK_LIST softmax): 4 bytes a score where the family computes it in
+#   16-bit (GPT: 7 bytes a score at O1, 5 at O2, measured). (3) Every white-listed matmul casts
+#   its fp32 weight to 16-bit at each forward (egr::AmpAutoCast, no cast cache in dygraph) and
+#   the matmul keeps that copy for its backward: 2 bytes a matrix parameter per micro-batch in
+#   flight (`O1_WEIGHT_COPY`; measured: the s-independent part of a layer's O1 excess equals
+#   its matrices at 2 bytes).
+AMP_O1_LAYER_BYTES = 9.0
+# [TPIN] Tensor parallel: each column-parallel projection keeps its own input for its weight
+#   gradient. Without sequence parallel that input is a copy of the layer's replicated input:
+#   paddle/distributed/fleet/layers/mpu/mp_layers.py ColumnParallelLinear.forward ->
+#   mp_ops._c_identity -> _C_ops.c_identity ("Return a copy of the tensor"; mp_skip_c_identity
+#   off, the runner's mp_configs); with sequence parallel the full sequence all-gathered:
+#   fleet/utils/sequence_parallel_utils.py ColumnSequenceParallelLinear.forward
+#   (`AllGatherOp.apply(x)`, then the matmul keeps it; Megatron re-gathers in backward, which
+#   [K22] counts). So a layer keeps n 16-bit inputs of s·b·h (family `column_projections`:
+#   GPT's q, k, v, linear1 = 4; Llama 5; QWen 3) where [K22] counts 2 (/t with sp). Measured
+#   on the rehearsal device: tp 2 GPT and Llama, tp 2 + sp GPT (bench/memory_device.py).
+O1_WEIGHT_COPY = 2.0  # bytes a matrix parameter (the 16-bit copy)
 RECOMPUTE_BACKWARD_EXTRA = 0.4  # [RECOMP]
 # [PARTITION] Both sharding optimizers give whole parameters to ranks (greedy to the least
 #   loaded rank: GroupShardedOptimizerStage2._segment_params, and
@@ -132,10 +161,11 @@ RECOMPUTE_BACKWARD_EXTRA = 0.4  # [RECOMP]
 # gradients and optimizer states follow Paddle's partition, which the model approximates: the
 # worst on the device was Llama stage 2 x 2 at measured/modelled 1.063 (bench/README.md
 # section 8), on Paddle's own code GPT-110M stage 2 x 8 at 1.053, the lowest 0.984 (stage 1 x
-# 2): x0.98-x1.06; activations follow [K22]'s per-tensor accounting, measured/modelled on the
-# device 0.93-1.245 for activations + loss path (x0.85-x1.25); the loss path was fitted x1.08
-# on Paddle's CPU peaks (x0.9-x1.1); the allocator from no caching to GMLake's worst; the
-# runtime and communicators their sources'.
+# 2): x0.98-x1.06; activations follow [K22]'s per-tensor accounting with [AMPACT], measured/
+# modelled on the device 0.87-1.17 for activations + loss path over 60 layouts in fp32 and AMP
+# (2026-12-06; full recompute under tp 0.87, under AMP 1.17) (x0.85-x1.25); the loss path
+# was fitted x1.08 on Paddle's CPU peaks (x0.9-x1.1); the allocator from no caching to
+# GMLake's worst; the runtime and communicators their sources'.
 TERM_BAND = {
     "weights": (1.0, 1.02),
     "gradients": (0.98, 1.06),
@@ -213,6 +243,16 @@ class ModelShape:
     kept_split: float = 19.0  # ... and the MLP
     kv_heads: int = 0  # grouped-query attention (Llama); 0 = as many as heads
     gated: bool = False  # SwiGLU MLP (Llama: gate, up and down projections)
+    # [AMPACT] beyond the 16-bit count, from the family (gptplan.families): bytes per s·b·h
+    # per layer 16-bit training keeps (replicated); the unfused RMSNorm / RoPE's 16-bit
+    # units (split) and fp32 bytes (replicated); whether it applies where the device has fused
+    # kernels (1: the family runs them there); the softmax in fp32 (1) and cast back
+    amp_layer: float = 0.0
+    unfused_split: float = 0.0
+    unfused_amp_layer: float = 0.0
+    fuses: float = 0.0
+    softmax_fp32: float = 0.0
+    column_projections: float = 0.0  # [TPIN] 0 = [K22]'s two inputs a layer
     # Where the parameters are ([PLACE]); 0 = not known (a shape from bare numbers: the
     # parameters are then spread evenly over tensor and pipeline ranks)
     vocab_params: float = 0.0  # the word embedding V·h (split by tensor parallel)
@@ -261,6 +301,12 @@ class ModelShape:
             *activation_coefficients(m),
             m.num_key_value_heads or m.num_attention_heads,
             spec.gated_mlp,
+            amp_layer=spec.amp_activation,
+            unfused_split=spec.unfused_activation[0],
+            unfused_amp_layer=spec.unfused_activation[1],
+            fuses=float(spec.fused_kernels),
+            softmax_fp32=float(spec.softmax_fp32),
+            column_projections=float(spec.column_projections),
             vocab_params=float(v * h),
             head_params=0.0 if spec.lm_head_tied(m) else float(v * h),
             position_params=float(m.max_position_embeddings * h if spec.learned_positions else 0),
@@ -303,6 +349,10 @@ _PADDLE_ONLY_FIELDS = (
     "replicated_layer",
     "buffer_bytes",
     "buffer_layer_elements",
+    "amp_layer",
+    "unfused_split",
+    "unfused_amp_layer",
+    "column_projections",
     "n_a",
     "n_b",
     "n_c",
@@ -368,8 +418,18 @@ def activation_bytes_per_layer(
     recompute_code: Any,
     act_bytes: Any,
     flash_attention: Any = False,
+    amp_o1: Any = False,
+    unfused: Any = True,
+    extras: Any = True,
 ) -> Any:
-    """[K22] table 2, scaled from 16-bit to `act_bytes` per element.
+    """[K22] table 2, scaled from 16-bit to `act_bytes` per element, and [AMPACT] what 16-bit
+    training keeps beyond that count (`act_bytes` < 4): the family's fp32 tensors
+    (`amp_layer`, replicated), its unfused norm and rotary kernels' (`unfused`: the device has
+    no fused ones, or the family runs none), a softmax kept in fp32 and cast back (6 bytes a
+    score), and at AMP level O1 (`amp_o1`) the fp32 residual stream (AMP_O1_LAYER_BYTES) and
+    the black-listed softmax in fp32 (4 bytes where the family computes it in 16-bit).
+    `extras=False`: [K22]'s count alone (gptplan.steptime's traffic proxy, fitted on published
+    runs with that count).
 
     none:      s·b·h·(34 + 5·a·s/h)            (tp: 10 + 24/t + 5as/(ht); tp+sp: all / t)
                (GPT's coefficients; each family's come from `activation_coefficients`)
@@ -385,10 +445,39 @@ def activation_bytes_per_layer(
     sp = np.asarray(seq_parallel, dtype=bool)
     h, a = np.asarray(shape.hidden, dtype=float), np.asarray(shape.heads, dtype=float)
     sbh = s * b * h
-    attn_scores = shape.act_scores * a * s / h
-    rep, split = shape.act_replicated, shape.act_split
-    kept_rep, kept_split = shape.kept_replicated, shape.kept_split
+    w = np.asarray(act_bytes, dtype=float)
+    sixteen = (w < FP32_BYTES) & np.asarray(extras, dtype=bool)
+    o1 = sixteen & np.asarray(amp_o1, dtype=bool)
+    unf = np.asarray(extras, dtype=bool) & (
+        np.asarray(unfused, dtype=bool) | (np.asarray(shape.fuses, dtype=float) == 0)
+    )
+    soft32 = np.asarray(shape.softmax_fp32, dtype=float) > 0
+    # scores in bytes per a·s²·b at 16 bit, then what 16-bit training adds ([AMPACT])
+    scores_16 = shape.act_scores * w / 2.0 + np.where(
+        sixteen, np.where(soft32, FP32_BYTES, np.where(o1, FP32_BYTES - w, 0.0)), 0.0
+    )
+    attn_scores = scores_16 * 2.0 / w * a * s / h
+    split = shape.act_split + np.where(unf, shape.unfused_split, 0.0)
+    kept_split = shape.kept_split
+    # bytes per s·b·h kept in fp32 by 16-bit training, replicated, as 16-bit units
+    amp_rep = np.where(
+        sixteen,
+        shape.amp_layer
+        + np.where(unf, shape.unfused_amp_layer, 0.0)
+        + np.where(o1, AMP_O1_LAYER_BYTES, 0.0),
+        0.0,
+    ) * (2.0 / w)
+    rep = shape.act_replicated + amp_rep
+    kept_rep = shape.kept_replicated + amp_rep
     linear_part = np.where(sp, (rep + split) / t, np.where(t > 1, rep + split / t, rep + split))
+    # [TPIN] under tensor parallel each column-parallel projection keeps its own input
+    n_col = np.asarray(shape.column_projections, dtype=float)
+    tp_inputs = np.where(
+        (t > 1) & (n_col > 0) & np.asarray(extras, dtype=bool),
+        np.where(sp, 2.0 * n_col - 4.0 / t, 2.0 * (n_col - 2.0)),
+        0.0,
+    )
+    linear_part = linear_part + tp_inputs
     scores_part = np.where(np.asarray(flash_attention, dtype=bool), 0.0, attn_scores / t)
     code = np.asarray(recompute_code)
     kept = np.where(
@@ -398,9 +487,14 @@ def activation_bytes_per_layer(
     )
     per_layer_16bit = np.select(
         [code == 0, code == 1, code == 2, code == 3],
-        [sbh * (linear_part + scores_part), sbh * linear_part, sbh * kept, 2.0 * sbh],
+        [
+            sbh * (linear_part + scores_part),
+            sbh * linear_part,
+            sbh * (kept + tp_inputs / 2),
+            2.0 * sbh,
+        ],
     )
-    return per_layer_16bit * (np.asarray(act_bytes, dtype=float) / 2.0)
+    return per_layer_16bit * (w / 2.0)
 
 
 # ---- the runtime: what a process holds beyond tensors the model owns ------------------------
@@ -416,8 +510,14 @@ def device_memory_args(device: str, overhead_gb: float, fragmentation: float) ->
             overhead_gb=GPU_RUNTIME_GB[1],
             fragmentation=GPU_FRAGMENTATION,
             communicator_gb=NCCL_GB_GROUP,
+            fused_kernels=True,
         )
-    return dict(overhead_gb=overhead_gb, fragmentation=fragmentation, communicator_gb=0.0)
+    return dict(
+        overhead_gb=overhead_gb,
+        fragmentation=fragmentation,
+        communicator_gb=0.0,
+        fused_kernels=False,
+    )
 
 
 def communicators(*, world: Any, tp: Any, pp: Any, shard_degree: Any, dp: Any) -> np.ndarray:
@@ -558,8 +658,16 @@ def memory_terms(
     dp: Any = 1,
     communicator_gb: Any = 0.0,
     main_grad: Any = False,
+    amp_o1: Any = False,
+    fused_kernels: Any = False,
 ) -> dict[str, np.ndarray]:
     """Peak bytes on the busiest device, term by term (each an array; their sum is the peak).
+
+    `amp_o1`: a 16-bit precision at AMP level O1 (paddle.amp.auto_cast O1, no decorate, as
+    runner/train.py runs it): fp32 weights and gradients, AdamW's two moments without a master
+    weight (8 bytes), and the O1 activations of [AMPACT] with every matmul's 16-bit weight copy
+    per micro-batch in flight. `fused_kernels`: the device runs the family's fused RMSNorm and
+    RoPE (a GPU; gptplan.families `fused_kernels`), else their unfused code's activations.
 
     weights, gradients, optimizer: [Z20] per sharding stage as Paddle 3.3.1 holds them.
       16-bit training keeps bf16/fp16 weights and gradients (paddle.amp.decorate O2) and the
@@ -607,7 +715,12 @@ def memory_terms(
     w = precision.of_codes("bytes_per_element", precision_code)  # gptplan.precision's rows
     o = precision.of_codes("optimizer_bytes_per_param", precision_code)
     mixed = np.asarray(o, dtype=float) > 2.0 * np.asarray(w, dtype=float)  # master weights kept
-    g = np.where(np.asarray(main_grad, dtype=bool) & mixed, 4.0, w)
+    o1 = mixed & np.asarray(amp_o1, dtype=bool)
+    # O1: fp32 parameters, gradients and moments, no master weight (runner/train.py:
+    # multi_precision only at O2)
+    o = np.where(o1, o - FP32_BYTES, o)
+    wp = np.where(o1, FP32_BYTES, w)  # the parameters' (and buffers') bytes
+    g = np.where((np.asarray(main_grad, dtype=bool) & mixed) | o1, FP32_BYTES, w)
     largest = shape.largest_param / t
     layer_matrix = np.asarray(shape.hidden, dtype=float) * np.asarray(shape.ffn, dtype=float) / t
     unsliced = stage3_unsliced(shape, t, stage_layers, p)
@@ -623,22 +736,37 @@ def memory_terms(
     stage2_grads = share + storages + np.where(share > buffer, transient, 0.0)
     # [BUFFERS] the model's own non-parameter tensors, allocated with it
     buffers = np.asarray(shape.buffer_bytes, dtype=float) + (
-        stage_layers * np.asarray(shape.buffer_layer_elements, dtype=float) * w
+        stage_layers * np.asarray(shape.buffer_layer_elements, dtype=float) * wp
     )
-    weights = np.where(stage >= 3, share, params_per_device) * w + buffers
+    weights = np.where(stage >= 3, share, params_per_device) * wp + buffers
     gradients = g * np.select(
         [stage <= 1, stage == 2], [params_per_device, stage2_grads], default=share
     )
     optimizer = o * np.where(stage >= 1, share, params_per_device)
     act_bytes = w
     args = (shape, seq_len, micro_batch, tp, seq_parallel)
-    per_layer = activation_bytes_per_layer(*args, recompute_code, act_bytes, flash_attention)
-    keep_all = activation_bytes_per_layer(*args, 0, act_bytes, flash_attention)
+    kinds = dict(amp_o1=o1, unfused=~np.asarray(fused_kernels, dtype=bool))
+    per_layer = activation_bytes_per_layer(
+        *args, recompute_code, act_bytes, flash_attention, **kinds
+    )
+    keep_all = activation_bytes_per_layer(*args, 0, act_bytes, flash_attention, **kinds)
     k = np.minimum(np.asarray(recompute_layers, dtype=float), stage_layers)
     code = np.asarray(recompute_code)
     partial = (k > 0) & (code > 0)
-    stage_acts = np.where(
-        partial, k * per_layer + (stage_layers - k) * keep_all, stage_layers * per_layer
+    # [AMPACT] O1's 16-bit weight copies: every layer whose forward keeps its graph (all but
+    # the fully recomputed ones), the working layer in its backward and, without pipeline
+    # parallel, the LM head (a tied model casts the embedding for it)
+    layer_params = (
+        np.asarray(shape.params_body, dtype=float) - shape.final_norm_params
+    ) / np.asarray(shape.layers, dtype=float)
+    layer_copy = np.where(o1, O1_WEIGHT_COPY * layer_params / t, 0.0)
+    head = np.where(np.asarray(shape.head_params) > 0, shape.head_params, shape.vocab_params)
+    head_copy = np.where(o1 & (p <= 1), O1_WEIGHT_COPY * np.asarray(head, dtype=float) / t, 0.0)
+    graph_layers = np.where(code == 3, np.where(partial, stage_layers - k, 0.0), stage_layers)
+    stage_acts = (
+        np.where(partial, k * per_layer + (stage_layers - k) * keep_all, stage_layers * per_layer)
+        + graph_layers * layer_copy
+        + head_copy
     )
     v = np.asarray(virtual_pp, dtype=float)
     in_flight = np.minimum(p, np.asarray(accumulation, dtype=float)) * np.where(
@@ -655,7 +783,11 @@ def memory_terms(
     # the layer in backward: recomputed in full ([RECOMP]) with its backward's gradient
     # temporaries, plus flash's dq accumulator ([FA2])
     working = np.where(
-        code > 0, keep_all * (1.0 + RECOMPUTE_BACKWARD_EXTRA) - per_layer, 0.0
+        code > 0,
+        keep_all * (1.0 + RECOMPUTE_BACKWARD_EXTRA)
+        - per_layer
+        + np.where(code == 3, layer_copy, 0),
+        0.0,
     ) + np.where(
         np.asarray(flash_attention, dtype=bool),
         FLASH_DQ_ACCUM_BYTES
@@ -722,11 +854,14 @@ def layout_memory_bytes(
     overhead_gb: Any,
     fragmentation: Any,
     communicator_gb: Any = 0.0,
+    fused_kernels: Any = False,
     terms: bool = False,
 ) -> Any:
     """`memory_per_device_bytes` of layout columns `g` (the names gptplan.steptime uses: seq,
     micro, acc, tp, pp, vpp, stage_code, shard_degree, recompute_code, sp, flash,
-    precision_code; optional dp, rc_layers (the recomputed layers per stage) and main_grad):
+    precision_code; optional dp, rc_layers (the recomputed layers per stage), main_grad and
+    amp_o1 (a 16-bit precision at AMP level O1)); `fused_kernels`: the device runs the
+    family's fused norm / rotary kernels (a GPU, `device_memory_args`):
     the one call the planner's search and the published-run check share. `terms=True`: the
     dict of `memory_terms` instead of the sum."""
     n = np.asarray(g["tp"]).shape
@@ -750,5 +885,7 @@ def layout_memory_bytes(
         dp=g.get("dp", np.ones(n)),
         communicator_gb=communicator_gb,
         main_grad=g.get("main_grad", np.zeros(n, dtype=bool)),
+        amp_o1=g.get("amp_o1", np.zeros(n, dtype=bool)),
+        fused_kernels=fused_kernels,
     )
     return terms_ if terms else sum(terms_.values())

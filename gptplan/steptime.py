@@ -258,7 +258,7 @@ def layer_compute_seconds(shape: ModelShape, g: dict, dev: Device, rates: Rates)
     # (Dao 2023, FlashAttention-2, section 3.1.1); unfused attention computes all of it
     attn_flops = attn_flops * np.where(np.asarray(g["flash"]) > 0, CAUSAL_FLASH_WORK, 1.0)
     act = activation_bytes_per_layer(
-        shape, g["seq"], g["micro"], g["tp"], g["sp"], 0, elem, g["flash"]
+        shape, g["seq"], g["micro"], g["tp"], g["sp"], 0, elem, g["flash"], extras=False
     )
     redo_share = np.where(code == 3, 4.0 / 3.0, 1.0)
     moved = ELEMENTWISE_PASSES * act * redo_share + np.where(fp8, cast_bytes, 0.0)

@@ -112,6 +112,8 @@ def _memory_args(plan: Plan, perf: DeviceProfile | None) -> dict:
         virtual_pp=p.virtual_pp_degree,
         recompute_layers=p.recompute_layers // p.pipeline_parallel_degree,
         dp=p.data_parallel_degree,
+        amp_o1=precision.amp_level(t.precision, t.fp16_opt_level) == "O1",
+        fused_kernels=plan.hardware.device == "gpu",
     )
 
 

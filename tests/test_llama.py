@@ -150,7 +150,11 @@ def test_activation_memory_follows_the_family():
     llama = section("llama-7b")
     rep, split, scores, kept_rep, kept_split = activation_coefficients(llama)
     mlp = 8 * 11008 / 4096  # gate, up, SiLU(gate), product: 2·f/h each
-    assert (rep, split, scores) == (8, 8 + mlp, 3) and kept_split == 2 + mlp
+    # the softmax: 2 units (4 bytes in fp32, measured on the rehearsal device); in 16-bit
+    # training the family's softmax_fp32 adds its fp32 output and the 16-bit cast (6 bytes)
+    assert (rep, split, scores) == (8, 8 + mlp, 2) and kept_split == 2 + mlp
+    shape = ModelShape.from_section(llama)
+    assert shape.softmax_fp32 == 1.0 and shape.unfused_split == 5.0
 
 
 # ---- the model the runner builds -------------------------------------------------------------

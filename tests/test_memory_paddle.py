@@ -118,7 +118,9 @@ def test_gpu_side_terms_come_from_their_sources():
     got = mem.communicator_gb_total(world=64, tp=2, pp=1, shard_degree=32, dp=1)
     assert float(got) == pytest.approx(mem.NCCL_GB_GROUP * 2 + mem.NCCL_GB_PAIR)
     cpu = mem.device_memory_args("cpu", 0.55, 1.1)
-    assert cpu == dict(overhead_gb=0.55, fragmentation=1.1, communicator_gb=0.0)
+    assert cpu == dict(
+        overhead_gb=0.55, fragmentation=1.1, communicator_gb=0.0, fused_kernels=False
+    )
 
 
 def test_band_from_term_errors_and_the_verdict():

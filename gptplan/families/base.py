@@ -152,6 +152,22 @@ class FamilySpec:
     # -- memory (gptplan.memory) -----------------------------------------------------------
     # the class's non-parameter tensors: (bytes per model, weight elements per layer)
     model_buffers: Callable[[ModelLike], tuple[float, float]] = lambda m: (0.0, 0.0)
+    # activations beyond the count of `activation_coefficients`, measured on the rehearsal
+    # device (Paddle's allocator, bench/memory_device.py; gptplan.memory
+    # `activation_bytes_per_layer`): bytes per s·b·h per layer that 16-bit (AMP) training
+    # keeps beyond the 16-bit count (replicated under tensor parallel)
+    amp_activation: float = 0.0
+    # the unfused RMSNorm and RoPE (the family's Python code, where it runs no fused kernel):
+    # (16-bit units per s·b·h per layer of the rotary embedding's kept tensors, split by tensor
+    # parallel; bytes per s·b·h per layer the norms keep in fp32 in 16-bit training)
+    unfused_activation: tuple[float, float] = (0.0, 0.0)
+    # the attention softmax computed in fp32 and cast back to 16-bit (F.softmax(...,
+    # dtype="float32").astype(...)): in 16-bit training 4 + 2 bytes a score, not 2
+    softmax_fp32: bool = False
+    # column-parallel projections a layer feeds (tensor parallel): each keeps its own input,
+    # a copy (c_identity) or, with sequence parallel, the all-gathered full sequence; 0 =
+    # [K22]'s count (two inputs a layer, split with sequence parallel)
+    column_projections: int = 0
     # a layer's weight matrices before tensor parallelism, (elements, how many) in three slots
     layer_matrices: Callable[[ModelLike], tuple[tuple[int, int], ...]] = lambda m: (
         (4 * m.hidden_size * m.hidden_size, 1),

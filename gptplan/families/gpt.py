@@ -113,6 +113,13 @@ SPEC = FamilySpec(
     mlp_width=lambda m: m.intermediate_size,
     gated_mlp=False,
     activation_coefficients=activation_coefficients,
+    # measured on the rehearsal device (bench/memory_device.py, bf16 and fp16 O2, 2 and 4
+    # layers, seq 64 and 128): 42.2 bytes per s·b·h per layer where the 16-bit count is 34;
+    # the LayerNorms paddle.amp.decorate keeps in fp32 (amp_initialize's need_keep_fp32) are
+    # where: each keeps an fp32 input (+2 x 2), and the fp32 output of the first is cast
+    # separately by each of the q, k and v projections (+2 x 2)
+    amp_activation=8.0,
+    column_projections=4,  # q, k, v (GPTConfig fuse_attention_qkv off) and linear1
     recompute_granularities=("full", "full_attn", "core_attn"),
     partial_recompute_why_not=(
         "PaddleNLP 2.8.1's GPT has no per-layer recompute (no_recompute_layers exists in its "

@@ -77,9 +77,11 @@ def swiglu_coefficients(m: ModelLike, branch: int) -> tuple[float, float, float,
     RMSNorm inputs 4, the attention and MLP inputs 2 + 2 (replicated); Q, K, V (K and V
     repeated to all heads before the score matmul when not flash) and the attention output 2
     each, the SwiGLU gate, up, SiLU(gate) and their product 2·`branch`/h each (split);
-    scores: the softmax kept in fp32 plus its 16-bit cast, 3·a·s²·b."""
+    scores: the softmax, 2·a·s²·b in these units (4 bytes in fp32 training, measured on the
+    rehearsal device; in 16-bit training the family's `softmax_fp32` adds its fp32 output
+    and 16-bit cast: 6 bytes a score, gptplan.memory `activation_bytes_per_layer`)."""
     mlp = 8.0 * branch / m.hidden_size
-    return 8.0, 8.0 + mlp, 3.0, 4.0, 2.0 + mlp
+    return 8.0, 8.0 + mlp, 2.0, 4.0, 2.0 + mlp
 
 
 def problem(m: ModelLike, tp: int) -> Problem:
@@ -173,6 +175,16 @@ SPEC = FamilySpec(
     mlp_width=lambda m: m.intermediate_size,
     gated_mlp=True,
     activation_coefficients=lambda m: swiglu_coefficients(m, m.intermediate_size),
+    # PaddleNLP 2.8.1's unfused RMSNorm (`hidden_states.astype("float32")`, kept by pow and
+    # the multiply: +2 bytes per norm over a 16-bit input) and RoPE (`apply_rotary_pos_emb`:
+    # q and k kept before rotation and rotated-half for the cos / sin multiplies, with the
+    # gathered cos and sin): measured on the rehearsal device (bench/memory_device.py, 2 and 4
+    # layers, seq 64 and 128) 106 bytes per s·b·h per layer in fp32 and 57.1 in bf16 O2 where
+    # the coefficients count 96 and 48: 5 more 16-bit units (the rotary part, split by tensor
+    # parallel) and 4 bytes of fp32 norm inputs in 16-bit training
+    unfused_activation=(5.0, 4.0),
+    softmax_fp32=True,  # LlamaAttention / QWenAttention: F.softmax(dtype="float32").astype
+    column_projections=5,  # q, k, v, gate and up (fuse_attention_qkv / fuse_attention_ffn off)
     recompute_granularities=("full", "full_attn", "core_attn"),
     partial_recompute_why_not="",
     # LlamaForCausalLMPipe asserts no_recompute_layers is empty under 'full'

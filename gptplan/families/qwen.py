@@ -163,6 +163,16 @@ SPEC = FamilySpec(
     mlp_width=lambda m: m.intermediate_size // 2,
     gated_mlp=True,
     activation_coefficients=lambda m: swiglu_coefficients(m, m.intermediate_size // 2),
+    # PaddleNLP 2.8.1's unfused RMSNorm (`hidden_states.astype("float32")`, kept by pow and
+    # the multiply: +2 bytes per norm over a 16-bit input) and RoPE (`apply_rotary_pos_emb`:
+    # q and k kept before rotation and rotated-half for the cos / sin multiplies, with the
+    # gathered cos and sin): measured on the rehearsal device (bench/memory_device.py, 2 and 4
+    # layers, seq 64 and 128) 106 bytes per s·b·h per layer in fp32 and 57.1 in bf16 O2 where
+    # the coefficients count 96 and 48: 5 more 16-bit units (the rotary part, split by tensor
+    # parallel) and 4 bytes of fp32 norm inputs in 16-bit training
+    unfused_activation=(5.0, 4.0),
+    softmax_fp32=True,  # LlamaAttention / QWenAttention: F.softmax(dtype="float32").astype
+    column_projections=3,  # c_attn (q, k, v fused), w1 and w2
     # QWenModel recomputes whole blocks under 'full' and QWenAttention the core under
     # 'core_attn'; nothing reads 'full_attn' (it would silently recompute nothing)
     recompute_granularities=("full", "core_attn"),

@@ -33,7 +33,7 @@ def memory_breakdown(m, prof: Profile, row: Mapping[str, Any], gpus_per_node: in
     args = memory_args(prof)
     names = (
         "seq micro acc tp pp vpp stage_code shard_degree recompute_code sp flash "
-        "precision_code dp rc_layers nodes"
+        "precision_code dp rc_layers nodes amp_o1"
     ).split()
     base = {k: np.array([row.get(k, 0)]) for k in names}
 

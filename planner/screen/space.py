@@ -10,6 +10,7 @@ import dataclasses
 import numpy as np
 
 from gptplan import families
+from gptplan import precision as precision_table
 from gptplan.plan import (
     LAYOUT_RULES,
     RECOMPUTE_MODES,
@@ -137,6 +138,11 @@ def layout_grid(
             if r == "none" or r in family.recompute_granularities
         ],
         sp=[int(v) for v in s.sequence_parallel],
+    )
+    # AMP level O1 (fp32 weights, no master weights, 16-bit weight copies: gptplan.memory
+    # memory_terms `amp_o1`) for the 16-bit precisions when the spec asks for it
+    g["amp_o1"] = (g["precision_code"] != precision_table.code("fp32")) & (
+        spec.training.fp16_opt_level == "O1"
     )
     ok = np.logical_and.reduce(list(layout_rules(m, gpn, g).values()))
     return {k: v[ok] for k, v in g.items()}
