@@ -78,9 +78,6 @@ class Case:
     reference: str = ""  # stage 2: the unsharded case whose in-step growth it is compared with
     precision: str = "fp32"  # fp32, bf16, fp16 (gptplan.precision rows)
     level: str = ""  # AMP level of a 16-bit precision: O1 or O2
-    # run although the device lists the layout kind as one AMP does not run with
-    # (runner.device.AMP_WITHOUT): why it runs here all the same
-    runs_despite: str = ""
 
     @property
     def amp(self) -> bool:
@@ -96,10 +93,10 @@ class Case:
 
     def skip_reason(self) -> str:
         """Why the device cannot run this case ('' when it can): an AMP case of a layout kind
-        the device runs only in fp32 (runner.device.AMP_WITHOUT), unless `runs_despite`."""
+        the device runs only in fp32 (runner.device.AMP_WITHOUT; empty since 2026-12-06)."""
         from runner.device import AMP_WITHOUT
 
-        if not self.amp or self.runs_despite:
+        if not self.amp:
             return ""
         for kind in self.kinds():
             if kind in AMP_WITHOUT:
@@ -122,9 +119,6 @@ LAUNCHES: dict[str, tuple[dict[str, int], int]] = {
     "pp4_amp": ({"pp_degree": 4}, 4),
     "mp2_amp": ({"mp_degree": 2}, 2),
 }
-
-# fleet's sharding stage 1 is in runner.device.AMP_WITHOUT for GPT in fp16 O2; Llama's ran
-_LLAMA_STAGE1 = "Llama's stage 1 x 2 in fp16 O2 ran on the device (docs/device.md)"
 
 CASES: tuple[Case, ...] = (
     # one model per rank (no communication): activations per recompute choice, the loss path
@@ -255,13 +249,13 @@ CASES: tuple[Case, ...] = (
             "stage1x2_llama_bf16o2",
             "stage1_amp",
             dict(family="llama", sharding="stage1", shard=2, wrap="fleet")
-            | dict(precision="bf16", level="O2", runs_despite=_LLAMA_STAGE1),
+            | dict(precision="bf16", level="O2"),
         ),
         (
             "stage1x2_llama_fp16o2",
             "stage1_amp",
             dict(family="llama", sharding="stage1", shard=2, wrap="fleet")
-            | dict(precision="fp16", level="O2", runs_despite=_LLAMA_STAGE1),
+            | dict(precision="fp16", level="O2"),
         ),
         (
             "stage1x2_gpt_bf16o2",
@@ -610,22 +604,6 @@ def device_only_bytes(case: Case) -> float:
     return DEVICE_TP_CROSS_ENTROPY_BYTES_PER_LOGIT * case.micro * case.seq * VOCAB / case.tp
 
 
-# Measured on the device (a 1024 x 1024 fp32 Linear, fp16 O1, GradScaler.unscale_): after
-# the loss scaler's check_finite_and_unscale_ of fp32 gradients (Paddle's CPU fallback: the
-# device registers no fp32 kernel of it) the gradients are on the CPU place, off the device's
-# allocator. So fp16 O1 (fp32 gradients with a loss scaler) cannot show its gradients,
-# optimizer states and peak here; bf16 O1 (no scaler) measures the same O1 terms.
-OFF_DEVICE_GRADIENTS = (
-    "the loss scaler's unscale (Paddle's CPU fallback of check_finite_and_unscale_ for fp32 "
-    "gradients) leaves the gradients on the CPU place, off the device's allocator"
-)
-
-
-def off_device_gradients(case: Case) -> bool:
-    """fp16 at O1: fp32 gradients unscaled by the loss scaler (OFF_DEVICE_GRADIENTS)."""
-    return case.precision == "fp16" and case.level == "O1"
-
-
 def kept_buffers(case: Case) -> bool:
     """Whether the comm_buffers term is paddle.DataParallel's fused buffer, kept between
     steps (gptplan.memory [DPFUSE]), rather than a copy that exists only as backward ends."""
@@ -668,13 +646,6 @@ def measured_parts(case: Case, v: dict[str, Any], ref: dict[str, Any] | None) ->
     if "after_opt1" in a and case.sharding != "stage3":
         out["optimizer"] = a["after_opt1"] - a["before_opt1"]
         out["gradients"] = a["after_step1"] - a["after_build"] - out["optimizer"]
-    if off_device_gradients(case):
-        # only the terms before the first unscale and the forward's peak stay comparable
-        # (the forward's peak: no gradients yet; a backward's peak has them)
-        forward_peak = case.pp == 1 and case.recompute == "none" and case.sharding != "stage2"
-        keep = ("weights", "dynamic") if forward_peak else ("weights",)
-        out = {k: (x if k in keep else nan) for k, x in out.items()}
-        return out
     if case.sharding == "stage2":
         out["states"] = nan  # its storages live partly within the step: see `gradients`
         if ref is None:
@@ -726,8 +697,18 @@ def main(argv: list[str] | None = None) -> int:
     skipped = {c.name: c.skip_reason() for c in wanted if c.skip_reason()}
     results: dict[str, list[Any]] = {}
     problems: dict[str, str] = {}
-    if args.reuse_json:
-        results = json.loads(args.reuse_json.read_text(encoding="utf-8"))
+    if args.reuse_json:  # a launch is reused only when it holds every case wanted of it
+        stored = json.loads(args.reuse_json.read_text(encoding="utf-8"))
+        results = {
+            name: ranks
+            for name, ranks in stored.items()
+            if all(
+                c.name in rank
+                for rank in ranks
+                for c in wanted
+                if c.launch == name and c.name not in skipped
+            )
+        }
     launches = sorted(
         {c.launch for c in wanted if c.name not in skipped and c.launch not in results},
         key=list(LAUNCHES).index,
