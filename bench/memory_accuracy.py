@@ -171,11 +171,18 @@ def published_band() -> dict:
 
     rows = [r for r in pb.load_rows() if r.prof is not None]
     terms = pb.published_memory_terms(rows)
+    floor = terms.pop(mem.OPTIMISTIC_FLOOR, None)
+    # the terms' own band (the factors MEMORY_RATIO_P10/P90 stand for), then the recompute floor
     low, point, high, decider = mem.memory_band(terms)
     lo, hi = low / point, high / point
     names, counts = np.unique([mem.TERMS[int(k)] for k in decider], return_counts=True)
+    card = np.array([r.prof.memory_gb for r in rows]) * mem.GIB
+    optimistic = low if floor is None else np.minimum(low, floor)
     return {
         "rows": len(rows),
+        "refused": int((optimistic > card).sum()),
+        "refused_without_recompute_floor": int((low > card).sum()),
+        "optimistic_end_from_full_recompute": int((optimistic < low).sum()),
         "low_min": float(lo.min()),
         "low_median": float(np.median(lo)),
         "high_median": float(np.median(hi)),
@@ -290,6 +297,12 @@ def main() -> int:
         f" low x{band['low_min']:.2f} (median x{band['low_median']:.2f}), high median "
         f"x{band['high_median']:.2f}, widest x{band['high_max']:.2f}; deciding terms "
         f"{band['deciding_terms']}"
+    )
+    print(
+        f"refused (even the optimistic end past the card): {band['refused']} of {band['rows']}"
+        f" (without the selective-recompute floor, gptplan.memory [SELECTIVE]: "
+        f"{band['refused_without_recompute_floor']}); optimistic end from full recompute: "
+        f"{band['optimistic_end_from_full_recompute']} layouts"
     )
     print(
         f"MEMORY_RATIO_P10 = {band['low_min']:.2f}, MEMORY_RATIO_P90 = {band['high_max']:.2f}"

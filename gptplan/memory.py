@@ -183,6 +183,17 @@ TERMS = tuple(TERM_BAND)
 MAY_FIT_SAVING = 0.05
 
 
+# [SELECTIVE] Where a layout's recompute is another framework's own selective scheme (a published
+# run's "selective" checkpointing: Megatron's is [K22]'s core attention, torchtitan's per-op
+# policy saves every other matmul output, others their own), the model reads it as the nearest
+# Paddle granularity (core_attn / full_attn), which may keep far more than the scheme did; every
+# checkpointing scheme keeps at least what full recompute keeps (the layer inputs). Such a
+# layout's terms may carry this key: the low end of the same layout's band under full recompute.
+# The optimistic end is then the lower of the two: such a run is refused only where even full
+# recompute would exceed the card. Point and high end are unchanged.
+OPTIMISTIC_FLOOR = "optimistic_floor_bytes"
+
+
 def memory_band(terms: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(low, point, high, deciding term index into TERMS) per layout: each term times its
     worst credible error (TERM_BAND), summed. The deciding term is the one whose error
@@ -196,6 +207,8 @@ def memory_band(terms: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     spread = [x * (TERM_BAND[k][1] - 1.0) for k, x in zip(TERMS, each, strict=True)]
     for x in spread:
         high = high + x
+    if OPTIMISTIC_FLOOR in terms:  # [SELECTIVE]: a scheme known only between two of ours
+        low = np.minimum(low, np.asarray(terms[OPTIMISTIC_FLOOR], dtype=float))
     return low, point, point + high, np.argmax(np.array(spread), axis=0)
 
 

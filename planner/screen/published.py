@@ -309,11 +309,29 @@ def modelled_memory_over_device(rows: list[Row]) -> np.ndarray:
 def published_memory_terms(rows: list[Row]) -> dict:
     """Per row the memory model's terms (gptplan.memory.memory_terms) with the GPU-side terms
     (every published run ran on GPUs; gptplan.memory.device_memory_args)."""
-    from gptplan.memory import device_memory_args, layout_memory_bytes
+    from gptplan.memory import (
+        OPTIMISTIC_FLOOR,
+        TERMS,
+        device_memory_args,
+        layout_memory_bytes,
+        memory_band,
+    )
 
     cols = _columns(rows)
     args = device_memory_args("gpu", 0.0, 1.0)
-    return layout_memory_bytes(cols["shape"], cols["g"], terms=True, **args)
+    terms = layout_memory_bytes(cols["shape"], cols["g"], terms=True, **args)
+    # every published run is another framework's: its selective recompute is its own scheme,
+    # at least what full recompute keeps (gptplan.memory [SELECTIVE])
+    code = cols["g"]["recompute_code"]
+    selective = np.isin(code, [RECOMPUTE_MODES.index(m) for m in ("core_attn", "full_attn")])
+    if selective.any():
+        full = dict(
+            cols["g"], recompute_code=np.where(selective, RECOMPUTE_MODES.index("full"), code)
+        )
+        floor, _, _, _ = memory_band(layout_memory_bytes(cols["shape"], full, terms=True, **args))
+        point = sum(np.asarray(terms[k], dtype=float) for k in TERMS)
+        terms[OPTIMISTIC_FLOOR] = np.where(selective, floor, point)
+    return terms
 
 
 @dataclass(frozen=True)
