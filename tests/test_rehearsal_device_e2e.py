@@ -10,6 +10,7 @@ import json
 import math
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -256,7 +257,22 @@ def test_stage3_sigkill_and_rerun_give_the_uninterrupted_losses(stage3_runs):
 PIPE_MODEL = {
     "model": {"num_hidden_layers": 8},
     "training": {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 8},
+    "checkpoint": {"interval_steps": 1, "keep_last": 3},
 }
+
+
+def wait_for_checkpoint(run_dir: Path, proc, timeout: float) -> None:
+    """Until the run's first whole checkpoint is in place (renamed from step_*.tmp)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if any(p.suffix != ".tmp" for p in (run_dir / "checkpoints").glob("step_*")):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended early: {proc.stdout.read()[-3000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"no checkpoint in {timeout}s")
+
+
 PIPE_STEPS = "3"
 PIPE_PLANS = {
     # pipeline 4 on 4 GPUs -> pp 2 (1F1B), 2 processes
@@ -285,23 +301,28 @@ def _gpu_plan(overrides: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def pipeline_runs(tmp_path_factory, shared_cache):
-    """The three pipeline rehearsals and their one 1-process reference (3 steps each)."""
+    """The three pipeline rehearsals and their one 1-process reference (3 steps each). The pp 2
+    one is SIGKILLed (its last-stage rank) after step 1's checkpoint and rerun: its losses are
+    then compared with the reference like the others' (kill-and-resume in a pipeline layout:
+    each stage's own shard and optimizer state)."""
     work = tmp_path_factory.mktemp("pipe")
     done = {}
     for name, overrides in PIPE_PLANS.items():
         plan = plan_file(work, shared_cache, _gpu_plan(overrides), name)
-        proc = run_cli(
-            "runner",
-            "execute",
-            str(plan),
-            "--local",
-            "--max-steps",
-            PIPE_STEPS,
-            "--output-dir",
-            name,
-            cwd=work,
-            timeout=900,
-        )
+        args = ["--local", "--max-steps", PIPE_STEPS, "--output-dir", name]
+        if name == "pp2":
+            proc = start_background(plan, *args)
+            try:
+                wait_for_checkpoint(work / name, proc, timeout=600)
+                records = sorted((work / name / "logs" / "attempt_001" / "ranks").glob("rank_*"))
+                victim = [json.loads(p.read_text()) for p in records][-1]
+                os.kill(victim["pid"], signal.SIGKILL)
+                proc.communicate(timeout=300)
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            assert proc.returncode != 0
+        proc = run_cli("runner", "execute", str(plan), *args, cwd=work, timeout=900)
         assert proc.returncode == 0, name + proc.stdout[-3000:] + proc.stderr[-3000:]
         done[name] = proc
     reference_run(work, work / "pp2", "ref", {"parallel": {"pipeline_parallel_degree": 1}})
@@ -323,6 +344,9 @@ def test_pipeline_rehearsals_have_the_reference_losses(pipeline_runs, name):
     assert local.training.gradient_accumulation_steps == 8
     assert "runs on: the rehearsal device" in done[name].stdout
     assert (work / name / "start_weights.safetensors").is_file()  # written once, by rank 0
+    assert "export done, verified" in done[name].stdout  # the stages merged, logits compared
+    if name == "pp2":  # the rerun after a rank's SIGKILL
+        assert "resumed from step_" in done[name].stdout
     a, b = losses(work / name), losses(work / "ref")
     assert len(a) == len(b) == int(PIPE_STEPS)
     assert a == pytest.approx(b, rel=1e-5, abs=1e-5)
