@@ -198,7 +198,7 @@ def test_device_launches_carry_their_runs_tag(tmp_path, monkeypatch):
     joins only its own run's): each run's ranks get a tag of its own, the same on every node
     and attempt of that run; a plan off the device gets none."""
     from gptplan.plan import REHEARSAL_PROFILE
-    from runner import rehearsal_device
+    from runner.device import support as rehearsal_device
     from runner.parallel import DEVICE_RUN_ENV
 
     monkeypatch.setattr(

@@ -67,10 +67,12 @@ def test_bank_faq_rehearsal_fits_memory_and_keeps_tokens_per_rank(bank_local):
 
 
 def test_rehearsal_shrinks_seq_len_when_micro_batch_one_does_not_fit(bank_local):
-    r = rehearse(bank_local, max_steps_given=True, limit_gb=4.5)
+    # 3.5 GB: micro-batch 1 at seq 512 is modelled above its headroom (the rehearsal runs the
+    # plan's fp16 O2 on the device: 2.25 GB; in fp32 it needed more)
+    r = rehearse(bank_local, max_steps_given=True, limit_gb=3.5)
     assert r.plan.training.per_device_train_batch_size == 1
     assert r.plan.training.seq_len < 512
-    assert r.memory_bytes <= HEADROOM * 4.5 * GB
+    assert r.memory_bytes <= HEADROOM * 3.5 * GB
     assert r.plan.training.max_steps == bank_local.training.max_steps  # --max-steps given
 
 
