@@ -103,6 +103,19 @@ def rehearse(plan: Path, out: str, *extra: str):
     )
 
 
+def kill_last_rank(run: Path, proc, wait) -> None:
+    """Once `wait(run, proc)` returns, SIGKILL the run's last rank and reap its launcher
+    (`proc`, from start_background; its process group is killed if it is still alive)."""
+    try:
+        wait(run, proc)
+        records = sorted((run / "logs" / "attempt_001" / "ranks").glob("rank_*.json"))
+        os.kill(json.loads(records[-1].read_text())["pid"], signal.SIGKILL)
+        proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 @pytest.fixture(scope="module")
 def tp_runs(tmp_path_factory, shared_cache):
     work = tmp_path_factory.mktemp("tp")
@@ -147,15 +160,8 @@ def test_sigkill_of_a_rank_and_the_rerun_give_the_uninterrupted_losses(tp_runs):
     run = work / "killed"
     args = ["--local", "--max-steps", "6", "--output-dir", "killed"]
     proc = start_background(plan, *args)
-    try:
-        wait_for_step(run, 2, proc, timeout=600)  # step 2 checkpointed, step 3 under way
-        records = sorted((run / "logs" / "attempt_001" / "ranks").glob("rank_*.json"))
-        victim = [json.loads(p.read_text()) for p in records][-1]
-        os.kill(victim["pid"], signal.SIGKILL)
-        proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    # step 2 checkpointed, step 3 under way
+    kill_last_rank(run, proc, lambda r, p: wait_for_step(r, 2, p, timeout=600))
     assert proc.returncode != 0
     again = rehearse(plan, "killed")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
@@ -237,14 +243,8 @@ def test_stage3_sigkill_and_rerun_give_the_uninterrupted_losses(stage3_runs):
     work, plan, _, _ = stage3_runs
     run = work / "killed"
     proc = start_background(plan, "--local", "--max-steps", "6", "--output-dir", "killed")
-    try:
-        wait_for_step(run, 1, proc, timeout=600)  # step 2 done: its checkpoint is being written
-        records = sorted((run / "logs" / "attempt_001" / "ranks").glob("rank_*.json"))
-        os.kill(json.loads(records[-1].read_text())["pid"], signal.SIGKILL)
-        proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    # step 2 done: its checkpoint is being written
+    kill_last_rank(run, proc, lambda r, p: wait_for_step(r, 1, p, timeout=600))
     again = rehearse(plan, "killed")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert losses(run) == pytest.approx(losses(work / "s3"), rel=1e-6, abs=1e-6)
@@ -312,15 +312,7 @@ def pipeline_runs(tmp_path_factory, shared_cache):
         args = ["--local", "--max-steps", PIPE_STEPS, "--output-dir", name]
         if name == "pp2":
             proc = start_background(plan, *args)
-            try:
-                wait_for_checkpoint(work / name, proc, timeout=600)
-                records = sorted((work / name / "logs" / "attempt_001" / "ranks").glob("rank_*"))
-                victim = [json.loads(p.read_text()) for p in records][-1]
-                os.kill(victim["pid"], signal.SIGKILL)
-                proc.communicate(timeout=300)
-            finally:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
+            kill_last_rank(work / name, proc, lambda r, p: wait_for_checkpoint(r, p, 600))
             assert proc.returncode != 0
         proc = run_cli("runner", "execute", str(plan), *args, cwd=work, timeout=900)
         assert proc.returncode == 0, name + proc.stdout[-3000:] + proc.stderr[-3000:]
