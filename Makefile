@@ -45,8 +45,11 @@ demo: setup
 	$(BIN)/runner execute plans/cpu_demo.toml
 	$(BIN)/runner generate runs/cpu_demo --prompt "这个手机" --max-new-tokens 24 --min-new-tokens 16
 
+# Two pytest-xdist workers, a test module at a time (its fixtures run once; tests/conftest.py
+# hands out the longest modules first). TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
 test: setup $(VENV)/.cloud lint docs
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # ruff (lint + format check) over the tree, mypy over gptplan, runner and planner (pyproject.toml)
 lint: setup

@@ -141,7 +141,9 @@ def _baseline_init(model_file: str) -> None:
     import warnings
 
     warnings.filterwarnings("ignore")
-    from paddlenlp.transformers import GPTChineseTokenizer
+    from gptplan import paddlenlp_light
+
+    GPTChineseTokenizer = paddlenlp_light.load().GPTChineseTokenizer
 
     _tok = GPTChineseTokenizer(model_file=model_file)
 

@@ -536,8 +536,9 @@ def _import_paddlenlp_quietly() -> ModuleType:
 
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
-        import paddlenlp.transformers as transformers  # noqa: F401
-    return transformers
+        from gptplan import paddlenlp_light
+
+        return paddlenlp_light.load()
 
 
 def load_tokenizer(spec: str, *, model_file: Path | None = None) -> JobTokenizer:

@@ -1,5 +1,5 @@
 import sys
 
-from planner.commands.main import main
+from planner.commands.main import entry
 
-sys.exit(main())
+sys.exit(entry())

@@ -14,7 +14,10 @@ def entry() -> None:
     from runner.billing import process_start_time
 
     started_at = process_start_time()
+    from gptplan import paddlenlp_light
     from runner.cli import main
+
+    paddlenlp_light.enable()  # this process's own imports: PaddleNLP's models, not all of it
 
     try:
         status = main(started_at=started_at)

@@ -17,9 +17,10 @@ if __name__ == "__main__":
 
     supervise()  # the rank runs in a forked child; memory limit, peak RSS and exit status
     set_parent_death_signal()  # the launcher dies (SIGKILL): this worker goes too
-    from gptplan import quiet_third_party_warnings
+    from gptplan import paddlenlp_light, quiet_third_party_warnings
 
     quiet_third_party_warnings()
+    paddlenlp_light.enable()  # PaddleNLP's models without the rest of it (gptplan.paddlenlp_light)
     if sys.argv[1:2] == ["probe"]:
         from runner.probe import probe_main
 

@@ -34,7 +34,10 @@ def say(text: str) -> None:
 
 def quiet_paddlenlp() -> None:
     """PaddleNLP logs every saved and loaded file at INFO; keep its warnings and errors."""
+    from gptplan import paddlenlp_light
+
     try:
+        paddlenlp_light.load()
         from paddlenlp.utils.log import logger
     except ImportError:
         return

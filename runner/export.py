@@ -503,9 +503,10 @@ def load_run_tokenizer(
     """The run's tokenizer copy, verified against its checksums first; a damaged or missing
     copy is saved again from the tokenizer cache (or trained again from the plan's corpus)
     with one line, so an export never fails on it."""
-    from paddlenlp.transformers import AutoTokenizer
-
+    from gptplan import paddlenlp_light
     from gptplan.tokenizer import _quiet_jieba
+
+    AutoTokenizer = paddlenlp_light.load().AutoTokenizer
 
     quiet_paddlenlp()
     _quiet_jieba()
@@ -557,8 +558,9 @@ def export_pretrained(
     safetensors), reload it with AutoModelForCausalLM and compare its logits with the
     checkpoint's on the fixed batch; only a matching export is moved into place, with its
     record (EXPORT_RECORD: checkpoint, checksums, the difference). Returns the folder."""
-    from paddlenlp.transformers import AutoModelForCausalLM
+    from gptplan import paddlenlp_light
 
+    AutoModelForCausalLM = paddlenlp_light.load().AutoModelForCausalLM
     run_dir = Path(run_dir)
     path = resolve_checkpoint(run_dir, checkpoint, trust_pickled=trust_pickled)
     tokenizer = load_run_tokenizer(run_dir, plan)
@@ -599,18 +601,19 @@ def export_pretrained(
 def _jit_save(plan: Plan, net: paddle.nn.Layer, prefix: Path) -> None:
     """paddle.jit.save with the family's traceable stand-ins in place while it traces
     (gptplan.families: FamilySpec.jit_patches), put back afterwards."""
-    import importlib
     from contextlib import ExitStack
 
     import paddle
     from paddle.static import InputSpec
+
+    from gptplan import paddlenlp_light
 
     spec = [InputSpec([None, None], "int64", name="input_ids")]
     with ExitStack() as undo:
         for patch in families.get(plan.model.family).jit_patches:
             module, _, path = patch.target.partition(":")
             *parents, attribute = path.split(".")
-            owner = importlib.import_module(module)
+            owner = paddlenlp_light.import_module(module)
             for parent in parents:
                 owner = getattr(owner, parent)
             original = getattr(owner, attribute)
@@ -691,8 +694,10 @@ def generate(
         None if record else resolve_checkpoint(run_dir, checkpoint, trust_pickled=trust_pickled)
     )  # bad input first
     import paddle
-    from paddlenlp.transformers import AutoModelForCausalLM
 
+    from gptplan import paddlenlp_light
+
+    AutoModelForCausalLM = paddlenlp_light.load().AutoModelForCausalLM
     quiet_paddlenlp()
     if record:
         paddle.set_device("cpu")

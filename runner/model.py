@@ -35,10 +35,10 @@ def flash_attention_supported(precision: str) -> bool:
 
 def _import(path: str) -> Any:  # a PaddleNLP class
     """The class at 'module:Class' (a family's PaddleNLP class)."""
-    import importlib
+    from gptplan import paddlenlp_light
 
     module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
+    return getattr(paddlenlp_light.import_module(module), name)
 
 
 def build_config(

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import sys
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -138,6 +141,50 @@ def thread_env(plan: Plan) -> dict[str, str]:
         "MKL_NUM_THREADS": per_proc,
         "FLAGS_paddle_num_threads": per_proc,
     }
+
+
+# Paddle's rank 0 starts the job's TCP store inside fleet.init; a rank that asks for it first is
+# refused and Paddle's client (tcp_utils.cc) tries again only 3 s later. Every launch of two or
+# more processes on one machine lost those 3 s (rank 0 binds its port ~30 ms after the others
+# knock, measured on this machine). The others now knock themselves, every 20 ms, until the store
+# accepts: Paddle's first try then connects. Bounded: past STORE_WAIT_S Paddle's own retries and
+# its timeout apply, as before.
+STORE_WAIT_S = 120.0
+STORE_POLL_S = 0.02
+
+
+def store_endpoint(environ: Mapping[str, str] | None = None) -> tuple[str, int] | None:
+    """The job's TCP store as paddle.distributed.parallel.init_parallel_env finds it
+    (MASTER_ADDR:MASTER_PORT, else PADDLE_MASTER, else the first trainer endpoint)."""
+    env = os.environ if environ is None else environ
+    if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+        endpoint = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+    else:
+        endpoint = env.get("PADDLE_MASTER") or env.get("PADDLE_TRAINER_ENDPOINTS", "")
+        endpoint = endpoint.split(",")[0]
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def wait_for_the_store(
+    timeout_s: float = STORE_WAIT_S, environ: Mapping[str, str] | None = None
+) -> float:
+    """On a rank other than 0, wait until the job's TCP store accepts a connection (or
+    `timeout_s` passed); seconds waited. Rank 0 (it starts the store) returns at once."""
+    env = os.environ if environ is None else environ
+    endpoint = store_endpoint(env)
+    if endpoint is None or env.get("PADDLE_TRAINER_ID", "0") in ("", "0"):
+        return 0.0
+    began = time.monotonic()
+    while time.monotonic() - began < timeout_s:
+        try:
+            with socket.create_connection(endpoint, timeout=1.0):
+                break
+        except OSError:
+            time.sleep(STORE_POLL_S)
+    return time.monotonic() - began
 
 
 # The rehearsal device's run tag (runner/device/src/runtime.cc): every communicator a run's

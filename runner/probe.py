@@ -378,7 +378,9 @@ def probe_main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from gptplan import paddlenlp_light
     from runner.supervise import supervise
 
     supervise()  # memory limit, peak RSS and exit status of this rank (runner.supervise)
+    paddlenlp_light.enable()  # PaddleNLP's models without the rest of it
     sys.exit(probe_main())

@@ -40,7 +40,7 @@ from runner.datacache import content_key, data_identity, open_prepared
 from runner.divergence import PATIENCE, STOP_DIVERGED, DivergenceGuard, ignoring
 from runner.metrics import AllocatorPhases, AllocatorProbe, MetricsWriter, RunMeter, StepRecord
 from runner.model import build_model
-from runner.parallel import build_strategy, sharding_groups
+from runner.parallel import build_strategy, sharding_groups, wait_for_the_store
 from runner.watchdog import ProgressFile
 
 if TYPE_CHECKING:
@@ -119,6 +119,7 @@ def init_distributed(plan: Plan) -> RankInfo:
         return RankInfo()
     from paddle.distributed import fleet
 
+    wait_for_the_store()  # else Paddle's first try may be refused and it waits 3 s
     fleet.init(is_collective=True, strategy=build_strategy(plan))
     hcg = fleet.get_hybrid_communicate_group()
     dp_rank = hcg.get_data_parallel_rank()
@@ -132,9 +133,9 @@ def init_distributed(plan: Plan) -> RankInfo:
         shard=shard,
     )
     if plan.parallel.tensor_parallel_degree > 1:
-        from paddlenlp.trainer.trainer_utils import set_hyrbid_parallel_seed
+        from gptplan import paddlenlp_light
 
-        set_hyrbid_parallel_seed(
+        paddlenlp_light.trainer_utils().set_hyrbid_parallel_seed(
             plan.job.seed, info.batch_rank, shard.tensor_rank, shard.pipeline_rank
         )
     return info

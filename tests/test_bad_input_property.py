@@ -2,8 +2,10 @@
 one line naming the file (or the flag), never a traceback, and nothing written when rejected.
 
 Runs in-process (`runner.cli.main`, `planner.commands.main.main`) so each case costs milliseconds to
-a second. Cases: PLAN_CASES runner dry runs + SPEC_CASES planner runs (estimate or optimize);
-raise them with GPTPLAN_PROPERTY_CASES=N (each) for a deeper search.
+a second, each in a folder of its own (a mutated relative path such as job.cache_dir = "usd"
+lands there, never in the checkout). Cases: PLAN_CASES runner dry runs + SPEC_CASES planner
+runs (estimate or optimize); raise them with GPTPLAN_PROPERTY_CASES=N (each) for a deeper
+search.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pytest
 import tomli
 import tomli_w
 from conftest import REPO
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 PLAN_CASES = int(os.environ.get("GPTPLAN_PROPERTY_CASES", 30))
@@ -88,9 +90,11 @@ def mutate(path: Path, key: tuple[str, ...], value, out_dir: Path) -> Path:
     return target
 
 
-def call(main, argv: list[str]) -> tuple[int, str, str]:
+def call(main, argv: list[str], cwd: Path) -> tuple[int, str, str]:
+    """main(argv) in `cwd` (created), as a user in that folder would run it."""
+    cwd.mkdir(parents=True, exist_ok=True)
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             rc = main(argv)
         except SystemExit as exc:  # argparse
@@ -104,6 +108,13 @@ def error_lines(stderr: str) -> list[str]:
         for line in stderr.splitlines()
         if line.strip() and "Warning" not in line and not line.strip().startswith("warnings.warn")
     ]
+
+
+def in_the_checkout(value) -> Path | None:
+    """Where a mutated relative path would land had the case run in the checkout's folder."""
+    if isinstance(value, str) and value and "\x00" not in value:
+        return REPO / value
+    return None
 
 
 def check_outcome(rc, stdout: str, stderr: str, *, names: list[str]) -> None:
@@ -138,6 +149,7 @@ def spec_keys():
     suppress_health_check=list(HealthCheck),
 )
 @given(target=st.sampled_from(plan_keys()), value=st.sampled_from(VALUES))
+@example(target=(REPO / "plans" / "bank_faq.toml", ("job", "cache_dir")), value="usd")
 def test_mutated_plans_through_runner_dry_run(target, value, cache_dir):
     from runner.cli import main
 
@@ -151,10 +163,14 @@ def test_mutated_plans_through_runner_dry_run(target, value, cache_dir):
         base["job"]["max_documents"] = 2000
         (work / "base.toml").write_text(tomli_w.dumps(base))
         plan = mutate(work / "base.toml", key, value, work / "")
+        (work / "cwd").mkdir()
         before = sorted(p.name for p in work.iterdir())
-        rc, stdout, stderr = call(main, ["execute", str(plan), "--dry-run"])
+        stray = in_the_checkout(value)
+        existed = stray is not None and stray.exists()
+        rc, stdout, stderr = call(main, ["execute", str(plan), "--dry-run"], work / "cwd")
         check_outcome(rc, stdout, stderr, names=[str(plan)])
         assert sorted(p.name for p in work.iterdir()) == before  # a dry run writes nothing
+        assert existed or stray is None or not stray.exists()  # nor into the checkout
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -185,7 +201,7 @@ def test_mutated_specs_through_planner(target, value, command, cache_dir):
         argv = [command, "--spec", str(spec)] + (
             ["--out", str(out)] if command == "optimize" else []
         )
-        rc, stdout, stderr = call(main, argv)
+        rc, stdout, stderr = call(main, argv, work / "cwd")
         check_outcome(rc, stdout, stderr, names=[spec.name, "--"])
         if rc != 0:
             assert not out.exists()  # nothing half-written for rejected input

@@ -280,3 +280,54 @@ def test_gpt_recomputes_what_the_plan_names(recompute, layer_runs, attention_run
     logits = logits[0] if isinstance(logits, (tuple, list)) else logits
     logits.mean().backward()
     assert (runs["layer"], runs["attention"]) == (layer_runs, attention_runs)
+
+
+# ---- the ranks wait for rank 0's TCP store before Paddle's first try (runner.parallel) --------
+
+
+def test_the_store_endpoint_is_found_as_paddle_finds_it():
+    from runner.parallel import store_endpoint
+
+    trainers = {"PADDLE_TRAINER_ENDPOINTS": "127.0.0.1:6071,127.0.0.1:6072"}
+    assert store_endpoint(trainers) == ("127.0.0.1", 6071)
+    assert store_endpoint(trainers | {"PADDLE_MASTER": "10.0.0.2:8090"}) == ("10.0.0.2", 8090)
+    both = trainers | {"PADDLE_MASTER": "10.0.0.2:8090", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    assert store_endpoint(both) == ("h", 1)
+    assert store_endpoint({"PADDLE_MASTER": "[::1]:8090"}) == ("::1", 8090)
+    assert store_endpoint({}) is None and store_endpoint({"PADDLE_MASTER": "nohost"}) is None
+
+
+def test_a_rank_waits_until_the_store_listens_and_the_wait_is_bounded():
+    import socket
+    import threading
+    import time
+
+    from runner.parallel import wait_for_the_store
+
+    with socket.socket() as probe:  # a port nothing listens on yet
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {"PADDLE_MASTER": f"127.0.0.1:{port}", "PADDLE_TRAINER_ID": "1"}
+    assert wait_for_the_store(0.3, env) >= 0.3  # nobody listens: it gives up, no hang
+    assert wait_for_the_store(60, env | {"PADDLE_TRAINER_ID": "0"}) == 0.0  # rank 0 starts it
+
+    server = socket.socket()
+    accepted: list[socket.socket] = []
+
+    def listen_late() -> None:
+        time.sleep(0.3)
+        server.bind(("127.0.0.1", port))
+        server.listen()
+        accepted.append(server.accept()[0])
+
+    thread = threading.Thread(target=listen_late, daemon=True)
+    thread.start()
+    try:
+        waited = wait_for_the_store(60, env)
+        thread.join(timeout=60)
+        assert accepted, "the wait ended before the store accepted a connection"
+        assert waited >= 0.3
+    finally:
+        for s in accepted:
+            s.close()
+        server.close()

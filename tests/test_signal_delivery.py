@@ -370,8 +370,9 @@ TOKENIZER_TRAINER = textwrap.dedent("""
 STOP_BOUND_S = 20.0  # the README's bound for a notice during tokenizer training
 
 
-def trainer_children() -> list[int]:
-    """Processes running gptplan.tokenizer's sentencepiece child (its own group)."""
+def trainer_children(parent: int) -> list[int]:
+    """Live processes running gptplan.tokenizer's sentencepiece child (its own group) whose
+    parent is `parent` (another test's tokenizer training may run beside this one)."""
     from gptplan.tokenizer import SPM_CHILD
 
     found = []
@@ -381,10 +382,20 @@ def trainer_children() -> list[int]:
                 entry.isdigit()
                 and SPM_CHILD.encode() in Path(f"/proc/{entry}/cmdline").read_bytes()
             ):
-                found.append(int(entry))
+                fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
+                if int(fields[1]) == parent and fields[0] != "Z":
+                    found.append(int(entry))
         except OSError:
             continue
     return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 def test_sigterm_during_sentencepiece_training_ends_within_the_bound(tmp_path):
@@ -405,6 +416,8 @@ def test_sigterm_during_sentencepiece_training_ends_within_the_bound(tmp_path):
                 break
         time.sleep(2.0)  # well inside the native call
         assert proc.poll() is None, "training ended before the notice: nothing tested"
+        children = trainer_children(proc.pid)
+        assert children, "no sentencepiece child is training: nothing tested"
         proc.send_signal(signal.SIGTERM)
         sent = time.time()
         proc.wait(timeout=STOP_BOUND_S + 30)
@@ -416,7 +429,7 @@ def test_sigterm_during_sentencepiece_training_ends_within_the_bound(tmp_path):
     assert proc.returncode == 143
     assert took <= STOP_BOUND_S, f"{took:.1f} s after SIGTERM"
     assert group_members(proc.pid) == []  # nothing of its group left
-    assert not trainer_children(), "the sentencepiece child outlived its parent"
+    assert not [c for c in children if alive(c)], "the sentencepiece child outlived its parent"
     assert not (tmp_path / "tok").exists()  # no half-written cache entry
 
 

@@ -94,6 +94,10 @@ def check_two_process_run(run: Path, steps: int) -> None:
     logs = sorted(p.name for p in (run / "logs" / "attempt_001").glob("workerlog.*"))
     assert logs == ["workerlog.0", "workerlog.1"]
     assert json.loads((run / "launcher.json").read_text())["process_group"] > 0
+    # rank 1 waited for rank 0's TCP store (runner.parallel.wait_for_the_store): Paddle's first
+    # try connected; a refused one costs the launch 3 s (tcp_utils.cc), as before the wait
+    rank1 = (run / "logs" / "attempt_001" / "workerlog.1").read_text(errors="replace")
+    assert "Successfully connected to" in rank1 and "Retry to connect" not in rank1
 
 
 def test_two_process_data_parallel(finished_run):

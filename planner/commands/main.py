@@ -81,9 +81,18 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_status
 
 
+def entry() -> int:
+    """The `planner` command (and `python -m planner`): `main` in a process of its own, which
+    loads only PaddleNLP's models and tokenizers when it needs them (gptplan.paddlenlp_light)."""
+    from gptplan import paddlenlp_light
+
+    paddlenlp_light.enable()
+    return main()
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     return {command.NAME: command.run for command in COMMANDS}[args.command](args)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

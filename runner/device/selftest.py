@@ -72,10 +72,10 @@ GROUPS = {
 
 
 def _load(path: str) -> Any:  # a PaddleNLP class (untyped)
-    import importlib
+    from gptplan import paddlenlp_light
 
     module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
+    return getattr(paddlenlp_light.import_module(module), name)
 
 
 def _config(
@@ -176,6 +176,9 @@ def _hybrid(group: str) -> HybridCommunicateGroup | None:
         "sharding2mp2": dict(sharding_degree=2, mp_degree=2),
         "dp2pp2": dict(dp_degree=2, pp_degree=2),
     }
+    from runner.parallel import wait_for_the_store
+
+    wait_for_the_store()  # else Paddle's first try may be refused and it waits 3 s
     if group == "plain":
         dist.init_parallel_env()
         return None
@@ -383,4 +386,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    from gptplan import paddlenlp_light
+
+    paddlenlp_light.enable()  # PaddleNLP's models without the rest of it
     main()
