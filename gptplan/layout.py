@@ -21,8 +21,9 @@ from gptplan.families import ModelLike
 from gptplan.plan.schema import RECOMPUTE_MODES, SHARDING_STAGES, Plan
 
 # What a served probe worker fixes at start-up: device, nodes, devices per node, dp, tp, pp,
-# sharding stage and degree (Layout.worker_key)
-WorkerKey = tuple[str, int, int, int, int, int, str, int]
+# sharding stage and degree, and with pipeline parallel its micro-batch and accumulation
+# (Layout.worker_key)
+WorkerKey = tuple[str | int, ...]
 
 
 @dataclass(frozen=True)
@@ -127,8 +128,11 @@ class Layout:
 
     def worker_key(self, device: str) -> WorkerKey:
         """What a served probe worker fixes at start-up (fleet is initialised once): the
-        device and the process layout."""
-        return (
+        device and the process layout; with pipeline parallel also the micro-batch and the
+        accumulation, which fleet's pipeline_configs fix for every model it wraps after
+        (a pp 2 worker started for micro 4 x acc 4 refused micro 8: "batch_size needs to be
+        divisible by micro_batch_size")."""
+        key: WorkerKey = (
             device,
             self.nodes,
             self.devices_per_node,
@@ -138,6 +142,9 @@ class Layout:
             self.sharding,
             self.sharding_degree,
         )
+        if self.pp > 1:
+            key += (self.micro_batch, self.accumulation)
+        return key
 
     def probe_key(self, model: ModelLike, device: str) -> str:
         """What a probe's measurement depends on: every layout field, the device and the

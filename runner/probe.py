@@ -230,8 +230,18 @@ def serve_command(plan: Plan, *, queue_dir: Path, log_dir: Path, parent_pid: int
 
 
 def _command(plan: Plan, args: list[str], log_dir: Path) -> LaunchCommand:
-    """In-process module for one device, paddle.distributed.launch for several."""
-    from runner.parallel import ENTRY_SCRIPT, LaunchCommand, launcher_argv, thread_env
+    """In-process module for one device, paddle.distributed.launch for several (on the
+    rehearsal device for a plan on its profile: the plugin's environment and this worker's own
+    run tag, so no other run's ranks share its communicators)."""
+    from runner.device.support import launch_env
+    from runner.parallel import (
+        DEVICE_RUN_ENV,
+        ENTRY_SCRIPT,
+        LaunchCommand,
+        device_run_tag,
+        launcher_argv,
+        thread_env,
+    )
     from runner.supervise import machine_share_bytes, supervision_env
 
     # Every probe rank is supervised (runner.supervise): limited to its share of this machine
@@ -239,6 +249,9 @@ def _command(plan: Plan, args: list[str], log_dir: Path) -> LaunchCommand:
     env = supervision_env(
         Path(log_dir) / "ranks", machine_share_bytes(plan.parallel.nproc_per_node)
     )
+    device_env = launch_env(plan)  # {} off the device; HardwareError when it is unavailable
+    if device_env:
+        env |= device_env | {DEVICE_RUN_ENV: device_run_tag(Path(log_dir))}
     if plan.parallel.world_size == 1:
         return LaunchCommand(
             0, [sys.executable, "-m", "runner.probe", *args], thread_env(plan) | env

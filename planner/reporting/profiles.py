@@ -90,7 +90,9 @@ def render_profiles(rows: list[dict[str, object]], wide: bool = False) -> str:
             rows,
             headers="keys",
             tablefmt="grid" if wide else "simple",
-            maxcolwidths=40 if wide else 32,
+            # a long profile name (local-rehearsal-device) wraps at its hyphens, so that the
+            # narrow table stays within 120 columns
+            maxcolwidths=40 if wide else [16] + [32] * (len({k for r in rows for k in r}) - 1),
             disable_numparse=True,
         )
     finally:

@@ -56,7 +56,7 @@ def _offer_parts(spec: Spec, choice: OfferChoice, index: int, target: float) -> 
     c, s = spec.constraints, spec.search
     gpn = offer.gpus_per_node
     precisions = [precision_table.code(p) for p in c.precisions if p in prof.precisions]
-    tps = [1] if prof.device == "cpu" else s.tensor_parallel
+    tps = [1] if prof.plain_cpu else s.tensor_parallel
     # each tensor-parallel degree with the vocabulary it needs (padded_vocab: unchanged where
     # tp divides it), so every row is priced with the model its plan would write
     by_vocab: dict[int, list[int]] = {}

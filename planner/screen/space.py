@@ -111,10 +111,10 @@ def layout_grid(
         p
         for p in s.pipeline_parallel
         if p <= m.num_hidden_layers
-        and (prof.device != "cpu" or p == 1)
+        and (not prof.plain_cpu or p == 1)
         and (p == 1 or not family.pipeline_why_not)  # gptplan.families: pp offered?
     ]
-    stages = [SHARDING_STAGES.index(z) for z in s.sharding if prof.device != "cpu" or z == ""]
+    stages = [SHARDING_STAGES.index(z) for z in s.sharding if not prof.plain_cpu or z == ""]
     nodes = sorted({n for n in s.node_counts if n <= offer_node_cap(c.max_nodes, offer)})
     if offer.owned and offer.max_nodes:  # all the owned nodes are a layout too (e.g. 3)
         nodes = sorted(set(nodes) | {offer.max_nodes})
