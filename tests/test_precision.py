@@ -245,3 +245,21 @@ def test_the_rehearsal_stops_on_a_malformed_profile_and_skips_a_missing_one(tmp_
     assert info.value.file == str(tmp_path / "cpu.toml") and info.value.key == "efficiency.max"
     gpu = {"hardware": {"device": "gpu", "profile": "no-such-gpu"}}
     assert local_performance(plan_from_dict(merge(BASE_PLAN, gpu))) is None
+
+
+def test_one_offer_in_two_profiles_is_one_error_naming_both(tmp_path):
+    """A price is current per (provider, instance, region) across every profile: the same
+    instance in a second profile silently replaced the first's offer (an offer named like
+    cpu.toml's 2-process one dropped it from the CPU space). Now one ProfileError."""
+    import shutil
+
+    from planner.market.hardware import load_profiles
+
+    folder = tmp_path / "profiles"
+    shutil.copytree(REPO / "hardware_profiles", folder)
+    text = (folder / "cpu.toml").read_text().replace('name = "cpu"', 'name = "cpu2"')
+    (folder / "cpu2.toml").write_text(text)
+    with pytest.raises(ProfileError) as info:
+        load_profiles(folder)
+    assert info.value.file == str(folder / "cpu2.toml")
+    assert info.value.key == "offers[0].instance" and "cpu.toml" in str(info.value)

@@ -270,6 +270,24 @@ def read_price_file(price_file: Path, profiles: dict) -> list[Offer]:
     return out
 
 
+def one_profile_per_offer(profiles: dict[str, Profile], directory: Path) -> None:
+    """An offer's provider/instance names one machine type, so one profile's [[offers]] hold
+    it: a price is current per (provider, instance, region) across every profile
+    (current_prices), and the same instance under a second profile silently replaced the
+    first's (a local offer named like cpu.toml's dropped it from the CPU space)."""
+    owner: dict[str, str] = {}
+    for name, prof in profiles.items():
+        for i, offer in enumerate(prof.offers):
+            first = owner.setdefault(offer.key, name)
+            if first != name:
+                raise ProfileError(
+                    f"offer {offer.key!r} is also one of {first}.toml's; an instance is one "
+                    "machine type, in one profile (rename the instance)",
+                    file=str(directory / f"{name}.toml"),
+                    key=f"offers[{i}].instance",
+                )
+
+
 def all_price_rows(directory: Path = PROFILE_DIR) -> tuple[dict[str, Profile], list[Offer]]:
     """The profiles as shipped and every price row in reading order (shipped, then lists)."""
     profiles = {p.stem: load_profile(p) for p in sorted(Path(directory).glob("*.toml"))}
@@ -277,6 +295,7 @@ def all_price_rows(directory: Path = PROFILE_DIR) -> tuple[dict[str, Profile], l
         raise ProfileError(
             "holds no hardware profile (*.toml); reinstall the package", file=str(directory)
         )
+    one_profile_per_offer(profiles, Path(directory))
     rows = [dataclasses.replace(o, profile=name) for name, p in profiles.items() for o in p.offers]
     for price_file in price_files(directory):
         rows += read_price_file(price_file, profiles)
