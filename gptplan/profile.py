@@ -18,7 +18,7 @@ from typing import TypeVar
 from gptplan import precision as precisions
 from gptplan import userdata
 from gptplan.errors import UserError
-from gptplan.plan import REHEARSAL_PROFILE, Device
+from gptplan.plan import Device, plain_cpu
 from gptplan.tomlconf import DEFAULT_MAX, from_table, read_toml, setting, table_array
 
 # The shipped profiles: read-only package data (in a checkout or an editable install the
@@ -216,10 +216,9 @@ class DeviceProfile:
 
     @property
     def plain_cpu(self) -> bool:
-        """Paddle's CPU build as it is: data parallel and sharding stage 1 only (gptplan.plan's
-        cpu check). The rehearsal device's profile (REHEARSAL_PROFILE, also device 'cpu') runs
-        tensor, pipeline and sharding stage 2/3 layouts too."""
-        return self.device == "cpu" and self.name != REHEARSAL_PROFILE
+        """Paddle's CPU build as it is (gptplan.plan.plain_cpu): data parallel and sharding
+        stage 1 only; the rehearsal device's profile runs every layout kind."""
+        return plain_cpu(self.device, self.name)
 
     def efficiency_for(self, precision: str) -> Efficiency:
         """Calibrated per precision where a calibration exists, else the profile default."""

@@ -199,26 +199,6 @@ def model_change(spec, line: str) -> None:
         spec.model_changes.append(line)
 
 
-def require_the_device(local_profile: str) -> None:
-    """Probes on the rehearsal device's profile need the device built and loadable here
-    (runner.device); else one line (HardwareError, exit 2) before any probe."""
-    from gptplan.errors import HardwareError
-    from gptplan.plan import REHEARSAL_PROFILE
-
-    if local_profile != REHEARSAL_PROFILE:
-        return
-    from runner.probe import device_capabilities
-
-    caps = device_capabilities(check_load=True)
-    if not caps["available"]:
-        raise HardwareError(
-            f"{REHEARSAL_PROFILE!r} probes on the rehearsal device, which is unavailable here "
-            f"({caps['reason']}); build it with `make setup`, or probe on 'cpu' (data parallel "
-            "and sharding stage1 only)",
-            key="--local-profile",
-        )
-
-
 def tune_locally(
     spec,
     decision,
@@ -235,9 +215,10 @@ def tune_locally(
     re-rank every local candidate with it. None when no planned offer runs here."""
     from planner.tuning import calibration
     from planner.tuning.autotune import calibrated_costs, tune
+    from runner.probe import check_local_profile
 
     table = decision.table
-    require_the_device(local_profile)
+    check_local_profile(local_profile)  # the rehearsal device's profile needs the device
     offers_local = [i for i, c in enumerate(table.offers) if c.profile.name == local_profile]
     if not local_profile or not offers_local:
         used = {c.profile.name: c.profile.efficiency_for("fp16").source for c in table.offers}

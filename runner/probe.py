@@ -269,6 +269,16 @@ def device_capabilities(*, check_load: bool = False) -> dict:
     return device.capabilities(check_load=check_load)
 
 
+def check_local_profile(profile: str) -> None:
+    """Probes on the rehearsal device's profile need the device built and loadable here: else
+    one line (HardwareError, exit 2) before any probe."""
+    from gptplan.plan import REHEARSAL_PROFILE
+    from runner.device.support import require_device
+
+    if profile == REHEARSAL_PROFILE:
+        require_device(key="--local-profile", instead="probe on 'cpu'")
+
+
 def layout_key(plan: Plan) -> WorkerKey:
     """What a served worker fixes at start-up (fleet is initialised once): device and layout
     (gptplan.layout.Layout.worker_key)."""

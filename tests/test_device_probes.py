@@ -46,18 +46,15 @@ def test_the_devices_profile_offers_every_layout_kind_and_plain_cpu_does_not():
 
 def test_probing_on_the_devices_profile_without_the_device_is_one_line(monkeypatch):
     from gptplan.errors import HardwareError
-    from planner import pipeline
     from runner import probe
 
     monkeypatch.setattr(
-        probe,
-        "device_capabilities",
-        lambda check_load=False: {"available": False, "reason": "not built"},
+        rehearsal_device, "support", lambda: rehearsal_device.support_from({"reason": "not built"})
     )
     with pytest.raises(HardwareError) as caught:
-        pipeline.require_the_device(REHEARSAL_PROFILE)
+        probe.check_local_profile(REHEARSAL_PROFILE)
     assert caught.value.key == "--local-profile" and "not built" in str(caught.value)
-    pipeline.require_the_device("cpu")  # plain CPU probes need no device
+    probe.check_local_profile("cpu")  # plain CPU probes need no device
 
 
 def device_plan(tmp_path: Path, overrides: dict):

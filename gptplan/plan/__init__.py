@@ -23,6 +23,7 @@ from gptplan.plan.checks import (
     Problem,
     family_problem,
     interval_problem,
+    plain_cpu,
     recompute_layers_problem,
     validate,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "OK",
     "PLANNED_CORPUS_FIELDS",
     "PLAN_CHECKS",
+    "plain_cpu",
     "PRECISIONS",
     "RECOMPUTE_MODES",
     "REHEARSAL_PROFILE",

@@ -174,13 +174,17 @@ def _sharding_stage_check(plan: Plan) -> Problem:
 REHEARSAL_PROFILE = "local-rehearsal-device"
 
 
+def plain_cpu(device: str, profile: str) -> bool:
+    """Paddle's CPU build as it is: data parallel and sharding stage 1 only. A CPU on the
+    rehearsal device's profile runs every layout kind (the plan check, the planner's space)."""
+    return device == "cpu" and profile != REHEARSAL_PROFILE
+
+
 def _cpu_check(plan: Plan) -> Problem:
     p = plan.parallel
     model_parallel = p.tensor_parallel_degree > 1 or p.pipeline_parallel_degree > 1
-    if (
-        plan.hardware.device == "cpu"
-        and plan.hardware.profile != REHEARSAL_PROFILE
-        and (model_parallel or p.sharding in ("stage2", "stage3"))
+    if plain_cpu(plan.hardware.device, plan.hardware.profile) and (
+        model_parallel or p.sharding in ("stage2", "stage3")
     ):
         return "hardware.device", (
             "'cpu' runs data parallel and sharding stage1 only (Paddle's tensor, pipeline "

@@ -131,11 +131,9 @@ def uses_device(plan: Plan) -> bool:
     return plan.hardware.device == "cpu" and plan.hardware.profile == REHEARSAL_PROFILE
 
 
-def launch_env(plan: Plan) -> dict[str, str]:
-    """What the launcher and every rank need to run `plan` on the rehearsal device ({} when
-    it does not use it); HardwareError when it should and the device is unavailable."""
-    if not uses_device(plan):
-        return {}
+def require_device(*, key: str, instead: str) -> Support:
+    """support() with the device on; else HardwareError (one line naming `key`): why it is
+    unavailable, how to build it, and `instead` (what plain CPU does)."""
     sup = support()
     if not sup.on_device:
         from gptplan.errors import HardwareError
@@ -143,8 +141,17 @@ def launch_env(plan: Plan) -> dict[str, str]:
 
         raise HardwareError(
             f"{REHEARSAL_PROFILE!r} runs on the rehearsal device, which is unavailable here "
-            f"({sup.why_not}); build it with `make setup`, or rehearse with --local on plain "
-            "CPU (data parallel and sharding stage1 only)",
-            key="hardware.profile",
+            f"({sup.why_not}); build it with `make setup`, or {instead} (data parallel and "
+            "sharding stage1 only)",
+            key=key,
         )
+    return sup
+
+
+def launch_env(plan: Plan) -> dict[str, str]:
+    """What the launcher and every rank need to run `plan` on the rehearsal device ({} when
+    it does not use it); HardwareError when it should and the device is unavailable."""
+    if not uses_device(plan):
+        return {}
+    sup = require_device(key="hardware.profile", instead="rehearse with --local on plain CPU")
     return dict(sup.env)
